@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs everything megatron-cpp needs on a fresh Debian 12 machine (apt and
+# npm only), then configures and builds into build/. Safe to run again: apt
+# and npm skip what is present, and CMake rebuilds only what changed.
+#
+#   bash scripts/setup.sh            # install + configure + build
+#   SKIP_APT=1 bash scripts/setup.sh # build only (packages already present)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libfmt-dev libcpp-httplib-dev
+  libopenmpi-dev openmpi-bin
+  chromium
+  python3
+)
+
+need_apt=0
+if [ "${SKIP_APT:-0}" != "1" ]; then
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt=1
+  done
+fi
+if [ "$need_apt" = "1" ]; then
+  SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+  echo "[setup] installing Debian packages..."
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${APT_PACKAGES[@]}" >/dev/null
+fi
+
+# Node.js: machines of this kind ship it (with npm); install Debian's only if absent.
+if ! command -v npm >/dev/null; then
+  SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+
+# npm packages (browser-test driver); versions pinned in package-lock.json.
+if [ ! -d node_modules/playwright-core ]; then
+  echo "[setup] installing npm packages..."
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release}
+fi
+cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -1,0 +1,153 @@
+#include "model/config.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace mt::model {
+
+int64_t ModelConfig::ffn() const {
+  if (ffn_hidden_size) return *ffn_hidden_size;
+  if (swiglu) return (hidden_size * 8 / 3 / 64) * 64;  // int((4h * 2/3) / 64) * 64
+  return 4 * hidden_size;
+}
+
+int64_t ModelConfig::head_dim() const {
+  if (kv_channels) return *kv_channels;
+  return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
+}
+
+int64_t ModelConfig::query_groups() const {
+  if (!group_query_attention) return num_attention_heads;
+  return num_query_groups.value_or(1);
+}
+
+int64_t ModelConfig::norm_params_per_norm() const {
+  return normalization == Normalization::kLayerNorm ? 2 * hidden_size : hidden_size;
+}
+
+int64_t ModelConfig::padded_vocab(int64_t tp) const {
+  int64_t v = vocab_size.value_or(0);
+  int64_t multiple = make_vocab_size_divisible_by * tp;
+  return (v + multiple - 1) / multiple * multiple;
+}
+
+const char* normalization_name(Normalization n) {
+  return n == Normalization::kLayerNorm ? "LayerNorm" : "RMSNorm";
+}
+
+const char* position_embedding_name(PositionEmbedding p) {
+  switch (p) {
+    case PositionEmbedding::kLearnedAbsolute: return "learned_absolute";
+    case PositionEmbedding::kRope: return "rope";
+    case PositionEmbedding::kNone: return "none";
+  }
+  return "?";
+}
+
+void register_model_flags(FlagSet& f, ModelConfig& c) {
+  constexpr int64_t kMaxDim = int64_t{1} << 24;  // 16M: beyond any real model, keeps products in int64
+  f.section("model");
+  f.add_int("num-layers", &c.num_layers, "transformer layers (L)", 1, 1 << 16);
+  f.add_int("hidden-size", &c.hidden_size, "hidden size (h)", 1, kMaxDim);
+  f.add_int("ffn-hidden-size", &c.ffn_hidden_size, "MLP hidden size (F); default 4h, or 8h/3 rounded down to 64 with --swiglu", 1, kMaxDim);
+  f.add_int("num-attention-heads", &c.num_attention_heads, "attention heads (a)", 1, 1 << 16);
+  f.add_int("kv-channels", &c.kv_channels, "per-head size (d); default h/a", 1, 1 << 16);
+  f.add_switch("group-query-attention", &c.group_query_attention, "use grouped-query attention");
+  f.add_int("num-query-groups", &c.num_query_groups, "key/value groups (g) with --group-query-attention", 1, 1 << 16);
+  f.add_int("seq-length", &c.seq_length, "sequence length (s)", 1, int64_t{1} << 26);
+  f.add_int("max-position-embeddings", &c.max_position_embeddings, "maximum sequence length the position embedding supports", 1, int64_t{1} << 26);
+  f.add_int("vocab-size", &c.vocab_size, "vocabulary size (NullTokenizer), before padding", 1, int64_t{1} << 32);
+  f.add_string("vocab-file", &c.vocab_file, "GPT-2 vocab.json; its entry count is the vocabulary size");
+  f.add_int("make-vocab-size-divisible-by", &c.make_vocab_size_divisible_by, "pad the vocabulary to a multiple of this times TP", 1, 1 << 20);
+  f.add_choice("normalization", "normalisation layer", {"LayerNorm", "RMSNorm"}, "LayerNorm",
+               [&c](const std::string& v) {
+                 c.normalization = v == "RMSNorm" ? Normalization::kRMSNorm : Normalization::kLayerNorm;
+               });
+  f.add_choice("position-embedding-type", "position embedding", {"learned_absolute", "rope", "none"},
+               "learned_absolute", [&c](const std::string& v) {
+                 c.position_embedding = v == "rope"   ? PositionEmbedding::kRope
+                                        : v == "none" ? PositionEmbedding::kNone
+                                                      : PositionEmbedding::kLearnedAbsolute;
+               });
+  f.add_switch("swiglu", &c.swiglu, "SwiGLU MLP (gated, fc1 2F wide)");
+  f.add_switch("disable-bias-linear", &c.add_bias_linear, "no biases in linear layers", false);
+  f.add_switch("untie-embeddings-and-output-weights", &c.untie_embeddings_and_output_weights, "separate output layer weights");
+  f.add_double("hidden-dropout", &c.hidden_dropout, "dropout after attention and MLP", 0, 1);
+  f.add_double("attention-dropout", &c.attention_dropout, "dropout on attention probabilities", 0, 1);
+  f.add_int("num-experts", &c.num_experts, "MoE experts per layer (0: dense)", 0, 1 << 20);
+  f.add_int("moe-router-topk", &c.moe_router_topk, "experts each token is routed to", 1, 1 << 20);
+  f.add_int("moe-ffn-hidden-size", &c.moe_ffn_hidden_size, "expert MLP hidden size; default --ffn-hidden-size", 1, kMaxDim);
+}
+
+Status resolve_vocab(ModelConfig& c) {
+  if (c.vocab_file.empty()) return Status::ok();
+  std::ifstream in(c.vocab_file, std::ios::binary);
+  if (!in)
+    return Status::not_found(fmt::format("--vocab-file: cannot open '{}'", c.vocab_file));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return Status::invalid(fmt::format(
+        "--vocab-file: '{}' is not a JSON object of token -> id (expected GPT-2's vocab.json / "
+        "encoder.json)", c.vocab_file));
+  int64_t n = static_cast<int64_t>(j.size());
+  if (c.vocab_size && *c.vocab_size != n)
+    return Status::invalid(fmt::format(
+        "--vocab-size {} disagrees with --vocab-file '{}' ({} entries); give only one", *c.vocab_size,
+        c.vocab_file, n));
+  c.vocab_size = n;
+  return Status::ok();
+}
+
+LayerParams layer_params(const ModelConfig& c) {
+  LayerParams p;
+  const int64_t h = c.hidden_size, d = c.head_dim(), a = c.num_attention_heads, g = c.query_groups();
+  const int64_t F = c.ffn(), gate = c.swiglu ? 2 : 1;
+  const bool bias = c.add_bias_linear;
+  p.norms = 2 * c.norm_params_per_norm();
+  p.qkv_weight = h * (a + 2 * g) * d;
+  p.qkv_bias = bias ? (a + 2 * g) * d : 0;
+  p.proj_weight = a * d * h;
+  p.proj_bias = bias ? h : 0;
+  if (!c.is_moe()) {
+    p.fc1_weight = h * gate * F;
+    p.fc1_bias = bias ? gate * F : 0;
+    p.fc2_weight = F * h;
+    p.fc2_bias = bias ? h : 0;
+  } else {
+    const int64_t Fe = c.moe_ffn();
+    p.router = h * c.num_experts;
+    p.experts = c.num_experts * (h * gate * Fe + Fe * h + (bias ? gate * Fe + h : 0));
+  }
+  return p;
+}
+
+ModelParams model_params(const ModelConfig& c, int64_t V) {
+  ModelParams m;
+  m.per_layer = layer_params(c).total();
+  m.layers = c.num_layers * m.per_layer;
+  m.word_embedding = V * c.hidden_size;
+  m.position_embedding = c.position_embedding == PositionEmbedding::kLearnedAbsolute
+                             ? c.max_position_embeddings * c.hidden_size
+                             : 0;
+  m.final_norm = c.norm_params_per_norm();
+  m.output_layer = c.untie_embeddings_and_output_weights ? V * c.hidden_size : 0;
+  return m;
+}
+
+MegatronParamCount megatron_param_count(const ModelConfig& c, int64_t V) {
+  const int64_t h = c.hidden_size, d = c.head_dim(), a = c.num_attention_heads, g = c.query_groups();
+  const int64_t phi = c.swiglu ? 3 : 2;
+  MegatronParamCount m;
+  int64_t att = 2 * h * d * (a + g);
+  int64_t mlp = c.is_moe() ? phi * h * c.moe_ffn() * c.num_experts + h * c.num_experts
+                           : phi * h * c.ffn();
+  m.per_layer = att + mlp + 2 * c.norm_params_per_norm();
+  m.embedding = h * V;
+  m.total = c.num_layers * m.per_layer + c.norm_params_per_norm() +
+            m.embedding * (c.untie_embeddings_and_output_weights ? 2 : 1);
+  return m;
+}
+
+}  // namespace mt::model

@@ -1,0 +1,111 @@
+#pragma once
+// ModelConfig: the transformer's shape, from Megatron's flags, and the
+// parameter registry's sizes derived from it. GPT-2/3-style and LLaMA-style
+// models are the same GPTModel with different flags (--normalization RMSNorm
+// --swiglu --position-embedding-type rope --disable-bias-linear
+// --untie-embeddings-and-output-weights --group-query-attention).
+//
+// Symbols as in ../shared/spec/megatron-reference.md §5/§12: h hidden,
+// L layers, a heads, d kv channels, g query groups, F ffn hidden, V padded
+// vocabulary, E experts.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/flags.h"
+#include "core/status.h"
+
+namespace mt::model {
+
+enum class Normalization { kLayerNorm, kRMSNorm };
+enum class PositionEmbedding { kLearnedAbsolute, kRope, kNone };
+
+struct ModelConfig {
+  // Required by Megatron (0 = not given).
+  int64_t num_layers = 0;               // --num-layers
+  int64_t hidden_size = 0;              // --hidden-size
+  int64_t num_attention_heads = 0;      // --num-attention-heads
+  int64_t seq_length = 0;               // --seq-length
+  int64_t max_position_embeddings = 0;  // --max-position-embeddings
+  // Optional, with Megatron's derived defaults.
+  std::optional<int64_t> ffn_hidden_size;  // 4h, or int(8h/3/64)*64 with --swiglu
+  std::optional<int64_t> kv_channels;      // h / a
+  bool group_query_attention = false;
+  std::optional<int64_t> num_query_groups;  // 1 with GQA when unset; a without GQA
+  std::optional<int64_t> vocab_size;        // --vocab-size, or counted from --vocab-file
+  std::string vocab_file;                   // --vocab-file (GPT-2 vocab.json)
+  int64_t make_vocab_size_divisible_by = 128;
+  Normalization normalization = Normalization::kLayerNorm;
+  PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
+  bool swiglu = false;
+  bool add_bias_linear = true;  // --disable-bias-linear turns it off
+  bool untie_embeddings_and_output_weights = false;
+  double hidden_dropout = 0.1;
+  double attention_dropout = 0.1;
+  // Mixture of experts (0 experts = dense).
+  int64_t num_experts = 0;
+  int64_t moe_router_topk = 2;
+  std::optional<int64_t> moe_ffn_hidden_size;
+
+  // Derived values (valid once the required fields are set).
+  int64_t ffn() const;
+  int64_t head_dim() const;            // d
+  int64_t query_groups() const;        // g
+  int64_t norm_params_per_norm() const;  // h (RMSNorm) or 2h (LayerNorm): ν·h
+  int64_t moe_ffn() const { return moe_ffn_hidden_size.value_or(ffn()); }
+  bool is_moe() const { return num_experts > 0; }
+  // Megatron's padded vocabulary: ceil(V / (m*tp)) * (m*tp).
+  int64_t padded_vocab(int64_t tp) const;
+  bool has_architecture() const { return num_layers && hidden_size && num_attention_heads; }
+};
+
+// Registers the model flags on `flags`, bound to `cfg`.
+void register_model_flags(FlagSet& flags, ModelConfig& cfg);
+// Resolves --vocab-file into vocab_size (counts vocab.json entries).
+Status resolve_vocab(ModelConfig& cfg);
+
+// Element counts of one transformer layer's tensors, before any split.
+struct LayerParams {
+  int64_t norms = 0;      // both norms (weights + LayerNorm biases)
+  int64_t qkv_weight = 0, qkv_bias = 0;
+  int64_t proj_weight = 0, proj_bias = 0;
+  int64_t fc1_weight = 0, fc1_bias = 0;  // fc1 is 2F wide with --swiglu
+  int64_t fc2_weight = 0, fc2_bias = 0;
+  int64_t router = 0;     // MoE router h x E
+  int64_t experts = 0;    // all routed experts' fc1 + fc2 (+ biases)
+  int64_t total() const {
+    return norms + qkv_weight + qkv_bias + proj_weight + proj_bias + fc1_weight + fc1_bias +
+           fc2_weight + fc2_bias + router + experts;
+  }
+};
+LayerParams layer_params(const ModelConfig& cfg);
+
+// Whole-model element counts with padded vocabulary V (real tensors).
+struct ModelParams {
+  int64_t per_layer = 0;
+  int64_t layers = 0;              // L * per_layer
+  int64_t word_embedding = 0;      // V x h
+  int64_t position_embedding = 0;  // max_pos x h (learned absolute only)
+  int64_t final_norm = 0;
+  int64_t output_layer = 0;        // V x h when untied, else 0 (shared)
+  int64_t total() const {
+    return layers + word_embedding + position_embedding + final_norm + output_layer;
+  }
+};
+ModelParams model_params(const ModelConfig& cfg, int64_t padded_vocab);
+
+// Megatron's own count (theoretical_memory_usage.py, §12.3): no biases, no
+// position embedding, the embedding counted twice when untied.
+struct MegatronParamCount {
+  int64_t per_layer = 0;   // P_att + P_mlp + P_norm
+  int64_t embedding = 0;   // h * V
+  int64_t total = 0;
+};
+MegatronParamCount megatron_param_count(const ModelConfig& cfg, int64_t padded_vocab);
+
+const char* normalization_name(Normalization n);
+const char* position_embedding_name(PositionEmbedding p);
+
+}  // namespace mt::model

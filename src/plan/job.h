@@ -1,0 +1,77 @@
+#pragma once
+// JobConfig: everything about a training job's layout that `megatron plan`
+// and `megatron train` share, with Megatron-LM's flag names and defaults
+// (../shared/spec/megatron-reference.md §4, §9). register_job_flags() binds
+// them to a FlagSet; both subcommands call it, so a launch line plans and
+// trains with the same flags.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/flags.h"
+#include "model/config.h"
+
+namespace mt::plan {
+
+struct ParallelConfig {
+  std::optional<int64_t> world_size;  // --world-size; else from the MPI launcher's environment
+  int64_t tp = 1, pp = 1, cp = 1, ep = 1;
+  std::optional<int64_t> etp;  // --expert-tensor-parallel-size (default: tp)
+  std::optional<int64_t> dp;   // --data-parallel-size: optional; derived when absent
+  std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
+  std::optional<int64_t> num_virtual_stages_per_pipeline_rank;
+  std::optional<int64_t> microbatch_group_size_per_vp_stage;  // default: pp
+  std::optional<int64_t> decoder_first_pipeline_num_layers;
+  std::optional<int64_t> decoder_last_pipeline_num_layers;
+  bool account_for_embedding_in_pipeline_split = false;
+  bool account_for_loss_in_pipeline_split = false;
+  bool sequence_parallel = false;
+  bool use_distributed_optimizer = false;
+  bool use_tp_pp_dp_mapping = false;
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  bool overlap_p2p_communication = true;  // --no-overlap-p2p-communication
+  int64_t gpus_per_node = 8;
+};
+
+struct BatchConfig {
+  int64_t micro_batch_size = 0;               // required
+  std::optional<int64_t> global_batch_size;   // default micro * DP
+};
+
+struct PrecisionConfig {
+  bool bf16 = false, fp16 = false;
+  const char* name() const { return bf16 ? "bf16" : fp16 ? "fp16" : "fp32"; }
+};
+
+struct RecomputeConfig {
+  std::optional<std::string> granularity;  // full | selective
+  std::optional<std::string> method;       // uniform | block
+  std::optional<int64_t> num_layers;
+  bool recompute_activations = false;      // legacy alias of --recompute-granularity selective
+  bool distribute_saved_activations = false;
+  bool selective() const { return recompute_activations || granularity == "selective"; }
+  bool full() const { return granularity == "full"; }
+};
+
+struct JobConfig {
+  ParallelConfig parallel;
+  model::ModelConfig model;
+  BatchConfig batch;
+  PrecisionConfig precision;
+  RecomputeConfig recompute;
+};
+
+// Binds every job flag to `job`.
+void register_job_flags(FlagSet& flags, JobConfig& job);
+
+// Where the world size came from, for the report.
+enum class WorldSource { kFlag, kLauncher, kDataParallelProduct, kDefaultOneReplica };
+// Fills parallel.world_size: --world-size, else OMPI_COMM_WORLD_SIZE /
+// PMI_SIZE / WORLD_SIZE from the launcher, else TP*PP*CP*DP when
+// --data-parallel-size is given, else TP*PP*CP (one model replica).
+WorldSource resolve_world_size(JobConfig& job);
+const char* world_source_name(WorldSource s);
+
+}  // namespace mt::plan

@@ -1,0 +1,202 @@
+#include "plan/memory.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace mt::plan {
+
+BytesPerParam bytes_per_param(const PrecisionConfig& p) {
+  if (p.bf16) return {2, 4, 12};  // bf16 weight, fp32 main grad | fp32 master, m, v
+  if (p.fp16) return {2, 2, 16};  // fp16 weight and grad | fp32 master, fp32 grad, m, v
+  return {4, 4, 8};               // fp32 weight and grad | m, v
+}
+
+MegatronMemoryEstimate megatron_theoretical_memory(const JobConfig& job, const MemoryLayout& l) {
+  const auto& m = job.model;
+  const auto& par = job.parallel;
+  const double h = m.hidden_size, L = m.num_layers, a = m.num_attention_heads;
+  const double d = m.head_dim(), g = m.query_groups(), F = m.ffn();
+  const double phi = m.swiglu ? 3 : 2, V = l.padded_vocab;
+  const double nu = m.normalization == model::Normalization::kLayerNorm ? 2 : 1;
+  const double t = par.tp, p = par.pp, s = m.seq_length, b = job.batch.micro_batch_size;
+  MegatronMemoryEstimate e;
+
+  // Weights and optimizer (§12.3).
+  const double p_att = 2 * h * d * (a + g);
+  const double p_norm = 2 * nu * h;
+  double p_mlp_tp = phi * h * F, routed = 0, router = 0;
+  if (m.is_moe()) {
+    p_mlp_tp = 0;  // no shared experts modelled
+    routed = phi * h * m.moe_ffn() * m.num_experts;
+    router = h * m.num_experts;
+  }
+  const double embedding = h * V;
+  double x_tp = ((L / p) * (p_att + p_mlp_tp) + embedding) / t;
+  if (m.untie_embeddings_and_output_weights && par.pp == 1) x_tp += embedding / t;
+  const double x_rep = (L * (p_norm + router) + nu * h) / p;
+  const double x_exp = routed * (L / p) / static_cast<double>(l.etp * par.ep);
+  auto B = [&](double x) { return par.use_distributed_optimizer ? 6 + 12 / x : 18; };
+  e.params_on_most_loaded_shard = x_tp + x_rep + x_exp;
+  e.weight_and_optimizer_bytes = (x_tp + x_rep) * B(static_cast<double>(l.dp)) +
+                                 x_exp * B(static_cast<double>(l.edp));
+
+  // Activations (§12.5 / §12.6).
+  const auto& r = job.recompute;
+  e.sp_formula = par.sequence_parallel && r.selective();
+  const double sbh = s * b * h;
+  double act;
+  if (e.sp_formula) act = L * sbh * (18 + 4 * F / h);
+  else act = L * sbh * (10 + 24 / t);
+  act += 8 * s * b * p + sbh * p;
+  if (l.vpp > 1) {
+    double factor = 1 + (p - 1) / (p * l.vpp);
+    act *= factor;
+    e.printed_in_flight = static_cast<int64_t>(std::ceil(p * factor));
+  } else if (par.pp > 1) {
+    act *= std::min(1.0, static_cast<double>(l.num_microbatches) / p);
+  }
+  if (par.pp == 1) {
+    if (e.sp_formula) act += 4 * sbh * (1 + V / h);
+    else act += 2 * (s * b * V / t + sbh);
+  }
+  if (e.sp_formula) act /= t;
+  else act *= 1.05;
+  e.activation_bytes = act;
+  return e;
+}
+
+namespace {
+
+struct Shapes {
+  double e, mask, tok, sp, h, t, heads_rank, kv_rank, d, gate, F, V;
+};
+
+Shapes shapes(const JobConfig& job, const MemoryLayout& l) {
+  const auto& m = job.model;
+  const auto& par = job.parallel;
+  Shapes s;
+  s.e = (job.precision.bf16 || job.precision.fp16) ? 2 : 4;
+  s.mask = m.hidden_dropout > 0 ? 1 : 0;
+  s.tok = static_cast<double>(m.seq_length) / par.cp * job.batch.micro_batch_size;
+  s.sp = par.sequence_parallel ? par.tp : 1;
+  s.h = m.hidden_size;
+  s.t = par.tp;
+  s.heads_rank = static_cast<double>(m.num_attention_heads) / par.tp;
+  const int64_t g = m.query_groups();
+  s.kv_rank = g >= par.tp ? static_cast<double>(g) / par.tp : 1;  // KV heads replicated when g < TP
+  s.d = m.head_dim();
+  s.gate = m.swiglu ? 2 : 1;
+  s.F = m.ffn();
+  s.V = l.padded_vocab;
+  return s;
+}
+
+}  // namespace
+
+double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l) {
+  const auto& m = job.model;
+  const Shapes s = shapes(job, l);
+  const double hs = s.tok * s.h / s.sp;  // a hidden-sized tensor, sequence-sharded under SP
+  double bytes = 0;
+  bytes += 4 * s.e * hs;                                  // ln1 in/out, ln2 in/out
+  bytes += s.e * s.tok * (s.heads_rank + 2 * s.kv_rank) * s.d;  // Q, K, V
+  bytes += s.e * s.tok * s.heads_rank * s.d;              // attention output (proj input)
+  bytes += 4 * s.tok * s.heads_rank;                      // softmax log-sum-exp (fp32)
+  bytes += 2 * s.mask * hs;                               // two hidden-dropout masks
+  if (!m.is_moe()) {
+    bytes += s.e * s.tok * (s.gate + 1) * s.F / s.t;      // fc1 output, activation output
+  } else {
+    const double routed = s.tok * m.moe_router_topk;      // tokens this rank's experts see, on average
+    const double etp = l.etp;
+    bytes += 4 * s.tok * m.num_experts;                   // router probabilities (fp32)
+    bytes += s.e * routed * s.h;                          // dispatched expert input
+    bytes += s.e * routed * (s.gate + 1) * m.moe_ffn() / etp;
+  }
+  return bytes;
+}
+
+StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const StageInputs& in) {
+  const auto& m = job.model;
+  const auto& par = job.parallel;
+  const Shapes s = shapes(job, l);
+  StageMemory out;
+  out.pp_rank = in.pp_rank;
+  out.chunk_layers = in.chunk_layers;
+  out.in_flight = in.in_flight;
+  out.reserve_bytes = in.reserve_bytes;
+
+  // Parameters on one rank of this stage.
+  const double h = s.h, t = s.t, d = s.d, F = s.F, gate = s.gate;
+  const bool bias = m.add_bias_linear;
+  const double qkv_out = (s.heads_rank + 2 * s.kv_rank) * d;
+  double dense_layer = 2.0 * m.norm_params_per_norm() + h * qkv_out + (bias ? qkv_out : 0) +
+                       s.heads_rank * d * h + (bias ? h : 0);
+  double expert_layer = 0;
+  if (!m.is_moe()) {
+    dense_layer += h * gate * F / t + (bias ? gate * F / t : 0) + F / t * h + (bias ? h : 0);
+  } else {
+    const double Fe = m.moe_ffn(), etp = l.etp, local_experts = static_cast<double>(m.num_experts) / par.ep;
+    dense_layer += h * m.num_experts;  // router, replicated
+    expert_layer = local_experts * ((h * gate * Fe + Fe * h) / etp + (bias ? gate * Fe / etp + h : 0));
+  }
+  int64_t layers = 0;
+  for (int64_t c : in.chunk_layers) layers += c;
+  out.dense_params = layers * dense_layer;
+  out.expert_params = layers * expert_layer;
+  const double vocab_shard = s.V * h / t;
+  if (in.first_stage) {
+    out.dense_params += vocab_shard;
+    if (m.position_embedding == model::PositionEmbedding::kLearnedAbsolute)
+      out.dense_params += static_cast<double>(m.max_position_embeddings) * h;
+  }
+  if (in.last_stage) {
+    out.dense_params += m.norm_params_per_norm();
+    if (m.untie_embeddings_and_output_weights || par.pp > 1) out.dense_params += vocab_shard;
+  }
+  const BytesPerParam bpp = bytes_per_param(job.precision);
+  const double all = out.dense_params + out.expert_params;
+  out.param_bytes = all * bpp.params;
+  out.grad_bytes = all * bpp.grads;
+  const double dense_shard = par.use_distributed_optimizer ? static_cast<double>(l.dp) * par.cp : 1;
+  const double expert_shard = par.use_distributed_optimizer ? static_cast<double>(l.edp) : 1;
+  out.optimizer_bytes = bpp.optimizer * (out.dense_params / dense_shard + out.expert_params / expert_shard);
+
+  // Activations of one micro-batch through each chunk.
+  const double hs = s.tok * h / s.sp;
+  const double full_layer = layer_activation_bytes(job, l);
+  double saved_input = s.e * hs;  // what full recomputation keeps per recomputed layer/group
+  if (job.recompute.distribute_saved_activations && !par.sequence_parallel) saved_input /= t;
+  const auto& rc = job.recompute;
+  double recompute_transient = 0;
+  double worst_chunk = 0;
+  for (size_t c = 0; c < in.chunk_layers.size(); ++c) {
+    const int64_t lc = in.chunk_layers[c];
+    double a = 0;
+    if (rc.full() && lc > 0) {
+      const int64_t n = std::max<int64_t>(1, rc.num_layers.value_or(1));
+      if (rc.method == "block") {
+        const int64_t k = std::min(n, lc);
+        a = k * saved_input + (lc - k) * full_layer;
+        recompute_transient = std::max(recompute_transient, full_layer);
+      } else {  // uniform
+        const int64_t groups = (lc + n - 1) / n;
+        a = groups * saved_input;
+        recompute_transient = std::max(recompute_transient, std::min(n, lc) * full_layer);
+      }
+    } else {
+      a = lc * full_layer;
+    }
+    if (in.first_stage && c == 0) a += 8 * s.tok + s.mask * hs;  // token ids, embedding dropout mask
+    if (in.last_stage && c + 1 == in.chunk_layers.size())
+      a += 2 * s.e * hs + 4 * s.tok * s.V / t + 12 * s.tok;  // final-norm in, output in, fp32 logits, labels+mask
+    out.activation_per_microbatch += a;
+    worst_chunk = std::max(worst_chunk, a);
+  }
+  out.activation_bytes = in.in_flight * worst_chunk;
+  // Busiest backward step: input and output gradients of a layer, the fc1
+  // output gradient, the SP-gathered input, and a recomputed group.
+  out.transient_bytes = s.e * s.tok * (2 * h + gate * F / t + (s.sp > 1 ? h : 0)) + recompute_transient;
+  return out;
+}
+
+}  // namespace mt::plan

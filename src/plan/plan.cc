@@ -1,0 +1,277 @@
+#include "plan/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "plan/validate.h"
+
+namespace mt::plan {
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0, kGiB = kMiB * 1024.0;
+
+const std::vector<DeviceProfile>& profiles() {
+  static const std::vector<DeviceProfile> p = {
+      {"h100", 989.4, 494.7, 81559 * kMiB, 2 * kGiB,
+       "NVIDIA H100 SXM5 80GB datasheet (dense bf16 989.4 TFLOP/s, TF32 494.7); 81559 MiB as nvidia-smi reports"},
+      {"h200", 989.4, 494.7, 143771 * kMiB, 2 * kGiB,
+       "NVIDIA H200 SXM 141GB datasheet (same compute as H100); 143771 MiB as nvidia-smi reports"},
+      {"a100", 312.0, 156.0, 81920 * kMiB, 2 * kGiB,
+       "NVIDIA A100 SXM4 80GB datasheet (dense bf16 312 TFLOP/s, TF32 156)"},
+      {"cpu", 1.054, 0.527, 24 * kGiB, 0.5 * kGiB,
+       "this project's 2-core AVX-512 machine: measured vdpbf16ps 1054 GFLOP/s, zmm FMA 527 GFLOP/s; 24 GiB"},
+  };
+  return p;
+}
+
+}  // namespace
+
+const DeviceProfile* find_device_profile(const std::string& name) {
+  for (const auto& p : profiles())
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::vector<std::string> device_profile_names() {
+  std::vector<std::string> n;
+  for (const auto& p : profiles()) n.push_back(p.name);
+  return n;
+}
+
+void register_plan_option_flags(FlagSet& f, PlanOptions& o) {
+  f.section("device and throughput (planner only)");
+  f.add_string("device", &o.device, "device profile: peak FLOP/s and memory", device_profile_names());
+  f.add_double("peak-tflops", &o.peak_tflops, "override the profile's peak dense TFLOP/s for the training dtype", 1e-6, 1e9);
+  f.add_double("device-memory-gb", &o.device_memory_gb, "override the profile's memory per device, in GB (1e9 bytes)", 1e-3, 1e9);
+  f.add_double("step-time", &o.step_time, "measured or assumed seconds per iteration (gives tokens/s and MFU)", 1e-9, 1e12);
+  f.add_double("assumed-efficiency", &o.assumed_efficiency, "share of peak FLOP/s reached while computing, for predicted step time", 1e-3, 1);
+  f.add_double("num-parameters", &o.num_parameters, "plan from a parameter count alone (e.g. 13e9), without architecture flags", 1, 1e15);
+}
+
+double megatron_flops_per_iteration(const model::ModelConfig& m, int64_t V, int64_t global_batch) {
+  const double B = global_batch, s = m.seq_length, h = m.hidden_size, L = m.num_layers;
+  const double T = B * s, Q = B * s * s;
+  const double d = m.head_dim(), q = m.num_attention_heads * d, k = m.query_groups() * d;
+  const double phi = m.swiglu ? 3 : 2;
+  double mlp;
+  if (m.is_moe()) mlp = 6 * h * phi * m.moe_ffn() * m.moe_router_topk * L;
+  else mlp = 6 * h * phi * m.ffn() * L;
+  const double attn_proj = L * 6 * (h * (q + 2 * k) + q * h);
+  const double logits = 6 * h * static_cast<double>(V);
+  return T * (mlp + attn_proj + logits) + Q * L * 6 * q;
+}
+
+namespace {
+
+// Memory of every stage for one job variant; `in_flight` per pp rank.
+MemoryReport stage_memories(const PlanReport& r, const JobConfig& job, const MemoryLayout& layout) {
+  MemoryReport mem;
+  const int64_t P = job.parallel.pp;
+  for (int64_t p = 0; p < P; ++p) {
+    StageInputs in;
+    in.pp_rank = p;
+    in.first_stage = p == 0;
+    in.last_stage = p == P - 1;
+    for (const auto& c : r.chunks)
+      if (c.pp_rank == p) in.chunk_layers.push_back(c.num_layers);
+    in.in_flight = r.in_flight.empty() ? 1 : r.in_flight[p];
+    in.reserve_bytes = r.device.reserve_bytes;
+    mem.stages.push_back(stage_memory(job, layout, in));
+  }
+  for (size_t i = 0; i < mem.stages.size(); ++i)
+    if (mem.stages[i].total_bytes() > mem.peak_bytes) mem.peak_bytes = mem.stages[i].total_bytes(), mem.peak_stage = i;
+  return mem;
+}
+
+void plan_throughput(PlanReport& r) {
+  const bool half = r.job.precision.bf16 || r.job.precision.fp16;
+  Throughput& t = r.throughput;
+  t.peak_tflops = r.options.peak_tflops.value_or(half ? r.device.peak_tflops_16bit : r.device.peak_tflops_32bit);
+  const double world = static_cast<double>(r.world);
+  if (r.options.step_time) {
+    t.measured = true;
+    t.step_time_s = *r.options.step_time;
+  } else {
+    // Recomputed forward passes cost time but are not model FLOPs.
+    double recompute_share = 0;
+    const auto& rc = r.job.recompute;
+    if (rc.full() && !r.chunks.empty()) {
+      if (rc.method == "block") {
+        int64_t recomputed = 0, total = 0;
+        for (const auto& c : r.chunks) {
+          recomputed += std::min<int64_t>(c.num_layers, rc.num_layers.value_or(1));
+          total += c.num_layers;
+        }
+        recompute_share = total ? static_cast<double>(recomputed) / total : 0;
+      } else {
+        recompute_share = 1;
+      }
+    }
+    const double hw_flops = r.flops_per_iteration * (1 + recompute_share / 3);
+    const double compute_s = hw_flops / (world * t.peak_tflops * 1e12 * r.options.assumed_efficiency);
+    t.step_time_s = compute_s / (1 - r.bubble_formula);
+  }
+  t.tokens_per_s = r.tokens_per_iteration / t.step_time_s;
+  t.tflops_per_device = r.flops_per_iteration / (t.step_time_s * 1e12 * world);
+  t.mfu = t.tflops_per_device / t.peak_tflops;
+}
+
+void plan_schedule(PlanReport& r) {
+  const int64_t P = r.job.parallel.pp, V = r.vpp, M = r.num_microbatches, N = r.group_size;
+  r.bubble_formula = P > 1 ? parallel::bubble_formula(P, V, M) : 0;
+  // The full schedule gives the in-flight counts and the simulated bubble;
+  // for very large M the drawn one is shortened.
+  const double actions = 2.0 * P * V * M;
+  if (actions <= 4e6) {
+    auto s = parallel::build_schedule(P, V, M, N);
+    if (s) {
+      auto t = parallel::simulate(*s, 1.0 / V, 2.0 / V);
+      r.schedule_kind = s->kind;
+      r.bubble_simulated = t.bubble_fraction;
+      r.in_flight = t.max_in_flight;
+      if (actions <= 4096) {
+        r.timeline = std::move(t);
+        r.timeline_microbatches = M;
+        return;
+      }
+    }
+  } else {
+    r.schedule_kind = V > 1 ? parallel::ScheduleKind::kInterleaved : parallel::ScheduleKind::kOneFOneB;
+    r.bubble_simulated = r.bubble_formula;
+    r.in_flight.assign(P, 0);
+    for (int64_t p = 0; p < P; ++p)
+      r.in_flight[p] = V > 1 ? std::min((P - p - 1) * 2 + (V - 1) * N + 1, M * V) : std::min(P - p, M);
+  }
+  // Draw a shorter run of the same schedule.
+  int64_t Md = std::min<int64_t>(M, std::max<int64_t>(2 * P, 4));
+  if (V > 1) Md = std::min<int64_t>(M, N * std::max<int64_t>(1, (2 * P + N - 1) / N));
+  auto s = parallel::build_schedule(P, V, Md, N);
+  if (s) {
+    r.timeline = parallel::simulate(*s, 1.0 / V, 2.0 / V);
+    r.timeline_microbatches = Md;
+  }
+}
+
+void plan_fit(PlanReport& r, const MemoryLayout& layout) {
+  struct Variant {
+    std::string name;
+    bool distopt, sp, recompute;
+  };
+  const auto& par = r.job.parallel;
+  const bool can_distopt = !par.use_distributed_optimizer && r.dp * par.cp > 1;
+  const auto& m = r.job.model;
+  const bool can_sp = !par.sequence_parallel && par.tp > 1 && (m.seq_length / par.cp) % par.tp == 0;
+  const bool can_recompute = !r.job.recompute.full();
+  std::vector<Variant> variants = {{"as given", false, false, false}};
+  if (can_distopt) variants.push_back({"--use-distributed-optimizer", true, false, false});
+  if (can_sp) variants.push_back({"--sequence-parallel", false, true, false});
+  if (can_distopt && can_sp) variants.push_back({"--use-distributed-optimizer --sequence-parallel", true, true, false});
+  if (can_recompute) {
+    std::string n = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1";
+    if (can_distopt) n = "--use-distributed-optimizer " + n;
+    if (can_sp) n = "--sequence-parallel " + n;
+    variants.push_back({n, can_distopt, can_sp, true});
+  }
+  for (const auto& v : variants) {
+    JobConfig j = r.job;
+    if (v.distopt) j.parallel.use_distributed_optimizer = true;
+    if (v.sp) j.parallel.sequence_parallel = true;
+    if (v.recompute) {
+      j.recompute = RecomputeConfig{};
+      j.recompute.granularity = "full";
+      j.recompute.method = "uniform";
+      j.recompute.num_layers = 1;
+    }
+    MemoryReport mem = stage_memories(r, j, layout);
+    r.fit_options.push_back({v.name, mem.peak_bytes, mem.peak_bytes <= r.memory.device_bytes});
+  }
+}
+
+}  // namespace
+
+PlanReport make_plan(JobConfig job, const PlanOptions& options) {
+  PlanReport r;
+  r.options = options;
+  r.world_source = resolve_world_size(job);
+  if (const DeviceProfile* d = find_device_profile(options.device)) r.device = *d;
+  else r.device = *find_device_profile("h100");
+  r.job = job;
+  if (Status st = model::resolve_vocab(r.job.model); !st) {
+    r.errors.push_back({"vocab-file", {"--vocab-file"}, st.message(), "pass GPT-2's vocab.json, or --vocab-size N"});
+  }
+  validate(r);
+  if (!r.valid()) return r;
+
+  const auto& par = r.job.parallel;
+  const auto& m = r.job.model;
+  r.world = *par.world_size;
+  r.num_nodes = (r.world + par.gpus_per_node - 1) / par.gpus_per_node;
+  parallel::GridSizes gs{r.world, par.tp, par.pp, par.cp, par.ep, r.etp, par.use_tp_pp_dp_mapping};
+  auto grid = parallel::RankGrid::create(gs);
+  if (!grid) {
+    r.errors.push_back({"rank-grid", {}, grid.status().message(), ""});
+    return r;
+  }
+  r.grid = std::move(*grid);
+  r.tokens_per_iteration = static_cast<double>(r.global_batch) * m.seq_length;
+
+  if (r.options.device_memory_gb) r.memory.device_bytes = *r.options.device_memory_gb * 1e9;
+  else r.memory.device_bytes = r.device.memory_bytes;
+
+  plan_schedule(r);
+
+  const BytesPerParam bpp = bytes_per_param(r.job.precision);
+  r.memory.model_state_bytes_per_param = bpp.total();
+  if (r.quick) {
+    // Seed-calculator mode: parameters spread evenly over TP x PP, no activations.
+    r.total_params = *r.options.num_parameters;
+    r.flops_per_iteration = 6 * r.total_params * r.tokens_per_iteration;
+    const double shard = static_cast<double>(par.tp * par.pp);
+    const double dshard = par.use_distributed_optimizer ? static_cast<double>(r.dp * par.cp) : 1;
+    for (int64_t p = 0; p < par.pp; ++p) {
+      StageMemory s;
+      s.pp_rank = p;
+      s.dense_params = r.total_params / shard;
+      s.param_bytes = s.dense_params * bpp.params;
+      s.grad_bytes = s.dense_params * bpp.grads;
+      s.optimizer_bytes = s.dense_params * bpp.optimizer / dshard;
+      s.in_flight = r.in_flight.empty() ? 1 : r.in_flight[p];
+      s.reserve_bytes = r.device.reserve_bytes;
+      r.memory.stages.push_back(s);
+    }
+    for (size_t i = 0; i < r.memory.stages.size(); ++i)
+      if (r.memory.stages[i].total_bytes() > r.memory.peak_bytes)
+        r.memory.peak_bytes = r.memory.stages[i].total_bytes(), r.memory.peak_stage = i;
+    r.warnings.push_back("planned from --num-parameters alone: no activation memory, FLOPs as 6 x parameters x tokens");
+  } else {
+    r.ffn = m.ffn();
+    r.head_dim = m.head_dim();
+    r.query_groups = m.query_groups();
+    r.params = model::model_params(m, r.padded_vocab);
+    r.total_params = static_cast<double>(r.params.total());
+    r.megatron_params = model::megatron_param_count(m, r.padded_vocab);
+    r.flops_per_iteration = megatron_flops_per_iteration(m, r.padded_vocab, r.global_batch);
+    MemoryLayout layout{r.padded_vocab, r.dp, r.edp, r.etp, r.vpp, r.num_microbatches};
+    MemoryReport mem = stage_memories(r, r.job, layout);
+    mem.device_bytes = r.memory.device_bytes;
+    mem.megatron = megatron_theoretical_memory(r.job, layout);
+    r.memory = std::move(mem);
+    plan_fit(r, layout);
+  }
+  r.memory.model_state_bytes_per_param = bpp.total();
+  r.memory.model_state_bytes = r.total_params * bpp.total();
+  const bool half = r.job.precision.bf16 || r.job.precision.fp16;
+  r.memory.weights_only_bytes = r.total_params * bpp.params;
+  r.memory.checkpoint_bytes = r.total_params * (bpp.params + (half ? 4 : 0) + 8);
+  r.memory.fits = r.memory.peak_bytes <= r.memory.device_bytes;
+  if (!r.memory.fits)
+    r.warnings.push_back(fmt::format("the most loaded rank needs {:.1f} GiB but the device has {:.1f} GiB",
+                                     r.memory.peak_bytes / kGiB, r.memory.device_bytes / kGiB));
+  plan_throughput(r);
+  return r;
+}
+
+}  // namespace mt::plan

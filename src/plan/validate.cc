@@ -1,0 +1,379 @@
+#include "plan/validate.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "core/checked.h"
+#include "parallel/layer_split.h"
+
+namespace mt::plan {
+
+std::vector<int64_t> nearby_multiples(int64_t of, int64_t target) {
+  std::vector<int64_t> out;
+  if (of <= 0) return out;
+  int64_t lo = target / of * of, hi = lo == target ? target : add_sat(lo, of);
+  if (lo == target) return {target};
+  // nearest first
+  if (lo >= of && (target - lo) <= (hi - target)) out = {lo, hi};
+  else if (lo >= of) out = {hi, lo};
+  else out = {hi};
+  return out;
+}
+
+int64_t nearest_divisor(int64_t n, int64_t target) {
+  int64_t best = 1;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d) continue;
+    for (int64_t c : {d, n / d})
+      if (std::llabs(c - target) < std::llabs(best - target) ||
+          (std::llabs(c - target) == std::llabs(best - target) && c > best))
+        best = c;
+  }
+  return best;
+}
+
+namespace {
+
+std::string list_or(const std::vector<int64_t>& v, const std::string& flag) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? " or " : "") + fmt::format("{} {}", flag, v[i]);
+  return s;
+}
+
+struct Checker {
+  PlanReport& r;
+  void error(std::string rule, std::vector<std::string> flags, std::string msg, std::string fix) {
+    r.errors.push_back({std::move(rule), std::move(flags), std::move(msg), std::move(fix)});
+  }
+  void warn(std::string msg) { r.warnings.push_back(std::move(msg)); }
+};
+
+}  // namespace
+
+void validate(PlanReport& r) {
+  Checker c{r};
+  JobConfig& j = r.job;
+  auto& par = j.parallel;
+  auto& m = j.model;
+  const int64_t W = par.world_size.value_or(1);
+  const int64_t TP = par.tp, PP = par.pp, CP = par.cp, EP = par.ep;
+  const int64_t ETP = par.etp.value_or(TP);
+  r.etp = ETP;
+  constexpr int64_t kMaxRanks = int64_t{1} << 24;
+
+  // ---- precision
+  if (j.precision.bf16 && j.precision.fp16)
+    c.error("precision", {"--bf16", "--fp16"}, "--bf16 and --fp16 are both set", "choose one of them");
+
+  // ---- world size and the dense grid
+  const int64_t model_size = mul_sat(TP, PP, CP);
+  bool dp_known = false;
+  if (model_size > kMaxRanks || W > kMaxRanks) {
+    c.error("too-many-ranks", {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size"},
+            fmt::format("TP x PP x CP = {} ranks exceeds the planner's limit of {}", model_size, kMaxRanks),
+            "use smaller parallel sizes");
+  } else if (W % model_size != 0) {
+    std::vector<std::string> flags = {"--world-size", "--tensor-model-parallel-size", "--pipeline-model-parallel-size"};
+    if (CP > 1) flags.push_back("--context-parallel-size");
+    c.error("world-divisible", flags,
+            fmt::format("world size {} is not divisible by TP x PP x CP = {} x {} x {} = {}", W, TP, PP, CP, model_size),
+            fmt::format("use {}, or sizes whose product divides {}", list_or(nearby_multiples(model_size, W), "--world-size"), W));
+  } else {
+    r.dp = W / model_size;
+    dp_known = true;
+  }
+  if (par.dp) {
+    const int64_t product = mul_sat(TP, PP, CP, *par.dp);
+    if (product != W) {
+      std::vector<std::string> flags = {"--tensor-model-parallel-size", "--pipeline-model-parallel-size"};
+      if (CP > 1) flags.push_back("--context-parallel-size");
+      flags.push_back("--data-parallel-size");
+      flags.push_back("--world-size");
+      std::string fix = fmt::format("use --world-size {}", product);
+      if (model_size <= W && W % model_size == 0)
+        fix += fmt::format(", or --data-parallel-size {}", W / model_size);
+      c.error("data-parallel-product", flags,
+              fmt::format("TP x PP x {}DP = {} x {} x {}{} = {}, but the world size is {}", CP > 1 ? "CP x " : "", TP, PP,
+                          CP > 1 ? fmt::format("{} x ", CP) : "", *par.dp, product, W),
+              fix);
+      dp_known = false;
+    }
+  }
+
+  // ---- expert grid
+  const int64_t expert_size = mul_sat(ETP, EP, PP);
+  if (expert_size <= kMaxRanks && W % expert_size != 0) {
+    c.error("expert-grid-divisible", {"--world-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--pipeline-model-parallel-size"},
+            fmt::format("world size {} is not divisible by ETP x EP x PP = {} x {} x {} = {}", W, ETP, EP, PP, expert_size),
+            fmt::format("use {}", list_or(nearby_multiples(expert_size, W), "--world-size")));
+  } else if (expert_size <= kMaxRanks) {
+    r.edp = W / expert_size;
+    if (par.use_tp_pp_dp_mapping && PP > 1 && dp_known && r.edp != r.dp)
+      c.error("expert-dp-order", {"--use-tp-pp-dp-mapping", "--expert-model-parallel-size", "--expert-tensor-parallel-size"},
+              fmt::format("with --use-tp-pp-dp-mapping and PP > 1 the expert data-parallel size ({}) must equal the data-parallel size ({})", r.edp, r.dp),
+              "drop --use-tp-pp-dp-mapping, or make ETP x EP equal TP x CP");
+  }
+
+  // ---- MoE
+  if (EP > 1 && m.num_experts == 0)
+    c.error("moe-experts-required", {"--expert-model-parallel-size", "--num-experts"},
+            fmt::format("--expert-model-parallel-size {} needs --num-experts", EP), "give --num-experts, or drop expert parallelism");
+  if (m.num_experts > 0 && m.num_experts % EP != 0)
+    c.error("moe-experts-divisible", {"--num-experts", "--expert-model-parallel-size"},
+            fmt::format("{} experts do not split over EP = {}", m.num_experts, EP),
+            fmt::format("use --expert-model-parallel-size {} or {}", nearest_divisor(m.num_experts, EP),
+                        list_or(nearby_multiples(EP, m.num_experts), "--num-experts")));
+  if (m.num_experts > 0 && m.moe_router_topk > m.num_experts)
+    c.error("moe-topk", {"--moe-router-topk", "--num-experts"},
+            fmt::format("each token is routed to {} experts but there are only {}", m.moe_router_topk, m.num_experts),
+            fmt::format("use --moe-router-topk {} or fewer", m.num_experts));
+  if (m.num_experts > 0 && EP > 1 && TP > 1 && !par.sequence_parallel)
+    c.warn("Megatron: with expert and tensor parallelism, sequence parallelism must be used (--sequence-parallel)");
+
+  // ---- batch
+  if (j.batch.micro_batch_size <= 0)
+    c.error("micro-batch-required", {"--micro-batch-size"}, "--micro-batch-size is required", "give --micro-batch-size, e.g. 1");
+  if (dp_known && j.batch.micro_batch_size > 0) {
+    const int64_t per_step = mul_sat(j.batch.micro_batch_size, r.dp);
+    r.global_batch = j.batch.global_batch_size.value_or(per_step);
+    if (r.global_batch % per_step != 0) {
+      c.error("global-batch-divisible", {"--global-batch-size", "--micro-batch-size", "--data-parallel-size"},
+              fmt::format("global batch {} is not divisible by micro-batch {} x DP {} = {}", r.global_batch,
+                          j.batch.micro_batch_size, r.dp, per_step),
+              fmt::format("use {}", list_or(nearby_multiples(per_step, r.global_batch), "--global-batch-size")));
+    } else {
+      r.num_microbatches = r.global_batch / per_step;
+    }
+  }
+
+  // ---- model shape
+  r.quick = r.options.num_parameters.has_value() && !m.num_layers && !m.hidden_size && !m.num_attention_heads;
+  if (r.options.num_parameters && (m.num_layers || m.hidden_size || m.num_attention_heads))
+    c.error("num-parameters-with-architecture", {"--num-parameters", "--num-layers", "--hidden-size", "--num-attention-heads"},
+            "--num-parameters is a shortcut for planning without an architecture, but architecture flags are given too",
+            "drop --num-parameters (the count then comes from the architecture), or drop the architecture flags");
+  if (!m.seq_length)
+    c.error("required", {"--seq-length"}, "--seq-length is required", "give --seq-length, e.g. 2048");
+  if (!r.quick) {
+    for (auto [v, flag] : {std::pair{m.num_layers, "--num-layers"}, {m.hidden_size, "--hidden-size"},
+                          {m.num_attention_heads, "--num-attention-heads"},
+                          {m.max_position_embeddings, "--max-position-embeddings"}})
+      if (!v)
+        c.error("required", {flag}, fmt::format("{} is required (Megatron has no default)", flag),
+                std::string(flag) == "--max-position-embeddings" ? "give --max-position-embeddings, usually equal to --seq-length"
+                                                                 : fmt::format("give {}", flag));
+    if (!m.vocab_size)
+      c.error("vocab-required", {"--vocab-size", "--vocab-file"}, "the vocabulary size is unknown",
+              "give --vocab-size N (e.g. 50257 for GPT-2, 32000 for LLaMA-2) or --vocab-file vocab.json");
+  }
+  const bool arch = !r.quick && m.has_architecture();
+  if (arch) {
+    const int64_t a = m.num_attention_heads, g = m.query_groups(), h = m.hidden_size;
+    if (a % TP != 0)
+      c.error("heads-divisible", {"--num-attention-heads", "--tensor-model-parallel-size"},
+              fmt::format("{} attention heads do not split over TP = {}", a, TP),
+              fmt::format("use --tensor-model-parallel-size {}", nearest_divisor(a, TP)));
+    if (m.group_query_attention && g % TP != 0 && TP % g != 0)
+      c.error("query-groups-tp", {"--num-query-groups", "--tensor-model-parallel-size"},
+              fmt::format("{} query groups are neither a multiple nor a divisor of TP = {}", g, TP),
+              fmt::format("use --tensor-model-parallel-size {}", nearest_divisor(g, TP)));
+    else if (m.group_query_attention && g < TP)
+      c.warn(fmt::format("{} query groups < TP = {}: each key/value head is replicated on {} TP ranks (Megatron-Core >= 0.16)", g, TP, TP / g));
+    if (a % g != 0)
+      c.error("heads-per-group", {"--num-attention-heads", "--num-query-groups"},
+              fmt::format("{} attention heads do not divide into {} query groups", a, g),
+              fmt::format("use --num-query-groups {}", nearest_divisor(a, g)));
+    if (!m.kv_channels && h % a != 0)
+      c.error("hidden-heads", {"--hidden-size", "--num-attention-heads", "--kv-channels"},
+              fmt::format("hidden size {} is not divisible by {} heads, and --kv-channels is not given", h, a),
+              fmt::format("use {}, or give --kv-channels", list_or(nearby_multiples(a, h), "--hidden-size")));
+    if (!m.is_moe() && m.ffn() % TP != 0)
+      c.error("ffn-divisible", {"--ffn-hidden-size", "--tensor-model-parallel-size"},
+              fmt::format("FFN hidden size {} does not split over TP = {}", m.ffn(), TP),
+              fmt::format("use {}", list_or(nearby_multiples(TP, m.ffn()), "--ffn-hidden-size")));
+    if (m.is_moe() && m.moe_ffn() % ETP != 0)
+      c.error("moe-ffn-divisible", {"--moe-ffn-hidden-size", "--expert-tensor-parallel-size"},
+              fmt::format("expert FFN hidden size {} does not split over ETP = {}", m.moe_ffn(), ETP),
+              fmt::format("use {}", list_or(nearby_multiples(ETP, m.moe_ffn()), "--moe-ffn-hidden-size")));
+    if (m.ffn() <= 0)
+      c.error("ffn-size", {"--hidden-size", "--ffn-hidden-size"}, fmt::format("the derived FFN hidden size is {}", m.ffn()),
+              "give --ffn-hidden-size");
+    {  // keep every later count exact in int64 (and in double)
+      const double dh = h, dd = m.head_dim(), dF = m.ffn(), dE = std::max<int64_t>(1, m.num_experts);
+      const double approx = m.num_layers * (2 * dh * dd * (a + 2.0 * g) + 3 * dh * std::max<double>(dF, m.moe_ffn()) * dE) +
+                            2 * dh * static_cast<double>(m.vocab_size.value_or(0) + m.make_vocab_size_divisible_by * TP) +
+                            dh * static_cast<double>(m.max_position_embeddings);
+      if (approx > 1e15)
+        c.error("model-too-large", {"--num-layers", "--hidden-size", "--ffn-hidden-size"},
+                fmt::format("the model would have about {:.3g} parameters, beyond what the planner handles (1e15)", approx),
+                "check the sizes for a typo");
+    }
+    if (m.max_position_embeddings && m.seq_length && m.max_position_embeddings < m.seq_length)
+      c.error("seq-vs-positions", {"--max-position-embeddings", "--seq-length"},
+              fmt::format("max_position_embeddings {} is smaller than seq_length {}", m.max_position_embeddings, m.seq_length),
+              fmt::format("use --max-position-embeddings {} (or more)", m.seq_length));
+  }
+  if (m.seq_length && CP > 1 && m.seq_length % (2 * CP) != 0)
+    c.error("cp-seq-divisible", {"--seq-length", "--context-parallel-size"},
+            fmt::format("with CP = {} the sequence length {} must be a multiple of 2 x CP = {}", CP, m.seq_length, 2 * CP),
+            fmt::format("use {}", list_or(nearby_multiples(2 * CP, m.seq_length), "--seq-length")));
+  if (par.sequence_parallel && TP == 1)
+    c.error("sp-needs-tp", {"--sequence-parallel", "--tensor-model-parallel-size"},
+            "--sequence-parallel needs tensor parallelism (TP > 1); Megatron's launcher would silently switch it off",
+            "drop --sequence-parallel, or use --tensor-model-parallel-size 2 or more");
+  if (par.sequence_parallel && TP > 1 && m.seq_length && (m.seq_length % CP == 0) && (m.seq_length / CP) % TP != 0)
+    c.error("sp-seq-divisible", {"--seq-length", "--tensor-model-parallel-size", "--sequence-parallel"},
+            fmt::format("with sequence parallelism, seq_length/CP = {} must be divisible by TP = {}", m.seq_length / CP, TP),
+            fmt::format("use {}", list_or(nearby_multiples(TP * CP, m.seq_length), "--seq-length")));
+
+  // ---- pipeline split and virtual stages
+  const bool uneven = par.decoder_first_pipeline_num_layers || par.decoder_last_pipeline_num_layers;
+  const int64_t Lp = m.num_layers + par.account_for_embedding_in_pipeline_split + par.account_for_loss_in_pipeline_split;
+  r.vpp = 1;
+  bool split_ok = arch;
+  if (par.num_layers_per_virtual_pipeline_stage && par.num_virtual_stages_per_pipeline_rank) {
+    c.error("one-vpp-spec", {"--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"},
+            "no more than one of --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank can be set",
+            "keep one of them");
+    split_ok = false;
+  }
+  if (uneven && (par.account_for_embedding_in_pipeline_split || par.account_for_loss_in_pipeline_split)) {
+    c.error("uneven-with-account", {"--decoder-first-pipeline-num-layers", "--account-for-embedding-in-pipeline-split"},
+            "explicit first/last stage sizes cannot be combined with --account-for-*-in-pipeline-split", "use one way of splitting");
+    split_ok = false;
+  }
+  if (uneven && par.num_layers_per_virtual_pipeline_stage) {
+    c.error("uneven-with-vpp-layers", {"--decoder-first-pipeline-num-layers", "--num-layers-per-virtual-pipeline-stage"},
+            "uneven pipeline stages cannot be combined with --num-layers-per-virtual-pipeline-stage",
+            "use --num-virtual-stages-per-pipeline-rank instead");
+    split_ok = false;
+  }
+  if (uneven && PP < 2) {
+    c.error("uneven-needs-pp", {"--decoder-first-pipeline-num-layers", "--pipeline-model-parallel-size"},
+            "first/last pipeline stage sizes need --pipeline-model-parallel-size 2 or more", "drop them or use pipeline parallelism");
+    split_ok = false;
+  }
+  for (auto [v, flag] : {std::pair{par.decoder_first_pipeline_num_layers, "--decoder-first-pipeline-num-layers"},
+                        {par.decoder_last_pipeline_num_layers, "--decoder-last-pipeline-num-layers"}})
+    if (v && *v <= 0) {
+      c.error("uneven-positive", {flag}, fmt::format("{} must be larger than 0", flag), fmt::format("use {} 1 or more", flag));
+      split_ok = false;
+    }
+  if (arch && !uneven && Lp % PP != 0) {
+    std::vector<std::string> flags = {"--num-layers", "--pipeline-model-parallel-size"};
+    const int64_t extra = Lp - m.num_layers;
+    std::vector<int64_t> layers;
+    for (int64_t x : nearby_multiples(PP, Lp))
+      if (x - extra > 0) layers.push_back(x - extra);
+    c.error("layers-divisible", flags,
+            fmt::format("{} layers{} do not split evenly over PP = {}", Lp, extra ? " (counting embedding/loss)" : "", PP),
+            fmt::format("use {}, or --pipeline-model-parallel-size {}, or uneven stages with --decoder-first/last-pipeline-num-layers",
+                        list_or(layers, "--num-layers"), nearest_divisor(Lp, PP)));
+    split_ok = false;
+  }
+  if (par.num_layers_per_virtual_pipeline_stage && arch && !uneven && Lp % PP == 0) {
+    const int64_t n = *par.num_layers_per_virtual_pipeline_stage;
+    if ((Lp / PP) % n != 0) {
+      c.error("vpp-layers-divisible", {"--num-layers-per-virtual-pipeline-stage", "--num-layers", "--pipeline-model-parallel-size"},
+              fmt::format("{} layers per pipeline stage are not divisible by {} layers per virtual stage", Lp / PP, n),
+              fmt::format("use --num-layers-per-virtual-pipeline-stage {}", nearest_divisor(Lp / PP, n)));
+      split_ok = false;
+    } else {
+      r.vpp = Lp / PP / n;
+    }
+  } else if (par.num_virtual_stages_per_pipeline_rank) {
+    r.vpp = *par.num_virtual_stages_per_pipeline_rank;
+    if (arch && !uneven && Lp % PP == 0 && (Lp / PP) % r.vpp != 0) {
+      c.error("vpp-stages-divisible", {"--num-virtual-stages-per-pipeline-rank", "--num-layers", "--pipeline-model-parallel-size"},
+              fmt::format("{} layers per pipeline stage do not split into {} virtual stages", Lp / PP, r.vpp),
+              fmt::format("use --num-virtual-stages-per-pipeline-rank {}", nearest_divisor(Lp / PP, r.vpp)));
+      split_ok = false;
+    }
+  }
+  const bool vpp_given = par.num_layers_per_virtual_pipeline_stage || par.num_virtual_stages_per_pipeline_rank;
+  if (vpp_given) {
+    const int64_t min_pp = par.overlap_p2p_communication ? 1 : 2;
+    if (PP <= min_pp) {
+      c.error("vpp-needs-pp", {"--pipeline-model-parallel-size", par.num_layers_per_virtual_pipeline_stage ? "--num-layers-per-virtual-pipeline-stage" : "--num-virtual-stages-per-pipeline-rank"},
+              fmt::format("interleaving needs pipeline-model-parallel size greater than {}", min_pp),
+              fmt::format("use --pipeline-model-parallel-size {} or more, or drop the virtual-stage flag", min_pp + 1));
+      split_ok = false;
+    }
+  }
+  if (split_ok && arch) {
+    parallel::LayerSplitSpec spec{m.num_layers, PP, r.vpp, par.decoder_first_pipeline_num_layers,
+                                  par.decoder_last_pipeline_num_layers, par.account_for_embedding_in_pipeline_split,
+                                  par.account_for_loss_in_pipeline_split};
+    auto split = parallel::split_layers(spec);
+    if (!split) {
+      c.error("pipeline-split", {"--num-layers", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"},
+              split.status().message(), "choose first/last stage sizes that leave an even split for the middle stages");
+    } else {
+      r.chunks.clear();
+      for (const auto& cs : *split) r.chunks.push_back({cs.pp_rank, cs.chunk, cs.first_layer, cs.num_layers});
+    }
+  }
+  if (r.quick && vpp_given) r.vpp = par.num_virtual_stages_per_pipeline_rank.value_or(1);
+
+  // Interleaved schedule's micro-batch rule (checked at run time by Megatron).
+  r.group_size = par.microbatch_group_size_per_vp_stage.value_or(PP);
+  if (r.vpp > 1 && r.num_microbatches >= 1 && j.batch.global_batch_size.value_or(1) > 0) {
+    const int64_t M = r.num_microbatches, N = r.group_size;
+    if (N < PP || N > M || (M % N != 0 && M % N < PP)) {
+      const int64_t per_mb = j.batch.micro_batch_size * r.dp;
+      std::vector<int64_t> gbs;
+      for (int64_t x : nearby_multiples(N, std::max(M, N))) gbs.push_back(x * per_mb);
+      c.error("interleaved-microbatches", {"--global-batch-size", "--micro-batch-size", "--microbatch-group-size-per-virtual-pipeline-stage"},
+              N < PP || N > M
+                  ? fmt::format("the interleaved schedule needs the micro-batch group size {} in [PP = {}, micro-batches = {}]", N, PP, M)
+                  : fmt::format("micro-batches {} mod group size {} = {} must be 0 or at least PP = {}", M, N, M % N, PP),
+              fmt::format("use {} ({} micro-batches)", list_or(gbs, "--global-batch-size"), std::max(M, N)));
+    }
+  }
+
+  // ---- recomputation
+  const auto& rc = j.recompute;
+  if (rc.selective() && rc.method)
+    c.error("recompute-selective-method", {"--recompute-method", "--recompute-granularity"},
+            "--recompute-method is not supported with selective recomputation", "drop --recompute-method");
+  if (rc.selective() && rc.num_layers)
+    c.error("recompute-selective-layers", {"--recompute-num-layers", "--recompute-granularity"},
+            "--recompute-num-layers must be unset with selective recomputation", "drop --recompute-num-layers");
+  if (rc.recompute_activations && rc.granularity == "full")
+    c.error("recompute-both", {"--recompute-activations", "--recompute-granularity"},
+            "--recompute-activations means selective, but --recompute-granularity full is given", "keep one of them");
+  if (rc.full() && !rc.method)
+    c.error("recompute-full-method", {"--recompute-granularity", "--recompute-method"},
+            "full recomputation needs --recompute-method uniform or block", "add --recompute-method uniform");
+  if (rc.full() && !rc.num_layers)
+    c.error("recompute-full-layers", {"--recompute-granularity", "--recompute-num-layers"},
+            "full recomputation needs --recompute-num-layers", "add --recompute-num-layers 1");
+  if (!rc.granularity && !rc.recompute_activations && (rc.method || rc.num_layers))
+    c.error("recompute-granularity-missing", {"--recompute-method", "--recompute-num-layers", "--recompute-granularity"},
+            "--recompute-method/--recompute-num-layers only apply with --recompute-granularity full",
+            "add --recompute-granularity full, or drop them");
+  if (rc.full() && rc.num_layers && arch && PP > 0 && Lp % PP == 0 && *rc.num_layers > Lp / PP)
+    c.error("recompute-num-layers-range", {"--recompute-num-layers"},
+            fmt::format("--recompute-num-layers {} must be between 1 and the layers per pipeline rank ({})", *rc.num_layers, Lp / PP),
+            fmt::format("use --recompute-num-layers {}", std::max<int64_t>(1, Lp / PP)));
+  if (rc.distribute_saved_activations && (TP == 1 || !rc.full() || !rc.method || par.sequence_parallel))
+    c.error("distribute-saved-activations", {"--distribute-saved-activations"},
+            "--distribute-saved-activations needs TP > 1, full recomputation with a method, and no --sequence-parallel",
+            "drop --distribute-saved-activations");
+
+  // ---- distributed optimizer and overlap
+  if (par.overlap_param_gather && (!par.use_distributed_optimizer || !par.overlap_grad_reduce))
+    c.error("overlap-param-gather", {"--overlap-param-gather", "--use-distributed-optimizer", "--overlap-grad-reduce"},
+            "--overlap-param-gather is only supported with --use-distributed-optimizer and --overlap-grad-reduce",
+            "add --use-distributed-optimizer --overlap-grad-reduce");
+
+  // ---- derived vocabulary
+  if (m.vocab_size) r.padded_vocab = m.padded_vocab(TP);
+  if (r.world_source == WorldSource::kDefaultOneReplica)
+    c.warn(fmt::format("no world size given: planning one model replica ({} ranks, DP = 1); give --world-size", W));
+}
+
+}  // namespace mt::plan

@@ -1,0 +1,12 @@
+#pragma once
+// One entry point per `megatron` subcommand; each returns the exit code
+// (0 success, 1 runtime failure, 2 bad input or invalid configuration).
+
+#include <string>
+#include <vector>
+
+namespace mt::tools {
+
+int plan_main(const std::vector<std::string>& args);
+
+}  // namespace mt::tools

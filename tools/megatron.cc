@@ -1,0 +1,49 @@
+// megatron: the one binary. `megatron <subcommand> [--flags]`.
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  const char* summary;
+  int (*run)(const std::vector<std::string>&);
+};
+
+const Subcommand kSubcommands[] = {
+    {"plan", "check a parallel layout; show its rank grid, memory, pipeline bubble, FLOPs (text, --json, --html, --serve)",
+     mt::tools::plan_main},
+};
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: megatron <subcommand> [--flag value ...]\n\n"
+               "The Megatron-LM training system in C++. Flags keep Megatron-LM's names.\n\n"
+               "subcommands:\n");
+  for (const auto& s : kSubcommands) std::fprintf(out, "  %-12s %s\n", s.name, s.summary);
+  std::fprintf(out, "\n`megatron <subcommand> --help` lists that subcommand's flags.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    usage(stdout);
+    return 0;
+  }
+  for (const auto& s : kSubcommands) {
+    if (cmd == s.name) return s.run(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  std::fprintf(stderr, "megatron: unknown subcommand '%s'; run `megatron --help` for the list\n", cmd.c_str());
+  return 2;
+}
