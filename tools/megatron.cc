@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "core/device.h"
 
 namespace {
 
@@ -39,6 +40,12 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     usage(stdout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    mt::BackendInfo b = mt::backend_info();
+    std::printf("megatron-cpp 0.1.0\nCPU backend: yes\nCUDA backend: %s%s\n", b.cuda_compiled ? "compiled, " : "",
+                b.cuda_status.c_str());
     return 0;
   }
   for (const auto& s : kSubcommands) {

@@ -1,5 +1,7 @@
 // megatron plan: validity, derived sizes, rank grid, memory, bubble, FLOPs.
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -45,7 +47,10 @@ nlohmann::json replan_json(const std::vector<std::string>& args) {
   auto flags = plan_flags(cli);
   if (Status st = flags->parse(args); !st) {
     return {{"valid", false}, {"warnings", nlohmann::json::array()}, {"form", nlohmann::json::object()},
-            {"errors", {{{"rule", "flag"}, {"flags", nlohmann::json::array()}, {"message", st.message()}, {"suggestion", ""}}}}};
+            {"errors", {{{"rule", "flag"},
+                         {"flags", flags->error_flag().empty() ? nlohmann::json::array() : nlohmann::json::array({flags->error_flag()})},
+                         {"message", st.message()},
+                         {"suggestion", fmt::format("see `megatron plan --help`")}}}}};
   }
   return plan::to_json(plan::make_plan(cli.job, cli.options));
 }

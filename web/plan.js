@@ -65,7 +65,9 @@
     warns.replaceChildren();
     for (const e of plan.errors || []) {
       const li = el("li", { class: "error" });
-      li.append(el("b", {}, (e.flags || []).join(", ")), document.createTextNode(": " + e.message));
+      const flags = (e.flags || []).join(", ");
+      if (flags) li.append(el("b", {}, flags), document.createTextNode(": "));
+      li.append(document.createTextNode(e.message));
       if (e.suggestion) li.append(el("span", { class: "fix" }, "fix: " + e.suggestion));
       errs.append(li);
     }

@@ -223,8 +223,16 @@ std::string FlagSet::closest(const std::string& unknown) const {
 }
 
 Status FlagSet::parse(const std::vector<std::string>& args) {
-  std::vector<std::string*> lists_started;
+  error_flag_.clear();
+  std::string current;
+  Status st = parse_tokens(args, &current);
+  if (!st) error_flag_ = current;
+  return st;
+}
+
+Status FlagSet::parse_tokens(const std::vector<std::string>& args, std::string* current) {
   for (size_t i = 0; i < args.size(); ++i) {
+    current->clear();
     const std::string& tok = args[i];
     if (tok.size() < 3 || tok[0] != '-' || tok[1] != '-') {
       return Status::invalid(fmt::format(
@@ -238,6 +246,7 @@ Status FlagSet::parse(const std::vector<std::string>& args) {
       name = name.substr(0, eq);
       inline_value = true;
     }
+    *current = "--" + name;
     auto it = flags_.find(name);
     if (it == flags_.end()) {
       std::string hint = closest(name);

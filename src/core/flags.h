@@ -54,6 +54,8 @@ class FlagSet {
   // Parses argv-style tokens (without the program and subcommand names).
   Status parse(const std::vector<std::string>& args);
 
+  // After a failed parse(): the flag the error is about ("" if none), with --.
+  const std::string& error_flag() const { return error_flag_; }
   bool given(const std::string& name) const { return given_.count(name) != 0; }
   bool has(const std::string& name) const { return flags_.count(name) != 0; }
   std::string help() const;
@@ -71,11 +73,13 @@ class FlagSet {
                         const std::string& default_text);
   void add(Flag f);
   std::string closest(const std::string& unknown) const;
+  Status parse_tokens(const std::vector<std::string>& args, std::string* current);
 
   std::string program_, summary_, section_;
   std::vector<std::string> order_;
   std::map<std::string, Flag> flags_;
   std::set<std::string> given_;
+  std::string error_flag_;
 };
 
 // Parsing helpers, exposed for tests and for other readers of numbers.

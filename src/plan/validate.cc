@@ -104,12 +104,15 @@ void validate(PlanReport& r) {
   }
 
   // ---- expert grid
+  // With EP = 1 and ETP = TP the expert grid divides whenever the dense one
+  // does, so it is only checked (and reported) when it differs.
   const int64_t expert_size = mul_sat(ETP, EP, PP);
-  if (expert_size <= kMaxRanks && W % expert_size != 0) {
+  const bool expert_grid_differs = EP > 1 || ETP != TP;
+  if (expert_size <= kMaxRanks && W % expert_size != 0 && expert_grid_differs) {
     c.error("expert-grid-divisible", {"--world-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--pipeline-model-parallel-size"},
             fmt::format("world size {} is not divisible by ETP x EP x PP = {} x {} x {} = {}", W, ETP, EP, PP, expert_size),
             fmt::format("use {}", list_or(nearby_multiples(expert_size, W), "--world-size")));
-  } else if (expert_size <= kMaxRanks) {
+  } else if (expert_size <= kMaxRanks && W % expert_size == 0) {
     r.edp = W / expert_size;
     if (par.use_tp_pp_dp_mapping && PP > 1 && dp_known && r.edp != r.dp)
       c.error("expert-dp-order", {"--use-tp-pp-dp-mapping", "--expert-model-parallel-size", "--expert-tensor-parallel-size"},

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# README's first command: set up, then run the most complete job the project
+# can do today. Today that is the planner: it checks and lays out 3D-parallel
+# jobs (the seeds' examples, the LLaMA table) and draws them as HTML pages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+OUT=${OUT_DIR:-out}
+mkdir -p "$OUT"
+M=./build/megatron
+
+banner() { printf '\n==== %s ====\n' "$*"; }
+
+banner "The seed's calculator example: 13e9 parameters on 32 GPUs, TP=4, PP=2"
+$M plan --world-size 32 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 \
+  --num-parameters 13e9 --seq-length 2048 --micro-batch-size 2 --global-batch-size 64 --step-time 0.8 \
+  | sed -n '1,/^Compute/p;/step time/p'
+
+banner "A GPT-13B 3D-parallel job: TP=4 x PP=2 x DP=4 on 32 H100s, SP, distributed optimizer, bf16"
+GPT13B=(--world-size 32 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2
+  --num-layers 40 --hidden-size 5120 --num-attention-heads 40 --seq-length 2048 --max-position-embeddings 2048
+  --vocab-size 50257 --micro-batch-size 1 --global-batch-size 32 --sequence-parallel
+  --recompute-granularity selective --use-distributed-optimizer --bf16 --device h100)
+$M plan "${GPT13B[@]}" --html "$OUT/plan_gpt13b.html" | sed -n '1,/^Rank grid/p'
+
+banner "The same model with interleaved 1F1B (2 virtual stages per rank)"
+$M plan "${GPT13B[@]}" --num-layers-per-virtual-pipeline-stage 10 --html "$OUT/plan_gpt13b_interleaved.html" \
+  | sed -n '/^Pipeline/,/^Compute/p'
+
+banner "The LLaMA parallel-configuration table on 80 GB H100s"
+LLAMA=(--normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear
+  --untie-embeddings-and-output-weights --bf16 --micro-batch-size 1 --device h100)
+row() {
+  local name=$1; shift
+  echo "--- $name: $*" | sed 's/--num-layers.*--global-batch-size [0-9]*//'
+  $M plan "${LLAMA[@]}" "$@" --html "$OUT/plan_llama_$name.html" | grep -E 'TP x PP|most loaded|^  (fits|no) ' || true
+}
+row 7B --world-size 8 --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 11008 \
+  --seq-length 4096 --max-position-embeddings 4096 --vocab-size 32000 --global-batch-size 1024
+row 13B --world-size 8 --tensor-model-parallel-size 2 --num-layers 40 --hidden-size 5120 --num-attention-heads 40 \
+  --ffn-hidden-size 13824 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 32000 --global-batch-size 1024
+row 70B --world-size 64 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 4 --num-layers 80 --hidden-size 8192 \
+  --num-attention-heads 64 --group-query-attention --num-query-groups 8 --ffn-hidden-size 28672 --seq-length 4096 \
+  --max-position-embeddings 4096 --vocab-size 32000 --global-batch-size 1024
+L405=(--num-layers 126 --hidden-size 16384 --num-attention-heads 128 --group-query-attention --num-query-groups 8
+  --ffn-hidden-size 53248 --seq-length 8192 --max-position-embeddings 8192 --vocab-size 128256 --global-batch-size 512
+  --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)
+row 405B --world-size 128 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --context-parallel-size 2 "${L405[@]}"
+
+banner "The seed table's 405B row as printed (TP8 PP8 DP2 CP2 on 128 GPUs) is rejected"
+set +e
+$M plan "${LLAMA[@]}" "${L405[@]}" --world-size 128 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 \
+  --context-parallel-size 2 --data-parallel-size 2
+echo "(exit code $?: invalid)"
+set -e
+
+banner "Pages"
+ls -1 "$OUT"/*.html
+echo "Open them in a browser (they work offline), or edit a layout live with:"
+echo "  $M plan ${GPT13B[*]} --serve 8080"
