@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 
@@ -57,6 +58,15 @@ nlohmann::json replan_json(const std::vector<std::string>& args) {
 
 }  // namespace
 
+// Under mpirun every rank runs the planner; only rank 0 speaks.
+bool is_nonzero_launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) return std::string(v) != "0";
+  }
+  return false;
+}
+
 int plan_main(const std::vector<std::string>& args) {
   PlanCli cli;
   auto flags = plan_flags(cli);
@@ -69,6 +79,7 @@ int plan_main(const std::vector<std::string>& args) {
     return 0;
   }
   plan::PlanReport report = plan::make_plan(cli.job, cli.options);
+  if (is_nonzero_launcher_rank() && !cli.serve) return report.valid() ? 0 : 2;
   nlohmann::json j;
   if (cli.json || !cli.html.empty() || cli.serve) j = plan::to_json(report);
   if (cli.json) std::cout << j.dump(1) << "\n";

@@ -16,7 +16,11 @@
   }
   const fmtInt = (x) => Math.round(x).toLocaleString("en-US");
   const fmtGiB = (b) => (b / GIB).toFixed(2) + " GiB";
-  const groupColor = (i) => `hsl(${(i * 137.508) % 360}, 62%, 46%)`;
+  // Twelve well-separated colours first, then golden-angle hues at alternating lightness.
+  const PALETTE = ["#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2",
+                   "#edc948", "#9c755f", "#ff9da7", "#17becf", "#8c564b", "#bcbd22"];
+  const groupColor = (i) => i < PALETTE.length ? PALETTE[i]
+      : `hsl(${(i * 137.508) % 360}, 62%, ${i % 2 ? 40 : 55}%)`;
 
   // ---- form <-> flags
   function fillForm(form) {
@@ -164,7 +168,11 @@
     const parts = [["param_bytes", "weights", "#4e79a7"], ["grad_bytes", "gradients", "#f28e2b"],
                    ["optimizer_bytes", "optimizer", "#e15759"], ["activation_bytes", "activations", "#76b7b2"],
                    ["transient_bytes", "transient", "#59a14f"], ["reserve_bytes", "runtime reserve", "#bab0ac"]];
-    const maxBytes = Math.max(M.device_bytes, ...M.stages.map((s) => s.total_bytes));
+    // Scale to the device unless the ranks use under a quarter of it; then
+    // scale to the largest rank so the parts stay readable.
+    const largest = Math.max(...M.stages.map((s) => s.total_bytes));
+    const deviceOnScale = largest * 4 >= M.device_bytes;
+    const maxBytes = deviceOnScale ? Math.max(M.device_bytes, largest) : largest;
     const W = 760, left = 70, barH = 22, gap = 8, top = 24;
     const H = top + M.stages.length * (barH + gap) + 40;
     const svg = el("svg:svg", { width: W, height: H, id: "memory-svg" });
@@ -183,9 +191,14 @@
       }
       svg.append(el("svg:text", { x: x(acc) + 4, y: y + 15 }, fmtGiB(s.total_bytes)));
     });
-    const dx = x(M.device_bytes);
-    svg.append(el("svg:line", { x1: dx, x2: dx, y1: 10, y2: H - 30, stroke: "#b42318", "stroke-dasharray": "4 3" }));
-    svg.append(el("svg:text", { x: Math.min(dx - 60, W - 140), y: 12, fill: "#b42318" }, `${M.device}: ${fmtGiB(M.device_bytes)}`));
+    if (deviceOnScale) {
+      const dx = x(M.device_bytes);
+      svg.append(el("svg:line", { x1: dx, x2: dx, y1: 10, y2: H - 30, stroke: "#b42318", "stroke-dasharray": "4 3", class: "device-line" }));
+      svg.append(el("svg:text", { x: Math.min(dx - 60, W - 140), y: 12, fill: "#b42318" }, `${M.device}: ${fmtGiB(M.device_bytes)}`));
+    } else {
+      svg.append(el("svg:text", { x: left, y: 12, fill: "#b42318" },
+                    `${M.device}: ${fmtGiB(M.device_bytes)} (off scale: the busiest rank uses ${(100 * largest / M.device_bytes).toFixed(1)}%)`));
+    }
     let lx = left;
     for (const [, label, color] of parts) {
       svg.append(el("svg:rect", { x: lx, y: H - 22, width: 10, height: 10, fill: color }));

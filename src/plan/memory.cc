@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/config.h"
+
 namespace mt::plan {
 
 BytesPerParam bytes_per_param(const PrecisionConfig& p) {
@@ -144,6 +146,15 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
   out.dense_params = layers * dense_layer;
   out.expert_params = layers * expert_layer;
   const double vocab_shard = s.V * h / t;
+  {
+    const model::LayerParams lp = model::layer_params(m);
+    out.stage_params = static_cast<double>(layers) * lp.total();
+    if (in.first_stage)
+      out.stage_params += s.V * h + (m.position_embedding == model::PositionEmbedding::kLearnedAbsolute
+                                         ? static_cast<double>(m.max_position_embeddings) * h : 0);
+    if (in.last_stage)
+      out.stage_params += m.norm_params_per_norm() + (m.untie_embeddings_and_output_weights || par.pp > 1 ? s.V * h : 0);
+  }
   if (in.first_stage) {
     out.dense_params += vocab_shard;
     if (m.position_embedding == model::PositionEmbedding::kLearnedAbsolute)

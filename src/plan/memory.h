@@ -53,6 +53,7 @@ MegatronMemoryEstimate megatron_theoretical_memory(const JobConfig& job, const M
 struct StageMemory {
   int64_t pp_rank = 0;
   std::vector<int64_t> chunk_layers;  // transformer layers per model chunk
+  double stage_params = 0;            // the whole stage's parameters, before any TP/EP split
   double dense_params = 0;            // elements on this rank, sharded over DP*CP by dist-opt
   double expert_params = 0;           // elements on this rank, sharded over expert-DP
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;

@@ -48,6 +48,7 @@ json form_values(const PlanReport& r) {
 json stage_json(const StageMemory& s) {
   return {{"pp_rank", s.pp_rank},
           {"chunk_layers", s.chunk_layers},
+          {"stage_params", s.stage_params},
           {"params", s.dense_params + s.expert_params},
           {"expert_params", s.expert_params},
           {"param_bytes", s.param_bytes},

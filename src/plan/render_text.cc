@@ -27,8 +27,11 @@ std::string gib(double b) { return fmt::format("{:.2f}", b / kGiB); }
 std::string billions(double n) { return fmt::format("{:.2f}B", n / 1e9); }
 
 std::string join_ranks(const std::vector<int64_t>& g) {
+  // Long groups (DP over thousands of ranks) show their ends only.
   std::string s = "[";
-  for (size_t i = 0; i < g.size(); ++i) s += (i ? "," : "") + std::to_string(g[i]);
+  const size_t n = g.size(), head = n > 24 ? 8 : n;
+  for (size_t i = 0; i < head; ++i) s += (i ? "," : "") + std::to_string(g[i]);
+  if (head < n) s += fmt::format(",...({} more),{}", n - head - 1, g.back());
   return s + "]";
 }
 
@@ -91,10 +94,10 @@ std::string render_text(const PlanReport& r) {
   }
 
   line(fmt::format("\nMemory per rank (GiB; device {} with {:.2f} GiB)", r.device.name, r.memory.device_bytes / kGiB));
-  line("  stage  params/rank   weights    grads  optimizer  activations(in flight)  transient  reserve    total");
+  line("  stage  params/stage  params/rank   weights    grads  optimizer  activations(in flight)  transient  reserve    total");
   for (const auto& s : r.memory.stages) {
-    line(fmt::format("  {:>5}  {:>11}  {:>7}  {:>7}  {:>9}  {:>11} ({:>3})         {:>9}  {:>7}  {:>7}{}", s.pp_rank,
-                     billions(s.dense_params + s.expert_params), gib(s.param_bytes), gib(s.grad_bytes), gib(s.optimizer_bytes),
+    line(fmt::format("  {:>5}  {:>12}  {:>11}  {:>7}  {:>7}  {:>9}  {:>11} ({:>3})         {:>9}  {:>7}  {:>7}{}", s.pp_rank,
+                     r.quick ? "-" : billions(s.stage_params), billions(s.dense_params + s.expert_params), gib(s.param_bytes), gib(s.grad_bytes), gib(s.optimizer_bytes),
                      gib(s.activation_bytes), s.in_flight, gib(s.transient_bytes), gib(s.reserve_bytes), gib(s.total_bytes()),
                      s.total_bytes() > r.memory.device_bytes ? "  DOES NOT FIT" : ""));
   }

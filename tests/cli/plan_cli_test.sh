@@ -71,5 +71,9 @@ grep -q -- "--html" "$TMP/err" || fail "--html error does not name the flag"
 OMPI_COMM_WORLD_SIZE=16 "$BIN" plan --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --max-position-embeddings 512 --vocab-size 100 --micro-batch-size 1 >"$TMP/out" || fail "launcher world size"
 grep -q "x 4 = 16" "$TMP/out" || fail "world size from OMPI_COMM_WORLD_SIZE not used: $(grep 'TP x' "$TMP/out")"
 
+# ...and only rank 0 prints.
+OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=8 "$BIN" plan $SMALL >"$TMP/out" || fail "rank 3 exit code"
+[ -s "$TMP/out" ] && fail "a non-zero MPI rank printed the plan"
+
 if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "plan CLI: all checks passed"

@@ -86,6 +86,11 @@ TEST(StageMemory, RealTensorCountsOf13B) {
   EXPECT_DOUBLE_EQ(r.memory.stages[0].param_bytes, 1649024000.0 * 2);
   EXPECT_DOUBLE_EQ(r.memory.stages[0].grad_bytes, 1649024000.0 * 4);
   EXPECT_DOUBLE_EQ(r.memory.stages[0].optimizer_bytes, 1649024000.0 * 3);
+  // Whole stages, before the TP split: they add up to the model, plus the
+  // tied output copy the last stage keeps.
+  EXPECT_DOUBLE_EQ(r.memory.stages[0].stage_params + r.memory.stages[1].stage_params,
+                   r.total_params + 50688.0 * 5120);
+  EXPECT_DOUBLE_EQ(r.memory.stages[0].stage_params, 20.0 * r.params.per_layer + 50688.0 * 5120 + 2048.0 * 5120);
   // 1F1B with 8 micro-batches: stage 0 holds 2, stage 1 holds 1.
   EXPECT_EQ(r.memory.stages[0].in_flight, 2);
   EXPECT_EQ(r.memory.stages[1].in_flight, 1);
