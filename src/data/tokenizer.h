@@ -1,0 +1,51 @@
+#pragma once
+// Tokenizers with Megatron's --tokenizer-type names:
+//   GPT2BPETokenizer        byte-level BPE from vocab.json + merges.txt, GPT-2's
+//                           pre-tokenisation pattern; EOD <|endoftext|>
+//   SentencePieceTokenizer  a .model file through libsentencepiece (LLaMA-2 style)
+//   NullTokenizer           --vocab-size N; text is whitespace-separated ids;
+//                           EOD = N - 1 (Megatron-Core >= 0.18)
+// encode() and decode() are const and safe to call from several threads at
+// once (megatron preprocess runs one tokenizer over many workers).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace mt::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Appends the ids of `text` to *out. Text is UTF-8 (any byte sequence must
+  // be accepted without crashing; see each implementation for what it does
+  // with invalid UTF-8).
+  virtual void encode(std::string_view text, std::vector<int32_t>* out) const = 0;
+  // Ids back to text; fails on an id outside the vocabulary.
+  virtual Result<std::string> decode(std::span<const int32_t> ids) const = 0;
+  // Entries in the vocabulary, before Megatron's padding.
+  virtual int64_t vocab_size() const = 0;
+  virtual int32_t eod() const = 0;
+  // -1 when the tokenizer has no pad id.
+  virtual int32_t pad() const { return -1; }
+  virtual std::string name() const = 0;
+};
+
+struct TokenizerConfig {
+  std::string type;              // --tokenizer-type
+  std::string vocab_file;        // --vocab-file (GPT2BPETokenizer: vocab.json / encoder.json)
+  std::string merge_file;        // --merge-file (merges.txt / vocab.bpe)
+  std::string tokenizer_model;   // --tokenizer-model (SentencePiece .model)
+  std::optional<int64_t> vocab_size;  // --vocab-size (NullTokenizer)
+};
+
+// Builds the tokenizer; errors name the flag and file at fault.
+Result<std::unique_ptr<Tokenizer>> make_tokenizer(const TokenizerConfig& cfg);
+
+}  // namespace mt::data
