@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libfmt-dev libcpp-httplib-dev
+  nlohmann-json3-dev libfmt-dev libcpp-httplib-dev libsimdjson-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
   chromium
   python3
