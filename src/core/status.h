@@ -57,6 +57,7 @@ class Result {
   T&& value() && { return std::get<T>(std::move(v_)); }
   const T& operator*() const& { return value(); }
   T& operator*() & { return value(); }
+  T&& operator*() && { return std::move(value()); }
   const T* operator->() const { return &value(); }
   T* operator->() { return &value(); }
   Status status() const { return is_ok() ? Status() : std::get<Status>(v_); }

@@ -36,6 +36,7 @@ struct BatchResult {
     std::vector<int32_t> tokens;      // all documents' tokens
     std::vector<int32_t> lengths;     // all documents' sequence lengths
     std::vector<uint32_t> doc_seqs;   // sequences per document
+    std::vector<uint32_t> doc_extra;  // tokens after the last sequence (legacy uncounted EOD)
   };
   std::vector<Key> keys;
   std::vector<std::string> skipped;   // "file:line: why"
@@ -140,11 +141,14 @@ void Pipeline::process(LineBatch& b, BatchResult& r, JsonTextExtractor& json) {
         out.lengths.push_back(static_cast<int32_t>(ids.size()));
       }
       const bool any = out.lengths.size() > first_len;
+      uint32_t extra = 0;
       if (any && o_.append_eod) {
         out.tokens.push_back(tok_.eod());
-        out.lengths.back() += 1;
+        if (o_.legacy_uncounted_eod) extra = 1;
+        else out.lengths.back() += 1;
       }
       out.doc_seqs.push_back(static_cast<uint32_t>(out.lengths.size() - first_len));
+      out.doc_extra.push_back(extra);
     }
   }
 }
@@ -206,7 +210,7 @@ Result<PreprocessStats> Pipeline::run(std::FILE* progress) {
   };
   for (int p = 0; p < P; ++p)
     for (size_t k = 0; k < o_.json_keys.size(); ++k) {
-      auto w = IndexedDatasetWriter::create(part_prefix(p, k), dtype);
+      auto w = IndexedDatasetWriter::create(part_prefix(p, k), dtype, o_.legacy_uncounted_eod);
       if (!w) return w.status();
       writers[p].push_back(std::move(*w));
     }
@@ -258,7 +262,7 @@ Result<PreprocessStats> Pipeline::run(std::FILE* progress) {
         auto& key = r.keys[k];
         const uint32_t nseq = key.doc_seqs[d];
         std::span<const int32_t> lengths(key.lengths.data() + len_pos[k], nseq);
-        size_t ntok = 0;
+        size_t ntok = key.doc_extra[d];
         for (int32_t l : lengths) ntok += static_cast<size_t>(l);
         Status st = writers[p][k]->add_document(std::span<const int32_t>(key.tokens.data() + tok_pos[k], ntok), lengths);
         if (!st) {
@@ -298,7 +302,7 @@ Result<PreprocessStats> Pipeline::run(std::FILE* progress) {
     if (P == 1) {
       MT_RETURN_IF_ERROR(writers[0][k]->finalize());
     } else {
-      auto merged = IndexedDatasetWriter::create(final_prefix, dtype);
+      auto merged = IndexedDatasetWriter::create(final_prefix, dtype, o_.legacy_uncounted_eod);
       if (!merged) return merged.status();
       for (int p = 0; p < P; ++p) {
         MT_RETURN_IF_ERROR(writers[p][k]->finalize());

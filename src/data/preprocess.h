@@ -24,6 +24,10 @@ struct PreprocessOptions {
   std::string output_prefix;
   std::vector<std::string> json_keys{"text"};
   bool append_eod = false;
+  // Megatron-LM up to 23.06 wrote the EOD to .bin without counting it in the
+  // document's last sequence length (fixed upstream in August 2023). Files
+  // made with it differ from today's; this reproduces them byte for byte.
+  bool legacy_uncounted_eod = false;
   int workers = 1;
   // Megatron's --partitions N: line i goes to partition i mod N (or to
   // contiguous blocks with keep_sequential_samples) and the partitions are

@@ -1,0 +1,302 @@
+// GPT dataset indices against the spec's worked examples, numpy's output for
+// a larger case, blending, caching and the loader's masks and sampler.
+#include "data/gpt_dataset.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <random>
+
+#include "data/loader.h"
+#include "data/npy.h"
+
+namespace mt::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Dir {
+  fs::path path;
+  Dir() {
+    path = fs::path(::testing::TempDir()) /
+           ("mt_gpt_" + std::to_string(getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~Dir() { fs::remove_all(path); }
+  std::string operator/(const std::string& n) const { return (path / n).string(); }
+};
+
+// A dataset whose sequence i holds tokens 1000*i + 0, 1, 2, ...
+std::shared_ptr<const IndexedDataset> make_dataset(const std::string& prefix, const std::vector<int32_t>& lengths) {
+  auto w = IndexedDatasetWriter::create(prefix, DType::kInt32);
+  EXPECT_TRUE(w.is_ok());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<int32_t> t(lengths[i]);
+    for (int32_t k = 0; k < lengths[i]; ++k) t[k] = static_cast<int32_t>(1000 * i + k);
+    std::vector<int32_t> l = {lengths[i]};
+    EXPECT_TRUE((*w)->add_document(t, l));
+  }
+  EXPECT_TRUE((*w)->finalize());
+  auto ds = IndexedDataset::open(prefix);
+  EXPECT_TRUE(ds.is_ok()) << ds.status().message();
+  return std::make_shared<const IndexedDataset>(std::move(*ds));
+}
+
+TEST(NumpyRandomState, SpecTestVector) {
+  NumpyRandomState rs(1234);
+  std::vector<int32_t> a = {5, 6, 7, 8, 9, 5, 6, 7, 8, 9};
+  rs.shuffle(a.data(), a.size());
+  EXPECT_EQ(a, (std::vector<int32_t>{7, 7, 9, 6, 5, 8, 9, 5, 6, 8}));
+  std::vector<uint32_t> b = {0, 1, 2, 3, 4, 5, 6};
+  rs.shuffle(b.data(), b.size());
+  EXPECT_EQ(b, (std::vector<uint32_t>{6, 4, 0, 5, 3, 2, 1}));
+}
+
+TEST(Split, SpecExampleAndRounding) {
+  auto w = parse_split("969,30,1");
+  ASSERT_TRUE(w.is_ok());
+  auto r = split_ranges(*w, 1000000);
+  ASSERT_TRUE(r[0] && r[1] && r[2]);
+  EXPECT_EQ(r[0]->begin, 0);
+  EXPECT_EQ(r[0]->end, 969000);
+  EXPECT_EQ(r[1]->begin, 969000);
+  EXPECT_EQ(r[1]->end, 999000);
+  EXPECT_EQ(r[2]->begin, 999000);
+  EXPECT_EQ(r[2]->end, 1000000);
+  // Megatron's legacy default string parses the same way.
+  EXPECT_EQ(*parse_split("969, 30, 1"), *w);
+  // Python's round: 2.5 -> 2 and 7.5 -> 8 (half to even).
+  auto half = split_ranges(*parse_split("1,1"), 5);
+  EXPECT_EQ(half[0]->end, 2);
+  EXPECT_EQ(half[1]->begin, 2);
+  EXPECT_FALSE(half[2].has_value());
+  auto odd = split_ranges(*parse_split("1,1"), 15);
+  EXPECT_EQ(odd[0]->end, 8);
+  EXPECT_EQ(*parse_split("100"), (std::array<double, 3>{1, 0, 0}));
+  EXPECT_FALSE(parse_split("1,2,3,4").is_ok());
+  EXPECT_FALSE(parse_split("0,0,0").is_ok());
+  EXPECT_FALSE(parse_split("1..2,3").is_ok());
+}
+
+TEST(SampleIndex, SpecWorkedExampleAndReading) {
+  // lengths [5,3,4], document_index [0,1,2] (unshuffled), s = 4, one epoch:
+  // T = 12, n = (12-1)//4 = 2, sample_index [(0,0),(0,4),(2,0)].
+  std::vector<int32_t> lengths = {5, 3, 4}, doc = {0, 1, 2};
+  auto idx = build_sample_index(lengths, doc, 4, 1, 12, true);
+  EXPECT_EQ(idx, (std::vector<int64_t>{0, 0, 0, 4, 2, 0}));
+
+  Dir dir;
+  auto ds = make_dataset(dir / "d", lengths);
+  GptDatasetConfig cfg;
+  cfg.seq_length = 4;
+  cfg.no_cache = true;
+  auto g = GptDataset::build(ds, Split::kTrain, {0, 3}, std::nullopt, cfg);
+  ASSERT_TRUE(g.is_ok()) << g.status().message();
+  ASSERT_EQ((*g)->size(), 2);
+  // Whatever the shuffles did, every sample has 5 tokens and consecutive
+  // samples in sample-index order overlap by one token.
+  const auto& I = (*g)->indices();
+  std::vector<std::vector<int64_t>> by_row(2, std::vector<int64_t>(5));
+  for (int64_t k = 0; k < 2; ++k) (*g)->sample_tokens(k, by_row[I.shuffle_index[k]].data());
+  EXPECT_EQ(by_row[0].back(), by_row[1].front());
+  std::multiset<int64_t> all;
+  for (auto& r : by_row)
+    for (int64_t t : r) all.insert(t);
+  EXPECT_EQ(all.size(), 10u);
+}
+
+TEST(GptIndices, EpochsAndSeparateLastEpoch) {
+  // 10 sequences of 10 tokens: T = 100, s = 9, per epoch (100-1)//9 = 11.
+  std::vector<int32_t> lengths(10, 10);
+  // 12 samples: E*100 >= 12*9+1 = 109 -> E = 2; sans = 11, from final = 1 < int(0.8*11) = 8 -> separate.
+  auto a = build_gpt_indices(lengths, {0, 10}, 12, 9, 1234);
+  ASSERT_TRUE(a.is_ok());
+  EXPECT_EQ(a->num_epochs, 2);
+  EXPECT_TRUE(a->separate_final_epoch);
+  EXPECT_EQ(a->num_samples(), (2 * 100 - 1) / 9);
+  // The last epoch's documents stay at the end, and so do its samples.
+  std::multiset<int32_t> tail(a->document_index.begin() + 10, a->document_index.end());
+  EXPECT_EQ(tail.size(), 10u);
+  for (int32_t i = 0; i < 10; ++i) EXPECT_EQ(tail.count(i), 1u);
+  for (int64_t k = 11; k < a->num_samples(); ++k) EXPECT_GE(a->shuffle_index[k], 11);
+  // 20 samples: from final = 9 >= 8 -> one global shuffle.
+  auto b = build_gpt_indices(lengths, {0, 10}, 20, 9, 1234);
+  EXPECT_EQ(b->num_epochs, 2);
+  EXPECT_FALSE(b->separate_final_epoch);
+  // Errors: too short to make a sample.
+  std::vector<int32_t> tiny = {1};
+  EXPECT_FALSE(build_gpt_indices(tiny, {0, 1}, 1, 4, 1).is_ok());
+}
+
+TEST(GptIndices, MatchNumpyOnALargerCase) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) GTEST_SKIP() << "numpy (Debian python3-numpy) missing";
+  Dir dir;
+  std::mt19937 rng(7);
+  std::vector<int32_t> lengths(3000);
+  for (auto& l : lengths) l = 1 + static_cast<int32_t>(rng() % 700);
+  ASSERT_TRUE(write_npy(dir / "lengths.npy", lengths, {3000}));
+  struct Case {
+    int64_t begin, end;
+    std::optional<int64_t> n;
+    int64_t s;
+    uint32_t seed;
+  };
+  for (const Case& c : {Case{0, 2907, 9000, 128, 1234}, Case{2907, 2997, 5000, 64, 1234}, Case{0, 3000, std::nullopt, 256, 99},
+                        Case{100, 200, 151, 63, 5}}) {
+    const std::string out = dir / "ref_";
+    const std::string cmd = "/usr/bin/python3 " + std::string(MT_SOURCE_DIR) + "/tests/data/gpt_indices_reference.py " +
+                            dir / "lengths.npy" + " " + std::to_string(c.begin) + " " + std::to_string(c.end) + " " +
+                            (c.n ? std::to_string(*c.n) : "none") + " " + std::to_string(c.s) + " " + std::to_string(c.seed) +
+                            " " + out + " > " + dir / "log.txt";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    auto got = build_gpt_indices(lengths, {c.begin, c.end}, c.n, c.s, c.seed);
+    ASSERT_TRUE(got.is_ok()) << got.status().message();
+    std::vector<int64_t> shape;
+    EXPECT_EQ(got->document_index, *read_npy<int32_t>(out + "document_index.npy", &shape)) << c.begin;
+    EXPECT_EQ(got->sample_index, *read_npy<int64_t>(out + "sample_index.npy", &shape)) << c.begin;
+    EXPECT_EQ(shape, (std::vector<int64_t>{got->num_samples() + 1, 2}));
+    EXPECT_EQ(got->shuffle_index, *read_npy<int64_t>(out + "shuffle_index.npy", &shape)) << c.begin;
+  }
+}
+
+TEST(GptDataset, CacheIsReusedAndRebuiltWhenInputsChange) {
+  Dir dir;
+  auto ds = make_dataset(dir / "d", std::vector<int32_t>(50, 20));
+  GptDatasetConfig cfg;
+  cfg.seq_length = 16;
+  cfg.cache_dir = dir / "cache";
+  std::string log;
+  auto a = GptDataset::build(ds, Split::kTrain, {0, 50}, 100, cfg, &log);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  EXPECT_EQ(log.rfind("built", 0), 0u) << log;
+  size_t files = 0;
+  for (auto& e : fs::directory_iterator(dir / "cache")) files += e.path().filename().string().find(".tmp.") == std::string::npos;
+  EXPECT_EQ(files, 4u);
+  auto b = GptDataset::build(ds, Split::kTrain, {0, 50}, 100, cfg, &log);
+  ASSERT_TRUE(b.is_ok());
+  EXPECT_EQ(log.rfind("loaded", 0), 0u) << log;
+  EXPECT_EQ((*a)->indices().shuffle_index, (*b)->indices().shuffle_index);
+  EXPECT_EQ((*a)->indices().sample_index, (*b)->indices().sample_index);
+  // Another seed or sample count is another cache entry.
+  cfg.seed = 7;
+  auto c = GptDataset::build(ds, Split::kTrain, {0, 50}, 100, cfg, &log);
+  EXPECT_EQ(log.rfind("built", 0), 0u) << log;
+  // A rewritten dataset (new .idx) is rebuilt, not loaded.
+  auto ds2 = make_dataset(dir / "d", std::vector<int32_t>(50, 21));
+  cfg.seed = 1234;
+  auto d = GptDataset::build(ds2, Split::kTrain, {0, 50}, 100, cfg, &log);
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_EQ(log.rfind("built", 0), 0u) << log;
+}
+
+TEST(Blending, SpecSequenceAndSizes) {
+  std::vector<int16_t> di;
+  std::vector<int64_t> dsi;
+  build_blending_indices({0.3, 0.7}, 10, &di, &dsi);
+  std::vector<std::pair<int, int64_t>> got;
+  for (size_t i = 0; i < di.size(); ++i) got.emplace_back(di[i], dsi[i]);
+  EXPECT_EQ(got, (std::vector<std::pair<int, int64_t>>{{1, 0}, {0, 0}, {1, 1}, {1, 2}, {0, 1}, {1, 3}, {1, 4}, {0, 2}, {1, 5}, {1, 6}}));
+  build_exhaustive_blending_indices({2, 5}, &di, &dsi);
+  EXPECT_EQ(std::count(di.begin(), di.end(), 0), 2);
+  EXPECT_EQ(std::count(di.begin(), di.end(), 1), 5);
+
+  Dir dir;
+  make_dataset(dir / "a", std::vector<int32_t>(400, 33));
+  make_dataset(dir / "b", std::vector<int32_t>(900, 33));
+  DataConfig cfg;
+  cfg.data_path = {"30", dir / "a", "70", dir / "b"};
+  cfg.split = "100,0,0";
+  cfg.gpt.seq_length = 32;
+  cfg.gpt.cache_dir = dir / "cache";
+  std::vector<std::string> log;
+  auto built = build_train_valid_test(cfg, {1000, std::nullopt, std::nullopt}, &log);
+  ASSERT_TRUE(built.is_ok()) << built.status().message();
+  auto* blend = dynamic_cast<BlendedDataset*>((*built)[0].get());
+  ASSERT_NE(blend, nullptr);
+  EXPECT_EQ(blend->size(), 1000);  // 300 + 700
+  // Each dataset was asked for ceil(t * 1.005) samples: 302 and 704 (their
+  // cache descriptions record the request).
+  std::string descriptions;
+  for (auto& e : fs::directory_iterator(dir / "cache"))
+    if (e.path().string().ends_with("description.txt")) {
+      std::ifstream in(e.path());
+      descriptions += std::string(std::istreambuf_iterator<char>(in), {});
+    }
+  EXPECT_NE(descriptions.find("\"num_samples\": 302,"), std::string::npos) << descriptions;
+  EXPECT_NE(descriptions.find("\"num_samples\": 704,"), std::string::npos) << descriptions;
+  EXPECT_EQ(log.size(), 3u);
+  EXPECT_EQ((*built)[1], nullptr);
+  EXPECT_EQ(std::count(blend->dataset_index().begin(), blend->dataset_index().end(), 0), 300);
+  std::vector<int64_t> text(33);
+  blend->sample_tokens(999, text.data());
+
+  // Errors name the flag.
+  cfg.data_path = {"0.5", dir / "a", dir / "b"};
+  auto bad = build_train_valid_test(cfg, {10, std::nullopt, std::nullopt});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("--data-path"), std::string::npos) << bad.status().message();
+  cfg.data_path = {dir / "missing"};
+  bad = build_train_valid_test(cfg, {10, std::nullopt, std::nullopt});
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("missing.idx"), std::string::npos) << bad.status().message();
+}
+
+TEST(Loader, SamplerMasksAndPositions) {
+  // One sequence per document; EOD = 9 ends each.
+  Dir dir;
+  auto w = IndexedDatasetWriter::create(dir / "e", DType::kUInt16);
+  for (int i = 0; i < 40; ++i) {
+    std::vector<int32_t> t = {1, 2, 3, 9}, l = {4};
+    ASSERT_TRUE((*w)->add_document(t, l));
+  }
+  ASSERT_TRUE((*w)->finalize());
+  auto ds = std::make_shared<const IndexedDataset>(std::move(*IndexedDataset::open(dir / "e")));
+  GptDatasetConfig cfg;
+  cfg.seq_length = 6;
+  cfg.no_cache = true;
+  auto g = GptDataset::build(ds, Split::kTrain, {0, 40}, std::nullopt, cfg);
+  ASSERT_TRUE(g.is_ok());
+  SampleOptions opts;
+  opts.eod = 9;
+  opts.eod_mask_loss = opts.reset_position_ids = opts.reset_attention_mask = true;
+  // mbs 2, DP 3, rank 1, resuming after 12 samples: ids 14,15 then 20,21.
+  DataLoader loader(*g, 2, 1, 3, 12, opts);
+  auto mb = loader.next();
+  ASSERT_TRUE(mb.is_ok());
+  EXPECT_EQ(mb->sample_ids, (std::vector<int64_t>{14, 15}));
+  EXPECT_EQ(loader.next()->sample_ids, (std::vector<int64_t>{20, 21}));
+  EXPECT_EQ(loader.consumed_samples(), 24);
+  // Every sample is a rotation of 1 2 3 9 1 2 3 ...; check the masks row by row.
+  for (int64_t r = 0; r < 2; ++r) {
+    int64_t pos = 0, seg = 0;
+    for (int64_t t = 0; t < 6; ++t) {
+      const int64_t tok = mb->tokens[r * 6 + t];
+      EXPECT_EQ(mb->position_ids[r * 6 + t], pos);
+      EXPECT_EQ(mb->segment_ids[r * 6 + t], seg);
+      EXPECT_EQ(mb->loss_mask[r * 6 + t], tok == 9 ? 0.0f : 1.0f);
+      pos = tok == 9 ? 0 : pos + 1;
+      seg += tok == 9;
+      if (t + 1 < 6) EXPECT_EQ(mb->labels[r * 6 + t], mb->tokens[r * 6 + t + 1]);
+    }
+    auto mask = attention_mask(*mb, r);
+    for (int64_t i = 0; i < 6; ++i)
+      for (int64_t j = 0; j < 6; ++j) {
+        const bool same = mb->segment_ids[r * 6 + i] == mb->segment_ids[r * 6 + j];
+        if (j <= i) EXPECT_EQ(mask[i * 6 + j], !same);
+      }
+  }
+  // Exhaustion is an error that says what to change.
+  DataLoader big(*g, 8, 0, 8, 0, opts);
+  auto e = big.next();
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.status().message().find("exhausted"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mt::data
