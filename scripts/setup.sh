@@ -13,8 +13,10 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libfmt-dev libcpp-httplib-dev libsimdjson-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
-  chromium
+  chromium clang-14 libclang-rt-14-dev
   python3
+  libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libopenblas0-openmp
+  python3-torch python3-numpy
 )
 
 need_apt=0

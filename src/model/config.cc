@@ -76,6 +76,12 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
   f.add_switch("untie-embeddings-and-output-weights", &c.untie_embeddings_and_output_weights, "separate output layer weights");
   f.add_double("hidden-dropout", &c.hidden_dropout, "dropout after attention and MLP", 0, 1);
   f.add_double("attention-dropout", &c.attention_dropout, "dropout on attention probabilities", 0, 1);
+  f.add_double("norm-epsilon", &c.norm_epsilon, "epsilon of LayerNorm/RMSNorm", 0, 1);
+  f.add_double("rotary-base", &c.rotary_base, "base of the rotary position embedding", 1, 1e12);
+  f.add_double("init-method-std", &c.init_method_std, "standard deviation of the normal initialisation", 0, 10);
+  f.add_switch("openai-gelu", &c.openai_gelu, "tanh approximation of GELU (OpenAI's)");
+  f.add_switch("apply-residual-connection-post-layernorm", &c.apply_residual_connection_post_layernorm,
+               "take the residual from the norm's output (original BERT/GPT-2 ordering)");
   f.add_int("num-experts", &c.num_experts, "MoE experts per layer (0: dense)", 0, 1 << 20);
   f.add_int("moe-router-topk", &c.moe_router_topk, "experts each token is routed to", 1, 1 << 20);
   f.add_int("moe-ffn-hidden-size", &c.moe_ffn_hidden_size, "expert MLP hidden size; default --ffn-hidden-size", 1, kMaxDim);

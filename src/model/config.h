@@ -44,6 +44,11 @@ struct ModelConfig {
   bool untie_embeddings_and_output_weights = false;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
+  double norm_epsilon = 1e-5;           // --norm-epsilon
+  double rotary_base = 10000;           // --rotary-base
+  double init_method_std = 0.02;        // --init-method-std
+  bool openai_gelu = false;             // --openai-gelu: tanh approximation of GELU
+  bool apply_residual_connection_post_layernorm = false;  // residual taken after the norm
   // Mixture of experts (0 experts = dense).
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;

@@ -1,0 +1,38 @@
+#pragma once
+// MLP activations.
+//   GELU exact:  y = x/2 (1 + erf(x/sqrt(2)))                       (Megatron default, F.gelu)
+//   GELU tanh:   y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (--openai-gelu)
+//   SwiGLU:      x [N, 2F] = [gate | up] along the last dim (Megatron's
+//                torch.chunk(x, 2, -1)); y [N, F] = silu(gate) * up.
+// Backward WRITES dx (it does not accumulate). fp32 or fp64.
+// Tensor parallel: elementwise on the column-parallel fc1 output; with
+// SwiGLU each rank's fc1 shard holds [gate shard | up shard], so the op
+// runs unchanged on a shard.
+
+#include "kernels/dispatch.h"
+
+namespace mt::kernels {
+
+enum class GeluKind { kExact, kTanh };
+
+namespace cpu {
+void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y);
+void gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy, const Tensor& dx);
+void swiglu_forward(const Tensor& x, const Tensor& y);
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
+}  // namespace cpu
+
+inline void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) {
+  MT_DISPATCH(gelu_forward, x.device(), kind, x, y);
+}
+inline void gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  MT_DISPATCH(gelu_backward, x.device(), kind, x, dy, dx);
+}
+// x: [N, 2F], y: [N, F].
+inline void swiglu_forward(const Tensor& x, const Tensor& y) { MT_DISPATCH(swiglu_forward, x.device(), x, y); }
+// x: [N, 2F], dy: [N, F], dx: [N, 2F].
+inline void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  MT_DISPATCH(swiglu_backward, x.device(), x, dy, dx);
+}
+
+}  // namespace mt::kernels

@@ -1,0 +1,39 @@
+#pragma once
+// AdamW as PyTorch's torch.optim.AdamW and Megatron's default optimizer
+// (apex/TE FusedAdam with adam_w_mode) define it, for step t >= 1:
+//   p   -= lr * wd * p                       (decoupled weight decay)
+//   m    = b1 m + (1 - b1) g
+//   v    = b2 v + (1 - b2) g^2
+//   p   -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// fp32 parameters (the fp32 master copy under bf16) and fp32 state; fp64
+// accepted for tests. Global gradient norm: sqrt of the sum over tensors of
+// sum_squares (kernels/elementwise.h); Megatron clips with
+// coeff = clip / (norm + 1e-6), applied when coeff < 1. With a distributed
+// optimizer each rank steps only its shard (the op is elementwise).
+
+#include <vector>
+
+#include "kernels/dispatch.h"
+
+namespace mt::kernels {
+
+struct AdamWOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  int64_t step = 1;  // 1-based, after incrementing for this update
+};
+
+namespace cpu {
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o);
+}
+
+inline void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                       const AdamWOptions& o) {
+  MT_DISPATCH(adamw_step, param.device(), param, grad, m, v, o);
+}
+
+// sqrt(sum of squares of every tensor).
+double global_grad_norm(const std::vector<Tensor>& grads);
+// Scales every gradient by clip / (norm + 1e-6) when that is below 1; returns the norm.
+double clip_grad_norm(const std::vector<Tensor>& grads, double clip);
+
+}  // namespace mt::kernels

@@ -1,0 +1,58 @@
+#pragma once
+// Causal self-attention, multi-head or grouped-query, as a tiled
+// (flash-attention style) kernel. Forward streams key/value tiles with an
+// online softmax and saves only the output and the log-sum-exp per query row;
+// backward recomputes each score tile from q, k and lse. Nothing T x T is ever
+// allocated: per thread, one score tile (kTileQ x kTileK) and a few d-wide
+// tiles on the stack.
+//
+//   qkv  [T*B, (a+2g)d]  Megatron's fused layout (kernels/qkv_layout.h), rope applied
+//   out  [T*B, a*d]      context, heads in order (Megatron's [s, b, a*d])
+//   lse  [B, a, T]       log-sum-exp of the scaled, masked scores per row
+//   dqkv [T*B, (a+2g)d]  written (not accumulated)
+// dtypes: qkv fp32, fp64 or bf16 (bf16 inputs, fp32 accumulation); out, lse,
+// dout, dqkv fp32 (fp64 when qkv is fp64).
+// Attention dropout (Megatron's attention_dropout on the probabilities) uses
+// Philox keyed by (seed, stream) and the element's global (b, head, i, j), so
+// backward regenerates the mask and a tensor-parallel rank, passing its
+// head_offset, draws the same mask the serial model would.
+// Tensor parallel: heads and groups are this rank's (a/tp, g/tp); no
+// communication inside. Parallelised over (b, head, query tile) forward and
+// (b, group) backward, so dK/dV of a group never race.
+
+#include <cstdint>
+
+#include "kernels/dispatch.h"
+#include "kernels/qkv_layout.h"
+
+namespace mt::kernels {
+
+inline constexpr int64_t kAttnTileQ = 64;
+inline constexpr int64_t kAttnTileK = 64;
+inline constexpr int64_t kAttnMaxHeadDim = 256;
+
+struct AttentionOptions {
+  double scale = 0;          // softmax scale; Megatron: 1/sqrt(d)
+  double dropout = 0;        // probability of zeroing an attention probability
+  uint64_t seed = 0;         // dropout key
+  uint64_t stream = 0;       // dropout stream (layer, step)
+  int64_t head_offset = 0;   // global index of this rank's first head
+};
+
+namespace cpu {
+void attention_forward(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt,
+                       const Tensor& out, const Tensor& lse);
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                        const QkvLayout& layout, const AttentionOptions& opt, const Tensor& dqkv);
+}  // namespace cpu
+
+inline void attention_forward(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt,
+                              const Tensor& out, const Tensor& lse) {
+  MT_DISPATCH(attention_forward, qkv.device(), qkv, layout, opt, out, lse);
+}
+inline void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                               const QkvLayout& layout, const AttentionOptions& opt, const Tensor& dqkv) {
+  MT_DISPATCH(attention_backward, qkv.device(), qkv, out, dout, lse, layout, opt, dqkv);
+}
+
+}  // namespace mt::kernels

@@ -1,0 +1,51 @@
+#include "kernels/adamw.h"
+
+#include <cmath>
+
+#include "kernels/cpu/common.h"
+#include "kernels/elementwise.h"
+
+namespace mt::kernels {
+namespace cpu {
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o) {
+  check_same_numel(param, grad, "adamw_step");
+  check_same_numel(param, m, "adamw_step");
+  check_same_numel(param, v, "adamw_step");
+  MT_CHECK(o.step >= 1, "adamw_step: step is 1-based");
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
+  float_types(param.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    T *p = param.ptr<T>(), *mp = m.ptr<T>(), *vp = v.ptr<T>();
+    const T* g = grad.ptr<T>();
+    const T decay = static_cast<T>(1.0 - o.lr * o.weight_decay),
+            b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2), eps = static_cast<T>(o.eps),
+            step = static_cast<T>(o.lr / bc1), rbc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < param.numel(); ++i) {
+      T mi = b1 * mp[i] + (T(1) - b1) * g[i];
+      T vi = b2 * vp[i] + (T(1) - b2) * g[i] * g[i];
+      mp[i] = mi;
+      vp[i] = vi;
+      p[i] = p[i] * decay - step * mi / (std::sqrt(vi) * rbc2 + eps);
+    }
+  });
+}
+
+}  // namespace cpu
+
+double global_grad_norm(const std::vector<Tensor>& grads) {
+  double s = 0;
+  for (const Tensor& g : grads) s += sum_squares(g);
+  return std::sqrt(s);
+}
+
+double clip_grad_norm(const std::vector<Tensor>& grads, double clip) {
+  double norm = global_grad_norm(grads);
+  double coeff = clip / (norm + 1e-6);
+  if (coeff < 1.0)
+    for (const Tensor& g : grads) scale_inplace(g, coeff);
+  return norm;
+}
+
+}  // namespace mt::kernels

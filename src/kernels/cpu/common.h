@@ -1,0 +1,44 @@
+#pragma once
+// Helpers shared by the CPU kernels: dtype dispatch to a template over the
+// compute type (float for fp32, double for the fp64 reference path).
+
+#include <fmt/format.h>
+
+#include "core/tensor.h"
+
+#define MT_FLOAT_TYPES(dtype, T, ...)                                                     \
+  switch (dtype) {                                                                        \
+    case ::mt::DType::kF32: {                                                             \
+      using T = float;                                                                    \
+      __VA_ARGS__;                                                                        \
+      break;                                                                              \
+    }                                                                                     \
+    case ::mt::DType::kF64: {                                                             \
+      using T = double;                                                                   \
+      __VA_ARGS__;                                                                        \
+      break;                                                                              \
+    }                                                                                     \
+    default:                                                                              \
+      MT_CHECK(false, fmt::format("unsupported dtype {}", ::mt::dtype_name(dtype)));      \
+  }
+
+namespace mt::kernels::cpu {
+
+// float_types(dtype, [&](auto tag) { using T = decltype(tag); ... }): the
+// lambda form, for bodies that hold OpenMP pragmas (not allowed in macro args).
+template <typename F>
+void float_types(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kF32: f(float{}); break;
+    case DType::kF64: f(double{}); break;
+    default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
+  }
+}
+
+// Pointer of type T, or nullptr for an undefined (optional) tensor.
+template <typename T>
+T* opt_ptr(const Tensor& t) {
+  return t.defined() ? t.ptr<T>() : nullptr;
+}
+
+}  // namespace mt::kernels::cpu

@@ -1,0 +1,92 @@
+#include "kernels/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/common.h"
+
+namespace mt::kernels::cpu {
+namespace {
+
+inline int64_t target_at(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kI32 ? t.ptr<int32_t>()[i] : t.ptr<int64_t>()[i];
+}
+
+template <typename T>
+void partials(int64_t N, int64_t V, const T* lg, const Tensor& tg, int64_t v0, T* mx, T* se, T* tl) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* r = lg + i * V;
+    T m = r[0];
+    for (int64_t j = 1; j < V; ++j) m = std::max(m, r[j]);
+    T s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < V; ++j) s += std::exp(r[j] - m);
+    int64_t t = target_at(tg, i) - v0;
+    mx[i] = m;
+    se[i] = s;
+    tl[i] = (t >= 0 && t < V) ? r[t] : T(0);
+  }
+}
+
+template <typename T>
+void backward(int64_t N, int64_t V, const T* lg, const Tensor& tg, int64_t v0, const T* mx, const T* se,
+              const T* dl, T* dlg) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* r = lg + i * V;
+    T* d = dlg + i * V;
+    int64_t tgt = target_at(tg, i);
+    T g = tgt < 0 ? T(0) : dl[i], m = mx[i], inv = T(1) / se[i];
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) d[j] = g * std::exp(r[j] - m) * inv;
+    int64_t t = tgt - v0;
+    if (tgt >= 0 && t >= 0 && t < V) d[t] -= g;
+  }
+}
+
+void check_targets(const Tensor& t, int64_t N) {
+  MT_CHECK(t.dtype() == DType::kI32 || t.dtype() == DType::kI64, "cross entropy: targets must be int32 or int64");
+  MT_CHECK(t.numel() == N, "cross entropy: one target per row");
+}
+
+}  // namespace
+
+void xent_partials(const Tensor& logits, const Tensor& targets, int64_t v0, const Tensor& max,
+                   const Tensor& sumexp, const Tensor& target_logit) {
+  int64_t V = logits.dim(-1), N = logits.numel() / V;
+  check_targets(targets, N);
+  MT_FLOAT_TYPES(logits.dtype(), T,
+                 partials<T>(N, V, logits.ptr<T>(), targets, v0, max.ptr<T>(), sumexp.ptr<T>(),
+                             target_logit.ptr<T>()));
+}
+
+void xent_rescale(const Tensor& sumexp, const Tensor& local_max, const Tensor& global_max) {
+  float_types(sumexp.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    for (int64_t i = 0; i < sumexp.numel(); ++i)
+      sumexp.ptr<T>()[i] *= std::exp(local_max.ptr<T>()[i] - global_max.ptr<T>()[i]);
+  });
+}
+
+void xent_loss(const Tensor& max, const Tensor& sumexp, const Tensor& target_logit, const Tensor& targets,
+               const Tensor& loss) {
+  check_targets(targets, loss.numel());
+  float_types(loss.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    for (int64_t i = 0; i < loss.numel(); ++i)
+      loss.ptr<T>()[i] = target_at(targets, i) < 0
+                             ? T(0)
+                             : std::log(sumexp.ptr<T>()[i]) + max.ptr<T>()[i] - target_logit.ptr<T>()[i];
+  });
+}
+
+void xent_backward(const Tensor& logits, const Tensor& targets, int64_t v0, const Tensor& max,
+                   const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits) {
+  int64_t V = logits.dim(-1), N = logits.numel() / V;
+  check_targets(targets, N);
+  MT_CHECK(dlogits.numel() == logits.numel(), "xent_backward: dlogits size");
+  MT_FLOAT_TYPES(logits.dtype(), T,
+                 backward<T>(N, V, logits.ptr<T>(), targets, v0, max.ptr<T>(), sumexp.ptr<T>(), dloss.ptr<T>(),
+                             dlogits.ptr<T>()));
+}
+
+}  // namespace mt::kernels::cpu

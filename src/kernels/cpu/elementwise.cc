@@ -1,0 +1,129 @@
+#include "kernels/elementwise.h"
+
+#include <omp.h>
+
+#include <vector>
+
+#include "core/rng.h"
+#include "kernels/cpu/common.h"
+
+namespace mt::kernels::cpu {
+
+void bias_add(const Tensor& y, const Tensor& b) {
+  const int64_t C = b.numel(), N = y.numel() / C;
+  MT_CHECK(y.numel() == N * C, "bias_add: shapes");
+  float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    T* yp = y.ptr<T>();
+    const T* bp = b.ptr<T>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N; ++i)
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yp[i * C + c] += bp[c];
+  });
+}
+
+void bias_grad(const Tensor& dy, const Tensor& db) {
+  const int64_t C = db.numel(), N = dy.numel() / C;
+  MT_CHECK(dy.numel() == N * C, "bias_grad: shapes");
+  float_types(dy.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    const T* d = dy.ptr<T>();
+    T* o = db.ptr<T>();
+    constexpr int64_t kChunk = 256;
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < C; c0 += kChunk) {
+      const int64_t c1 = std::min(C, c0 + kChunk);
+      for (int64_t i = 0; i < N; ++i)
+#pragma omp simd
+        for (int64_t c = c0; c < c1; ++c) o[c] += d[i * C + c];
+    }
+  });
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  check_same_numel(a, y, "add");
+  check_same_numel(b, y, "add");
+  float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    const T *ap = a.ptr<T>(), *bp = b.ptr<T>();
+    T* yp = y.ptr<T>();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < y.numel(); ++i) yp[i] = ap[i] + bp[i];
+  });
+}
+
+void add_inplace(const Tensor& y, const Tensor& x) { add(y, x, y); }
+
+namespace {
+template <typename S, typename D>
+void cast_loop(const S* s, D* d, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<S, bf16>) {
+      d[i] = static_cast<D>(bf16_to_float(s[i]));
+    } else if constexpr (std::is_same_v<D, bf16>) {
+      d[i] = float_to_bf16(static_cast<float>(s[i]));
+    } else {
+      d[i] = static_cast<D>(s[i]);
+    }
+  }
+}
+template <typename S>
+void cast_from(const S* s, const Tensor& dst, int64_t n) {
+  switch (dst.dtype()) {
+    case DType::kF32: cast_loop(s, dst.ptr<float>(), n); break;
+    case DType::kF64: cast_loop(s, dst.ptr<double>(), n); break;
+    case DType::kBF16: cast_loop(s, dst.ptr<bf16>(), n); break;
+    default: MT_CHECK(false, "cast: unsupported destination dtype");
+  }
+}
+}  // namespace
+
+void cast(const Tensor& src, const Tensor& dst) {
+  check_same_numel(src, dst, "cast");
+  switch (src.dtype()) {
+    case DType::kF32: cast_from(src.ptr<float>(), dst, src.numel()); break;
+    case DType::kF64: cast_from(src.ptr<double>(), dst, src.numel()); break;
+    case DType::kBF16: cast_from(src.ptr<bf16>(), dst, src.numel()); break;
+    default: MT_CHECK(false, "cast: unsupported source dtype");
+  }
+}
+
+void scale_inplace(const Tensor& y, double s) {
+  float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    T* p = y.ptr<T>();
+    const T f = static_cast<T>(s);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < y.numel(); ++i) p[i] *= f;
+  });
+}
+
+void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t off) {
+  check_same_numel(x, y, "dropout");
+  MT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1)");
+  float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    const T* xp = x.ptr<T>();
+    T* yp = y.ptr<T>();
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    const float pf = static_cast<float>(p);
+    const int64_t n = y.numel();
+    if (p == 0) {
+      if (xp != yp)
+        for (int64_t i = 0; i < n; ++i) yp[i] = xp[i];
+    } else {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i)
+        yp[i] = philox_uniform(seed, stream, static_cast<uint64_t>(i) + off) >= pf ? xp[i] * scale : T(0);
+    }
+  });
+}
+
+double sum_squares(const Tensor& x) {
+  double total = 0;
+  float_types(x.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    const T* p = x.ptr<T>();
+#pragma omp parallel for reduction(+ : total) schedule(static)
+    for (int64_t i = 0; i < x.numel(); ++i) total += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+  });
+  return total;
+}
+
+}  // namespace mt::kernels::cpu

@@ -1,0 +1,127 @@
+#include "kernels/norm.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/common.h"
+
+namespace mt::kernels::cpu {
+namespace {
+
+template <typename T>
+void ln_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, T* y, T* mean, T* rstd,
+            bool rms) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* xi = x + i * C;
+    T* yi = y + i * C;
+    // Accumulate in double for fp32 too: a cheap guard for wide rows.
+    double m = 0;
+    if (!rms) {
+      for (int64_t c = 0; c < C; ++c) m += xi[c];
+      m /= static_cast<double>(C);
+    }
+    double v = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      double d = xi[c] - m;
+      v += d * d;
+    }
+    v /= static_cast<double>(C);
+    T mu = static_cast<T>(m), r = static_cast<T>(1.0 / std::sqrt(v + static_cast<double>(eps)));
+    if (b) {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yi[c] = (xi[c] - mu) * r * w[c] + b[c];
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yi[c] = (xi[c] - mu) * r * w[c];
+    }
+    if (mean) mean[i] = mu;
+    rstd[i] = r;
+  }
+}
+
+// dx += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (LayerNorm);
+// RMSNorm drops the mean(g) term and uses xhat = x * rstd.
+template <typename T>
+void ln_bwd(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+            T* dw, T* db, bool rms) {
+  int nt = omp_get_max_threads();
+  std::vector<T> part(static_cast<size_t>(nt) * 2 * C, T(0));
+#pragma omp parallel
+  {
+    T* pdw = part.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * C;
+    T* pdb = pdw + C;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < N; ++i) {
+      const T* dyi = dy + i * C;
+      const T* xi = x + i * C;
+      T* dxi = dx + i * C;
+      T mu = rms ? T(0) : mean[i], r = rstd[i];
+      T sum_g = 0, sum_gx = 0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+      for (int64_t c = 0; c < C; ++c) {
+        T xh = (xi[c] - mu) * r;
+        T g = dyi[c] * w[c];
+        sum_g += g;
+        sum_gx += g * xh;
+        pdw[c] += dyi[c] * xh;
+        pdb[c] += dyi[c];
+      }
+      T mg = rms ? T(0) : sum_g / static_cast<T>(C), mgx = sum_gx / static_cast<T>(C);
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        T xh = (xi[c] - mu) * r;
+        dxi[c] += r * (dyi[c] * w[c] - mg - xh * mgx);
+      }
+    }
+  }
+  for (int t = 0; t < nt; ++t) {
+    const T* pdw = part.data() + static_cast<size_t>(t) * 2 * C;
+    for (int64_t c = 0; c < C; ++c) {
+      dw[c] += pdw[c];
+      if (db) db[c] += pdw[C + c];
+    }
+  }
+}
+
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                       const Tensor& mean, const Tensor& rstd) {
+  int64_t C = x.dim(-1), N = x.numel() / C;
+  MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N && mean.numel() >= N,
+           "layernorm_forward: shapes");
+  MT_FLOAT_TYPES(x.dtype(), T,
+                 ln_fwd<T>(N, C, x.ptr<T>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<T>(),
+                           mean.ptr<T>(), rstd.ptr<T>(), false));
+}
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  int64_t C = x.dim(-1), N = x.numel() / C;
+  MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "layernorm_backward: shapes");
+  MT_FLOAT_TYPES(x.dtype(), T,
+                 ln_bwd<T>(N, C, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(),
+                           dx.ptr<T>(), dw.ptr<T>(), opt_ptr<T>(db), false));
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
+  int64_t C = x.dim(-1), N = x.numel() / C;
+  MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N, "rmsnorm_forward: shapes");
+  MT_FLOAT_TYPES(x.dtype(), T,
+                 ln_fwd<T>(N, C, x.ptr<T>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<T>(), nullptr,
+                           rstd.ptr<T>(), true));
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw) {
+  int64_t C = x.dim(-1), N = x.numel() / C;
+  MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "rmsnorm_backward: shapes");
+  MT_FLOAT_TYPES(x.dtype(), T,
+                 ln_bwd<T>(N, C, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), nullptr, rstd.ptr<T>(), dx.ptr<T>(),
+                           dw.ptr<T>(), nullptr, true));
+}
+
+}  // namespace mt::kernels::cpu

@@ -1,0 +1,52 @@
+#pragma once
+// Elementwise and reduction ops the layers need: bias add and its gradient,
+// residual adds, dtype casts, seeded dropout, scaling, sum of squares.
+// fp32 or fp64 unless stated.
+//
+// Dropout: keep element i when philox_uniform(seed, stream, i + index_offset)
+// >= p, and scale kept values by 1/(1-p) (PyTorch/Megatron semantics).
+// backward regenerates the same mask from (seed, stream, offset): no mask is
+// stored. index_offset lets a sequence-parallel shard draw the elements it
+// would have had in the unsplit tensor.
+
+#include <cstdint>
+
+#include "kernels/dispatch.h"
+
+namespace mt::kernels {
+
+namespace cpu {
+void bias_add(const Tensor& y, const Tensor& b);
+void bias_grad(const Tensor& dy, const Tensor& db);
+void add(const Tensor& a, const Tensor& b, const Tensor& y);
+void add_inplace(const Tensor& y, const Tensor& x);
+void cast(const Tensor& src, const Tensor& dst);
+void scale_inplace(const Tensor& y, double s);
+void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t index_offset);
+double sum_squares(const Tensor& x);
+}  // namespace cpu
+
+// y [N, C] += b [C] per row.
+inline void bias_add(const Tensor& y, const Tensor& b) { MT_DISPATCH(bias_add, y.device(), y, b); }
+// db [C] += column sums of dy [N, C].
+inline void bias_grad(const Tensor& dy, const Tensor& db) { MT_DISPATCH(bias_grad, dy.device(), dy, db); }
+// y = a + b (y may alias a or b).
+inline void add(const Tensor& a, const Tensor& b, const Tensor& y) { MT_DISPATCH(add, y.device(), a, b, y); }
+// y += x.
+inline void add_inplace(const Tensor& y, const Tensor& x) { MT_DISPATCH(add_inplace, y.device(), y, x); }
+// Any of fp32/fp64/bf16 to any (round to nearest even into bf16).
+inline void cast(const Tensor& src, const Tensor& dst) { MT_DISPATCH(cast, dst.device(), src, dst); }
+inline void scale_inplace(const Tensor& y, double s) { MT_DISPATCH(scale_inplace, y.device(), y, s); }
+// y = dropout(x); y may alias x. The same call on dy gives the backward.
+inline void dropout_forward(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream,
+                            uint64_t index_offset = 0) {
+  MT_DISPATCH(dropout, y.device(), x, y, p, seed, stream, index_offset);
+}
+inline void dropout_backward(const Tensor& dy, const Tensor& dx, double p, uint64_t seed, uint64_t stream,
+                             uint64_t index_offset = 0) {
+  MT_DISPATCH(dropout, dx.device(), dy, dx, p, seed, stream, index_offset);
+}
+// Sum of squares in double (for the global gradient norm).
+inline double sum_squares(const Tensor& x) { MT_DISPATCH(sum_squares, x.device(), x); }
+
+}  // namespace mt::kernels

@@ -1,0 +1,45 @@
+#pragma once
+// LayerNorm and RMSNorm over the last dimension of x [N, C].
+//   LayerNorm: y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps) (biased var)
+//   RMSNorm:   y = x * rstd * w,               rstd = 1/sqrt(mean(x^2) + eps)
+// Forward saves mean [N] (LayerNorm only) and rstd [N] for backward.
+// Backward ACCUMULATES: dx += ..., dw += ..., db += ... (the residual stream's
+// gradient is already in dx; weight gradients accumulate over micro-batches).
+// dtypes: fp32 or fp64, all tensors alike. Sequence parallel: norms act per
+// token, so a sequence shard runs them unchanged (weight grads are then
+// all-reduced over the TP group by the caller).
+
+#include "kernels/dispatch.h"
+
+namespace mt::kernels {
+
+namespace cpu {
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                       const Tensor& mean, const Tensor& rstd);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db);
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw);
+}  // namespace cpu
+
+// b may be undefined (no bias).
+inline void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
+                              const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  MT_DISPATCH(layernorm_forward, x.device(), x, w, b, eps, y, mean, rstd);
+}
+// db may be undefined (no bias).
+inline void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                               const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  MT_DISPATCH(layernorm_backward, x.device(), dy, x, w, mean, rstd, dx, dw, db);
+}
+inline void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y,
+                            const Tensor& rstd) {
+  MT_DISPATCH(rmsnorm_forward, x.device(), x, w, eps, y, rstd);
+}
+inline void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                             const Tensor& dx, const Tensor& dw) {
+  MT_DISPATCH(rmsnorm_backward, x.device(), dy, x, w, rstd, dx, dw);
+}
+
+}  // namespace mt::kernels

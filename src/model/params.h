@@ -1,0 +1,67 @@
+#pragma once
+// The parameter registry: every parameter of a GPTModel with its Megatron
+// name, GLOBAL shape (before any split), how tensor parallelism splits it,
+// how it is initialised and whether weight decay applies. Checkpointing, the
+// distributed optimizer, HF export and the planner all read this one list.
+//
+// Names follow Megatron core's local (non-Transformer-Engine) layer spec:
+//   embedding.word_embeddings.weight                      [V, h]        vocab  (dim 0)
+//   embedding.position_embeddings.weight                  [maxpos, h]   replicated (learned_absolute only)
+//   decoder.layers.{i}.input_layernorm.{weight,bias}      [h]           replicated
+//   decoder.layers.{i}.self_attention.linear_qkv.weight   [(a+2g)d, h]  column (dim 0), rows grouped per query
+//                                                                       group [q heads | k | v] (kernels/qkv_layout.h)
+//   decoder.layers.{i}.self_attention.linear_qkv.bias     [(a+2g)d]     column
+//   decoder.layers.{i}.self_attention.linear_proj.weight  [h, a d]      row (dim 1)
+//   decoder.layers.{i}.self_attention.linear_proj.bias    [h]           replicated
+//   decoder.layers.{i}.pre_mlp_layernorm.{weight,bias}    [h]           replicated
+//   decoder.layers.{i}.mlp.linear_fc1.weight              [F or 2F, h]  column (dim 0); with --swiglu two chunks
+//                                                                       [gate; up], each split separately
+//   decoder.layers.{i}.mlp.linear_fc1.bias                [F or 2F]     column (chunks as the weight)
+//   decoder.layers.{i}.mlp.linear_fc2.weight              [h, F]        row (dim 1)
+//   decoder.layers.{i}.mlp.linear_fc2.bias                [h]           replicated
+//   decoder.final_layernorm.{weight,bias}                 [h]           replicated
+//   output_layer.weight                                   [V, h]        vocab (dim 0), untied only
+// With Transformer Engine Megatron names the first norm of each block
+// self_attention.linear_qkv.layer_norm_{weight,bias} and the second
+// mlp.linear_fc1.layer_norm_{weight,bias}: te_name() gives that spelling.
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace mt::model {
+
+enum class ShardKind {
+  kReplicated,  // every TP rank holds all of it (grads all-reduced when sequence parallel)
+  kColumn,      // split along dim 0 (output features) of a column-parallel linear
+  kRow,         // split along dim 1 (input features) of a row-parallel linear
+  kVocab,       // split along dim 0 (vocabulary rows), VocabParallelEmbedding / output layer
+};
+
+enum class InitKind { kNormal, kScaledNormal, kOnes, kZeros };
+
+struct ParamSpec {
+  std::string name;
+  Shape global_shape;
+  ShardKind shard = ShardKind::kReplicated;
+  int shard_dim = -1;     // 0 or 1; -1 when replicated
+  int shard_chunks = 1;   // 2 for SwiGLU's fc1: [gate; up] each split over TP, shard = [gate_r; up_r]
+  InitKind init = InitKind::kNormal;
+  bool weight_decay = true;  // false for biases and norm parameters (Megatron's no_wd group)
+  int layer = -1;            // transformer layer index, -1 for embedding/final/output
+
+  // This rank's shape for a TP size (REQUIRES: the split dimension divides).
+  Shape local_shape(int64_t tp) const;
+  // The Transformer Engine spelling of the name (see above).
+  std::string te_name() const;
+};
+
+// Every parameter in Megatron's order: embeddings, layers, final norm, output layer.
+// REQUIRES: cfg.has_architecture() and vocab_size set.
+std::vector<ParamSpec> gpt_param_specs(const ModelConfig& cfg, int64_t tp);
+
+const char* shard_kind_name(ShardKind k);
+
+}  // namespace mt::model

@@ -1,0 +1,458 @@
+// Kernel tests: each backward against central finite differences in double
+// precision; forwards against closed forms or naive references; bf16 paths
+// against fp32 within bf16 tolerance.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/arena.h"
+#include "core/rng.h"
+#include "kernels/activation.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "test_util.h"
+
+namespace mt {
+namespace {
+
+using test::Buf;
+using test::expect_fd_grad;
+using test::fill_normal;
+namespace k = kernels;
+
+// ---------------------------------------------------------------- GEMM
+
+void gemm_naive(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const std::vector<double>& A,
+                const std::vector<double>& B, std::vector<double>& C, double beta) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0;
+      for (int64_t kk = 0; kk < K; ++kk)
+        s += (ta ? A[kk * M + i] : A[i * K + kk]) * (tb ? B[j * K + kk] : B[kk * N + j]);
+      C[i * N + j] = s + beta * C[i * N + j];
+    }
+}
+
+TEST(Gemm, Fp32AndBf16MatchDoubleReference_AllTransposes) {
+  const int64_t M = 37, N = 53, K = 71;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (float beta : {0.0f, 1.0f}) {
+        std::vector<double> A(M * K), B(K * N), C0(M * N);
+        fill_normal(A, 1), fill_normal(B, 2), fill_normal(C0, 3);
+        std::vector<double> ref = C0;
+        gemm_naive(ta, tb, M, N, K, A, B, ref, beta);
+        Buf<float> a({M * K}), b({K * N}), c({M * N});
+        Buf<bf16> ah({M * K}), bh({K * N});
+        for (int64_t i = 0; i < M * K; ++i) a[i] = static_cast<float>(A[i]);
+        for (int64_t i = 0; i < K * N; ++i) b[i] = static_cast<float>(B[i]);
+        for (int64_t i = 0; i < M * N; ++i) c[i] = static_cast<float>(C0[i]);
+        k::gemm(ta, tb, M, N, K, 1.0f, a.t(), b.t(), beta, c.t());
+        double worst = 0;
+        for (int64_t i = 0; i < M * N; ++i) worst = std::max(worst, std::abs(c[i] - ref[i]));
+        EXPECT_LT(worst, 1e-4) << "fp32 ta=" << ta << " tb=" << tb << " beta=" << beta;
+        // bf16 inputs: compare with the double product of the rounded inputs
+        // (exact up to fp32 accumulation) and with the fp32 result (bf16 tolerance).
+        k::cast(a.t(), ah.t());
+        k::cast(b.t(), bh.t());
+        std::vector<double> Ar(M * K), Br(K * N);
+        for (int64_t i = 0; i < M * K; ++i) Ar[i] = bf16_to_float(ah[i]);
+        for (int64_t i = 0; i < K * N; ++i) Br[i] = bf16_to_float(bh[i]);
+        std::vector<double> refr = C0;
+        gemm_naive(ta, tb, M, N, K, Ar, Br, refr, beta);
+        for (int64_t i = 0; i < M * N; ++i) c[i] = static_cast<float>(C0[i]);
+        k::gemm(ta, tb, M, N, K, 1.0f, ah.t(), bh.t(), beta, c.t());
+        double wr = 0, wf = 0;
+        for (int64_t i = 0; i < M * N; ++i) {
+          wr = std::max(wr, std::abs(c[i] - refr[i]));
+          wf = std::max(wf, std::abs(c[i] - ref[i]) / std::sqrt(static_cast<double>(K)));
+        }
+        EXPECT_LT(wr, 1e-4) << "bf16 exactness ta=" << ta << " tb=" << tb;
+        EXPECT_LT(wf, 2e-2) << "bf16 vs fp32 ta=" << ta << " tb=" << tb;
+      }
+}
+
+TEST(Gemm, Fp64ReferencePathIsExact) {
+  const int64_t M = 5, N = 7, K = 3;
+  std::vector<double> A(M * K), B(N * K), ref(M * N, 0.0);
+  fill_normal(A, 4), fill_normal(B, 5);
+  gemm_naive(false, true, M, N, K, A, B, ref, 0);
+  Buf<double> a({M * K}), b({N * K}), c({M * N});
+  a.v = A, b.v = B;
+  k::gemm(false, true, M, N, K, 1.0f, a.t(), b.t(), 0.0f, c.t());
+  for (int64_t i = 0; i < M * N; ++i) EXPECT_NEAR(c[i], ref[i], 1e-12);
+}
+
+// ---------------------------------------------------------------- norms
+
+TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
+  const int64_t N = 6, C = 10;
+  Buf<double> x({N, C}), w({C}), b({C}), y({N, C}), mean({N}), rstd({N}), proj({N, C});
+  fill_normal(x.v, 1), fill_normal(w.v, 2), fill_normal(b.v, 3), fill_normal(proj.v, 4);
+  auto loss = [&] {
+    k::layernorm_forward(x.t(), w.t(), b.t(), 1e-5, y.t(), mean.t(), rstd.t());
+    return test::dot(y.v, proj.v);
+  };
+  loss();
+  // Closed form of the forward on one row.
+  double m = 0, v = 0;
+  for (int64_t c = 0; c < C; ++c) m += x[c] / C;
+  for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m) / C;
+  EXPECT_NEAR(y[3], (x[3] - m) / std::sqrt(v + 1e-5) * w[3] + b[3], 1e-12);
+  Buf<double> dx({N, C}, 0.5), dw({C}), db({C});  // dx starts at 0.5: backward accumulates
+  k::layernorm_backward(proj.t(), x.t(), w.t(), mean.t(), rstd.t(), dx.t(), dw.t(), db.t());
+  for (double& d : dx.v) d -= 0.5;
+  expect_fd_grad(x.v, loss, dx.v, "dx");
+  expect_fd_grad(w.v, loss, dw.v, "dw");
+  expect_fd_grad(b.v, loss, db.v, "db");
+}
+
+TEST(RMSNorm, BackwardMatchesFiniteDifferences) {
+  const int64_t N = 5, C = 12;
+  Buf<double> x({N, C}), w({C}), y({N, C}), rstd({N}), proj({N, C});
+  fill_normal(x.v, 5), fill_normal(w.v, 6), fill_normal(proj.v, 7);
+  auto loss = [&] {
+    k::rmsnorm_forward(x.t(), w.t(), 1e-6, y.t(), rstd.t());
+    return test::dot(y.v, proj.v);
+  };
+  loss();
+  double ms = 0;
+  for (int64_t c = 0; c < C; ++c) ms += x[c] * x[c] / C;
+  EXPECT_NEAR(y[2], x[2] / std::sqrt(ms + 1e-6) * w[2], 1e-12);
+  Buf<double> dx({N, C}), dw({C});
+  k::rmsnorm_backward(proj.t(), x.t(), w.t(), rstd.t(), dx.t(), dw.t());
+  expect_fd_grad(x.v, loss, dx.v, "dx");
+  expect_fd_grad(w.v, loss, dw.v, "dw");
+}
+
+// ---------------------------------------------------------------- activations
+
+TEST(Gelu, ExactAndTanhMatchClosedFormAndFiniteDifferences) {
+  for (auto kind : {k::GeluKind::kExact, k::GeluKind::kTanh}) {
+    Buf<double> x({40}), y({40}), proj({40}), dx({40});
+    fill_normal(x.v, 8, 2.0), fill_normal(proj.v, 9);
+    auto loss = [&] {
+      k::gelu_forward(kind, x.t(), y.t());
+      return test::dot(y.v, proj.v);
+    };
+    loss();
+    double x0 = x[0];
+    double want = kind == k::GeluKind::kExact
+                      ? 0.5 * x0 * (1 + std::erf(x0 / std::sqrt(2.0)))
+                      : 0.5 * x0 * (1 + std::tanh(std::sqrt(2 / M_PI) * (x0 + 0.044715 * x0 * x0 * x0)));
+    EXPECT_NEAR(y[0], want, 1e-14);
+    k::gelu_backward(kind, x.t(), proj.t(), dx.t());
+    expect_fd_grad(x.v, loss, dx.v, "gelu dx");
+  }
+}
+
+TEST(SwiGLU, BackwardMatchesFiniteDifferences) {
+  const int64_t N = 3, F = 7;
+  Buf<double> x({N, 2 * F}), y({N, F}), proj({N, F}), dx({N, 2 * F});
+  fill_normal(x.v, 10, 1.5), fill_normal(proj.v, 11);
+  auto loss = [&] {
+    k::swiglu_forward(x.t(), y.t());
+    return test::dot(y.v, proj.v);
+  };
+  loss();
+  EXPECT_NEAR(y[1], x[1] / (1 + std::exp(-x[1])) * x[F + 1], 1e-14);  // silu(gate) * up
+  k::swiglu_backward(x.t(), proj.t(), dx.t());
+  expect_fd_grad(x.v, loss, dx.v, "swiglu dx");
+}
+
+// ---------------------------------------------------------------- RoPE
+
+TEST(Rope, RotatesHalvesAndBackwardIsTranspose) {
+  k::QkvLayout L{5, 2, 4, 2, 6};  // T=5, B=2, a=4, g=2, d=6
+  const int64_t half = 3;
+  Buf<double> qkv({L.tokens(), L.row()}), cos({L.seq, half}), sin({L.seq, half}), proj({L.tokens(), L.row()});
+  fill_normal(qkv.v, 12), fill_normal(proj.v, 13);
+  k::rope_table(10000.0, L.seq, L.head_dim, cos.t(), sin.t());
+  std::vector<double> orig = qkv.v;
+  Buf<double> work({L.tokens(), L.row()});
+  k::rope_forward(qkv.t(), L, cos.t(), sin.t());
+  // Closed form for token (t=3, b=1), head 3 (group 1, second q head), pair i=1.
+  const int64_t r = 3 * 2 + 1, col = L.q_col(3), i = 1;
+  const double ang = 3.0 * std::pow(10000.0, -2.0 * i / 6.0);
+  const double x1 = orig[r * L.row() + col + i], x2 = orig[r * L.row() + col + i + half];
+  EXPECT_NEAR(qkv[r * L.row() + col + i], x1 * std::cos(ang) - x2 * std::sin(ang), 1e-12);
+  EXPECT_NEAR(qkv[r * L.row() + col + i + half], x2 * std::cos(ang) + x1 * std::sin(ang), 1e-12);
+  // v untouched.
+  for (int64_t c = 0; c < L.head_dim; ++c) EXPECT_EQ(qkv[r * L.row() + L.v_col(1) + c], orig[r * L.row() + L.v_col(1) + c]);
+  // Backward vs finite differences.
+  qkv.v = orig;
+  auto loss = [&] {
+    work.v = qkv.v;
+    k::rope_forward(work.t(), L, cos.t(), sin.t());
+    return test::dot(work.v, proj.v);
+  };
+  Buf<double> d({L.tokens(), L.row()});
+  d.v = proj.v;
+  k::rope_backward(d.t(), L, cos.t(), sin.t());
+  expect_fd_grad(qkv.v, loss, d.v, "rope dqkv");
+}
+
+// ---------------------------------------------------------------- attention
+
+// Naive causal GQA attention in double: softmax over the full row.
+void attention_naive(const std::vector<double>& qkv, const k::QkvLayout& L, double scale, std::vector<double>& out) {
+  const int64_t T = L.seq, B = L.batch, D = L.head_dim, row = L.row();
+  out.assign(L.tokens() * L.heads * D, 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < L.heads; ++h) {
+      const int64_t g = h / L.heads_per_group();
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> s(i + 1);
+        double mx = -1e300;
+        for (int64_t j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int64_t c = 0; c < D; ++c)
+            d += qkv[(i * B + b) * row + L.q_col(h) + c] * qkv[(j * B + b) * row + L.k_col(g) + c];
+          s[j] = d * scale;
+          mx = std::max(mx, s[j]);
+        }
+        double z = 0;
+        for (double& v : s) z += (v = std::exp(v - mx));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t c = 0; c < D; ++c)
+            out[(i * B + b) * L.heads * D + h * D + c] += s[j] / z * qkv[(j * B + b) * row + L.v_col(g) + c];
+      }
+    }
+}
+
+struct AttnCase {
+  k::QkvLayout L;
+  double dropout;
+};
+
+TEST(Attention, ForwardMatchesNaiveAndBackwardMatchesFiniteDifferences) {
+  // Sequences longer than one tile so that tiling and the online softmax are exercised.
+  for (AttnCase ac : {AttnCase{{70, 2, 4, 2, 4}, 0.0}, AttnCase{{9, 1, 2, 2, 3}, 0.0}, AttnCase{{67, 1, 3, 1, 2}, 0.3}}) {
+    const k::QkvLayout& L = ac.L;
+    k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), ac.dropout, 99, 7, 0};
+    Buf<double> qkv({L.tokens(), L.row()}), out({L.tokens(), L.heads * L.head_dim}), lse({L.batch, L.heads, L.seq}),
+        proj({L.tokens(), L.heads * L.head_dim}), dqkv({L.tokens(), L.row()});
+    fill_normal(qkv.v, 14), fill_normal(proj.v, 15);
+    auto loss = [&] {
+      k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
+      return test::dot(out.v, proj.v);
+    };
+    loss();
+    if (ac.dropout == 0) {
+      std::vector<double> ref;
+      attention_naive(qkv.v, L, o.scale, ref);
+      double worst = 0;
+      for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - out[i]));
+      EXPECT_LT(worst, 1e-12) << "T=" << L.seq;
+    }
+    k::attention_backward(qkv.t(), out.t(), proj.t(), lse.t(), L, o, dqkv.t());
+    // Finite differences over a subset for the long case to keep the test fast.
+    if (qkv.size() > 4000) {
+      std::vector<double> sub_x, sub_g;
+      // Perturb every element but check through the generic helper on a strided view.
+      std::vector<size_t> idx;
+      for (size_t i = 0; i < qkv.size(); i += 13) idx.push_back(i);
+      std::vector<double> xs(idx.size()), gs(idx.size());
+      for (size_t n = 0; n < idx.size(); ++n) xs[n] = qkv[idx[n]], gs[n] = dqkv[idx[n]];
+      auto loss_sub = [&] {
+        for (size_t n = 0; n < idx.size(); ++n) qkv[idx[n]] = xs[n];
+        return loss();
+      };
+      expect_fd_grad(xs, loss_sub, gs, "attention dqkv (strided subset)");
+    } else {
+      expect_fd_grad(qkv.v, loss, dqkv.v, "attention dqkv");
+    }
+  }
+}
+
+TEST(Attention, Bf16InputsMatchFp32WithinBf16Tolerance) {
+  k::QkvLayout L{80, 2, 4, 2, 16};
+  k::AttentionOptions o{0.25, 0, 0, 0, 0};
+  Buf<float> qkv({L.tokens(), L.row()}), out({L.tokens(), L.heads * L.head_dim}), out_h({L.tokens(), L.heads * L.head_dim}),
+      lse({L.batch, L.heads, L.seq}), lse_h({L.batch, L.heads, L.seq}), dout({L.tokens(), L.heads * L.head_dim}),
+      dq({L.tokens(), L.row()}), dq_h({L.tokens(), L.row()});
+  Buf<bf16> qkv_h({L.tokens(), L.row()});
+  fill_normal(qkv.v, 16), fill_normal(dout.v, 17);
+  k::cast(qkv.t(), qkv_h.t());
+  k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
+  k::attention_forward(qkv_h.t(), L, o, out_h.t(), lse_h.t());
+  k::attention_backward(qkv.t(), out.t(), dout.t(), lse.t(), L, o, dq.t());
+  k::attention_backward(qkv_h.t(), out_h.t(), dout.t(), lse_h.t(), L, o, dq_h.t());
+  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += a[i] * a[i];
+    return std::sqrt(num / den);
+  };
+  EXPECT_LT(rel(out.v, out_h.v), 1e-2);
+  EXPECT_LT(rel(dq.v, dq_h.v), 2e-2);
+}
+
+TEST(Attention, SeqLen4096NeverAllocatesTxT) {
+  // a=4 heads, g=2 groups, d=64, B=1, T=4096: T*T*a fp32 scores would be 256 MiB.
+  k::QkvLayout L{4096, 1, 4, 2, 64};
+  const size_t txt = static_cast<size_t>(L.seq) * L.seq * L.heads * sizeof(float);
+  Arena arena(size_t{64} << 20, "attention-4096");
+  Tensor qkv = arena.alloc({L.tokens(), L.row()}, DType::kF32);
+  Tensor out = arena.alloc({L.tokens(), L.heads * L.head_dim}, DType::kF32);
+  Tensor lse = arena.alloc({L.batch, L.heads, L.seq}, DType::kF32);
+  Tensor dout = arena.alloc({L.tokens(), L.heads * L.head_dim}, DType::kF32);
+  Tensor dqkv = arena.alloc({L.tokens(), L.row()}, DType::kF32);
+  for (int64_t i = 0; i < qkv.numel(); ++i) qkv.ptr<float>()[i] = static_cast<float>(philox_normal(1, 2, i));
+  for (int64_t i = 0; i < dout.numel(); ++i) dout.ptr<float>()[i] = static_cast<float>(philox_normal(1, 3, i));
+  k::AttentionOptions o{0.125, 0, 0, 0, 0};
+  k::attention_forward(qkv, L, o, out, lse);
+  k::attention_backward(qkv, out, dout, lse, L, o, dqkv);
+  // Only the five planned buffers (25 MB) live in the arena: less than ONE head's T x T fp32.
+  EXPECT_LT(arena.high_water(), txt / static_cast<size_t>(L.heads)) << "arena high-water " << arena.high_water();
+  // Row 0 attends only to itself: output equals v of token 0, lse equals its scaled score.
+  const float* q = qkv.ptr<float>();
+  for (int64_t c = 0; c < L.head_dim; ++c) EXPECT_NEAR(out.ptr<float>()[c], q[L.v_col(0) + c], 1e-6);
+  for (int64_t i = 0; i < dqkv.numel(); ++i) ASSERT_TRUE(std::isfinite(dqkv.ptr<float>()[i]));
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+TEST(CrossEntropy, LossMatchesClosedFormAndVocabShardsAgree) {
+  const int64_t N = 4, V = 11;
+  Buf<double> lg({N, V});
+  fill_normal(lg.v, 18, 3.0);
+  Buf<int32_t> tg({N});
+  tg.v = {3, 10, 0, -1};  // the last row is ignored
+  Buf<double> mx({N}), se({N}), tl({N}), loss({N});
+  k::xent_partials(lg.t(), tg.t(), 0, mx.t(), se.t(), tl.t());
+  k::xent_loss(mx.t(), se.t(), tl.t(), tg.t(), loss.t());
+  for (int64_t i = 0; i < 3; ++i) {
+    double z = 0;
+    for (int64_t j = 0; j < V; ++j) z += std::exp(lg[i * V + j]);
+    EXPECT_NEAR(loss[i], std::log(z) - lg[i * V + tg[i]], 1e-12);
+  }
+  EXPECT_EQ(loss[3], 0.0);
+  // Two shards [0,6) and [6,11), combined as the TP all-reduces would.
+  const int64_t split = 6;
+  Buf<double> s0({N, split}), s1({N, V - split});
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = 0; j < V; ++j) (j < split ? s0[i * split + j] : s1[i * (V - split) + j - split]) = lg[i * V + j];
+  Buf<double> m0({N}), e0({N}), t0({N}), m1({N}), e1({N}), t1({N}), gm({N}), l2({N});
+  k::xent_partials(s0.t(), tg.t(), 0, m0.t(), e0.t(), t0.t());
+  k::xent_partials(s1.t(), tg.t(), split, m1.t(), e1.t(), t1.t());
+  for (int64_t i = 0; i < N; ++i) gm[i] = std::max(m0[i], m1[i]);                          // all-reduce max
+  k::xent_rescale(e0.t(), m0.t(), gm.t());
+  k::xent_rescale(e1.t(), m1.t(), gm.t());
+  for (int64_t i = 0; i < N; ++i) e0[i] += e1[i], t0[i] += t1[i];                           // all-reduce sum
+  k::xent_loss(gm.t(), e0.t(), t0.t(), tg.t(), l2.t());
+  for (int64_t i = 0; i < N; ++i) EXPECT_NEAR(l2[i], loss[i], 1e-12);
+}
+
+TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
+  const int64_t N = 3, V = 9;
+  Buf<double> lg({N, V}), dl({N}), mx({N}), se({N}), tl({N}), loss({N}), dlg({N, V});
+  fill_normal(lg.v, 19, 2.0), fill_normal(dl.v, 20);
+  Buf<int64_t> tg({N});
+  tg.v = {1, 8, 4};
+  auto f = [&] {
+    k::xent_partials(lg.t(), tg.t(), 0, mx.t(), se.t(), tl.t());
+    k::xent_loss(mx.t(), se.t(), tl.t(), tg.t(), loss.t());
+    return test::dot(loss.v, dl.v);
+  };
+  f();
+  k::xent_backward(lg.t(), tg.t(), 0, mx.t(), se.t(), dl.t(), dlg.t());
+  expect_fd_grad(lg.v, f, dlg.v, "dlogits");
+}
+
+// ---------------------------------------------------------------- embedding
+
+TEST(Embedding, LookupShardsAndGradient) {
+  const int64_t V = 7, C = 5, T = 3, B = 2;
+  Buf<double> w({V, C}), pos({T, C}), out({T * B, C}), proj({T * B, C});
+  fill_normal(w.v, 21), fill_normal(pos.v, 22), fill_normal(proj.v, 23);
+  Buf<int32_t> tok({T * B});
+  tok.v = {1, 6, 6, 0, 3, 1};
+  auto f = [&] {
+    k::embedding_forward(tok.t(), w.t(), 0, out.t());
+    k::position_add_forward(pos.t(), B, out.t());
+    return test::dot(out.v, proj.v);
+  };
+  f();
+  EXPECT_EQ(out[3 * C + 2], w[0 * C + 2] + pos[1 * C + 2]);  // row 3: t=1, b=1, token 0
+  Buf<double> dw({V, C}), dpos({T, C});
+  k::embedding_backward(tok.t(), proj.t(), 0, dw.t());
+  k::position_add_backward(proj.t(), B, dpos.t());
+  expect_fd_grad(w.v, f, dw.v, "dword");
+  expect_fd_grad(pos.v, f, dpos.v, "dpos");
+  // A vocabulary shard [4, 7) gives zero rows for tokens it does not own.
+  Buf<double> shard({3, C}), o2({T * B, C});
+  for (int64_t i = 0; i < 3 * C; ++i) shard[i] = w[4 * C + i];
+  k::embedding_forward(tok.t(), shard.t(), 4, o2.t());
+  EXPECT_EQ(o2[0], 0.0);
+  EXPECT_EQ(o2[1 * C], w[6 * C]);
+}
+
+// ---------------------------------------------------------------- dropout, AdamW, norms
+
+TEST(Dropout, SeededReproducibleAndScaled) {
+  const int64_t n = 100000;
+  Buf<float> x({n}, 1.0f), y({n}), y2({n});
+  k::dropout_forward(x.t(), y.t(), 0.25, 42, 3);
+  k::dropout_forward(x.t(), y2.t(), 0.25, 42, 3);
+  EXPECT_EQ(y.v, y2.v);
+  int64_t zeros = std::count(y.v.begin(), y.v.end(), 0.0f);
+  EXPECT_NEAR(static_cast<double>(zeros) / n, 0.25, 0.01);
+  for (float v : y.v) ASSERT_TRUE(v == 0.0f || std::abs(v - 1.0f / 0.75f) < 1e-6);
+  k::dropout_forward(x.t(), y2.t(), 0.25, 42, 4);  // another stream: another mask
+  EXPECT_NE(y.v, y2.v);
+  // Backward uses the same mask; an offset picks the same elements of a bigger tensor.
+  Buf<float> dy({n}, 2.0f), dx({n});
+  k::dropout_backward(dy.t(), dx.t(), 0.25, 42, 3);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(dx[i] == 0.0f, y[i] == 0.0f);
+  Buf<float> part({10}, 1.0f);
+  k::dropout_forward(part.t(), part.t(), 0.25, 42, 3, 500);
+  for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(part[i], y[500 + i]);
+}
+
+TEST(AdamW, MatchesClosedFormOverSteps) {
+  Buf<double> p({3}), g({3}), m({3}), v({3});
+  p.v = {0.5, -1.0, 2.0};
+  double rp[3] = {0.5, -1.0, 2.0}, rm[3] = {}, rv[3] = {};
+  k::AdamWOptions o;
+  o.lr = 0.1, o.weight_decay = 0.1, o.beta1 = 0.9, o.beta2 = 0.95, o.eps = 1e-8;
+  for (int64_t t = 1; t <= 5; ++t) {
+    for (int i = 0; i < 3; ++i) g[i] = std::sin(1.0 + t * (i + 1));
+    o.step = t;
+    k::adamw_step(p.t(), g.t(), m.t(), v.t(), o);
+    for (int i = 0; i < 3; ++i) {
+      rp[i] -= o.lr * o.weight_decay * rp[i];
+      rm[i] = 0.9 * rm[i] + 0.1 * g[i];
+      rv[i] = 0.95 * rv[i] + 0.05 * g[i] * g[i];
+      double mh = rm[i] / (1 - std::pow(0.9, t)), vh = rv[i] / (1 - std::pow(0.95, t));
+      rp[i] -= o.lr * mh / (std::sqrt(vh) + o.eps);
+    }
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(p[i], rp[i], 1e-12);
+}
+
+TEST(GradNorm, GlobalNormAndClipping) {
+  Buf<float> a({2}), b({1});
+  a.v = {3, 0}, b.v = {4};
+  EXPECT_NEAR(k::global_grad_norm({a.t(), b.t()}), 5.0, 1e-12);
+  double n = k::clip_grad_norm({a.t(), b.t()}, 1.0);
+  EXPECT_NEAR(n, 5.0, 1e-12);
+  EXPECT_NEAR(k::global_grad_norm({a.t(), b.t()}), 1.0, 1e-6);
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.00390625f)), 1.0f);        // tie -> even
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.01171875f)), 1.015625f);   // tie -> even (up)
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+}
+
+}  // namespace
+}  // namespace mt

@@ -1,0 +1,214 @@
+// GPTModel against an independent PyTorch reference (tests/model/reference_gpt.py),
+// against finite differences (fp64 model), and bf16 against fp32; the
+// parameter registry against the planner's counts.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/safetensors.h"
+#include "model/gpt.h"
+
+namespace mt::model {
+namespace {
+
+ModelConfig gpt2_style() {
+  ModelConfig c;
+  c.num_layers = 2, c.hidden_size = 32, c.num_attention_heads = 4, c.seq_length = 12;
+  c.max_position_embeddings = 16, c.vocab_size = 91, c.make_vocab_size_divisible_by = 16;  // padded to 96
+  c.hidden_dropout = 0, c.attention_dropout = 0;
+  c.init_method_std = 0.2;  // larger than Megatron's 0.02 so that every path carries signal
+  return c;
+}
+
+ModelConfig llama_style() {
+  ModelConfig c = gpt2_style();
+  c.num_layers = 2, c.hidden_size = 48, c.num_attention_heads = 6, c.group_query_attention = true;
+  c.num_query_groups = 2, c.normalization = Normalization::kRMSNorm, c.swiglu = true, c.ffn_hidden_size = 80;
+  c.position_embedding = PositionEmbedding::kRope, c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true, c.norm_epsilon = 1e-6, c.rotary_base = 500;
+  return c;
+}
+
+ModelConfig post_ln_style() {  // GPT with the residual after the norm and OpenAI's GELU, untied
+  ModelConfig c = gpt2_style();
+  c.apply_residual_connection_post_layernorm = true, c.openai_gelu = true;
+  c.untie_embeddings_and_output_weights = true;
+  return c;
+}
+
+nlohmann::json config_json(const ModelConfig& c) {
+  return {{"num_layers", c.num_layers}, {"hidden_size", c.hidden_size}, {"num_attention_heads", c.num_attention_heads},
+          {"num_query_groups", c.query_groups()}, {"kv_channels", c.head_dim()},
+          {"normalization", normalization_name(c.normalization)}, {"norm_epsilon", c.norm_epsilon},
+          {"position_embedding_type", position_embedding_name(c.position_embedding)}, {"rotary_base", c.rotary_base},
+          {"swiglu", c.swiglu}, {"openai_gelu", c.openai_gelu},
+          {"apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm}};
+}
+
+void random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, std::vector<int32_t>& tok, std::vector<int32_t>& lab) {
+  std::mt19937 g(static_cast<uint32_t>(seed));
+  tok.resize(B * T), lab.resize(B * T);
+  for (auto& t : tok) t = static_cast<int32_t>(g() % vocab);
+  for (auto& l : lab) l = static_cast<int32_t>(g() % vocab);
+  lab[3] = -1;  // one ignored label
+}
+
+// Norm-wise relative error ||a - b|| / ||b||.
+template <typename A>
+double rel_err(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    double x = a.ptr<A>()[i], y = b.ptr<float>()[i];
+    num += (x - y) * (x - y), den += y * y;
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+class VsPyTorch : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
+  const std::string which = GetParam();
+  ModelConfig cfg = which == "gpt2" ? gpt2_style() : which == "llama" ? llama_style() : post_ln_style();
+  GPTOptions opt;
+  opt.micro_batch = 3;
+  auto created = GPTModel::create(cfg, opt);
+  ASSERT_TRUE(created.is_ok()) << created.status().message();
+  GPTModel& m = **created;
+  m.init_parameters(1234);
+  std::vector<int32_t> tok, lab;
+  random_batch(opt.micro_batch, cfg.seq_length, *cfg.vocab_size, 7, tok, lab);
+  Tensor tt(tok.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32), lt(lab.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32);
+  m.zero_grads();
+  const double loss = m.forward(0, tt, lt, 0, false);
+  std::vector<float> logits(m.logits(0).ptr<float>(), m.logits(0).ptr<float>() + m.logits(0).numel());
+  m.backward(0);
+
+  const std::string dir = std::string(MT_BINARY_DIR) + "/test-artifacts";
+  std::filesystem::create_directories(dir);
+  const std::string in = dir + "/gpt_ref_" + which + "_in.safetensors", out = dir + "/gpt_ref_" + which + "_out.safetensors";
+  std::vector<NamedTensor> ts;
+  for (size_t i = 0; i < m.specs().size(); ++i) ts.push_back({m.specs()[i].name, m.params()[i]});
+  ts.push_back({"tokens", tt});
+  ts.push_back({"labels", lt});
+  ASSERT_TRUE(write_safetensors(in, ts, {{"config", config_json(cfg).dump()}}).is_ok());
+  const std::string cmd = "/usr/bin/python3 " + std::string(MT_SOURCE_DIR) + "/tests/model/reference_gpt.py " + in + " " + out;
+  int rc = std::system(cmd.c_str());
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (apt install python3-torch)";
+  ASSERT_EQ(rc, 0) << cmd;
+  auto ref = read_safetensors(out);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().message();
+
+  Tensor ours(logits.data(), m.logits(0).shape(), DType::kF32);
+  EXPECT_LT(rel_err<float>(ours, *ref->get("logits")), 1e-5) << "logits";
+  const double ref_loss = ref->get("loss")->ptr<float>()[0];
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << "loss";
+  for (size_t i = 0; i < m.specs().size(); ++i) {
+    auto g = ref->get("grad." + m.specs()[i].name);
+    ASSERT_TRUE(g.is_ok()) << g.status().message();
+    EXPECT_LT(rel_err<float>(m.grads()[i], *g), 1e-5) << m.specs()[i].name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch, ::testing::Values("gpt2", "llama", "postln"));
+
+// The whole model in fp64 against central differences, with dropout on
+// (masks are regenerated from the seed, so the loss is a fixed function).
+TEST(GPTModel, Fp64GradientsMatchFiniteDifferences_WithDropout) {
+  for (ModelConfig cfg : {gpt2_style(), llama_style()}) {
+    cfg.num_layers = 1, cfg.seq_length = 5;
+    cfg.hidden_dropout = 0.2, cfg.attention_dropout = 0.2;
+    GPTOptions opt;
+    opt.micro_batch = 2, opt.dtype = DType::kF64;
+    auto m = GPTModel::create(cfg, opt);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    (*m)->init_parameters(5);
+    std::vector<int32_t> tok, lab;
+    random_batch(2, 5, *cfg.vocab_size, 9, tok, lab);
+    Tensor tt(tok.data(), {2, 5}, DType::kI32), lt(lab.data(), {2, 5}, DType::kI32);
+    (*m)->zero_grads();
+    (*m)->forward(0, tt, lt, 3, true);
+    (*m)->backward(0);
+    std::mt19937 g(1);
+    for (size_t i = 0; i < (*m)->specs().size(); ++i) {
+      Tensor p = (*m)->params()[i], gr = (*m)->grads()[i];
+      double scale = 1e-12;
+      for (int64_t e = 0; e < gr.numel(); ++e) scale = std::max(scale, std::abs(gr.ptr<double>()[e]));
+      for (int rep = 0; rep < 3; ++rep) {
+        int64_t e = static_cast<int64_t>(g() % p.numel());
+        if (i == 0) e = tok[rep] * cfg.hidden_size + rep;  // a used embedding row
+        double old = p.ptr<double>()[e], hh = 1e-5;
+        p.ptr<double>()[e] = old + hh;
+        double lp = (*m)->forward(0, tt, lt, 3, true);
+        p.ptr<double>()[e] = old - hh;
+        double lm = (*m)->forward(0, tt, lt, 3, true);
+        p.ptr<double>()[e] = old;
+        EXPECT_NEAR((lp - lm) / (2 * hh), gr.ptr<double>()[e], 1e-6 * scale) << (*m)->specs()[i].name << " [" << e << "]";
+      }
+    }
+  }
+}
+
+TEST(GPTModel, Bf16ComputeMatchesFp32WithinBf16Tolerance) {
+  ModelConfig cfg = llama_style();
+  std::vector<int32_t> tok, lab;
+  random_batch(2, cfg.seq_length, *cfg.vocab_size, 11, tok, lab);
+  Tensor tt(tok.data(), {2, cfg.seq_length}, DType::kI32), lt(lab.data(), {2, cfg.seq_length}, DType::kI32);
+  double loss[2];
+  std::vector<std::vector<float>> grads(2);
+  for (int bf = 0; bf < 2; ++bf) {
+    GPTOptions opt;
+    opt.micro_batch = 2, opt.bf16_compute = bf == 1;
+    auto m = GPTModel::create(cfg, opt);
+    ASSERT_TRUE(m.is_ok());
+    (*m)->init_parameters(3);
+    (*m)->zero_grads();
+    loss[bf] = (*m)->forward(0, tt, lt, 0, false);
+    (*m)->backward(0);
+    Tensor g = (*m)->grad("decoder.layers.0.mlp.linear_fc1.weight");
+    grads[bf].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+  }
+  EXPECT_NEAR(loss[1], loss[0], 1e-2 * loss[0]);
+  Tensor a(grads[1].data(), {static_cast<int64_t>(grads[1].size())}, DType::kF32);
+  Tensor b(grads[0].data(), {static_cast<int64_t>(grads[0].size())}, DType::kF32);
+  EXPECT_LT(rel_err<float>(a, b), 3e-2);
+}
+
+TEST(ParamRegistry, MegatronNamesShardsAndPlannerCounts) {
+  ModelConfig cfg = llama_style();
+  auto specs = gpt_param_specs(cfg, 1);
+  int64_t total = 0;
+  for (auto& s : specs) total += s.global_shape.numel();
+  EXPECT_EQ(total, model_params(cfg, cfg.padded_vocab(1)).total());
+  EXPECT_EQ(specs.front().name, "embedding.word_embeddings.weight");
+  EXPECT_EQ(specs.back().name, "output_layer.weight");
+  const ParamSpec* qkv = nullptr;
+  for (auto& s : specs)
+    if (s.name == "decoder.layers.1.self_attention.linear_qkv.weight") qkv = &s;
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->global_shape, (Shape{(6 + 2 * 2) * 8, 48}));
+  EXPECT_EQ(qkv->shard, ShardKind::kColumn);
+  EXPECT_EQ(qkv->local_shape(2), (Shape{40, 48}));  // one query group of [3 q | k | v] heads per rank
+  EXPECT_EQ(specs[1].te_name(), "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight");
+  ModelConfig gpt = gpt2_style();
+  auto g = gpt_param_specs(gpt, 1);
+  EXPECT_EQ(g[0].global_shape, (Shape{96, 32}));  // 91 padded to a multiple of 16
+  EXPECT_EQ(int64_t(g.size()), 2 + 12 * 2 + 2);
+}
+
+TEST(GPTModel, ConfigErrorsAreListed) {
+  ModelConfig cfg = llama_style();
+  cfg.num_query_groups = 4;  // 6 heads do not split into 4 groups
+  cfg.num_experts = 2;
+  auto m = GPTModel::create(cfg, GPTOptions{});
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("--num-query-groups"), std::string::npos);
+  EXPECT_NE(m.status().message().find("--num-experts"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mt::model

@@ -1,0 +1,144 @@
+#!/usr/bin/python3
+"""Reference GPT in PyTorch for megatron-cpp's model test (written for this test).
+
+usage: /usr/bin/python3 reference_gpt.py IN.safetensors OUT.safetensors
+
+IN (safetensors; see src/core/safetensors.h) holds every parameter under its
+Megatron name, "tokens" and "labels" ([B, T] int32; label < 0 ignored), and in
+__metadata__ "config": a JSON object with the model's flags. The model is run
+in float32 on [s, b, h] activations; OUT receives "logits" ([s*b, V]),
+"loss" ([1]) and "grad.<name>" for every parameter.
+Exit code 77 when torch is not installed (the C++ test then skips).
+"""
+import json
+import math
+import struct
+import sys
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # pragma: no cover
+    print(f"reference_gpt.py: {e}; install python3-torch python3-numpy", file=sys.stderr)
+    sys.exit(77)
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, t in header.items():
+        b, e = t["data_offsets"]
+        arr = np.frombuffer(data[b:e], dtype=DTYPES[t["dtype"]]).reshape(t["shape"])
+        out[name] = torch.from_numpy(arr.copy())
+    return out, meta
+
+
+def write_safetensors(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        a = t.detach().contiguous().numpy()
+        code = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64"}[a.dtype]
+        b = a.tobytes()
+        header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def norm(x, w, b, cfg):
+    if cfg["normalization"] == "RMSNorm":
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg["norm_epsilon"]) * w
+    return F.layer_norm(x, (x.shape[-1],), w, b, cfg["norm_epsilon"])
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def forward(P, tokens, labels, cfg):
+    B, T = tokens.shape
+    h, a, g, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_query_groups"], cfg["kv_channels"]
+    qpg = a // g
+    tok = tokens.t().long()  # [s, b]
+    x = P["embedding.word_embeddings.weight"][tok]
+    if cfg["position_embedding_type"] == "learned_absolute":
+        x = x + P["embedding.position_embeddings.weight"][:T].unsqueeze(1)
+    if cfg["position_embedding_type"] == "rope":
+        inv = 1.0 / (cfg["rotary_base"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+        ang = torch.cat((ang, ang), dim=-1)  # [s, d]
+        cos = ang.cos().float()[:, None, None, :]
+        sin = ang.sin().float()[:, None, None, :]
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    post = cfg["apply_residual_connection_post_layernorm"]
+
+    def bias(name):
+        return P.get(name)
+
+    def linear(x, name):
+        y = x @ P[name + ".weight"].t()
+        b = bias(name + ".bias")
+        return y if b is None else y + b
+
+    for i in range(cfg["num_layers"]):
+        p = f"decoder.layers.{i}."
+        ln1 = norm(x, P[p + "input_layernorm.weight"], bias(p + "input_layernorm.bias"), cfg)
+        qkv = linear(ln1, p + "self_attention.linear_qkv").view(T, B, g, (qpg + 2) * d)
+        q = qkv[..., : qpg * d].reshape(T, B, a, d)
+        k = qkv[..., qpg * d: (qpg + 1) * d]  # [s, b, g, d]
+        v = qkv[..., (qpg + 1) * d:]
+        if cfg["position_embedding_type"] == "rope":
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(qpg, dim=2)  # head j uses group j // qpg
+        v = v.repeat_interleave(qpg, dim=2)
+        qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, a, s, d]
+        s = (qh @ kh.transpose(-1, -2)) / math.sqrt(d)
+        s = s.masked_fill(mask, float("-inf"))
+        ctx = (torch.softmax(s, dim=-1) @ vh).permute(2, 0, 1, 3).reshape(T, B, a * d)
+        x_mid = (ln1 if post else x) + linear(ctx, p + "self_attention.linear_proj")
+        ln2 = norm(x_mid, P[p + "pre_mlp_layernorm.weight"], bias(p + "pre_mlp_layernorm.bias"), cfg)
+        fc1 = linear(ln2, p + "mlp.linear_fc1")
+        if cfg["swiglu"]:
+            gate, up = fc1.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        else:
+            act = F.gelu(fc1, approximate="tanh" if cfg["openai_gelu"] else "none")
+        x = (ln2 if post else x_mid) + linear(act, p + "mlp.linear_fc2")
+    x = norm(x, P["decoder.final_layernorm.weight"], bias("decoder.final_layernorm.bias"), cfg)
+    out_w = P["output_layer.weight"] if "output_layer.weight" in P else P["embedding.word_embeddings.weight"]
+    logits = (x @ out_w.t()).reshape(T * B, -1)
+    loss = F.cross_entropy(logits, labels.t().reshape(-1).long(), ignore_index=-1)
+    return logits, loss
+
+
+def main():
+    tensors, meta = read_safetensors(sys.argv[1])
+    cfg = json.loads(meta["config"])
+    tokens, labels = tensors.pop("tokens"), tensors.pop("labels")
+    P = {n: t.float().requires_grad_(True) for n, t in tensors.items()}
+    torch.set_num_threads(1)
+    logits, loss = forward(P, tokens, labels, cfg)
+    loss.backward()
+    out = {"logits": logits, "loss": loss.reshape(1)}
+    for n, t in P.items():
+        out["grad." + n] = t.grad if t.grad is not None else torch.zeros_like(t)
+    write_safetensors(sys.argv[2], out)
+
+
+if __name__ == "__main__":
+    main()
