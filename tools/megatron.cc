@@ -19,6 +19,11 @@ struct Subcommand {
 const Subcommand kSubcommands[] = {
     {"plan", "check a parallel layout; show its rank grid, memory, pipeline bubble, FLOPs (text, --json, --html, --serve)",
      mt::tools::plan_main},
+    {"preprocess", "turn JSONL text into Megatron's .bin/.idx dataset (byte-identical to tools/preprocess_data.py)",
+     mt::tools::preprocess_main},
+    {"tokenize", "text to token ids and back with any --tokenizer-type (one line of ids per document)", mt::tools::tokenize_main},
+    {"train", "pre-train a GPT or LLaMA-style model with Megatron-LM's flags", mt::tools::train_main},
+    {"generate", "continue a --prompt with a trained checkpoint (--load), KV cache, greedy/top-k/top-p", mt::tools::generate_main},
 };
 
 void usage(FILE* out) {

@@ -410,7 +410,8 @@ std::string BlendedDataset::describe() const {
 
 Result<std::array<std::shared_ptr<SampleSource>, 3>> build_train_valid_test(const DataConfig& cfg,
                                                                              const std::array<std::optional<int64_t>, 3>& num_samples,
-                                                                             std::vector<std::string>* log) {
+                                                                             std::vector<std::string>* log,
+                                                                             std::array<bool, 3> wanted) {
   std::array<std::shared_ptr<SampleSource>, 3> out;
   const bool per_split = !cfg.train_data_path.empty() || !cfg.valid_data_path.empty() || !cfg.test_data_path.empty();
   if (per_split && !cfg.data_path.empty())
@@ -441,7 +442,7 @@ Result<std::array<std::shared_ptr<SampleSource>, 3>> build_train_valid_test(cons
     const Split which = static_cast<Split>(si);
     const std::vector<std::string>& args =
         per_split ? (si == 0 ? cfg.train_data_path : si == 1 ? cfg.valid_data_path : cfg.test_data_path) : cfg.data_path;
-    if (args.empty()) continue;
+    if (args.empty() || !wanted[si]) continue;
     const std::string flag = per_split ? fmt::format("--{}-data-path", split_name(which)) : "--data-path";
     auto blend = parse_blend(args, flag);
     if (!blend) return blend.status();

@@ -155,8 +155,10 @@ struct DataConfig {
 
 // Train, valid and test sources for the requested sample counts (nullopt:
 // one epoch); a split with no data is nullptr. Each log line goes to *log.
+// Splits with `wanted` false are not built.
 Result<std::array<std::shared_ptr<SampleSource>, 3>> build_train_valid_test(const DataConfig& cfg,
                                                                              const std::array<std::optional<int64_t>, 3>& num_samples,
-                                                                             std::vector<std::string>* log = nullptr);
+                                                                             std::vector<std::string>* log = nullptr,
+                                                                             std::array<bool, 3> wanted = {true, true, true});
 
 }  // namespace mt::data

@@ -27,6 +27,14 @@ class Tokenizer {
   // be accepted without crashing; see each implementation for what it does
   // with invalid UTF-8).
   virtual void encode(std::string_view text, std::vector<int32_t>* out) const = 0;
+  // encode(), but refusing input that Megatron's Python path refuses, with a
+  // message naming the byte offset (GPT2BPETokenizer and SentencePiece:
+  // invalid UTF-8; NullTokenizer: a token that is not an integer id in
+  // [0, vocab_size)). On error *out is unchanged.
+  virtual Status encode_checked(std::string_view text, std::vector<int32_t>* out) const {
+    encode(text, out);
+    return Status::ok();
+  }
   // Ids back to text; fails on an id outside the vocabulary.
   virtual Result<std::string> decode(std::span<const int32_t> ids) const = 0;
   // Entries in the vocabulary, before Megatron's padding.
@@ -43,6 +51,8 @@ struct TokenizerConfig {
   std::string merge_file;        // --merge-file (merges.txt / vocab.bpe)
   std::string tokenizer_model;   // --tokenizer-model (SentencePiece .model)
   std::optional<int64_t> vocab_size;  // --vocab-size (NullTokenizer)
+  std::optional<int64_t> null_eod_id;  // --null-tokenizer-eod-id (default vocab_size - 1)
+  std::optional<int64_t> null_pad_id;  // --null-tokenizer-pad-id (default -1: none)
 };
 
 // Builds the tokenizer; errors name the flag and file at fault.

@@ -6,8 +6,8 @@
 
 namespace mt::data {
 
-// `with_vocab_size`: false where another flag group already owns
-// --vocab-size (the model flags of train and plan).
-void register_tokenizer_flags(FlagSet& flags, TokenizerConfig& cfg, bool with_vocab_size = true);
+// `with_model_flags`: false where the model flags (train, plan) already own
+// --vocab-size and --vocab-file; the caller copies them into cfg after parsing.
+void register_tokenizer_flags(FlagSet& flags, TokenizerConfig& cfg, bool with_model_flags = true);
 
 }  // namespace mt::data

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -33,17 +34,85 @@ struct GPTModel::LayerIdx {
 
 // What backward needs from one layer's forward (N = T*B rows):
 //   x_mid [N,h]  residual stream after attention     ln1, ln2 [N,h] norm outputs
-//   ln*_mean, ln*_rstd [N]                           qkv [N,(a+2g)d] after rope
-//   ctx [N,a d], lse [B,a,T] attention output/log-sum-exp
+//   ln*_mean (LayerNorm only), ln*_rstd [N]          qkv [N,(a+2g)d] after rope
+//   ctx [N,a d], lse [B,a,T] attention output/log-sum-exp (not kept with
+//                            selective recomputation: recomputed from qkv)
 //   fc1 [N, F or 2F] pre-activation                  act [N,F]
-// The layer's input is resid[l], its output resid[l+1].
-struct LayerActs {
+// The layer's input is resid[l], its output resid[l+1]. An undefined tensor
+// is one this configuration does not keep.
+struct GPTModel::LayerActs {
   Tensor x_mid, ln1, ln1_mean, ln1_rstd, qkv, ctx, lse, ln2, ln2_mean, ln2_rstd, fc1, act;
+};
+
+namespace {
+
+constexpr int kLayerFields = 12;  // GPTModel::bind_layer's std::array<int, 12>
+enum LayerField { kXMid, kLn1, kLn1Mean, kLn1Rstd, kQkv, kCtx, kLse, kLn2, kLn2Mean, kLn2Rstd, kFc1, kAct };
+const char* const kLayerFieldNames[kLayerFields] = {"x_mid", "ln1", "ln1_mean", "ln1_rstd", "qkv", "ctx",
+                                                    "lse", "ln2", "ln2_mean", "ln2_rstd", "fc1", "act"};
+using FieldIdx = std::array<int, kLayerFields>;  // entry index in a SizeTable, -1: not kept
+
+// The sizes every table and the scratch plan are built from.
+struct Dims {
+  int64_t N, B, T, h, a, ad, qkv, fc1, F, V;
+  DType dt;
+  bool layernorm;
+};
+
+Shape field_shape(int f, const Dims& d) {
+  switch (f) {
+    case kXMid: case kLn1: case kLn2: return {d.N, d.h};
+    case kLn1Mean: case kLn1Rstd: case kLn2Mean: case kLn2Rstd: return {d.N};
+    case kQkv: return {d.N, d.qkv};
+    case kCtx: return {d.N, d.ad};
+    case kLse: return {d.B, d.a, d.T};
+    case kFc1: return {d.N, d.fc1};
+    default: return {d.N, d.F};
+  }
+}
+
+// Adds one layer's activations to `t`; keep_attention false drops ctx and lse.
+FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool keep_attention) {
+  FieldIdx idx;
+  idx.fill(-1);
+  for (int f = 0; f < kLayerFields; ++f) {
+    if ((f == kLn1Mean || f == kLn2Mean) && !d.layernorm) continue;  // RMSNorm keeps rstd only
+    if ((f == kCtx || f == kLse) && !keep_attention) continue;
+    idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d), d.dt);
+  }
+  return idx;
+}
+
+// Aligned bytes of one scratch allocation (Arena::alloc rounds each up).
+size_t abytes(int64_t elements, DType dt) { return align_up(static_cast<size_t>(elements) * dtype_size(dt)); }
+
+}  // namespace
+
+// Entry indices of a slot's tensors in the activation table.
+struct ActIndex {
+  int tokens = -1, labels = -1;
+  std::vector<int> resid;       // L+1, -1 where not kept
+  std::vector<FieldIdx> layers;  // L
+  int lnf = -1, lnf_mean = -1, lnf_rstd = -1, logits = -1, mx = -1, se = -1, tl = -1, loss = -1;
+};
+
+// Everything create() allocates, computed without allocating.
+struct GPTModel::Tables {
+  GPTOptions opt;
+  Dims dims{};
+  std::vector<ParamSpec> specs;
+  std::vector<LayerGroup> groups;
+  SizeTable params, lowp, acts, workspace, rope;
+  std::vector<int> lowp_which;  // parameter index of each lowp entry
+  ActIndex act;
+  std::vector<FieldIdx> ws_layers;  // per position in a recomputed group
+  std::vector<int> ws_resid;        // inputs of group positions 1..K-1
+  GPTMemoryPlan plan;
 };
 
 struct GPTModel::Slot {
   Tensor tokens, labels;      // [T*B] int32, [s, b] order
-  std::vector<Tensor> resid;  // L+1 x [N,h]
+  std::vector<Tensor> resid;  // L+1 x [N,h]; undefined where recomputed
   std::vector<LayerActs> layers;
   Tensor lnf, lnf_mean, lnf_rstd, logits, mx, se, tl, loss;  // logits [N,V]; rest [N]
   uint64_t dropout_step = 0;
@@ -51,7 +120,86 @@ struct GPTModel::Slot {
   double count = 0;  // labels counted in the loss
 };
 
-Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const GPTOptions& opt) {
+// One recomputed group's activations, carved from scratch.
+struct GPTModel::Workspace {
+  std::vector<LayerActs> layers;  // K
+  std::vector<Tensor> resid;      // K-1: inputs of the group's layers after the first
+};
+
+GPTModel::LayerActs GPTModel::bind_layer(const std::vector<Tensor>& v, const std::array<int, 12>& idx) {
+  LayerActs a;
+  Tensor* fields[kLayerFields] = {&a.x_mid, &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.ctx,
+                                  &a.lse,   &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fc1, &a.act};
+  for (int f = 0; f < kLayerFields; ++f)
+    if (idx[f] >= 0) *fields[f] = v[static_cast<size_t>(idx[f])];
+  return a;
+}
+
+Result<RecomputeOptions> RecomputeOptions::from_flags(const std::optional<std::string>& granularity,
+                                                      const std::optional<std::string>& method,
+                                                      std::optional<int64_t> num_layers,
+                                                      bool recompute_activations) {
+  RecomputeOptions r;
+  std::vector<std::string> errs;
+  if (recompute_activations && granularity && *granularity != "selective")
+    errs.push_back("--recompute-activations means --recompute-granularity selective, but --recompute-granularity " +
+                   *granularity + " is given");
+  const std::string g = granularity.value_or(recompute_activations ? "selective" : "");
+  if (g == "full") {
+    r.granularity = RecomputeGranularity::kFull;
+    if (!method) errs.push_back("--recompute-granularity full needs --recompute-method uniform or block");
+    else if (*method == "uniform") r.method = RecomputeMethod::kUniform;
+    else if (*method == "block") r.method = RecomputeMethod::kBlock;
+    else errs.push_back("--recompute-method must be uniform or block, not '" + *method + "'");
+    if (!num_layers) errs.push_back("--recompute-granularity full needs --recompute-num-layers (at least 1)");
+    else if (*num_layers < 1) errs.push_back(fmt::format("--recompute-num-layers {} must be at least 1", *num_layers));
+    else r.num_layers = *num_layers;
+  } else if (g == "selective") {
+    r.granularity = RecomputeGranularity::kSelective;
+    if (method) errs.push_back("--recompute-method is not supported with selective recomputation; drop it");
+    if (num_layers) errs.push_back("--recompute-num-layers must be unset with selective recomputation; drop it");
+  } else if (g.empty()) {
+    if (method || num_layers)
+      errs.push_back("--recompute-method/--recompute-num-layers only apply with --recompute-granularity full");
+  } else {
+    errs.push_back("--recompute-granularity must be full or selective, not '" + g + "'");
+  }
+  if (!errs.empty()) {
+    std::string m = "invalid recomputation flags:";
+    for (auto& e : errs) m += "\n  - " + e;
+    return Status::invalid(m);
+  }
+  return r;
+}
+
+std::string RecomputeOptions::str() const {
+  switch (granularity) {
+    case RecomputeGranularity::kNone: return "none";
+    case RecomputeGranularity::kSelective: return "selective";
+    case RecomputeGranularity::kFull:
+      return fmt::format("full {} {}", method == RecomputeMethod::kUniform ? "uniform" : "block", num_layers);
+  }
+  return "?";
+}
+
+std::vector<LayerGroup> layer_groups(int64_t layers, const RecomputeOptions& r) {
+  std::vector<LayerGroup> g;
+  if (r.granularity != RecomputeGranularity::kFull) {
+    for (int64_t l = 0; l < layers; ++l) g.push_back({l, l + 1, false});
+    return g;
+  }
+  MT_CHECK(r.num_layers >= 1, "layer_groups: recompute num_layers must be at least 1");
+  if (r.method == RecomputeMethod::kUniform) {
+    // Megatron's _checkpointed_forward: chunks of num_layers, the last one clipped.
+    for (int64_t l = 0; l < layers; l += r.num_layers) g.push_back({l, std::min(layers, l + r.num_layers), true});
+  } else {
+    // Block: the first num_layers layers are checkpointed one by one.
+    for (int64_t l = 0; l < layers; ++l) g.push_back({l, l + 1, l < r.num_layers});
+  }
+  return g;
+}
+
+Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPTOptions& opt) {
   std::vector<std::string> errs;
   if (!cfg.has_architecture()) errs.push_back("--num-layers, --hidden-size and --num-attention-heads are required");
   if (!cfg.vocab_size) errs.push_back("the vocabulary size is unknown: give --vocab-size or --vocab-file");
@@ -72,34 +220,158 @@ Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const
   }
   if (opt.tp != 1) errs.push_back("tensor parallelism is not implemented in the model yet (--tensor-model-parallel-size 1)");
   if (opt.micro_batch <= 0) errs.push_back("--micro-batch-size must be positive");
+  if (opt.slots < 0) errs.push_back("activation slots must be >= 0");
   if (opt.dtype != DType::kF32 && opt.dtype != DType::kF64) errs.push_back("model dtype must be fp32 or fp64");
   if (opt.bf16_compute && opt.dtype != DType::kF32) errs.push_back("bf16 compute needs fp32 parameters");
   if (cfg.hidden_dropout >= 1 || cfg.attention_dropout >= 1) errs.push_back("dropout must be below 1");
+  const RecomputeOptions& rc = opt.recompute;
+  if (rc.granularity == RecomputeGranularity::kFull && cfg.num_layers > 0 &&
+      (rc.num_layers < 1 || rc.num_layers > cfg.num_layers))
+    errs.push_back(fmt::format("--recompute-num-layers {} must be between 1 and the layers of this stage ({})",
+                               rc.num_layers, cfg.num_layers));
   if (!errs.empty()) {
     std::string m = "invalid model configuration:";
     for (auto& e : errs) m += "\n  - " + e;
     return Status::invalid(m);
   }
-  ModelConfig c = cfg;
-  GPTOptions o = opt;
-  o.seq_length = T;
-  return std::unique_ptr<GPTModel>(new GPTModel(c, o));
+
+  Tables t;
+  t.opt = opt;
+  t.opt.seq_length = T;
+  const int64_t B = opt.micro_batch, N = B * T, h = cfg.hidden_size, a = cfg.num_attention_heads;
+  const int64_t ad = a * cfg.head_dim(), F = cfg.ffn();
+  Dims& d = t.dims;
+  d = Dims{N, B, T, h, a, ad, (a + 2 * cfg.query_groups()) * cfg.head_dim(), (cfg.swiglu ? 2 : 1) * F, F,
+           cfg.padded_vocab(opt.tp), opt.dtype, cfg.normalization == Normalization::kLayerNorm};
+  const DType dt = opt.dtype;
+  const int64_t L = cfg.num_layers;
+
+  // Parameters (and gradients: the same table), and the bf16 GEMM weights.
+  t.specs = gpt_param_specs(cfg, opt.tp);
+  for (const ParamSpec& s : t.specs) t.params.add(s.name, s.local_shape(opt.tp), dt);
+  if (opt.bf16_compute)
+    for (size_t i = 0; i < t.specs.size(); ++i) {
+      const Shape sh = t.specs[i].local_shape(opt.tp);
+      if (sh.ndim == 2 && t.specs[i].name != "embedding.position_embeddings.weight") {
+        t.lowp.add(t.specs[i].name, sh, DType::kBF16);
+        t.lowp_which.push_back(static_cast<int>(i));
+      }
+    }
+
+  // Activations of one slot, following the recompute groups.
+  t.groups = layer_groups(L, rc);
+  const bool selective = rc.granularity == RecomputeGranularity::kSelective;
+  std::vector<char> keep_resid(static_cast<size_t>(L + 1), 0), keep_layer(static_cast<size_t>(L), 0);
+  keep_resid[static_cast<size_t>(L)] = 1;  // the final norm's input
+  int64_t max_group = 0;
+  for (const LayerGroup& g : t.groups) {
+    keep_resid[static_cast<size_t>(g.begin)] = 1;
+    if (g.recompute) max_group = std::max(max_group, g.end - g.begin);
+    else
+      for (int64_t l = g.begin; l < g.end; ++l) keep_layer[static_cast<size_t>(l)] = 1;
+  }
+  SizeTable& at = t.acts;
+  ActIndex& ai = t.act;
+  ai.tokens = at.add("tokens", {N}, DType::kI32);
+  ai.labels = at.add("labels", {N}, DType::kI32);
+  ai.resid.assign(static_cast<size_t>(L + 1), -1);
+  for (int64_t l = 0; l <= L; ++l)
+    if (keep_resid[static_cast<size_t>(l)]) ai.resid[static_cast<size_t>(l)] = at.add(fmt::format("resid.{}", l), {N, h}, dt);
+  ai.layers.assign(static_cast<size_t>(L), FieldIdx{});
+  for (int64_t l = 0; l < L; ++l) {
+    FieldIdx& f = ai.layers[static_cast<size_t>(l)];
+    f.fill(-1);
+    if (keep_layer[static_cast<size_t>(l)]) f = add_layer(at, fmt::format("layers.{}.", l), d, !selective);
+  }
+  ai.lnf = at.add("final.ln", {N, h}, dt);
+  if (d.layernorm) ai.lnf_mean = at.add("final.mean", {N}, dt);
+  ai.lnf_rstd = at.add("final.rstd", {N}, dt);
+  ai.logits = at.add("logits", {N, d.V}, dt);
+  ai.mx = at.add("xent.max", {N}, dt);
+  ai.se = at.add("xent.sumexp", {N}, dt);
+  ai.tl = at.add("xent.target", {N}, dt);
+  ai.loss = at.add("xent.loss", {N}, dt);
+
+  // The recompute workspace: the largest recomputed group, everything kept.
+  for (int64_t i = 0; i < max_group; ++i) {
+    t.ws_layers.push_back(add_layer(t.workspace, fmt::format("recompute.{}.", i), d, true));
+    if (i + 1 < max_group) t.ws_resid.push_back(t.workspace.add(fmt::format("recompute.resid.{}", i + 1), {N, h}, dt));
+  }
+
+  if (cfg.position_embedding == PositionEmbedding::kRope) {
+    t.rope.add("rope.cos", {T, cfg.head_dim() / 2}, dt);
+    t.rope.add("rope.sin", {T, cfg.head_dim() / 2}, dt);
+  }
+
+  // Scratch: the peak of the allocations forward() and backward() make, in
+  // the order they make them (each rounded up by Arena::alloc).
+  const bool bf = opt.bf16_compute;
+  const DType hb = DType::kBF16;
+  const size_t ws = t.workspace.total_bytes();
+  // linear_fwd casts its input; linear_bwd casts dy and x.
+  const size_t cast_fwd = bf ? std::max({abytes(N * h, hb), abytes(N * ad, hb), abytes(N * F, hb)}) : 0;
+  const size_t cast_bwd = bf ? std::max({abytes(N * h, hb) + abytes(N * F, hb),            // fc2
+                                         abytes(N * d.fc1, hb) + abytes(N * h, hb),        // fc1
+                                         abytes(N * h, hb) + abytes(N * ad, hb),           // proj
+                                         abytes(N * d.qkv, hb) + abytes(N * h, hb)})       // qkv
+                             : 0;
+  const size_t attn_tmp = selective ? abytes(N * ad, dt) + abytes(B * a * T, dt) : 0;  // ctx, lse
+  const size_t layer_fwd_kept = abytes(N * h, dt) + attn_tmp + cast_fwd;  // tmp (+ ctx, lse) + cast
+  const size_t layer_fwd_ws = abytes(N * h, dt) + cast_fwd;
+  const size_t layer_bwd = 2 * abytes(N * h, dt) + abytes(N * F, dt) + abytes(N * d.fc1, dt) + abytes(N * ad, dt) +
+                           abytes(N * d.qkv, dt) + attn_tmp + cast_bwd;
+  bool any_kept = false;
+  for (char k : keep_layer) any_kept = any_kept || k;
+  const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
+  const size_t fwd_out = bf ? abytes(N * h, hb) : 0;
+  const size_t bwd_base = abytes(N, dt) + 2 * abytes(N * h, dt);  // dloss, dlnf, dresid
+  const size_t bwd_out = bf ? abytes(N * d.V, hb) + abytes(N * h, hb) : 0;
+  const size_t bwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, layer_bwd);
+  const size_t forward_peak = std::max(fwd_layers, fwd_out);
+  const size_t backward_peak = bwd_base + std::max(bwd_out, bwd_layers);
+
+  GPTMemoryPlan& p = t.plan;
+  p.params = t.params.total_bytes();
+  p.grads = opt.slots > 0 ? t.params.total_bytes() : 0;
+  p.lowp = t.lowp.total_bytes();
+  p.activations_per_slot = opt.slots > 0 ? t.acts.total_bytes() : 0;
+  p.activations = p.activations_per_slot * static_cast<size_t>(opt.slots);
+  p.recompute_workspace = opt.slots > 0 ? ws : 0;
+  p.scratch = opt.slots > 0 ? std::max(forward_peak, backward_peak) : 0;
+  p.tables = t.rope.total_bytes();
+  return t;
 }
 
-GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt) : cfg_(cfg), opt_(opt) {
-  B_ = opt.micro_batch, T_ = opt.seq_length, N_ = B_ * T_, h_ = cfg.hidden_size, V_ = cfg.padded_vocab(opt.tp);
-  qkv_ = (cfg.num_attention_heads + 2 * cfg.query_groups()) * cfg.head_dim();
-  F_ = cfg.ffn();
-  fc1_ = (cfg.swiglu ? 2 : 1) * F_;
-  specs_ = gpt_param_specs(cfg, opt.tp);
-  for (size_t i = 0; i < specs_.size(); ++i) {
-    index_[specs_[i].name] = static_cast<int>(i);
-    param_table_.add(specs_[i].name, specs_[i].local_shape(opt.tp), opt.dtype);
-  }
-  params_arena_ = Arena(param_table_.total_bytes(), "params");
-  grads_arena_ = Arena(param_table_.total_bytes(), "grads");
+Result<GPTMemoryPlan> GPTModel::planned_bytes(const ModelConfig& cfg, const GPTOptions& opt) {
+  auto t = make_tables(cfg, opt);
+  if (!t.is_ok()) return t.status();
+  return t->plan;
+}
+
+Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const GPTOptions& opt) {
+  auto t = make_tables(cfg, opt);
+  if (!t.is_ok()) return t.status();
+  return std::unique_ptr<GPTModel>(new GPTModel(cfg, t->opt, std::move(*t)));
+}
+
+GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : cfg_(cfg), opt_(opt) {
+  const Dims& d = t.dims;
+  B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1;
+  specs_ = std::move(t.specs);
+  groups_ = std::move(t.groups);
+  plan_ = t.plan;
+  param_table_ = std::move(t.params);
+  act_table_ = std::move(t.acts);
+  workspace_table_ = std::move(t.workspace);
+  for (size_t i = 0; i < specs_.size(); ++i) index_[specs_[i].name] = static_cast<int>(i);
+  params_arena_ = Arena(plan_.params, "params");
   params_ = params_arena_.carve(param_table_);
-  grads_ = grads_arena_.carve(param_table_);
+  if (plan_.grads) {
+    grads_arena_ = Arena(plan_.grads, "grads");
+    grads_ = grads_arena_.carve(param_table_);
+  } else {
+    grads_.assign(params_.size(), Tensor());
+  }
   word_ = find("embedding.word_embeddings.weight");
   pos_ = find("embedding.position_embeddings.weight");
   final_w_ = find("decoder.final_layernorm.weight");
@@ -118,54 +390,32 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt) : cfg_(cfg), o
   }
   // bf16 copies of every matrix a GEMM reads.
   lowp_.assign(params_.size(), Tensor());
-  if (opt.bf16_compute) {
-    SizeTable t;
-    std::vector<int> which;
-    for (size_t i = 0; i < specs_.size(); ++i)
-      if (params_[i].ndim() == 2 && static_cast<int>(i) != pos_) {
-        t.add(specs_[i].name, params_[i].shape(), DType::kBF16);
-        which.push_back(static_cast<int>(i));
-      }
-    lowp_arena_ = Arena(t.total_bytes(), "bf16-weights");
-    auto v = lowp_arena_.carve(t);
-    for (size_t j = 0; j < which.size(); ++j) lowp_[which[j]] = v[j];
+  if (plan_.lowp) {
+    lowp_arena_ = Arena(plan_.lowp, "bf16-weights");
+    auto v = lowp_arena_.carve(t.lowp);
+    for (size_t j = 0; j < t.lowp_which.size(); ++j) lowp_[static_cast<size_t>(t.lowp_which[j])] = v[j];
   }
-  build_activation_table();
-  acts_ = Arena(act_table_.total_bytes() * static_cast<size_t>(opt.slots), "activations");
-  for (int s = 0; s < opt.slots; ++s) {
-    std::vector<Tensor> v = acts_.carve(act_table_);
-    Slot sl;
-    size_t i = 0;
-    sl.tokens = v[i++], sl.labels = v[i++];
-    for (int l = 0; l <= cfg.num_layers; ++l) sl.resid.push_back(v[i++]);
-    for (int l = 0; l < cfg.num_layers; ++l) {
-      LayerActs a;
-      for (Tensor* t : {&a.x_mid, &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.ctx, &a.lse, &a.ln2, &a.ln2_mean,
-                        &a.ln2_rstd, &a.fc1, &a.act})
-        *t = v[i++];
-      sl.layers.push_back(a);
+  if (plan_.activations) {
+    acts_ = Arena(plan_.activations, "activations");
+    const ActIndex& ai = t.act;
+    for (int s = 0; s < opt.slots; ++s) {
+      std::vector<Tensor> v = acts_.carve(act_table_);
+      auto at = [&](int i) { return i >= 0 ? v[static_cast<size_t>(i)] : Tensor(); };
+      Slot sl;
+      sl.tokens = at(ai.tokens), sl.labels = at(ai.labels);
+      for (int i : ai.resid) sl.resid.push_back(at(i));
+      for (const FieldIdx& f : ai.layers) sl.layers.push_back(bind_layer(v, f));
+      sl.lnf = at(ai.lnf), sl.lnf_mean = at(ai.lnf_mean), sl.lnf_rstd = at(ai.lnf_rstd), sl.logits = at(ai.logits);
+      sl.mx = at(ai.mx), sl.se = at(ai.se), sl.tl = at(ai.tl), sl.loss = at(ai.loss);
+      slots_.push_back(std::move(sl));
     }
-    for (Tensor* t : {&sl.lnf, &sl.lnf_mean, &sl.lnf_rstd, &sl.logits, &sl.mx, &sl.se, &sl.tl, &sl.loss}) *t = v[i++];
-    slots_.push_back(sl);
   }
-  // Scratch: the largest simultaneous set of temporaries (backward of a layer
-  // or of the output layer), plus bf16 casts of a GEMM's two inputs.
-  const int64_t ad = cfg.num_attention_heads * cfg.head_dim();
-  const size_t es = dtype_size(opt.dtype);
-  // backward(): dloss [N], dlnf, dresid [N,h]; layer_backward(): dtmp, dln [N,h],
-  // dact [N,F], dfc1 [N,fc1], dctx [N,ad], dqkv [N,qkv]; each aligned.
-  size_t layer_tmp = es * static_cast<size_t>(N_) * (4 * h_ + qkv_ + ad + fc1_ + F_ + 1) + 16 * kArenaAlign;
-  size_t casts = opt.bf16_compute ? 2 * static_cast<size_t>(N_) * std::max<int64_t>({V_, fc1_, F_, h_, ad, qkv_}) +
-                                        2 * static_cast<size_t>(N_) * std::max<int64_t>({h_, F_, ad})
-                                  : 0;
-  scratch_ = Arena(layer_tmp + casts + (size_t{1} << 16), "scratch");
-  if (cfg.position_embedding == PositionEmbedding::kRope) {
-    const int64_t half = cfg.head_dim() / 2;
-    SizeTable t;
-    t.add("rope.cos", {T_, half}, opt.dtype);
-    t.add("rope.sin", {T_, half}, opt.dtype);
-    tables_ = Arena(t.total_bytes(), "rope-tables");
-    auto v = tables_.carve(t);
+  ws_layers_ = std::move(t.ws_layers);
+  ws_resid_ = std::move(t.ws_resid);
+  if (plan_.scratch) scratch_ = Arena(plan_.scratch, "scratch");
+  if (plan_.tables) {
+    tables_ = Arena(plan_.tables, "rope-tables");
+    auto v = tables_.carve(t.rope);
     rope_cos_ = v[0], rope_sin_ = v[1];
     k::rope_table(cfg.rotary_base, T_, cfg.head_dim(), rope_cos_, rope_sin_);
   }
@@ -173,34 +423,13 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt) : cfg_(cfg), o
 
 GPTModel::~GPTModel() = default;
 
-void GPTModel::build_activation_table() {
-  const ModelConfig& c = cfg_;
-  const DType dt = opt_.dtype;
-  const int64_t ad = c.num_attention_heads * c.head_dim();
-  SizeTable& t = act_table_;
-  t.add("tokens", {N_}, DType::kI32);
-  t.add("labels", {N_}, DType::kI32);
-  for (int l = 0; l <= c.num_layers; ++l) t.add(fmt::format("resid.{}", l), {N_, h_}, dt);
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = fmt::format("layers.{}.", l);
-    t.add(p + "x_mid", {N_, h_}, dt);
-    t.add(p + "ln1", {N_, h_}, dt);
-    t.add(p + "ln1_mean", {N_}, dt);
-    t.add(p + "ln1_rstd", {N_}, dt);
-    t.add(p + "qkv", {N_, qkv_}, dt);
-    t.add(p + "ctx", {N_, ad}, dt);
-    t.add(p + "lse", {B_, c.num_attention_heads, T_}, dt);
-    t.add(p + "ln2", {N_, h_}, dt);
-    t.add(p + "ln2_mean", {N_}, dt);
-    t.add(p + "ln2_rstd", {N_}, dt);
-    t.add(p + "fc1", {N_, fc1_}, dt);
-    t.add(p + "act", {N_, F_}, dt);
-  }
-  t.add("final.ln", {N_, h_}, dt);
-  t.add("final.mean", {N_}, dt);
-  t.add("final.rstd", {N_}, dt);
-  t.add("logits", {N_, V_}, dt);
-  for (const char* n : {"xent.max", "xent.sumexp", "xent.target", "xent.loss"}) t.add(n, {N_}, dt);
+GPTModel::Workspace GPTModel::carve_workspace() {
+  Workspace w;
+  if (workspace_table_.size() == 0) return w;
+  std::vector<Tensor> v = scratch_.carve(workspace_table_);
+  for (const auto& f : ws_layers_) w.layers.push_back(bind_layer(v, f));
+  for (int i : ws_resid_) w.resid.push_back(v[static_cast<size_t>(i)]);
+  return w;
 }
 
 int GPTModel::find(const std::string& name) const {
@@ -217,7 +446,7 @@ Tensor GPTModel::grad(const std::string& name) const {
   MT_CHECK(i >= 0, "no parameter " + name);
   return grads_[i];
 }
-Tensor GPTModel::logits(int slot) const { return slots_.at(slot).logits; }
+Tensor GPTModel::logits(int slot) const { return slots_.at(static_cast<size_t>(slot)).logits; }
 Tensor GPTModel::scratch(Shape shape, DType dt) { return scratch_.alloc(shape, dt); }
 
 void GPTModel::init_parameters(uint64_t seed) {
@@ -248,7 +477,7 @@ void GPTModel::sync_low_precision() {
 }
 
 void GPTModel::zero_grads() {
-  std::memset(grads_arena_.base(), 0, grads_arena_.used());
+  if (grads_arena_.base()) std::memset(grads_arena_.base(), 0, grads_arena_.used());
 }
 
 // y [N,out] = x [N,in] W^T + b. Column-parallel (qkv, fc1): fwd identity, bwd
@@ -307,15 +536,18 @@ uint64_t dropout_stream(uint64_t step, int64_t layer, int site) {
 constexpr uint64_t kDropoutSeedSalt = 0x6d742d64726f70ull;  // "mt-drop"
 }  // namespace
 
-void GPTModel::layer_forward(int l, Slot& s) {
+void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor& out, const Slot& s) {
   const LayerIdx& p = layers_[l];
-  LayerActs& a = s.layers[l];
-  const Tensor& x = s.resid[l];
-  const Tensor& out = s.resid[l + 1];
   const bool post = cfg_.apply_residual_connection_post_layernorm;
   const double hd = s.training ? cfg_.hidden_dropout : 0.0, ad = s.training ? cfg_.attention_dropout : 0.0;
   ArenaScope scope(scratch_);
   Tensor tmp = scratch({N_, h_}, opt_.dtype);
+  // Selective recomputation: the attention output and lse live only in scratch.
+  Tensor ctx = a.ctx, lse = a.lse;
+  if (!ctx.defined()) {
+    ctx = scratch({N_, cfg_.num_attention_heads * cfg_.head_dim()}, opt_.dtype);
+    lse = scratch({B_, cfg_.num_attention_heads, T_}, opt_.dtype);
+  }
   // Attention block.
   norm_fwd(x, p.ln1_w, p.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
   linear_fwd(a.ln1, p.qkv_w, p.qkv_b, a.qkv);
@@ -323,8 +555,8 @@ void GPTModel::layer_forward(int l, Slot& s) {
   if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_);
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
                          dropout_stream(s.dropout_step, l, 0), 0};
-  k::attention_forward(a.qkv, L, ao, a.ctx, a.lse);
-  linear_fwd(a.ctx, p.proj_w, p.proj_b, tmp);
+  k::attention_forward(a.qkv, L, ao, ctx, lse);
+  linear_fwd(ctx, p.proj_w, p.proj_b, tmp);
   if (hd > 0) k::dropout_forward(tmp, tmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 1));
   k::add(post ? a.ln1 : x, tmp, a.x_mid);
   // MLP block.
@@ -332,15 +564,14 @@ void GPTModel::layer_forward(int l, Slot& s) {
   linear_fwd(a.ln2, p.fc1_w, p.fc1_b, a.fc1);
   if (cfg_.swiglu) k::swiglu_forward(a.fc1, a.act);
   else k::gelu_forward(cfg_.openai_gelu ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, a.act);
+  if (!out.defined()) return;  // recomputing a group's last layer: backward needs nothing after act
   linear_fwd(a.act, p.fc2_w, p.fc2_b, tmp);
   if (hd > 0) k::dropout_forward(tmp, tmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 2));
   k::add(post ? a.ln2 : a.x_mid, tmp, out);
 }
 
-// dresid holds d(resid[l+1]) on entry and d(resid[l]) on exit.
-void GPTModel::layer_backward(int l, Slot& s, const Tensor& dresid) {
+void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& s, const Tensor& dresid) {
   const LayerIdx& p = layers_[l];
-  LayerActs& a = s.layers[l];
   const bool post = cfg_.apply_residual_connection_post_layernorm;
   const double hd = s.training ? cfg_.hidden_dropout : 0.0, ad = s.training ? cfg_.attention_dropout : 0.0;
   const int64_t adim = cfg_.num_attention_heads * cfg_.head_dim();
@@ -348,6 +579,17 @@ void GPTModel::layer_backward(int l, Slot& s, const Tensor& dresid) {
   const DType dt = opt_.dtype;
   Tensor dtmp = scratch({N_, h_}, dt), dln = scratch({N_, h_}, dt), dact = scratch({N_, F_}, dt),
          dfc1 = scratch({N_, fc1_}, dt), dctx = scratch({N_, adim}, dt), dqkv = scratch({N_, qkv_}, dt);
+  k::QkvLayout L{T_, B_, cfg_.num_attention_heads, cfg_.query_groups(), cfg_.head_dim()};
+  k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
+                         dropout_stream(s.dropout_step, l, 0), 0};
+  Tensor ctx = a.ctx, lse = a.lse;
+  if (!ctx.defined()) {
+    // Selective recomputation: core attention again from the saved (roped)
+    // Q/K/V, same dropout stream, so ctx and lse are bitwise the forward's.
+    ctx = scratch({N_, adim}, dt);
+    lse = scratch({B_, cfg_.num_attention_heads, T_}, dt);
+    k::attention_forward(a.qkv, L, ao, ctx, lse);
+  }
   // out = res2 + dropout(fc2(act)), res2 = post ? ln2 : x_mid
   if (hd > 0) k::dropout_backward(dresid, dtmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 2));
   const Tensor& dfc2 = hd > 0 ? dtmp : dresid;
@@ -363,23 +605,34 @@ void GPTModel::layer_backward(int l, Slot& s, const Tensor& dresid) {
   // x_mid = res1 + dropout(proj(ctx)), res1 = post ? ln1 : x
   if (hd > 0) k::dropout_backward(dresid, dtmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 1));
   const Tensor& dproj = hd > 0 ? dtmp : dresid;
-  linear_bwd(a.ctx, p.proj_w, p.proj_b, dproj, dctx);
-  k::QkvLayout L{T_, B_, cfg_.num_attention_heads, cfg_.query_groups(), cfg_.head_dim()};
-  k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
-                         dropout_stream(s.dropout_step, l, 0), 0};
-  k::attention_backward(a.qkv, a.ctx, dctx, a.lse, L, ao, dqkv);
+  linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
+  k::attention_backward(a.qkv, ctx, dctx, lse, L, ao, dqkv);
   if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_backward(dqkv, L, rope_cos_, rope_sin_);
   linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
   if (post) {
     k::add_inplace(dln, dresid);
     dresid.zero();
   }
-  norm_bwd(dln, s.resid[l], p.ln1_w, p.ln1_b, a.ln1_mean, a.ln1_rstd, dresid);  // dresid = d x
+  norm_bwd(dln, x, p.ln1_w, p.ln1_b, a.ln1_mean, a.ln1_rstd, dresid);  // dresid = d x
+}
+
+// Runs the layers of group g from its input x, keeping their activations in
+// the workspace; the last layer writes `out`, or stops early when out is
+// undefined (the recompute in backward).
+void GPTModel::group_forward(const LayerGroup& g, const Tensor& x, Workspace& ws, const Tensor& out, const Slot& s) {
+  const int64_t n = g.end - g.begin;
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& in = i == 0 ? x : ws.resid[static_cast<size_t>(i - 1)];
+    const Tensor& o = i + 1 < n ? ws.resid[static_cast<size_t>(i)] : out;
+    layer_forward(static_cast<int>(g.begin + i), in, ws.layers[static_cast<size_t>(i)], o, s);
+  }
 }
 
 double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step,
                          bool training) {
-  Slot& s = slots_.at(slot);
+  MT_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()),
+           fmt::format("GPTModel::forward: slot {} outside [0, {}) (GPTOptions::slots)", slot, slots_.size()));
+  Slot& s = slots_[static_cast<size_t>(slot)];
   MT_CHECK(tokens.numel() == N_ && labels.numel() == N_ && tokens.dtype() == DType::kI32 &&
                labels.dtype() == DType::kI32,
            fmt::format("GPTModel::forward: tokens and labels must be int32 [{}, {}]", B_, T_));
@@ -403,7 +656,19 @@ double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, u
   if (pos_ >= 0) k::position_add_forward(params_[pos_], B_, s.resid[0]);
   const double hd = training ? cfg_.hidden_dropout : 0.0;
   if (hd > 0) k::dropout_forward(s.resid[0], s.resid[0], hd, kDropoutSeedSalt, dropout_stream(dropout_step, 4095, 3));
-  for (int l = 0; l < cfg_.num_layers; ++l) layer_forward(l, s);
+  {
+    ArenaScope scope(scratch_);
+    Workspace ws = carve_workspace();
+    for (const LayerGroup& g : groups_) {
+      if (g.recompute) {
+        group_forward(g, s.resid[static_cast<size_t>(g.begin)], ws, s.resid[static_cast<size_t>(g.end)], s);
+      } else {
+        for (int64_t l = g.begin; l < g.end; ++l)
+          layer_forward(static_cast<int>(l), s.resid[static_cast<size_t>(l)], s.layers[static_cast<size_t>(l)],
+                        s.resid[static_cast<size_t>(l + 1)], s);
+      }
+    }
+  }
   // Final norm, output layer (tied: the word embedding), loss.
   norm_fwd(s.resid[cfg_.num_layers], final_w_, final_b_, s.lnf, s.lnf_mean, s.lnf_rstd);
   if (opt_.bf16_compute) {
@@ -424,7 +689,9 @@ double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, u
 }
 
 void GPTModel::backward(int slot, double loss_scale) {
-  Slot& s = slots_.at(slot);
+  MT_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()),
+           fmt::format("GPTModel::backward: slot {} outside [0, {}) (GPTOptions::slots)", slot, slots_.size()));
+  Slot& s = slots_[static_cast<size_t>(slot)];
   MT_CHECK(s.ready, "GPTModel::backward: slot has no forward");
   s.ready = false;
   ArenaScope scope(scratch_);
@@ -453,7 +720,27 @@ void GPTModel::backward(int slot, double loss_scale) {
   }
   dresid.zero();
   norm_bwd(dlnf, s.resid[cfg_.num_layers], final_w_, final_b_, s.lnf_mean, s.lnf_rstd, dresid);
-  for (int l = static_cast<int>(cfg_.num_layers) - 1; l >= 0; --l) layer_backward(l, s, dresid);
+  {
+    ArenaScope ws_scope(scratch_);
+    Workspace ws = carve_workspace();
+    for (auto it = groups_.rbegin(); it != groups_.rend(); ++it) {
+      const LayerGroup& grp = *it;
+      if (grp.recompute) {
+        // Re-run the group's forward from its kept input (same dropout step),
+        // then its backward, last layer first.
+        const Tensor& x0 = s.resid[static_cast<size_t>(grp.begin)];
+        group_forward(grp, x0, ws, Tensor(), s);
+        for (int64_t i = grp.end - grp.begin - 1; i >= 0; --i) {
+          const Tensor& in = i == 0 ? x0 : ws.resid[static_cast<size_t>(i - 1)];
+          layer_backward(static_cast<int>(grp.begin + i), in, ws.layers[static_cast<size_t>(i)], s, dresid);
+        }
+      } else {
+        for (int64_t l = grp.end - 1; l >= grp.begin; --l)
+          layer_backward(static_cast<int>(l), s.resid[static_cast<size_t>(l)], s.layers[static_cast<size_t>(l)], s,
+                         dresid);
+      }
+    }
+  }
   const double hd = s.training ? cfg_.hidden_dropout : 0.0;
   if (hd > 0) k::dropout_backward(dresid, dresid, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, 4095, 3));
   if (pos_ >= 0) k::position_add_backward(dresid, B_, grads_[pos_]);

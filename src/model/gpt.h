@@ -9,10 +9,12 @@
 //   lowp     bf16 copies of the GEMM weights when compute is bf16
 //            (refresh with sync_low_precision() after each optimizer step)
 //   acts     `slots` activation slots; a slot holds everything one
-//            micro-batch's backward needs (see ActivationTable in gpt.cc);
+//            micro-batch's backward needs (LayerActs and make_tables in gpt.cc);
 //            a pipeline stage keeps one slot per micro-batch in flight
-//   scratch  temporaries of forward/backward, reset after every call
-// activation_bytes_per_slot() and scratch_bytes() are the planned sizes.
+//   scratch  temporaries of forward/backward, reset after every call, and
+//            (with full recomputation) one recomputed group's activations
+// planned_bytes(cfg, opt) gives every size without allocating; the
+// constructor allocates exactly those sizes (DESIGN principle 2).
 //
 // Activations are in Megatron's [s, b, h] order: row r = t * B + b, so a
 // sequence-parallel shard is a contiguous block of rows.
@@ -22,7 +24,30 @@
 //   dropout: stream = ((dropout_step * 4096 + layer) * 4 + site); sites:
 //            0 attention probabilities, 1 after linear_proj, 2 after
 //            linear_fc2, 3 embedding output (layer = 4095)
-// Each forward() takes the step index so that backward() regenerates masks.
+// Each forward() takes the step index so that backward() regenerates masks;
+// a recomputed forward uses the same step, so it draws the same masks.
+//
+// Activation recomputation (Megatron's --recompute-* flags, spec §4.4):
+//   full, uniform: layers in groups of recompute_num_layers; a slot keeps only
+//     each group's input. backward() re-runs a group's forward into the
+//     recompute workspace (in scratch) and then its backward, last group first.
+//   full, block: the first recompute_num_layers layers each keep only their
+//     input and are recomputed one by one; the other layers keep everything.
+//   selective: Megatron recomputes "core attention" (softmax, its dropout and
+//     the product with V), whose s x s tensors dominate its memory. Our
+//     attention is flash-style and never keeps s x s, so the only core-attention
+//     tensors a slot holds are its output (ctx [N, a d]) and the log-sum-exp
+//     (lse [B, a, T]). Selective recomputation drops both and re-runs the
+//     attention kernel from the saved Q/K/V at the start of the layer's
+//     backward (before linear_proj's backward, which reads ctx), with the same
+//     dropout stream. Megatron itself still keeps ctx, as linear_proj's saved
+//     input; we do not need to, because the recompute happens first.
+//   The final norm's input resid[L] and the embedding output resid[0] are
+//   always kept. Cost: full recomputation runs each recomputed layer's forward
+//   once more (without the last layer of a group's linear_fc2, whose output
+//   backward does not need); selective, one attention forward per layer. Results are bitwise identical with and without recomputation
+//   (same kernels, same inputs, same masks, same accumulation order).
+//   With pipeline parallelism the groups are formed over a stage's layers.
 //
 // Communication (for the tensor-parallel issue): linear_qkv and linear_fc1 are
 // column-parallel (fwd identity | bwd all-reduce dx), linear_proj and
@@ -30,8 +55,10 @@
 // vocab-parallel (fwd all-reduce), the loss vocab-parallel (kernels/
 // cross_entropy.h). With TP = 1 every collective is the identity and omitted.
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -44,19 +71,66 @@
 
 namespace mt::model {
 
+enum class RecomputeGranularity { kNone, kSelective, kFull };
+enum class RecomputeMethod { kUniform, kBlock };
+
+struct RecomputeOptions {
+  RecomputeGranularity granularity = RecomputeGranularity::kNone;
+  RecomputeMethod method = RecomputeMethod::kUniform;  // full only
+  int64_t num_layers = 0;  // full only: layers per group (uniform) or recomputed layers (block)
+
+  // From Megatron's flags (--recompute-granularity, --recompute-method,
+  // --recompute-num-layers, --recompute-activations), with Megatron's rules
+  // (spec §4.4); the error names the flag and what was expected.
+  static Result<RecomputeOptions> from_flags(const std::optional<std::string>& granularity,
+                                             const std::optional<std::string>& method,
+                                             std::optional<int64_t> num_layers,
+                                             bool recompute_activations = false);
+  std::string str() const;  // "none", "selective", "full uniform 2", "full block 1"
+};
+
+// A run of consecutive layers [begin, end); recomputed groups keep only the
+// input of `begin`. Layers that keep everything come as groups of one.
+struct LayerGroup {
+  int64_t begin = 0, end = 0;
+  bool recompute = false;
+  bool operator==(const LayerGroup&) const = default;
+};
+// REQUIRES: valid options (1 <= num_layers <= layers with full).
+std::vector<LayerGroup> layer_groups(int64_t layers, const RecomputeOptions& r);
+
 struct GPTOptions {
   int64_t micro_batch = 1;       // B
   int64_t seq_length = 0;        // T (0: cfg.seq_length)
   DType dtype = DType::kF32;     // parameters and activations: fp32, or fp64 (tests)
   bool bf16_compute = false;     // GEMM inputs in bf16 with fp32 accumulation
-  int slots = 1;                 // activation slots (micro-batches in flight)
+  int slots = 1;                 // activation slots (micro-batches in flight); 0: parameters
+                                 // only (inference: no gradients, activations or scratch)
   int64_t tp = 1;                // tensor-parallel size (only 1 is implemented here)
+  RecomputeOptions recompute;    // activation recomputation (see above)
+};
+
+// Bytes of every arena of a GPTModel, from the same size tables the model
+// carves (so predicted == allocated, exactly).
+struct GPTMemoryPlan {
+  size_t params = 0;                // parameter arena
+  size_t grads = 0;                 // gradient arena (0 with slots == 0)
+  size_t lowp = 0;                  // bf16 copies of the GEMM weights (bf16 compute)
+  size_t activations_per_slot = 0;  // what one micro-batch keeps for backward
+  size_t activations = 0;           // slots x activations_per_slot
+  size_t recompute_workspace = 0;   // one recomputed group's activations (inside scratch)
+  size_t scratch = 0;               // peak temporaries of forward/backward, workspace included
+  size_t tables = 0;                // RoPE cos/sin tables
+  size_t total() const { return params + grads + lowp + activations + scratch + tables; }
 };
 
 class GPTModel {
  public:
   // Validates cfg (Status for user errors) and allocates every arena.
   static Result<std::unique_ptr<GPTModel>> create(const ModelConfig& cfg, const GPTOptions& opt);
+  // The bytes create() would allocate, without allocating (for the planner);
+  // the same validation as create().
+  static Result<GPTMemoryPlan> planned_bytes(const ModelConfig& cfg, const GPTOptions& opt);
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -67,7 +141,7 @@ class GPTModel {
   // seed, the parameter's name and its global index (parallel-invariant).
   void init_parameters(uint64_t seed);
 
-  // Forward of one micro-batch into `slot`.
+  // Forward of one micro-batch into `slot` (REQUIRES: 0 <= slot < GPTOptions::slots).
   //   tokens, labels: [B, T] int32 (the data loader's order); label < 0 is ignored.
   // Returns the mean loss over counted labels (Megatron: sum(loss*mask)/sum(mask)).
   // dropout_step keys the dropout masks (see above); training=false disables dropout.
@@ -95,8 +169,10 @@ class GPTModel {
   Tensor grad(const std::string& name) const;
   int64_t vocab() const { return V_; }
 
-  size_t activation_bytes_per_slot() const { return act_table_.total_bytes(); }
-  size_t scratch_bytes() const { return scratch_.capacity(); }
+  size_t activation_bytes_per_slot() const { return plan_.activations_per_slot; }
+  size_t scratch_bytes() const { return plan_.scratch; }
+  const GPTMemoryPlan& memory_plan() const { return plan_; }
+  const std::vector<LayerGroup>& groups() const { return groups_; }
   const Arena& scratch_arena() const { return scratch_; }
   const Arena& activation_arena() const { return acts_; }
 
@@ -105,17 +181,27 @@ class GPTModel {
   double flops_per_micro_batch() const;
 
  private:
-  GPTModel(const ModelConfig& cfg, const GPTOptions& opt);
+  struct Tables;
+  GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t);
+  static Result<Tables> make_tables(const ModelConfig& cfg, const GPTOptions& opt);
   struct LayerIdx;
+  struct LayerActs;
   struct Slot;
-  void build_activation_table();
+  struct Workspace;
   void linear_fwd(const Tensor& x, int w, int b, const Tensor& y);
   void linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const Tensor& dx);
   void norm_fwd(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd);
   void norm_bwd(const Tensor& dy, const Tensor& x, int w, int b, const Tensor& mean, const Tensor& rstd,
                 const Tensor& dx);
-  void layer_forward(int l, Slot& s);
-  void layer_backward(int l, Slot& s, const Tensor& dresid);
+  // x: the layer's input; a: where its activations go; out: its output, or
+  // undefined to stop after the MLP activation (the last layer of a
+  // recomputed group: backward needs nothing after it).
+  void layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor& out, const Slot& s);
+  // dresid holds d(output) on entry and d(x) on exit.
+  void layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& s, const Tensor& dresid);
+  static LayerActs bind_layer(const std::vector<Tensor>& views, const std::array<int, 12>& entries);
+  Workspace carve_workspace();
+  void group_forward(const LayerGroup& g, const Tensor& x, Workspace& ws, const Tensor& out, const Slot& s);
   Tensor scratch(Shape shape, DType dt);
 
   ModelConfig cfg_;
@@ -123,12 +209,16 @@ class GPTModel {
   int64_t B_ = 0, T_ = 0, N_ = 0, h_ = 0, V_ = 0, qkv_ = 0, fc1_ = 0, F_ = 0;
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, int> index_;
-  SizeTable param_table_, act_table_;
+  std::vector<LayerGroup> groups_;
+  GPTMemoryPlan plan_;
+  SizeTable param_table_, act_table_, workspace_table_;
   Arena params_arena_, grads_arena_, lowp_arena_, acts_, scratch_, tables_;
   std::vector<Tensor> params_, grads_, lowp_;  // lowp_[i] undefined unless a bf16 GEMM weight
   std::vector<LayerIdx> layers_;
   int word_ = -1, pos_ = -1, final_w_ = -1, final_b_ = -1, out_ = -1;
   std::vector<Slot> slots_;
+  std::vector<std::array<int, 12>> ws_layers_;  // workspace table entries per group position
+  std::vector<int> ws_resid_;
   Tensor rope_cos_, rope_sin_;  // [T, d/2] in tables_
 };
 

@@ -81,6 +81,16 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
 // rank, in bytes, without recomputation (flash attention: no s x s tensor).
 double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l);
 
+// What this build's CPU trainer allocates on one rank (TP = PP = 1), from the
+// model's own size tables (model::GPTModel::planned_bytes) plus the AdamW
+// state: the figure `megatron train` logs beside its measured buffers.
+struct TrainerBuffers {
+  bool available = false;
+  std::string why_not;  // when not available
+  double params = 0, grads = 0, lowp = 0, activations = 0, scratch = 0, tables = 0, optimizer = 0;
+  double total() const { return params + grads + lowp + activations + scratch + tables + optimizer; }
+};
+
 struct MemoryReport {
   std::vector<StageMemory> stages;
   int64_t peak_stage = 0;
@@ -93,6 +103,7 @@ struct MemoryReport {
   double model_state_bytes_per_param = 0;
   double model_state_bytes = 0;
   double checkpoint_bytes = 0;      // weights + fp32 master + Adam m, v
+  TrainerBuffers trainer;
   double weights_only_bytes = 0;    // weights in the training dtype (export size)
 };
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/gpt.h"
 #include "plan/validate.h"
 
 namespace mt::plan {
@@ -190,6 +191,39 @@ void plan_fit(PlanReport& r, const MemoryLayout& layout) {
   }
 }
 
+void plan_trainer_buffers(PlanReport& r) {
+  TrainerBuffers& t = r.memory.trainer;
+  const auto& p = r.job.parallel;
+  if (p.tp * p.pp * p.cp * p.ep > 1 || r.vpp > 1 || r.job.model.is_moe()) {
+    t.why_not = "this build's trainer runs TP = PP = CP = EP = 1 dense models";
+    return;
+  }
+  model::GPTOptions go;
+  go.micro_batch = r.job.batch.micro_batch_size;
+  go.seq_length = r.job.model.seq_length;
+  go.bf16_compute = r.job.precision.bf16;
+  auto rc = model::RecomputeOptions::from_flags(r.job.recompute.granularity, r.job.recompute.method,
+                                                r.job.recompute.num_layers, r.job.recompute.recompute_activations);
+  if (!rc) {
+    t.why_not = rc.status().message();
+    return;
+  }
+  go.recompute = *rc;
+  auto mp = model::GPTModel::planned_bytes(r.job.model, go);
+  if (!mp) {
+    t.why_not = mp.status().message();
+    return;
+  }
+  t.available = true;
+  t.params = static_cast<double>(mp->params);
+  t.grads = static_cast<double>(mp->grads);
+  t.lowp = static_cast<double>(mp->lowp);
+  t.activations = static_cast<double>(mp->activations);
+  t.scratch = static_cast<double>(mp->scratch);
+  t.tables = static_cast<double>(mp->tables);
+  t.optimizer = 2.0 * static_cast<double>(mp->params);  // Adam m and v, the parameters' size table twice
+}
+
 }  // namespace
 
 PlanReport make_plan(JobConfig job, const PlanOptions& options) {
@@ -260,6 +294,7 @@ PlanReport make_plan(JobConfig job, const PlanOptions& options) {
     mem.megatron = megatron_theoretical_memory(r.job, layout);
     r.memory = std::move(mem);
     plan_fit(r, layout);
+    plan_trainer_buffers(r);
   }
   r.memory.model_state_bytes_per_param = bpp.total();
   r.memory.model_state_bytes = r.total_params * bpp.total();

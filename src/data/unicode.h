@@ -1,0 +1,44 @@
+#pragma once
+// UTF-8 decoding and the character classes GPT-2's pre-tokenisation pattern
+// uses (\p{L}, \p{N}, \s), from tables generated out of the Unicode Character
+// Database by scripts/gen_unicode_tables.py (Unicode 15.0, as Python's `regex`
+// module on Debian 12).
+//
+// Decoding is strict, as Python's UTF-8 codec: overlong forms, surrogates
+// (U+D800..U+DFFF), code points above U+10FFFF and truncated sequences are
+// invalid. An invalid sequence is reported one byte at a time.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace mt::data {
+
+enum class CharClass : uint8_t {
+  kOther = 0,   // neither letter, number nor whitespace (punctuation, symbols, marks, controls, ...)
+  kLetter = 1,  // General_Category L*  (regex \p{L})
+  kNumber = 2,  // General_Category N*  (regex \p{N})
+  kSpace = 3,   // White_Space property (regex \s)
+};
+
+// Class of a code point; kOther for anything above U+10FFFF.
+CharClass char_class(char32_t cp);
+
+struct Utf8Char {
+  char32_t cp;   // the code point, or the byte value when !valid
+  uint8_t len;   // bytes consumed (1..4; 1 when !valid)
+  bool valid;
+};
+
+// Decodes the character starting at p (REQUIRES: p < end).
+Utf8Char decode_utf8(const unsigned char* p, const unsigned char* end);
+
+// Byte offset of the first invalid UTF-8 sequence in `s`, or npos if `s` is
+// valid UTF-8.
+size_t find_invalid_utf8(std::string_view s);
+
+// Appends the UTF-8 encoding of cp (REQUIRES: cp <= 0x10FFFF).
+void append_utf8(char32_t cp, std::string* out);
+
+}  // namespace mt::data

@@ -1,0 +1,213 @@
+#include "infer/decoder.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/kv_attention.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+
+namespace mt::infer {
+
+namespace k = kernels;
+using model::ModelConfig;
+using model::Normalization;
+using model::PositionEmbedding;
+
+// Parameter indices of one layer (-1: absent), as GPTModel names them.
+struct Decoder::Layer {
+  int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+  int ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
+};
+
+namespace {
+// Scratch buffers, carved once: [chunk, ...] each; a call uses the first n rows.
+enum Buf { kIds, kX, kXMid, kLn, kMean, kRstd, kQkv, kCtx, kTmp, kFc1, kAct, kNumBufs };
+int64_t model_limit(const model::GPTModel& m) {
+  const ModelConfig& c = m.config();
+  if (c.position_embedding == PositionEmbedding::kLearnedAbsolute) return c.max_position_embeddings;
+  return std::max(m.options().seq_length, c.max_position_embeddings);
+}
+}  // namespace
+
+Result<std::unique_ptr<Decoder>> Decoder::create(const model::GPTModel& m, const DecoderOptions& opt) {
+  const ModelConfig& c = m.config();
+  const int64_t limit = model_limit(m);
+  const int64_t T = opt.max_tokens ? opt.max_tokens : limit;
+  if (T <= 0) return Status::invalid(fmt::format("decoder: cache capacity must be positive, got {}", T));
+  if (c.position_embedding == PositionEmbedding::kLearnedAbsolute && T > c.max_position_embeddings)
+    return Status::invalid(fmt::format("decoder: {} positions requested, but the learned position embedding has only "
+                                       "--max-position-embeddings {}", T, c.max_position_embeddings));
+  const int64_t chunk = opt.max_chunk > 0 ? std::min(opt.max_chunk, T) : std::min<int64_t>(256, T);
+  return std::unique_ptr<Decoder>(new Decoder(m, T, chunk));
+}
+
+Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk)
+    : m_(m), T_max_(max_tokens), chunk_(max_chunk) {
+  const ModelConfig& c = m.config();
+  h_ = c.hidden_size, V_ = m.vocab(), a_ = c.num_attention_heads, g_ = c.query_groups(), d_ = c.head_dim();
+  qkv_ = (a_ + 2 * g_) * d_, F_ = c.ffn(), fc1_ = (c.swiglu ? 2 : 1) * F_;
+  dt_ = m.options().dtype;
+  word_ = m.find("embedding.word_embeddings.weight");
+  pos_ = m.find("embedding.position_embeddings.weight");
+  final_w_ = m.find("decoder.final_layernorm.weight");
+  final_b_ = m.find("decoder.final_layernorm.bias");
+  out_ = c.untie_embeddings_and_output_weights ? m.find("output_layer.weight") : word_;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("decoder.layers.{}.", l);
+    Layer x;
+    x.ln1_w = m.find(p + "input_layernorm.weight"), x.ln1_b = m.find(p + "input_layernorm.bias");
+    x.qkv_w = m.find(p + "self_attention.linear_qkv.weight"), x.qkv_b = m.find(p + "self_attention.linear_qkv.bias");
+    x.proj_w = m.find(p + "self_attention.linear_proj.weight"), x.proj_b = m.find(p + "self_attention.linear_proj.bias");
+    x.ln2_w = m.find(p + "pre_mlp_layernorm.weight"), x.ln2_b = m.find(p + "pre_mlp_layernorm.bias");
+    x.fc1_w = m.find(p + "mlp.linear_fc1.weight"), x.fc1_b = m.find(p + "mlp.linear_fc1.bias");
+    x.fc2_w = m.find(p + "mlp.linear_fc2.weight"), x.fc2_b = m.find(p + "mlp.linear_fc2.bias");
+    layers_.push_back(x);
+  }
+  SizeTable ct;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    ct.add(fmt::format("k.{}", l), {T_max_, g_, d_}, dt_);
+    ct.add(fmt::format("v.{}", l), {T_max_, g_, d_}, dt_);
+  }
+  if (ct.size() > 0) {
+    cache_ = Arena(ct.total_bytes(), "kv-cache");
+    auto v = cache_.carve(ct);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      k_cache_.push_back(v[static_cast<size_t>(2 * l)]);
+      v_cache_.push_back(v[static_cast<size_t>(2 * l + 1)]);
+    }
+  }
+  const int64_t C = chunk_;
+  SizeTable st;
+  st.add("ids", {C}, DType::kI32);
+  st.add("x", {C, h_}, dt_);
+  st.add("x_mid", {C, h_}, dt_);
+  st.add("ln", {C, h_}, dt_);
+  st.add("mean", {C}, dt_);
+  st.add("rstd", {C}, dt_);
+  st.add("qkv", {C, qkv_}, dt_);
+  st.add("ctx", {C, a_ * d_}, dt_);
+  st.add("tmp", {C, h_}, dt_);
+  st.add("fc1", {C, fc1_}, dt_);
+  st.add("act", {C, F_}, dt_);
+  scratch_ = Arena(st.total_bytes(), "decoder-scratch");
+  buf_ = scratch_.carve(st);
+  if (c.position_embedding == PositionEmbedding::kRope) {
+    SizeTable t;
+    t.add("rope.cos", {T_max_, d_ / 2}, dt_);
+    t.add("rope.sin", {T_max_, d_ / 2}, dt_);
+    tables_ = Arena(t.total_bytes(), "decoder-rope");
+    auto v = tables_.carve(t);
+    rope_cos_ = v[0], rope_sin_ = v[1];
+    k::rope_table(c.rotary_base, T_max_, d_, rope_cos_, rope_sin_);  // row t depends on t only
+  }
+}
+
+Decoder::~Decoder() = default;
+
+void Decoder::truncate(int64_t n) {
+  MT_CHECK(n >= 0 && n <= length_, fmt::format("Decoder::truncate({}) beyond the cached length {}", n, length_));
+  length_ = n;
+}
+
+// y [n,out] = x W^T + b, fp32/fp64 parameters.
+void Decoder::linear(const Tensor& x, int w, int b, const Tensor& y) const {
+  const Tensor& W = m_.params()[static_cast<size_t>(w)];
+  const int64_t out = W.dim(0), in = W.dim(1), n = x.numel() / in;
+  k::gemm(false, true, n, out, in, 1.0f, x, W, 0.0f, y);
+  if (b >= 0) k::bias_add(y, m_.params()[static_cast<size_t>(b)]);
+}
+
+void Decoder::norm(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd) const {
+  const auto& P = m_.params();
+  if (m_.config().normalization == Normalization::kLayerNorm)
+    k::layernorm_forward(x, P[static_cast<size_t>(w)], b >= 0 ? P[static_cast<size_t>(b)] : Tensor(),
+                         m_.config().norm_epsilon, y, mean, rstd);
+  else
+    k::rmsnorm_forward(x, P[static_cast<size_t>(w)], m_.config().norm_epsilon, y, rstd);
+}
+
+// The layer math of GPTModel::layer_forward with training = false, on n rows
+// of one sequence at positions [length_, length_ + n), attention against the
+// cache. logits_rows: [n, V] (all), [1, V] (last_only) or undefined.
+void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_rows, bool last_only) {
+  const ModelConfig& c = m_.config();
+  const auto& P = m_.params();
+  const int64_t p0 = length_;
+  const bool post = c.apply_residual_connection_post_layernorm;
+  auto rows = [&](Buf b) { return buf_[b].slice(0, n); };
+  Tensor ids = rows(kIds), x = rows(kX), xm = rows(kXMid), ln = rows(kLn), mean = rows(kMean), rstd = rows(kRstd),
+         qkv = rows(kQkv), ctx = rows(kCtx), tmp = rows(kTmp), fc1 = rows(kFc1), act = rows(kAct);
+  if (c.normalization != Normalization::kLayerNorm) mean = Tensor();
+  std::memcpy(ids.data(), tokens, static_cast<size_t>(n) * sizeof(int32_t));
+  k::embedding_forward(ids, P[static_cast<size_t>(word_)], 0, x);
+  if (pos_ >= 0) k::position_add_forward(P[static_cast<size_t>(pos_)].slice(p0, p0 + n), 1, x);
+  const k::QkvLayout L{n, 1, a_, g_, d_};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& p = layers_[l];
+    norm(x, p.ln1_w, p.ln1_b, ln, mean, rstd);
+    linear(ln, p.qkv_w, p.qkv_b, qkv);
+    if (c.position_embedding == PositionEmbedding::kRope)
+      k::rope_forward(qkv, L, rope_cos_.slice(p0, p0 + n), rope_sin_.slice(p0, p0 + n));
+    k::kv_cache_append(qkv, L, p0, k_cache_[l], v_cache_[l]);
+    k::kv_attention(qkv, L, k_cache_[l], v_cache_[l], p0, scale, ctx);
+    linear(ctx, p.proj_w, p.proj_b, tmp);
+    k::add(post ? ln : x, tmp, xm);
+    norm(xm, p.ln2_w, p.ln2_b, ln, mean, rstd);
+    linear(ln, p.fc1_w, p.fc1_b, fc1);
+    if (c.swiglu) k::swiglu_forward(fc1, act);
+    else k::gelu_forward(c.openai_gelu ? k::GeluKind::kTanh : k::GeluKind::kExact, fc1, act);
+    linear(act, p.fc2_w, p.fc2_b, tmp);
+    k::add(post ? ln : xm, tmp, x);
+  }
+  length_ += n;
+  if (!logits_rows.defined()) return;
+  const int64_t r0 = last_only ? n - 1 : 0, r = n - r0;
+  Tensor xr = x.slice(r0, n), lr = ln.slice(0, r), mr = mean.defined() ? mean.slice(0, r) : Tensor(),
+         sr = rstd.slice(0, r);
+  norm(xr, final_w_, final_b_, lr, mr, sr);
+  k::gemm(false, true, r, V_, h_, 1.0f, lr, P[static_cast<size_t>(out_)], 0.0f, logits_rows);
+}
+
+Status Decoder::append(std::span<const int32_t> tokens, const Tensor& logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return logits.defined() ? Status::invalid("decoder: no tokens to append, so no logits") : Status::ok();
+  if (length_ + n > T_max_)
+    return Status::invalid(fmt::format("decoder: {} cached + {} new tokens exceed the cache capacity of {} positions",
+                                       length_, n, T_max_));
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[static_cast<size_t>(i)] < 0 || tokens[static_cast<size_t>(i)] >= V_)
+      return Status::invalid(fmt::format("decoder: token id {} at index {} is outside the vocabulary [0, {})",
+                                         tokens[static_cast<size_t>(i)], i, V_));
+  bool last_only = false;
+  if (logits.defined()) {
+    if (logits.dtype() != dt_)
+      return Status::invalid(fmt::format("decoder: logits must be {}", dtype_name(dt_)));
+    if (logits.numel() == V_) last_only = true;
+    else if (logits.numel() != n * V_)
+      return Status::invalid(fmt::format("decoder: logits must have {} ([V]) or {} ([n, V]) elements, not {}", V_,
+                                         n * V_, logits.numel()));
+  }
+  Tensor all = logits.defined() ? logits.view({last_only ? 1 : n, V_}) : Tensor();
+  for (int64_t c0 = 0; c0 < n; c0 += chunk_) {
+    const int64_t cn = std::min(chunk_, n - c0);
+    const bool last_chunk = c0 + cn == n;
+    Tensor rows;
+    if (all.defined()) {
+      if (!last_only) rows = all.slice(c0, c0 + cn);
+      else if (last_chunk) rows = all;
+    }
+    run_chunk(tokens.data() + c0, cn, rows, last_only);
+  }
+  return Status::ok();
+}
+
+}  // namespace mt::infer

@@ -1,0 +1,96 @@
+#include "infer/load.h"
+
+#include <fmt/format.h>
+
+#include "checkpoint/checkpoint.h"
+#include "train/train_config.h"
+
+namespace mt::infer {
+
+Result<std::vector<std::string>> training_argv(const nlohmann::json& common, const std::string& where) {
+  if (!common.is_object() || !common.contains("args"))
+    return Status::corrupt(fmt::format("{}: common.json has no \"args\" (the training arguments), so the model "
+                                       "cannot be rebuilt", where));
+  const nlohmann::json& a = common["args"];
+  std::vector<std::string> argv;
+  if (a.is_object() && a.contains("argv")) {
+    if (!a["argv"].is_array())
+      return Status::corrupt(fmt::format("{}: common.json args.argv must be a list of strings", where));
+    for (const auto& t : a["argv"]) {
+      if (!t.is_string()) return Status::corrupt(fmt::format("{}: common.json args.argv must be a list of strings", where));
+      argv.push_back(t.get<std::string>());
+    }
+    return argv;
+  }
+  if (!a.is_object()) return Status::corrupt(fmt::format("{}: common.json \"args\" must be an object", where));
+  for (const auto& [key, v] : a.items()) {
+    std::string flag = "--" + key;
+    for (char& c : flag)
+      if (c == '_') c = '-';
+    if (v.is_boolean()) {
+      if (v.get<bool>()) argv.push_back(flag);
+    } else if (v.is_null()) {
+      continue;
+    } else if (v.is_string()) {
+      argv.push_back(flag), argv.push_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      argv.push_back(flag);
+      for (const auto& x : v) argv.push_back(x.is_string() ? x.get<std::string>() : x.dump());
+    } else {
+      argv.push_back(flag), argv.push_back(v.dump());
+    }
+  }
+  return argv;
+}
+
+Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadOptions& opt) {
+  auto ck = checkpoint::load_checkpoint(load_dir, opt.iteration);
+  if (!ck) return ck.status();
+  const std::string where = ck->directory() + "/common.json";
+  auto argv = training_argv(ck->common(), where);
+  if (!argv) return argv.status();
+
+  // The trainer's flags, parsed as training parsed them.
+  train::TrainConfig tc;
+  FlagSet flags("megatron train");
+  train::register_train_flags(flags, tc);
+  bool help = false;
+  Status st = train::parse_train_args(*argv, &tc, &flags, &help);
+  if (!st) return Status::invalid(fmt::format("{}: the stored training arguments do not parse: {}", where, st.message()));
+  model::ModelConfig mc = tc.job.model;
+
+  // Tokenizer, as run_training builds it (train/trainer.cc).
+  data::TokenizerConfig tk = tc.tokenizer;
+  tk.vocab_file = mc.vocab_file;
+  if (tk.type == "NullTokenizer") tk.vocab_size = mc.vocab_size;
+  if (!opt.vocab_file.empty()) tk.vocab_file = opt.vocab_file;
+  if (!opt.merge_file.empty()) tk.merge_file = opt.merge_file;
+  if (!opt.tokenizer_model.empty()) tk.tokenizer_model = opt.tokenizer_model;
+  if (tk.type.empty()) return Status::invalid(fmt::format("{}: the training arguments have no --tokenizer-type", where));
+  auto tok = data::make_tokenizer(tk);
+  if (!tok)
+    return Status::invalid(fmt::format("{}\n(the tokenizer files are the training run's; if they moved, pass "
+                                       "--vocab-file/--merge-file/--tokenizer-model to megatron generate)",
+                                       tok.status().message()));
+  if (!mc.vocab_size || tk.type != "NullTokenizer") {
+    mc.vocab_size = (*tok)->vocab_size();
+    mc.vocab_file.clear();
+  }
+
+  model::GPTOptions mo;
+  mo.micro_batch = 1;
+  mo.seq_length = mc.seq_length;
+  mo.slots = 0;  // parameters only
+  auto m = model::GPTModel::create(mc, mo);
+  if (!m) return Status::invalid(fmt::format("{}: {}", where, m.status().message()));
+  Status ls = checkpoint::load_training_state(*ck, **m, nullptr);
+  if (!ls) return ls;
+  LoadedModel out;
+  out.model = std::move(*m);
+  out.tokenizer = std::move(*tok);
+  out.iteration = ck->iteration();
+  out.directory = ck->directory();
+  return out;
+}
+
+}  // namespace mt::infer

@@ -1,0 +1,48 @@
+#pragma once
+// A model and its tokenizer rebuilt from a checkpoint that `megatron train`
+// wrote (checkpoint/checkpoint.h): common.json's "args" carries the training
+// command line, from which the ModelConfig and the tokenizer configuration
+// are parsed with the trainer's own flag set (train/train_config.h), exactly
+// as training resolved them (the vocabulary size comes from the tokenizer,
+// NullTokenizer's from --vocab-size). The parameters are then read by global
+// name (checkpoint::load_training_state), so any saved layout loads.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "data/tokenizer.h"
+#include "model/gpt.h"
+
+namespace mt::infer {
+
+struct LoadOptions {
+  std::optional<int64_t> iteration;  // default: the tracker's
+  // Non-empty fields replace the checkpoint's (tokenizer files moved since training).
+  std::string vocab_file, merge_file, tokenizer_model;
+};
+
+struct LoadedModel {
+  std::unique_ptr<model::GPTModel> model;  // parameters only (GPTOptions::slots = 0), fp32
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  int64_t iteration = 0;
+  std::string directory;  // .../iter_0000020
+};
+
+// The training command line stored in common.json: args.argv (a list of
+// tokens), or args as a {flag: value} object (true: a switch, false/null:
+// absent). kCorrupt naming the file when neither is there.
+Result<std::vector<std::string>> training_argv(const nlohmann::json& common, const std::string& where);
+
+// Errors: the checkpoint's (kNotFound/kCorrupt naming the directory and
+// file), a training command line that no longer parses (naming the flag), a
+// tokenizer file that cannot be opened (naming the flag to override it with),
+// or parameters whose names or shapes do not match the rebuilt model.
+Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadOptions& opt = {});
+
+}  // namespace mt::infer

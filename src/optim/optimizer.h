@@ -1,0 +1,98 @@
+#pragma once
+// AdamWOptimizer: Megatron's default optimizer over one GPTModel's parameters.
+//
+// - Master weights are the model's parameters (fp32; fp64 in tests). With
+//   bf16 compute the model keeps bf16 copies of its GEMM weights; step()
+//   refreshes them (model.sync_low_precision()) after updating the masters.
+// - Gradients are the model's grads (same dtype as the parameters).
+// - State: exp_avg (m) and exp_avg_sq (v), one tensor per parameter, carved
+//   from ONE arena with the parameters' size table twice ([all m | all v]), so
+//   the planner's "2 x params" optimizer-state size is what is allocated.
+// - Update (PyTorch AdamW / Megatron FusedAdam adam_w_mode, kernels/adamw.h):
+//   with t = step_count() after incrementing,
+//     p -= lr * wd * wd_mult * p
+//     m  = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//     p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+//   wd_mult is 0 for parameters whose ParamSpec has weight_decay == false
+//   (biases and 1-D norm parameters: Megatron's no-wd group) and 1 otherwise.
+// - clip_grad_norm: Megatron's clip_grad_norm_fp32: norm = sqrt(sum g^2) over
+//   every gradient (fp64 accumulation), coef = max_norm / (norm + 1e-6),
+//   gradients scaled by coef only when coef < 1. The norm is summed in a fixed
+//   order (independent of threads), so it is bitwise reproducible.
+//
+// Typical iteration (the trainer's order):
+//   model.zero_grads(); forward/backward over micro-batches;
+//   if (check_nan && !opt.grads_finite()) -> report;
+//   double norm = opt.clip_grad_norm(clip_grad);
+//   opt.step(sched);            // uses sched.lr(), sched.wd() (values BEFORE advancing)
+//   sched.step(global_batch_size);
+//
+// Thread safety: none. Holds a reference to the model, which must outlive it.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/tensor.h"
+#include "model/gpt.h"
+#include "optim/scheduler.h"
+
+namespace mt::optim {
+
+struct AdamWConfig {
+  double beta1 = 0.9;    // --adam-beta1
+  double beta2 = 0.999;  // --adam-beta2
+  double eps = 1e-8;     // --adam-eps
+};
+
+class AdamWOptimizer {
+ public:
+  // Allocates m and v (zeros) for every parameter of `model`.
+  AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg = {});
+  ~AdamWOptimizer();
+  AdamWOptimizer(const AdamWOptimizer&) = delete;
+  AdamWOptimizer& operator=(const AdamWOptimizer&) = delete;
+
+  // One AdamW update of every parameter with learning rate `lr` and weight
+  // decay `wd` (times each parameter's wd_mult); increments step_count() first;
+  // then refreshes the model's bf16 copies when it computes in bf16.
+  void step(double lr, double wd);
+  // step(sched.lr(), sched.wd()). Does NOT advance the scheduler.
+  void step(const OptimizerParamScheduler& sched) { step(sched.lr(), sched.wd()); }
+
+  // Global L2 norm of all gradients (fp64 accumulation); no change to them.
+  double grad_norm() const;
+  // Megatron's clipping (see above). Returns the norm BEFORE clipping.
+  // max_norm <= 0 disables clipping (the norm is still computed and returned).
+  double clip_grad_norm(double max_norm);
+  // False if any gradient element is NaN or +-Inf (--check-for-nan-in-loss-and-grad).
+  bool grads_finite() const;
+
+  // Checkpoint state. Tensors are in the model's parameter order (model.specs()),
+  // same shapes and dtype as the parameters; write into them to restore.
+  std::vector<Tensor>& exp_avg() { return m_; }
+  std::vector<Tensor>& exp_avg_sq() { return v_; }
+  const std::vector<Tensor>& exp_avg() const { return m_; }
+  const std::vector<Tensor>& exp_avg_sq() const { return v_; }
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+  // Zeroes m and v and the step count.
+  void reset_state();
+
+  // 0 or 1 per parameter (model.specs() order).
+  const std::vector<double>& wd_mult() const { return wd_mult_; }
+  const AdamWConfig& config() const { return cfg_; }
+  model::GPTModel& model() const { return model_; }
+  size_t state_bytes() const { return state_arena_.capacity(); }
+
+ private:
+  model::GPTModel& model_;
+  AdamWConfig cfg_;
+  Arena state_arena_;
+  std::vector<Tensor> m_, v_;
+  std::vector<double> wd_mult_;
+  int64_t step_ = 0;
+};
+
+}  // namespace mt::optim

@@ -1,0 +1,199 @@
+#include "train/train_config.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+
+#include "data/tokenizer_flags.h"
+
+namespace mt::train {
+
+void register_train_flags(FlagSet& f, TrainConfig& c) {
+  plan::register_job_flags(f, c.job);
+  // --vocab-size and --vocab-file are model flags here (plan/job.h); the
+  // trainer hands them to the tokenizer.
+  data::register_tokenizer_flags(f, c.tokenizer, /*with_model_flags=*/false);
+
+  f.section("data");
+  f.add_list("data-path", &c.data.data_path, "dataset prefixes, optionally weighted: [w1] p1 [w2] p2 ...");
+  f.add_list("train-data-path", &c.data.train_data_path, "training dataset prefixes (instead of --data-path + --split)");
+  f.add_list("valid-data-path", &c.data.valid_data_path, "validation dataset prefixes");
+  f.add_list("test-data-path", &c.data.test_data_path, "test dataset prefixes");
+  f.add_string("split", &c.data.split, "train,valid,test proportions of each --data-path dataset");
+  f.add_string("data-cache-path", &c.data.gpt.cache_dir, "where dataset indices are cached (default: <prefix>/cache/GPTDataset_indices)");
+  f.add_double("mid-level-dataset-surplus", &c.data.mid_level_dataset_surplus, "extra samples built per blended dataset", 0, 10);
+  f.add_switch("eod-mask-loss", &c.eod_mask_loss, "no loss where the input token is the end-of-document token");
+  f.add_switch("reset-position-ids", &c.reset_position_ids, "restart position ids after each end-of-document token");
+  f.add_switch("reset-attention-mask", &c.reset_attention_mask, "do not attend across end-of-document tokens");
+
+  f.section("training");
+  f.add_int("train-iters", &c.train_iters, "iterations to train (iteration-based schedule)", 1, INT64_MAX / 4);
+  f.add_int("train-samples", &c.train_samples, "samples to train (sample-based schedule)", 1, INT64_MAX / 4);
+  f.add_int("seed", &c.seed, "random seed (initialisation, dropout, data order)", 0, UINT32_MAX);
+  f.add_string("optimizer", &c.optimizer, "optimizer", {"adam"});
+  f.add_double("lr", &c.lr, "peak learning rate", 0, 1e3);
+  f.add_double("min-lr", &c.min_lr, "minimum learning rate", 0, 1e3);
+  f.add_string("lr-decay-style", &c.lr_decay_style, "learning-rate decay", {"constant", "linear", "cosine", "inverse-square-root", "WSD"});
+  f.add_int("lr-decay-iters", &c.lr_decay_iters, "iterations to decay over (default: --train-iters)", 1, INT64_MAX / 4);
+  f.add_int("lr-decay-samples", &c.lr_decay_samples, "samples to decay over (default: --train-samples)", 1, INT64_MAX / 4);
+  f.add_int("lr-warmup-iters", &c.lr_warmup_iters, "linear warm-up iterations", 0, INT64_MAX / 4);
+  f.add_int("lr-warmup-samples", &c.lr_warmup_samples, "linear warm-up samples", 0, INT64_MAX / 4);
+  f.add_double("lr-warmup-fraction", &c.lr_warmup_fraction, "warm-up as a fraction of the decay steps", 0, 1);
+  f.add_double("lr-warmup-init", &c.lr_warmup_init, "learning rate at the start of warm-up", 0, 1e3);
+  f.add_string("lr-wsd-decay-style", &c.lr_wsd_decay_style, "WSD's decay phase", {"exponential", "linear", "cosine", "minus_sqrt"});
+  f.add_int("lr-wsd-decay-iters", &c.lr_wsd_decay_iters, "iterations of WSD's decay phase", 1, INT64_MAX / 4);
+  f.add_int("lr-wsd-decay-samples", &c.lr_wsd_decay_samples, "samples of WSD's decay phase", 1, INT64_MAX / 4);
+  f.add_switch("use-checkpoint-opt-param-scheduler", &c.use_checkpoint_opt_param_scheduler, "take the scheduler settings from the checkpoint");
+  f.add_switch("override-opt-param-scheduler", &c.override_opt_param_scheduler, "keep the command line's scheduler settings over the checkpoint's");
+  f.add_double("weight-decay", &c.weight_decay, "weight decay (AdamW, decoupled)", 0, 1e3);
+  f.add_double("start-weight-decay", &c.start_weight_decay, "weight decay at the start (with an increment style)", 0, 1e3);
+  f.add_double("end-weight-decay", &c.end_weight_decay, "weight decay at the end (with an increment style)", 0, 1e3);
+  f.add_string("weight-decay-incr-style", &c.weight_decay_incr_style, "weight-decay schedule", {"constant", "linear", "cosine"});
+  f.add_double("clip-grad", &c.clip_grad, "clip the global gradient norm to this (0: off)", 0, 1e12);
+  f.add_double("adam-beta1", &c.adam_beta1, "Adam beta1", 0, 1);
+  f.add_double("adam-beta2", &c.adam_beta2, "Adam beta2", 0, 1);
+  f.add_double("adam-eps", &c.adam_eps, "Adam epsilon", 0, 1);
+  f.add_switch("check-for-nan-in-loss-and-grad", &c.check_for_nan_in_loss_and_grad, "stop with the iteration when the loss or a gradient is NaN/inf");
+
+  f.section("evaluation and logging");
+  f.add_int("eval-interval", &c.eval_interval, "iterations between validation runs (default: none)", 1, INT64_MAX / 4);
+  f.add_int("eval-iters", &c.eval_iters, "iterations (global batches) per validation run", 0, INT64_MAX / 4);
+  f.add_int("log-interval", &c.log_interval, "iterations between log lines", 1, INT64_MAX / 4);
+  f.add_string("metrics-file", &c.metrics_file, "JSON-lines metrics file (default: <save>/metrics.jsonl)");
+  f.add_switch("no-progress", &c.no_progress, "no progress bar even on a terminal");
+
+  f.section("checkpointing");
+  f.add_string("save", &c.save, "directory to save checkpoints to");
+  f.add_string("load", &c.load, "directory to load a checkpoint from (its latest iteration)");
+  f.add_int("save-interval", &c.save_interval, "iterations between checkpoints", 1, INT64_MAX / 4);
+  f.add_switch("no-save-optim", &c.no_save_optim, "do not save optimizer state");
+  f.add_switch("no-save-rng", &c.no_save_rng, "do not save random-number state");
+  f.add_switch("no-load-optim", &c.no_load_optim, "do not load optimizer state");
+  f.add_switch("no-load-rng", &c.no_load_rng, "do not load random-number state");
+  f.add_switch("finetune", &c.finetune, "load only the model: iteration, optimizer, scheduler and data position restart");
+
+  f.section("exit");
+  f.add_int("exit-interval", &c.exit_interval, "exit after the iteration divisible by this (after saving)", 1, INT64_MAX / 4);
+  f.add_double("exit-duration-in-mins", &c.exit_duration_in_mins, "exit (after saving) once training ran this long", 0, 1e9);
+  f.add_switch("exit-signal-handler", &c.exit_signal_handler, "on SIGTERM, save a checkpoint after the current iteration and exit 0");
+
+  f.section("runtime");
+  f.add_int("threads", &c.threads, "compute threads per rank (default: all cores; use 1 with many MPI ranks per machine)", 1, 1024);
+  f.add_string("device", &c.device, "compute backend", {"cpu"});
+  f.add_string("config", &c.config_file, "YAML file of flag: value pairs (command-line flags win)");
+}
+
+Result<std::vector<std::string>> yaml_to_args(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return Status::not_found(fmt::format("--config: cannot open '{}'", path));
+  } catch (const YAML::Exception& e) {
+    return Status::invalid(fmt::format("--config: '{}' line {}: {}", path, e.mark.line + 1, e.msg));
+  }
+  if (!root.IsMap()) return Status::invalid(fmt::format("--config: '{}' must be a mapping of flag: value", path));
+  std::vector<std::string> args;
+  for (const auto& kv : root) {
+    std::string key;
+    try {
+      key = kv.first.as<std::string>();
+    } catch (const YAML::Exception&) {
+      return Status::invalid(fmt::format("--config: '{}' line {}: keys must be flag names", path, kv.first.Mark().line + 1));
+    }
+    for (char& ch : key)
+      if (ch == '_') ch = '-';
+    if (key == "config") return Status::invalid(fmt::format("--config: '{}' cannot name another config file", path));
+    const YAML::Node& v = kv.second;
+    const std::string flag = "--" + key;
+    if (v.IsNull()) {
+      args.push_back(flag);
+    } else if (v.IsScalar()) {
+      const std::string s = v.Scalar();
+      if (s == "true" || s == "True") args.push_back(flag);
+      else if (s == "false" || s == "False") continue;  // a switch left off
+      else args.push_back(flag), args.push_back(s);
+    } else if (v.IsSequence()) {
+      args.push_back(flag);
+      for (const auto& item : v) {
+        if (!item.IsScalar()) return Status::invalid(fmt::format("--config: '{}': {} must be a list of values", path, key));
+        args.push_back(item.Scalar());
+      }
+    } else {
+      return Status::invalid(fmt::format("--config: '{}': {} must be a value or a list", path, key));
+    }
+  }
+  return args;
+}
+
+Status parse_train_args(const std::vector<std::string>& argv, TrainConfig* cfg, FlagSet* flags, bool* help) {
+  // A --config file is applied first so that the command line wins.
+  std::vector<std::string> all;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    std::string path;
+    if (argv[i] == "--config" && i + 1 < argv.size()) path = argv[i + 1];
+    else if (argv[i].rfind("--config=", 0) == 0) path = argv[i].substr(9);
+    if (path.empty()) continue;
+    auto extra = yaml_to_args(path);
+    if (!extra) return extra.status();
+    all.insert(all.end(), extra->begin(), extra->end());
+  }
+  for (const auto& a : argv) all.push_back(a);
+  flags->add_switch("help", help, "show this help");
+  return flags->parse(all);
+}
+
+std::vector<std::string> validate_train(const TrainConfig& c) {
+  std::vector<std::string> e;
+  auto err = [&](std::string s) { e.push_back(std::move(s)); };
+  const bool iter_mode = c.train_iters.has_value();
+  if (!c.train_iters && !c.train_samples) err("give --train-iters (iteration-based) or --train-samples (sample-based)");
+  if (c.train_iters && c.train_samples) err("--train-iters and --train-samples are exclusive: choose one way to count");
+  if (iter_mode) {
+    if (c.lr_decay_samples) err("--lr-decay-samples needs sample-based training; with --train-iters use --lr-decay-iters");
+    if (c.lr_warmup_samples) err("--lr-warmup-samples needs sample-based training; with --train-iters use --lr-warmup-iters");
+    if (c.lr_wsd_decay_samples) err("--lr-wsd-decay-samples needs sample-based training; use --lr-wsd-decay-iters");
+    if (c.lr_warmup_fraction && c.lr_warmup_iters) err("--lr-warmup-fraction and --lr-warmup-iters: can only specify one");
+  } else if (c.train_samples) {
+    if (c.lr_decay_iters) err("--lr-decay-iters needs iteration-based training; with --train-samples use --lr-decay-samples");
+    if (c.lr_warmup_iters) err("--lr-warmup-iters needs iteration-based training; use --lr-warmup-samples");
+    if (c.lr_wsd_decay_iters) err("--lr-wsd-decay-iters needs iteration-based training; use --lr-wsd-decay-samples");
+    if (c.lr_warmup_fraction && c.lr_warmup_samples) err("--lr-warmup-fraction and --lr-warmup-samples: can only specify one");
+  }
+  if (!c.lr) err("--lr is required (Megatron has no default learning rate)");
+  if (c.lr && c.min_lr > *c.lr) err(fmt::format("--min-lr {} is larger than --lr {}", c.min_lr, *c.lr));
+  if (c.lr_decay_style == "WSD" && !c.lr_wsd_decay_iters && !c.lr_wsd_decay_samples)
+    err("--lr-decay-style WSD needs --lr-wsd-decay-iters (or --lr-wsd-decay-samples)");
+  const bool wd_range = c.start_weight_decay || c.end_weight_decay;
+  if (c.weight_decay_incr_style == "constant" && wd_range)
+    err("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
+  if (c.weight_decay_incr_style != "constant" && (!c.start_weight_decay || !c.end_weight_decay))
+    err(fmt::format("--weight-decay-incr-style {} needs both --start-weight-decay and --end-weight-decay", c.weight_decay_incr_style));
+  if (c.use_checkpoint_opt_param_scheduler && c.override_opt_param_scheduler)
+    err("--use-checkpoint-opt-param-scheduler and --override-opt-param-scheduler are exclusive");
+  if (!c.save.empty() && !c.save_interval && !c.exit_signal_handler && !c.exit_interval && !c.exit_duration_in_mins)
+    err("--save needs --save-interval (Megatron asserts it)");
+  if (c.save_interval && c.save.empty()) err("--save-interval needs --save DIR");
+  if (c.exit_signal_handler && c.save.empty()) err("--exit-signal-handler saves before exiting: give --save DIR");
+  const bool per_split = !c.data.train_data_path.empty() || !c.data.valid_data_path.empty() || !c.data.test_data_path.empty();
+  if (c.data.data_path.empty() && !per_split) err("give --data-path PREFIX (a preprocessed dataset), or --train-data-path");
+  if (!c.data.data_path.empty() && per_split) err("give either --data-path or --train/valid/test-data-path: a single data source must be provided");
+  if (c.tokenizer.type.empty()) err("--tokenizer-type is required (e.g. GPT2BPETokenizer with --vocab-file and --merge-file)");
+  if (c.eval_interval && c.eval_iters > 0 && per_split && c.data.valid_data_path.empty())
+    err("--eval-interval with --train-data-path needs --valid-data-path");
+  // The data loader produces both (segment ids, restarted positions), but the
+  // model's attention and position embedding do not consume them yet.
+  if (c.reset_attention_mask) err("--reset-attention-mask is not supported by the model yet (its attention is plainly causal); drop it");
+  if (c.reset_position_ids) err("--reset-position-ids is not supported by the model yet (positions are 0..s-1); drop it");
+  return e;
+}
+
+nlohmann::json args_to_json(const TrainConfig& c, const std::vector<std::string>& argv) {
+  nlohmann::json j;
+  j["argv"] = argv;
+  j["seed"] = c.seed;
+  return j;
+}
+
+}  // namespace mt::train

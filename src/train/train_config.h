@@ -1,0 +1,88 @@
+#pragma once
+// TrainConfig: every flag `megatron train` takes, with Megatron-LM's names and
+// defaults (../shared/spec/megatron-reference.md §4, §6, §9): the job layout
+// and model (plan/job.h), the data and tokenizer, the optimizer and its
+// schedules, evaluation, logging, checkpointing and exit conditions.
+// `--config FILE` (YAML) holds the same keys; flags on the command line win.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/flags.h"
+#include "data/gpt_dataset.h"
+#include "data/tokenizer.h"
+#include "plan/job.h"
+
+namespace mt::train {
+
+struct TrainConfig {
+  plan::JobConfig job;
+  data::TokenizerConfig tokenizer;
+  data::DataConfig data;
+  bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
+
+  // Length of training.
+  std::optional<int64_t> train_iters, train_samples;
+  // Learning rate (spec §6).
+  std::optional<double> lr;
+  double min_lr = 0.0;
+  std::string lr_decay_style = "linear";
+  std::optional<int64_t> lr_decay_iters, lr_decay_samples;
+  int64_t lr_warmup_iters = 0, lr_warmup_samples = 0;
+  std::optional<double> lr_warmup_fraction;
+  double lr_warmup_init = 0.0;
+  std::string lr_wsd_decay_style = "exponential";
+  std::optional<int64_t> lr_wsd_decay_iters, lr_wsd_decay_samples;
+  bool use_checkpoint_opt_param_scheduler = false, override_opt_param_scheduler = false;
+  // Weight decay and Adam.
+  double weight_decay = 0.01;
+  std::optional<double> start_weight_decay, end_weight_decay;
+  std::string weight_decay_incr_style = "constant";
+  double clip_grad = 1.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  std::string optimizer = "adam";
+  int64_t seed = 1234;
+  // Evaluation and logging.
+  std::optional<int64_t> eval_interval;  // none: no evaluation during training (Megatron-Core >= 0.16)
+  int64_t eval_iters = 100;
+  int64_t log_interval = 100;
+  std::string metrics_file;  // default: <save>/metrics.jsonl when --save is given
+  bool no_progress = false;
+  // Checkpoints.
+  std::string save, load;
+  std::optional<int64_t> save_interval;
+  bool no_save_optim = false, no_save_rng = false, no_load_optim = false, no_load_rng = false, finetune = false;
+  // Exits.
+  std::optional<int64_t> exit_interval;
+  std::optional<double> exit_duration_in_mins;
+  bool exit_signal_handler = false;
+  bool check_for_nan_in_loss_and_grad = false;
+  // Runtime.
+  std::optional<int64_t> threads;  // compute threads (default: all cores; 1 per rank under MPI)
+  std::string device = "cpu";
+
+  std::string config_file;  // --config
+};
+
+// Registers every flag of `megatron train` on `flags`, bound to `cfg`.
+void register_train_flags(FlagSet& flags, TrainConfig& cfg);
+
+// Parses argv (after the subcommand). A --config YAML file is read first and
+// the command line applied on top. On error the Status names the flag or file.
+Status parse_train_args(const std::vector<std::string>& args, TrainConfig* cfg, FlagSet* flags, bool* help);
+
+// Turns a YAML mapping of flag names (dashes or underscores) into argv tokens.
+Result<std::vector<std::string>> yaml_to_args(const std::string& path);
+
+// Training rules beyond the planner's (iteration vs sample mode, LR bounds,
+// warm-up spec, saving, data source...): every violation, at once.
+std::vector<std::string> validate_train(const TrainConfig& cfg);
+
+// The arguments as JSON (stored in checkpoints; generate rebuilds the model from them).
+nlohmann::json args_to_json(const TrainConfig& cfg, const std::vector<std::string>& argv);
+
+}  // namespace mt::train

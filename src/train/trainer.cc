@@ -1,0 +1,372 @@
+#include "train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <thread>
+#include <filesystem>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "checkpoint/checkpoint.h"
+#include "core/threads.h"
+#include "data/loader.h"
+#include "model/gpt.h"
+#include "optim/optimizer.h"
+#include "optim/scheduler.h"
+#include "plan/plan.h"
+#include "train/metrics.h"
+
+namespace mt::train {
+
+namespace {
+
+std::atomic<bool> g_sigterm{false};
+extern "C" void on_sigterm(int) { g_sigterm.store(true); }
+
+using Clock = std::chrono::steady_clock;
+
+// int32 [B, T] tensors from a micro-batch; labels are -1 where the loss mask is 0.
+struct Batch {
+  std::vector<int32_t> tokens, labels;
+  Tensor tokens_t, labels_t;
+};
+
+Batch to_model_batch(const data::MicroBatch& mb) {
+  Batch b;
+  const size_t n = mb.tokens.size();
+  b.tokens.resize(n), b.labels.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    b.tokens[i] = static_cast<int32_t>(mb.tokens[i]);
+    b.labels[i] = mb.loss_mask[i] > 0 ? static_cast<int32_t>(mb.labels[i]) : -1;
+  }
+  b.tokens_t = Tensor(b.tokens.data(), {mb.batch, mb.seq}, DType::kI32);
+  b.labels_t = Tensor(b.labels.data(), {mb.batch, mb.seq}, DType::kI32);
+  return b;
+}
+
+std::string join_lines(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += "\n  - " + x;
+  return s;
+}
+
+}  // namespace
+
+Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<std::string>& argv, std::FILE* out) {
+  TrainConfig cfg = cfg_in;
+  auto& job = cfg.job;
+  auto& mc = job.model;
+
+  // ---- 1. Every configuration problem, before anything is allocated.
+  std::vector<std::string> problems = validate_train(cfg);
+  data::TokenizerConfig tc = cfg.tokenizer;
+  tc.vocab_file = mc.vocab_file;
+  if (tc.type == "NullTokenizer") tc.vocab_size = mc.vocab_size;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (!tc.type.empty()) {
+    auto tok = data::make_tokenizer(tc);
+    if (!tok) problems.push_back(tok.status().message());
+    else tokenizer = std::move(*tok);
+  }
+  if (tokenizer) {
+    if (!mc.vocab_size || tc.type != "NullTokenizer") {
+      mc.vocab_size = tokenizer->vocab_size();
+      mc.vocab_file.clear();  // counted by the tokenizer already
+    }
+  }
+  plan::PlanOptions popts;
+  popts.device = "cpu";
+  plan::PlanReport plan = plan::make_plan(job, popts);
+  for (const auto& v : plan.errors) {
+    std::string flags;
+    for (const auto& f : v.flags) flags += (flags.empty() ? "" : ", ") + f;
+    problems.push_back(fmt::format("[{}] {}{}", flags, v.message, v.suggestion.empty() ? "" : " (fix: " + v.suggestion + ")"));
+  }
+  if (plan.valid() && (plan.world > 1 || job.parallel.tp > 1 || job.parallel.pp > 1))
+    problems.push_back(fmt::format("this build trains on one rank (world {}, TP {}, PP {}); tensor, pipeline and data "
+                                   "parallelism over MPI arrive with the parallel issues", plan.world, job.parallel.tp, job.parallel.pp));
+  if (!problems.empty())
+    return Status::invalid(fmt::format("{} problem{} in the configuration:{}", problems.size(), problems.size() == 1 ? "" : "s",
+                                       join_lines(problems)));
+
+  const int64_t mbs = job.batch.micro_batch_size, M = plan.num_microbatches, gbs = plan.global_batch;
+  const int64_t seq = mc.seq_length;
+  const int64_t train_iters = cfg.train_iters ? *cfg.train_iters : *cfg.train_samples / gbs;
+  set_num_threads(static_cast<int>(cfg.threads.value_or(std::max(1u, std::thread::hardware_concurrency()))));
+
+  // ---- 2. Model, optimizer, scheduler.
+  model::GPTOptions mo;
+  mo.micro_batch = mbs;
+  mo.seq_length = seq;
+  mo.bf16_compute = job.precision.bf16;
+  auto rc = model::RecomputeOptions::from_flags(job.recompute.granularity, job.recompute.method, job.recompute.num_layers,
+                                                job.recompute.recompute_activations);
+  if (!rc) return rc.status();
+  mo.recompute = *rc;
+  auto model_r = model::GPTModel::create(mc, mo);
+  if (!model_r) return model_r.status();
+  model::GPTModel& model = **model_r;
+  model.init_parameters(static_cast<uint64_t>(cfg.seed));
+  if (job.precision.bf16) model.sync_low_precision();
+  optim::AdamWOptimizer opt(model, optim::AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps});
+  optim::ScheduleFlags sf;
+  sf.lr = cfg.lr, sf.min_lr = cfg.min_lr, sf.lr_decay_style = cfg.lr_decay_style;
+  sf.lr_decay_iters = cfg.lr_decay_iters, sf.lr_decay_samples = cfg.lr_decay_samples;
+  sf.lr_warmup_iters = cfg.lr_warmup_iters, sf.lr_warmup_samples = cfg.lr_warmup_samples;
+  sf.lr_warmup_fraction = cfg.lr_warmup_fraction, sf.lr_warmup_init = cfg.lr_warmup_init;
+  sf.lr_wsd_decay_iters = cfg.lr_wsd_decay_iters, sf.lr_wsd_decay_samples = cfg.lr_wsd_decay_samples;
+  sf.lr_wsd_decay_style = cfg.lr_wsd_decay_style, sf.weight_decay = cfg.weight_decay;
+  sf.start_weight_decay = cfg.start_weight_decay, sf.end_weight_decay = cfg.end_weight_decay;
+  sf.weight_decay_incr_style = cfg.weight_decay_incr_style;
+  sf.train_iters = cfg.train_iters, sf.train_samples = cfg.train_samples, sf.global_batch_size = gbs;
+  auto sched_cfg = optim::scheduler_from_flags(sf);
+  if (!sched_cfg) return sched_cfg.status();
+  optim::OptimizerParamScheduler sched(*sched_cfg);
+
+  // ---- 3. Resume.
+  int64_t iteration = 0, consumed_train = 0, consumed_valid = 0;
+  double flops_so_far = 0;
+  if (!cfg.load.empty()) {
+    auto tracker = checkpoint::read_tracker(cfg.load);
+    if (!tracker) return tracker.status();
+    if (!*tracker) {
+      std::fprintf(out, "no checkpoint in %s (no %s): training from scratch\n", cfg.load.c_str(), checkpoint::kTrackerFile);
+    } else {
+      auto ck = checkpoint::load_checkpoint(cfg.load);
+      if (!ck) return ck.status();
+      const bool with_optim = !cfg.no_load_optim && !cfg.finetune;
+      MT_RETURN_IF_ERROR(checkpoint::load_training_state(*ck, model, with_optim ? &opt : nullptr));
+      const auto& c = ck->common();
+      if (!cfg.finetune) {
+        iteration = ck->iteration();
+        consumed_train = c.value("consumed_train_samples", int64_t{0});
+        consumed_valid = c.value("consumed_valid_samples", int64_t{0});
+        flops_so_far = c.value("num_floating_point_operations_so_far", 0.0);
+        if (c.contains("opt_param_scheduler"))
+          MT_RETURN_IF_ERROR(sched.load_state(c["opt_param_scheduler"], cfg.use_checkpoint_opt_param_scheduler,
+                                              cfg.override_opt_param_scheduler));
+        if (with_optim && c.contains("optimizer")) opt.set_step_count(c["optimizer"].value("step", int64_t{0}));
+      }
+      std::fprintf(out, "loaded checkpoint %s (iteration %lld)%s\n", ck->directory().c_str(),
+                   static_cast<long long>(ck->iteration()), cfg.finetune ? " for fine-tuning: iteration and optimizer restart" : "");
+    }
+  }
+
+  // ---- 4. Data.
+  data::DataConfig dc = cfg.data;
+  dc.gpt.seq_length = seq;
+  dc.gpt.seed = static_cast<uint32_t>(cfg.seed);
+  const bool do_eval = cfg.eval_interval && cfg.eval_iters > 0;
+  std::array<std::optional<int64_t>, 3> want{train_iters * gbs, std::nullopt, std::nullopt};
+  if (cfg.train_samples) want[0] = *cfg.train_samples;
+  if (do_eval) want[1] = (train_iters / *cfg.eval_interval + 1) * cfg.eval_iters * gbs;
+  std::vector<std::string> data_log;
+  auto sources = data::build_train_valid_test(dc, want, &data_log, {true, do_eval, false});
+  if (!sources) return sources.status();
+  for (const auto& l : data_log) std::fprintf(out, "%s\n", l.c_str());
+  if (!(*sources)[0]) return Status::invalid("the training split is empty: check --split");
+  if (do_eval && !(*sources)[1]) return Status::invalid("--eval-interval is set but the validation split is empty: check --split (e.g. 98,2,0)");
+  data::SampleOptions so;
+  so.eod = tokenizer->eod();
+  so.eod_mask_loss = cfg.eod_mask_loss;
+  data::DataLoader train_loader((*sources)[0], mbs, 0, 1, consumed_train, so);
+
+  // Unigram baseline for the validation split: cross-entropy of the training
+  // tokens' frequencies (add-one smoothed) on the first validation batches.
+  std::optional<double> unigram_ppl;
+  if (do_eval) {
+    std::vector<double> counts(static_cast<size_t>(model.vocab()), 1.0);
+    double total = static_cast<double>(counts.size());
+    std::vector<int64_t> text(static_cast<size_t>(seq + 1));
+    const int64_t n = std::min<int64_t>((*sources)[0]->size(), std::max<int64_t>(1, 2000000 / seq));
+    for (int64_t k = 0; k < n; ++k) {
+      (*sources)[0]->sample_tokens(k, text.data());
+      for (int64_t t = 1; t <= seq; ++t)
+        if (text[t] >= 0 && text[t] < model.vocab()) counts[text[t]] += 1, total += 1;
+    }
+    double nll = 0, cnt = 0;
+    const int64_t nv = std::min<int64_t>((*sources)[1]->size(), cfg.eval_iters * gbs);
+    for (int64_t k = 0; k < nv; ++k) {
+      (*sources)[1]->sample_tokens(k, text.data());
+      for (int64_t t = 1; t <= seq; ++t)
+        if (text[t] >= 0 && text[t] < model.vocab()) nll -= std::log(counts[text[t]] / total), cnt += 1;
+    }
+    if (cnt > 0) unigram_ppl = std::exp(nll / cnt);
+  }
+
+  // ---- 5. Reporting.
+  MetricsFile metrics(!cfg.metrics_file.empty() ? cfg.metrics_file : cfg.save.empty() ? "" : cfg.save + "/metrics.jsonl");
+  if (!metrics.path().empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(metrics.path()).parent_path(), ec);
+  }
+  ProgressBar bar(!cfg.no_progress);
+  const bool half = job.precision.bf16 || job.precision.fp16;
+  const double peak_tflops = half ? plan.device.peak_tflops_16bit : plan.device.peak_tflops_32bit;
+  const double flops_per_iter = plan.flops_per_iteration;
+  auto measured_bytes = [&] {
+    double b = 0;
+    for (const auto& t : model.params()) b += static_cast<double>(t.nbytes());
+    b *= 2;  // gradients: the same table
+    b += static_cast<double>(model.activation_arena().capacity()) + static_cast<double>(model.scratch_arena().high_water());
+    b += static_cast<double>(opt.state_bytes());
+    return b;
+  };
+  // The planner's prediction of this trainer's buffers (the model's size
+  // tables plus Adam state): what `megatron plan` prints for these flags.
+  const double planned_bytes = plan.memory.trainer.available ? plan.memory.trainer.total() : 0;
+  std::fprintf(out, "training %s: %lld parameters, TP x PP x DP = 1 x 1 x 1, micro-batch %lld x %lld micro-batches = global batch %lld, "
+                    "%lld iterations from %lld, %s, %d thread%s\n",
+               mc.swiglu ? "a LLaMA-style GPT" : "a GPT", static_cast<long long>(plan.total_params), static_cast<long long>(mbs),
+               static_cast<long long>(M), static_cast<long long>(gbs), static_cast<long long>(train_iters),
+               static_cast<long long>(iteration), job.precision.name(), num_threads(), num_threads() == 1 ? "" : "s");
+  if (unigram_ppl) std::fprintf(out, "unigram baseline on the validation batches: perplexity %.2f\n", *unigram_ppl);
+  std::fflush(out);
+
+  // ---- 6. Save / evaluate helpers.
+  auto save = [&](int64_t it) -> Status {
+    nlohmann::json common;
+    common["iteration"] = it;
+    common["consumed_train_samples"] = consumed_train;
+    common["consumed_valid_samples"] = consumed_valid;
+    common["num_floating_point_operations_so_far"] = flops_so_far;
+    common["opt_param_scheduler"] = sched.state_json();
+    common["optimizer"] = {{"step", opt.step_count()}};
+    if (!cfg.no_save_rng)
+      common["rng_state"] = {{"seed", cfg.seed}, {"kind", "philox4x32-10 keyed by (seed, global micro-batch index)"}};
+    common["args"] = args_to_json(cfg, argv);
+    auto slices = checkpoint::training_state_slices(model, cfg.no_save_optim ? nullptr : &opt);
+    const auto t0 = Clock::now();
+    Status st = checkpoint::save_checkpoint(cfg.save, it, slices, common, 0, 1);
+    if (!st) return st;
+    bar.clear();
+    std::fprintf(out, "saved checkpoint %s/%s in %.0f ms\n", cfg.save.c_str(), checkpoint::iteration_dir_name(it).c_str(),
+                 std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    std::fflush(out);
+    return Status::ok();
+  };
+  auto evaluate = [&](int64_t it) -> Result<double> {
+    data::DataLoader vl((*sources)[1], mbs, 0, 1, consumed_valid, so);
+    double sum = 0;
+    int64_t n = 0;
+    for (int64_t e = 0; e < cfg.eval_iters; ++e)
+      for (int64_t m = 0; m < M; ++m) {
+        auto mb = vl.next();
+        if (!mb) return mb.status();
+        Batch b = to_model_batch(*mb);
+        sum += model.forward(0, b.tokens_t, b.labels_t, 0, /*training=*/false);
+        ++n;
+      }
+    consumed_valid = vl.consumed_samples();
+    const double loss = sum / static_cast<double>(n);
+    bar.clear();
+    std::fprintf(out, "---------------------------------------------------------------------------------------------\n"
+                      " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E%s\n"
+                      "---------------------------------------------------------------------------------------------\n",
+                 static_cast<long long>(it), loss, std::exp(loss),
+                 unigram_ppl ? fmt::format(" | unigram baseline PPL: {:.6E}", *unigram_ppl).c_str() : "");
+    std::fflush(out);
+    metrics.append({{"iteration", it}, {"valid_lm_loss", loss}, {"valid_ppl", std::exp(loss)}});
+    return loss;
+  };
+
+  if (cfg.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
+  const char* nan_env = std::getenv("MEGATRON_CPP_TEST_NAN_ITERATION");  // test hook: poison a weight
+  const int64_t nan_at = nan_env ? std::atoll(nan_env) : -1;
+
+  // ---- 7. The loop.
+  TrainResult result;
+  result.exit_reason = "done";
+  const auto start = Clock::now();
+  const int64_t first_iteration = iteration;
+  auto interval_start = Clock::now();
+  double interval_loss = 0;
+  int64_t interval_iters = 0, skipped = 0, nan_iters = 0;
+  double last_norm = 0;
+  while (iteration < train_iters) {
+    const int64_t it = iteration + 1;
+    if (it == nan_at) model.params()[0].ptr<float>()[0] = std::nanf("");
+    model.zero_grads();
+    double loss_sum = 0;
+    for (int64_t m = 0; m < M; ++m) {
+      auto mb = train_loader.next();
+      if (!mb) return mb.status();
+      Batch b = to_model_batch(*mb);
+      const uint64_t dropout_step = static_cast<uint64_t>((it - 1) * M + m);
+      loss_sum += model.forward(0, b.tokens_t, b.labels_t, dropout_step, /*training=*/true);
+      model.backward(0, 1.0 / static_cast<double>(M));
+    }
+    const double loss = loss_sum / static_cast<double>(M);
+    const bool finite = std::isfinite(loss) && opt.grads_finite();
+    if (!finite) {
+      ++nan_iters;
+      if (cfg.check_for_nan_in_loss_and_grad) {
+        bar.clear();
+        return Status::invalid(fmt::format("NaN or Inf found in the {} at iteration {} (--check-for-nan-in-loss-and-grad)",
+                                           std::isfinite(loss) ? "gradients" : "loss", it));
+      }
+    }
+    last_norm = opt.clip_grad_norm(cfg.clip_grad);
+    opt.step(sched);
+    sched.step(gbs);
+    consumed_train += gbs;
+    flops_so_far += flops_per_iter;
+    iteration = it;
+    result.iteration = it;
+    result.last_loss = loss;
+    interval_loss += loss;
+    ++interval_iters;
+    metrics.append({{"iteration", it}, {"lm_loss", loss}, {"grad_norm", last_norm}, {"learning_rate", sched.lr()},
+                    {"consumed_samples", consumed_train}});
+
+    const double secs_since_start = std::chrono::duration<double>(Clock::now() - start).count();
+    if (it % cfg.log_interval == 0 || it == train_iters) {
+      const double secs = std::chrono::duration<double>(Clock::now() - interval_start).count();
+      IterationStats s;
+      s.iteration = it, s.train_iters = train_iters, s.consumed_samples = consumed_train;
+      s.ms_per_iteration = 1000 * secs / static_cast<double>(interval_iters);
+      s.learning_rate = sched.lr(), s.global_batch_size = gbs, s.loss = interval_loss / static_cast<double>(interval_iters);
+      s.grad_norm = last_norm, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
+      s.tokens_per_s = static_cast<double>(gbs * seq) / (s.ms_per_iteration / 1000);
+      s.tflops_per_device = flops_per_iter / (s.ms_per_iteration / 1000) / 1e12;
+      s.mfu = s.tflops_per_device / peak_tflops;
+      s.planned_bytes = planned_bytes, s.measured_bytes = measured_bytes(), s.peak_rss_bytes = peak_rss_bytes();
+      bar.clear();
+      std::fprintf(out, "%s\n", format_log_line(s).c_str());
+      std::fflush(out);
+      nlohmann::json j = to_json(s);
+      j["kind"] = "log";
+      metrics.append(j);
+      interval_loss = 0, interval_iters = 0, nan_iters = 0;
+      interval_start = Clock::now();
+    }
+    bar.update(it, train_iters, secs_since_start / static_cast<double>(it - first_iteration), loss);
+
+    if (do_eval && it % *cfg.eval_interval == 0) {
+      auto v = evaluate(it);
+      if (!v) return v.status();
+      result.valid_loss = *v;
+    }
+    const bool signal = cfg.exit_signal_handler && g_sigterm.load();
+    const bool by_interval = cfg.exit_interval && it % *cfg.exit_interval == 0;
+    const bool by_time = cfg.exit_duration_in_mins && secs_since_start / 60.0 > *cfg.exit_duration_in_mins;
+    const bool periodic = cfg.save_interval && it % *cfg.save_interval == 0;
+    if (!cfg.save.empty() && (periodic || signal || by_interval || by_time)) MT_RETURN_IF_ERROR(save(it));
+    if (signal || by_interval || by_time) {
+      result.exit_reason = signal ? "signal" : by_interval ? "exit-interval" : "duration";
+      bar.finish();
+      std::fprintf(out, "exiting at iteration %lld (%s)\n", static_cast<long long>(it), result.exit_reason.c_str());
+      return result;
+    }
+  }
+  bar.finish();
+  if (!cfg.save.empty() && (!cfg.save_interval || iteration % *cfg.save_interval != 0) && iteration > 0)
+    MT_RETURN_IF_ERROR(save(iteration));
+  return result;
+}
+
+}  // namespace mt::train

@@ -1,0 +1,218 @@
+// The KV-cache decoder against GPTModel::forward (an independent path: the
+// flash-attention kernel over the whole sequence, the training layer code):
+// the logits of every position agree to 1e-5 relative in fp32 (1e-12 in fp64),
+// for prefill + one-token steps and for chunked prefills, on GPT-2 style
+// (learned positions, LayerNorm, GELU, biases, tied output), LLaMA style
+// (RoPE, GQA, RMSNorm, SwiGLU, no biases, untied), post-norm residuals and
+// multi-query attention; sequences longer than the attention tiles.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "infer/decoder.h"
+#include "kernels/kv_attention.h"
+
+namespace mt::infer {
+namespace {
+
+using model::ModelConfig;
+
+ModelConfig gpt2_style() {
+  ModelConfig c;
+  c.num_layers = 2, c.hidden_size = 32, c.num_attention_heads = 4, c.seq_length = 80;  // > one 64-row tile
+  c.max_position_embeddings = 96, c.vocab_size = 91, c.make_vocab_size_divisible_by = 16;
+  c.hidden_dropout = 0.1, c.attention_dropout = 0.1;  // off in inference; must not matter
+  c.init_method_std = 0.2;
+  return c;
+}
+ModelConfig llama_style() {
+  ModelConfig c = gpt2_style();
+  c.hidden_size = 48, c.num_attention_heads = 6, c.group_query_attention = true, c.num_query_groups = 2;
+  c.normalization = model::Normalization::kRMSNorm, c.swiglu = true, c.ffn_hidden_size = 80;
+  c.position_embedding = model::PositionEmbedding::kRope, c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true, c.norm_epsilon = 1e-6, c.rotary_base = 500;
+  return c;
+}
+ModelConfig post_ln_style() {
+  ModelConfig c = gpt2_style();
+  c.apply_residual_connection_post_layernorm = true, c.openai_gelu = true, c.untie_embeddings_and_output_weights = true;
+  return c;
+}
+ModelConfig mqa_style() {  // one key/value head, RoPE, LayerNorm
+  ModelConfig c = llama_style();
+  c.num_query_groups = 1, c.normalization = model::Normalization::kLayerNorm, c.swiglu = false;
+  return c;
+}
+
+template <typename T>
+double row_rel_err(const T* a, const T* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double x = a[i], y = b[i];
+    num += (x - y) * (x - y), den += y * y;
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// Forward of a B = 2 micro-batch; returns sequence `b`'s logits [T, V].
+template <typename T>
+std::vector<T> full_forward_logits(model::GPTModel& m, const std::vector<int32_t>& tok2, int64_t b) {
+  const int64_t B = 2, Tn = m.options().seq_length, V = m.vocab();
+  std::vector<int32_t> lab(tok2.size(), 0);
+  Tensor tt(const_cast<int32_t*>(tok2.data()), {B, Tn}, DType::kI32), lt(lab.data(), {B, Tn}, DType::kI32);
+  m.forward(0, tt, lt, 0, /*training=*/false);
+  const T* lg = m.logits(0).ptr<T>();  // [s, b] rows
+  std::vector<T> out(static_cast<size_t>(Tn * V));
+  for (int64_t t = 0; t < Tn; ++t)
+    std::copy(lg + (t * B + b) * V, lg + (t * B + b + 1) * V, out.begin() + t * V);
+  return out;
+}
+
+struct Case {
+  const char* name;
+  ModelConfig (*cfg)();
+};
+class DecoderVsForward : public ::testing::TestWithParam<Case> {};
+
+template <typename T>
+void check_config(const ModelConfig& cfg, DType dt, double tol) {
+  model::GPTOptions opt;
+  opt.micro_batch = 2, opt.dtype = dt;
+  auto created = model::GPTModel::create(cfg, opt);
+  ASSERT_TRUE(created.is_ok()) << created.status().message();
+  model::GPTModel& m = **created;
+  m.init_parameters(42);
+  const int64_t Tn = cfg.seq_length, V = m.vocab();
+  std::mt19937 g(3);
+  std::vector<int32_t> tok2(static_cast<size_t>(2 * Tn));
+  for (auto& t : tok2) t = static_cast<int32_t>(g() % *cfg.vocab_size);
+  const std::vector<T> ref = full_forward_logits<T>(m, tok2, 1);
+  const std::vector<int32_t> seq(tok2.begin() + Tn, tok2.end());  // sequence b = 1 ([b, s] input order)
+
+  // Prefill 13 tokens (all logits), then one token at a time (last logits).
+  auto dec = Decoder::create(m);
+  ASSERT_TRUE(dec.is_ok()) << dec.status().message();
+  const int64_t P = 13;
+  std::vector<T> pre(static_cast<size_t>(P * V)), one(static_cast<size_t>(V));
+  ASSERT_TRUE((*dec)->append(std::span(seq.data(), P), Tensor(pre.data(), {P, V}, dt)).is_ok());
+  double worst = 0;
+  for (int64_t t = 0; t < P; ++t) worst = std::max(worst, row_rel_err(pre.data() + t * V, ref.data() + t * V, V));
+  for (int64_t t = P; t < Tn; ++t) {
+    ASSERT_TRUE((*dec)->append(std::span(seq.data() + t, 1), Tensor(one.data(), {V}, dt)).is_ok());
+    worst = std::max(worst, row_rel_err(one.data(), ref.data() + t * V, V));
+  }
+  EXPECT_LT(worst, tol) << "prefill + steps";
+  EXPECT_EQ((*dec)->length(), Tn);
+
+  // One prefill of everything in chunks of 7 rows, on a decoder of exactly Tn positions.
+  auto chunked = Decoder::create(m, DecoderOptions{Tn, 7});
+  ASSERT_TRUE(chunked.is_ok());
+  std::vector<T> all(static_cast<size_t>(Tn * V));
+  ASSERT_TRUE((*chunked)->append(seq, Tensor(all.data(), {Tn, V}, dt)).is_ok());
+  worst = 0;
+  for (int64_t t = 0; t < Tn; ++t) worst = std::max(worst, row_rel_err(all.data() + t * V, ref.data() + t * V, V));
+  EXPECT_LT(worst, tol) << "chunked prefill";
+
+  // Truncate and replay: the cache is rewritten, the logits repeat exactly.
+  (*dec)->truncate(20);
+  ASSERT_TRUE((*dec)->append(std::span(seq.data() + 20, 1), Tensor(one.data(), {V}, dt)).is_ok());
+  std::vector<T> again(one);
+  (*dec)->reset();
+  ASSERT_TRUE((*dec)->append(std::span(seq.data(), 21), Tensor(one.data(), {V}, dt)).is_ok());
+  EXPECT_LT(row_rel_err(one.data(), again.data(), V), tol);
+  EXPECT_LT(row_rel_err(one.data(), ref.data() + 20 * V, V), tol);
+}
+
+TEST_P(DecoderVsForward, EveryPositionMatchesFp32) {
+  check_config<float>(GetParam().cfg(), DType::kF32, 1e-5);
+}
+TEST_P(DecoderVsForward, EveryPositionMatchesFp64) {
+  check_config<double>(GetParam().cfg(), DType::kF64, 1e-12);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
+                         ::testing::Values(Case{"gpt2", gpt2_style}, Case{"llama", llama_style},
+                                           Case{"postln", post_ln_style}, Case{"mqa", mqa_style}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Decoder, ParametersOnlyModelAndErrors) {
+  ModelConfig cfg = gpt2_style();
+  model::GPTOptions opt;
+  opt.slots = 0;  // what megatron generate creates
+  auto m = model::GPTModel::create(cfg, opt);
+  ASSERT_TRUE(m.is_ok());
+  (*m)->init_parameters(1);
+  auto too_long = Decoder::create(**m, DecoderOptions{97, 0});
+  ASSERT_FALSE(too_long.is_ok());
+  EXPECT_NE(too_long.status().message().find("--max-position-embeddings 96"), std::string::npos);
+  auto dec = Decoder::create(**m, DecoderOptions{8, 0});
+  ASSERT_TRUE(dec.is_ok());
+  EXPECT_EQ((*dec)->capacity(), 8);
+  EXPECT_EQ((*dec)->cache_bytes(), 2u * 2 * 8 * 4 * 8 * 4);  // L * {K,V} * [8, g=4, d=8] fp32
+  std::vector<int32_t> t(9, 1);
+  std::vector<float> lg(static_cast<size_t>((*dec)->vocab()));
+  Status st = (*dec)->append(t, Tensor(lg.data(), {(*dec)->vocab()}, DType::kF32));
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("capacity of 8 positions"), std::string::npos) << st.message();
+  EXPECT_EQ((*dec)->length(), 0);
+  t.assign(2, 96);  // V = 96 after padding
+  st = (*dec)->append(t, Tensor());
+  EXPECT_NE(st.message().find("outside the vocabulary"), std::string::npos) << st.message();
+  t.assign(2, 5);
+  st = (*dec)->append(t, Tensor(lg.data(), {7}, DType::kF32));
+  EXPECT_NE(st.message().find("logits must have"), std::string::npos) << st.message();
+  EXPECT_TRUE((*dec)->append(t, Tensor()).is_ok());
+  EXPECT_EQ((*dec)->length(), 2);
+}
+
+// The kernel alone against a plain softmax written out in double.
+TEST(KvAttention, MatchesNaiveSoftmaxAttention) {
+  const int64_t a = 4, g = 2, d = 8, Tmax = 10, pos = 5, n = 3;
+  kernels::QkvLayout L{n, 1, a, g, d};
+  std::mt19937 gen(9);
+  std::normal_distribution<float> nd;
+  std::vector<float> qkv(static_cast<size_t>(n * L.row())), kc(static_cast<size_t>(Tmax * g * d)), vc(kc.size()),
+      out(static_cast<size_t>(n * a * d));
+  for (auto& x : qkv) x = nd(gen);
+  for (auto& x : kc) x = nd(gen);
+  for (auto& x : vc) x = nd(gen);
+  Tensor tq(qkv.data(), {n, L.row()}, DType::kF32), tk(kc.data(), {Tmax, g, d}, DType::kF32),
+      tv(vc.data(), {Tmax, g, d}, DType::kF32), to(out.data(), {n, a * d}, DType::kF32);
+  kernels::kv_cache_append(tq, L, pos, tk, tv);
+  const double scale = 0.3;
+  kernels::kv_attention(tq, L, tk, tv, pos, scale, to);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < a; ++h) {
+      const int64_t grp = h / (a / g);
+      std::vector<double> s;
+      double mx = -1e300;
+      for (int64_t j = 0; j <= pos + i; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          // Keys of the new tokens come from qkv itself (appended above).
+          const double kv = j >= pos ? qkv[static_cast<size_t>((j - pos) * L.row() + L.k_col(grp) + c)]
+                                     : kc[static_cast<size_t>((j * g + grp) * d + c)];
+          dot += qkv[static_cast<size_t>(i * L.row() + L.q_col(h) + c)] * kv;
+        }
+        s.push_back(dot * scale);
+        mx = std::max(mx, dot * scale);
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - mx));
+      for (int64_t c = 0; c < d; ++c) {
+        double o = 0;
+        for (int64_t j = 0; j <= pos + i; ++j) {
+          const double v = j >= pos ? qkv[static_cast<size_t>((j - pos) * L.row() + L.v_col(grp) + c)]
+                                    : vc[static_cast<size_t>((j * g + grp) * d + c)];
+          o += s[static_cast<size_t>(j)] / sum * v;
+        }
+        EXPECT_NEAR(out[static_cast<size_t>(i * a * d + h * d + c)], o, 1e-5) << i << " " << h << " " << c;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace mt::infer

@@ -1,0 +1,280 @@
+// AdamWOptimizer against an independent double-precision reference of
+// PyTorch's AdamW (torch.optim.AdamW, foreach=False) with Megatron's gradient
+// clipping and no-decay rule (wd_mult = 0 for "*.bias" and every 1-D
+// parameter), over several steps with changing lr/wd, clipping on and off.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <omp.h>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/gpt.h"
+#include "optim/optimizer.h"
+
+namespace mt::optim {
+namespace {
+
+model::ModelConfig tiny_config(int64_t vocab = 30) {
+  model::ModelConfig c;
+  c.num_layers = 2, c.hidden_size = 16, c.num_attention_heads = 2, c.seq_length = 8;
+  c.max_position_embeddings = 8, c.vocab_size = vocab, c.make_vocab_size_divisible_by = 8;
+  c.hidden_dropout = 0, c.attention_dropout = 0;
+  return c;
+}
+
+std::unique_ptr<model::GPTModel> make_model(DType dt, bool bf16 = false, int64_t vocab = 30) {
+  model::GPTOptions o;
+  o.micro_batch = 2;
+  o.dtype = dt;
+  o.bf16_compute = bf16;
+  auto m = model::GPTModel::create(tiny_config(vocab), o);
+  MT_CHECK(m.is_ok(), m.status().message());
+  auto model = std::move(*m);
+  model->init_parameters(1234);
+  return model;
+}
+
+double get(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kF64 ? t.ptr<double>()[i] : static_cast<double>(t.ptr<float>()[i]);
+}
+void set(const Tensor& t, int64_t i, double v) {
+  if (t.dtype() == DType::kF64) t.ptr<double>()[i] = v;
+  else t.ptr<float>()[i] = static_cast<float>(v);
+}
+
+// Fills every gradient with N(0, scale^2) values (deterministic per step).
+void fill_grads(model::GPTModel& m, int step, double scale) {
+  std::mt19937_64 g(1000 + step);
+  std::normal_distribution<double> n(0.0, scale);
+  for (const Tensor& t : m.grads())
+    for (int64_t i = 0; i < t.numel(); ++i) set(t, i, n(g));
+}
+
+struct Reference {
+  std::vector<std::vector<double>> p, m, v;
+  std::vector<double> wd_mult;
+  int64_t t = 0;
+};
+
+Reference snapshot(const model::GPTModel& model) {
+  Reference r;
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    const Tensor& p = model.params()[i];
+    std::vector<double> x(static_cast<size_t>(p.numel()));
+    for (int64_t j = 0; j < p.numel(); ++j) x[static_cast<size_t>(j)] = get(p, j);
+    r.p.push_back(x);
+    r.m.emplace_back(x.size(), 0.0);
+    r.v.emplace_back(x.size(), 0.0);
+    const std::string& name = model.specs()[i].name;
+    const bool no_wd = p.ndim() == 1 || (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
+    r.wd_mult.push_back(no_wd ? 0.0 : 1.0);
+  }
+  return r;
+}
+
+// One reference step on gradients g (read as the model holds them, before
+// clipping). Returns the pre-clip norm.
+double reference_step(Reference& r, const std::vector<std::vector<double>>& g_in, double clip, double lr, double wd,
+                      double b1, double b2, double eps) {
+  double ss = 0;
+  for (const auto& g : g_in)
+    for (double x : g) ss += x * x;
+  const double norm = std::sqrt(ss);
+  double coef = 1.0;
+  if (clip > 0 && clip / (norm + 1e-6) < 1.0) coef = clip / (norm + 1e-6);
+  r.t += 1;
+  const double bc1 = 1 - std::pow(b1, r.t), bc2 = 1 - std::pow(b2, r.t);
+  for (size_t i = 0; i < r.p.size(); ++i) {
+    for (size_t j = 0; j < r.p[i].size(); ++j) {
+      const double g = g_in[i][j] * coef;
+      double& p = r.p[i][j];
+      double& m = r.m[i][j];
+      double& v = r.v[i][j];
+      p *= 1 - lr * wd * r.wd_mult[i];  // torch: param.mul_(1 - lr * weight_decay)
+      m = b1 * m + (1 - b1) * g;
+      v = b2 * v + (1 - b2) * g * g;
+      const double denom = std::sqrt(v) / std::sqrt(bc2) + eps;
+      p -= lr / bc1 * m / denom;
+    }
+  }
+  return norm;
+}
+
+std::vector<std::vector<double>> read_grads(const model::GPTModel& m) {
+  std::vector<std::vector<double>> r;
+  for (const Tensor& t : m.grads()) {
+    std::vector<double> x(static_cast<size_t>(t.numel()));
+    for (int64_t j = 0; j < t.numel(); ++j) x[static_cast<size_t>(j)] = get(t, j);
+    r.push_back(x);
+  }
+  return r;
+}
+
+// Worst over tensors of max_j |a - b| / max(max_j |b|, floor): errors relative
+// to each tensor's scale (elementwise relative error is meaningless where
+// the terms of m = b1 m + (1 - b1) g cancel).
+double max_rel(const std::vector<Tensor>& a, const std::vector<std::vector<double>>& b, double floor) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double err = 0, scale = floor;
+    for (int64_t j = 0; j < a[i].numel(); ++j) {
+      const double ref = b[i][static_cast<size_t>(j)];
+      err = std::max(err, std::abs(get(a[i], j) - ref));
+      scale = std::max(scale, std::abs(ref));
+    }
+    worst = std::max(worst, err / scale);
+  }
+  return worst;
+}
+
+void run_against_reference(DType dt, double tol) {
+  auto model = make_model(dt);
+  AdamWConfig cfg;
+  cfg.beta1 = 0.8, cfg.beta2 = 0.95, cfg.eps = 1e-6;
+  AdamWOptimizer opt(*model, cfg);
+  Reference ref = snapshot(*model);
+  // (grad scale, clip, lr, wd): step 1 and 3 clip, step 2 has clip off (0), step 4 does not need it.
+  const double plan[][4] = {{1.0, 0.5, 1e-2, 0.1}, {0.3, 0.0, 5e-3, 0.2}, {2.0, 1.0, 2e-2, 0.05},
+                            {1e-3, 1.0, 1e-2, 0.1}, {0.5, 3.0, 1e-3, 0.0}};
+  int step = 0;
+  for (const auto& s : plan) {
+    fill_grads(*model, step++, s[0]);
+    const auto g = read_grads(*model);
+    const double norm = opt.clip_grad_norm(s[1]);
+    opt.step(s[2], s[3]);
+    const double ref_norm = reference_step(ref, g, s[1], s[2], s[3], cfg.beta1, cfg.beta2, cfg.eps);
+    EXPECT_NEAR(norm, ref_norm, 1e-12 * ref_norm) << "step " << step;
+    EXPECT_EQ(opt.step_count(), step);
+    EXPECT_LT(max_rel(model->params(), ref.p, 1e-3), tol) << "params after step " << step;
+    EXPECT_LT(max_rel(opt.exp_avg(), ref.m, 1e-6), tol) << "exp_avg after step " << step;
+    EXPECT_LT(max_rel(opt.exp_avg_sq(), ref.v, 1e-9), tol) << "exp_avg_sq after step " << step;
+  }
+  // The no-decay group really was exempt: a bias (zero-initialised, so only
+  // Adam moves it) and a norm weight exist, with wd_mult 0; weights have 1.
+  int nd = 0, d = 0;
+  for (size_t i = 0; i < model->specs().size(); ++i) {
+    EXPECT_EQ(opt.wd_mult()[i], ref.wd_mult[i]) << model->specs()[i].name;
+    (opt.wd_mult()[i] == 0 ? nd : d)++;
+  }
+  EXPECT_GT(nd, 0);
+  EXPECT_GT(d, 0);
+}
+
+TEST(AdamW, MatchesDoubleReference_Fp64) { run_against_reference(DType::kF64, 1e-12); }
+TEST(AdamW, MatchesDoubleReference_Fp32) { run_against_reference(DType::kF32, 1e-5); }
+
+TEST(AdamW, StateIsOneArenaOfTwiceTheParameters) {
+  auto model = make_model(DType::kF32);
+  AdamWOptimizer opt(*model);
+  int64_t n = 0;
+  for (const Tensor& p : model->params()) n += p.numel();
+  EXPECT_GE(opt.state_bytes(), 2 * static_cast<size_t>(n) * 4);
+  EXPECT_LT(opt.state_bytes(), 2 * static_cast<size_t>(n) * 4 + 2 * 64 * model->params().size());
+  ASSERT_EQ(opt.exp_avg().size(), model->params().size());
+  for (size_t i = 0; i < opt.exp_avg().size(); ++i) {
+    EXPECT_EQ(opt.exp_avg()[i].shape(), model->params()[i].shape());
+    EXPECT_EQ(opt.exp_avg_sq()[i].dtype(), DType::kF32);
+  }
+  EXPECT_EQ(opt.config().beta1, 0.9);  // Megatron's defaults
+  EXPECT_EQ(opt.config().beta2, 0.999);
+  EXPECT_EQ(opt.config().eps, 1e-8);
+}
+
+TEST(AdamW, ClippingFollowsMegatron) {
+  auto model = make_model(DType::kF32);
+  AdamWOptimizer opt(*model);
+  fill_grads(*model, 7, 1.0);
+  const auto before = read_grads(*model);
+  const double norm = opt.grad_norm();
+  // Above the norm: coef >= 1, gradients untouched (bitwise).
+  EXPECT_EQ(opt.clip_grad_norm(norm * 2), norm);
+  EXPECT_EQ(read_grads(*model), before);
+  // 0 disables clipping.
+  EXPECT_EQ(opt.clip_grad_norm(0.0), norm);
+  EXPECT_EQ(read_grads(*model), before);
+  // Below: scaled by clip / (norm + 1e-6).
+  const double clip = norm / 4;
+  EXPECT_EQ(opt.clip_grad_norm(clip), norm);
+  const double coef = clip / (norm + 1e-6);
+  const auto after = read_grads(*model);
+  for (size_t i = 0; i < after.size(); ++i)
+    for (size_t j = 0; j < after[i].size(); ++j)
+      ASSERT_NEAR(after[i][j], before[i][j] * coef, 1e-6 * std::abs(before[i][j]) + 1e-12);
+  EXPECT_NEAR(opt.grad_norm(), clip, 1e-5 * clip);
+}
+
+TEST(AdamW, GradNormIsIndependentOfThreadCount) {
+  auto model = make_model(DType::kF32, false, 5000);  // word embeddings alone span several 16K chunks
+  AdamWOptimizer opt(*model);
+  fill_grads(*model, 3, 1.0);
+  const int threads = omp_get_max_threads();
+  std::vector<double> norms;
+  for (int t : {1, 2, 3, 5}) {
+    omp_set_num_threads(t);
+    norms.push_back(opt.grad_norm());
+  }
+  omp_set_num_threads(threads);
+  for (double n : norms) EXPECT_EQ(n, norms[0]);  // bitwise
+  double ref = 0;
+  for (const auto& g : read_grads(*model))
+    for (double x : g) ref += x * x;
+  EXPECT_NEAR(norms[0], std::sqrt(ref), 1e-12 * std::sqrt(ref));
+}
+
+TEST(AdamW, GradsFiniteDetectsNanAndInf) {
+  auto model = make_model(DType::kF32);
+  AdamWOptimizer opt(*model);
+  fill_grads(*model, 1, 1.0);
+  EXPECT_TRUE(opt.grads_finite());
+  Tensor g = model->grads().back();
+  g.ptr<float>()[g.numel() - 1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(opt.grads_finite());
+  g.ptr<float>()[g.numel() - 1] = -std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(opt.grads_finite());
+  g.ptr<float>()[g.numel() - 1] = 0.0f;
+  EXPECT_TRUE(opt.grads_finite());
+}
+
+TEST(AdamW, SchedulerOverloadAndReset) {
+  auto a = make_model(DType::kF32), b = make_model(DType::kF32);
+  AdamWOptimizer oa(*a), ob(*b);
+  SchedulerConfig sc;
+  sc.max_lr = 1e-2, sc.min_lr = 1e-3, sc.warmup_steps = 4, sc.decay_steps = 40, sc.decay_style = "cosine";
+  sc.start_wd = 0.0, sc.end_wd = 0.1, sc.wd_incr_steps = 40, sc.wd_incr_style = "linear";
+  OptimizerParamScheduler s(sc);
+  for (int i = 0; i < 3; ++i) {
+    fill_grads(*a, i, 1.0), fill_grads(*b, i, 1.0);
+    oa.step(s);
+    ob.step(s.lr(), s.wd());
+    s.step(4);
+  }
+  for (size_t i = 0; i < a->params().size(); ++i)
+    ASSERT_EQ(0, std::memcmp(a->params()[i].data(), b->params()[i].data(), a->params()[i].nbytes()));
+  oa.reset_state();
+  EXPECT_EQ(oa.step_count(), 0);
+  for (const Tensor& t : oa.exp_avg_sq())
+    for (int64_t j = 0; j < t.numel(); ++j) ASSERT_EQ(t.ptr<float>()[j], 0.0f);
+}
+
+TEST(AdamW, Bf16CopiesAreRefreshedByStep) {
+  auto model = make_model(DType::kF32, /*bf16=*/true);
+  AdamWOptimizer opt(*model);
+  std::vector<int32_t> tok(16), lab(16);
+  for (int i = 0; i < 16; ++i) tok[i] = i % 30, lab[i] = (i * 7) % 30;
+  Tensor tokens(tok.data(), {2, 8}, DType::kI32), labels(lab.data(), {2, 8}, DType::kI32);
+  model->zero_grads();
+  model->forward(0, tokens, labels, 0, false);
+  model->backward(0);
+  opt.step(1e-1, 0.0);  // a large step so that every bf16 weight moves
+  const double after_step = model->forward(0, tokens, labels, 0, false);
+  model->sync_low_precision();
+  const double after_sync = model->forward(0, tokens, labels, 0, false);
+  EXPECT_EQ(after_step, after_sync);  // step() already refreshed the bf16 copies
+}
+
+}  // namespace
+}  // namespace mt::optim

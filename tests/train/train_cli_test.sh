@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# `megatron train` end to end on a small NullTokenizer dataset:
+#  - resume is exact: 40 iterations straight == 20 (stopped by --exit-interval,
+#    and separately by SIGTERM with --exit-signal-handler) + resumed to 40,
+#    per-iteration losses and final parameters bitwise; also with --bf16 and
+#    with gradient accumulation;
+#  - a save killed mid-write leaves the previous checkpoint loadable;
+#  - NaN in the loss is reported with its iteration;
+#  - configuration errors are all listed at once, exit code 2.
+set -u
+BIN=${1:?usage: train_cli_test.sh path/to/megatron}
+TMP=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$TMP"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# A dataset of 400 documents of random ids in [0, 500), EOD 511.
+python3 - "$TMP/in.jsonl" <<'PY'
+import random, sys
+r = random.Random(5)
+with open(sys.argv[1], "w") as f:
+    for _ in range(400):
+        n = r.randint(5, 60)
+        f.write('{"text": "%s"}\n' % " ".join(str(r.randrange(500)) for _ in range(n)))
+PY
+"$BIN" preprocess --input "$TMP/in.jsonl" --output-prefix "$TMP/d" --tokenizer-type NullTokenizer --vocab-size 512 \
+  --append-eod --workers 2 --quiet >/dev/null || fail "preprocess"
+
+COMMON=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32
+  --tokenizer-type NullTokenizer --vocab-size 512 --data-path "$TMP/d_text_document" --split 90,10,0
+  --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 5 --weight-decay 0.1 --clip-grad 1.0
+  --seed 7 --log-interval 10 --no-progress --threads 1 --data-cache-path "$TMP/cache")
+
+losses() { python3 -c "
+import json,sys
+for l in open(sys.argv[1]):
+    j=json.loads(l)
+    if 'lm_loss' in j and 'kind' not in j: print(j['iteration'], repr(j['lm_loss']))" "$1"; }
+
+# run NAME extra-flags... : trains into $TMP/NAME
+run() { local name=$1; shift; "$BIN" train "${COMMON[@]}" --save "$TMP/$name" --metrics-file "$TMP/$name.jsonl" "$@" \
+  >"$TMP/$name.log" 2>&1; }
+
+check_resume() { # label extra-flags...
+  local label=$1; shift
+  run "$label-full" --train-iters 40 --save-interval 40 "$@" || { fail "$label: straight run"; cat "$TMP/$label-full.log"; return; }
+  run "$label-part" --train-iters 40 --save-interval 100 --exit-interval 20 "$@" || { fail "$label: first half"; cat "$TMP/$label-part.log"; return; }
+  grep -q "exiting at iteration 20 (exit-interval)" "$TMP/$label-part.log" || fail "$label: no exit at 20"
+  run "$label-part" --train-iters 40 --save-interval 40 --load "$TMP/$label-part" "$@" || { fail "$label: resume"; cat "$TMP/$label-part.log"; return; }
+  grep -q "loaded checkpoint" "$TMP/$label-part.log" || fail "$label: resume did not load"
+  diff <(losses "$TMP/$label-full.jsonl") <(losses "$TMP/$label-part.jsonl") >/dev/null || fail "$label: losses differ after resume"
+  [ "$(losses "$TMP/$label-full.jsonl" | wc -l)" = 40 ] || fail "$label: expected 40 loss lines"
+  cmp -s "$TMP/$label-full/iter_0000040/model_rank00000.safetensors" "$TMP/$label-part/iter_0000040/model_rank00000.safetensors" \
+    || fail "$label: final parameters differ after resume"
+}
+
+check_resume fp32 --micro-batch-size 4 --global-batch-size 4
+check_resume bf16 --micro-batch-size 2 --global-batch-size 4 --bf16
+check_resume threads2 --micro-batch-size 2 --global-batch-size 4 --threads 2
+check_resume accum --micro-batch-size 1 --global-batch-size 4 --hidden-dropout 0.1 --attention-dropout 0.1
+
+# SIGTERM with --exit-signal-handler: stop somewhere in the middle, resume to 40.
+"$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 40 --save-interval 100 \
+  --exit-signal-handler --save "$TMP/sig" --metrics-file "$TMP/sig.jsonl" >"$TMP/sig.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  [ -f "$TMP/sig.jsonl" ] && [ "$(grep -c lm_loss "$TMP/sig.jsonl")" -ge 12 ] && break
+  sleep 0.05
+done
+kill -TERM $pid
+wait $pid; rc=$?
+[ $rc = 0 ] || fail "SIGTERM run exited $rc"
+grep -q "(signal)" "$TMP/sig.log" || fail "SIGTERM run did not report the signal exit"
+"$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 40 --save-interval 40 \
+  --load "$TMP/sig" --save "$TMP/sig" --metrics-file "$TMP/sig.jsonl" >>"$TMP/sig.log" 2>&1 || fail "resume after SIGTERM"
+diff <(losses "$TMP/fp32-full.jsonl") <(losses "$TMP/sig.jsonl") >/dev/null || fail "losses differ after a SIGTERM resume"
+cmp -s "$TMP/fp32-full/iter_0000040/model_rank00000.safetensors" "$TMP/sig/iter_0000040/model_rank00000.safetensors" \
+  || fail "parameters differ after a SIGTERM resume"
+
+# A save killed mid-write: the previous checkpoint (10) stays the latest and loads.
+run kill --micro-batch-size 4 --global-batch-size 4 --train-iters 20 --save-interval 10 --exit-interval 10 || fail "kill: first run"
+MT_TEST_CHECKPOINT_PAUSE=mid_file "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 20 \
+  --save-interval 10 --load "$TMP/kill" --save "$TMP/kill" >"$TMP/kill2.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do [ -e "$TMP/kill/.paused_mid_file" ] && break; sleep 0.05; done
+[ -e "$TMP/kill/.paused_mid_file" ] || fail "kill: the save never paused"
+kill -KILL $pid; wait $pid 2>/dev/null
+[ "$(cat "$TMP/kill/latest_checkpointed_iteration.txt")" = 10 ] || fail "kill: tracker moved"
+run kill --micro-batch-size 4 --global-batch-size 4 --train-iters 20 --save-interval 10 --load "$TMP/kill" || fail "kill: resume"
+grep -q "loaded checkpoint .*iter_0000010" "$TMP/kill.log" || fail "kill: did not resume from 10"
+
+# NaN detection names the iteration.
+MEGATRON_CPP_TEST_NAN_ITERATION=7 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 20 \
+  --check-for-nan-in-loss-and-grad >"$TMP/nan.log" 2>&1
+[ $? = 2 ] || fail "NaN run should exit 2"
+grep -q "at iteration 7" "$TMP/nan.log" || fail "NaN not reported with its iteration: $(tail -2 "$TMP/nan.log")"
+
+# Configuration errors: all at once, exit 2, nothing allocated.
+"$BIN" train --num-layers 3 --hidden-size 64 --num-attention-heads 5 --seq-length 64 --max-position-embeddings 32 \
+  --micro-batch-size 1 --tokenizer-type NullTokenizer --vocab-size 512 --data-path "$TMP/d_text_document" \
+  --train-iters 10 --train-samples 10 >"$TMP/bad.log" 2>&1
+[ $? = 2 ] || fail "bad configuration should exit 2"
+for needle in "--lr is required" "--train-iters and --train-samples" "max_position_embeddings 32 is smaller than seq_length 64" \
+              "hidden size 64 is not divisible by 5 heads"; do
+  grep -qF -- "$needle" "$TMP/bad.log" || fail "bad configuration: missing '$needle'"
+done
+"$BIN" train --frobnicate 2>"$TMP/err"; [ $? = 2 ] && grep -q "unknown flag --frobnicate" "$TMP/err" || fail "unknown flag"
+
+if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
+echo "train CLI: all checks passed"
