@@ -54,7 +54,35 @@ $M plan "${LLAMA[@]}" "${L405[@]}" --world-size 128 --tensor-model-parallel-size
 echo "(exit code $?: invalid)"
 set -e
 
-banner "Pages"
+banner "Data: the default corpus (Debian text) -> Megatron .bin/.idx with the GPT-2 tokenizer"
+mkdir -p "$OUT/data"
+$M preprocess --input data/corpus/corpus.jsonl --output-prefix "$OUT/data/corpus" --tokenizer-type GPT2BPETokenizer \
+  --vocab-file data/gpt2/vocab.json --merge-file data/gpt2/merges.txt --append-eod --workers "$(nproc)" --log-interval 5000
+
+# A small GPT-2-style model; 300 iterations of 16 x 128 tokens take a few
+# minutes on 2 cores.
+TRAIN=(--num-layers 4 --hidden-size 128 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128
+  --micro-batch-size 8 --global-batch-size 16 --bf16
+  --tokenizer-type GPT2BPETokenizer --vocab-file data/gpt2/vocab.json --merge-file data/gpt2/merges.txt
+  --data-path "$OUT/data/corpus_text_document" --split 98,2,0
+  --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 30 --weight-decay 0.1 --clip-grad 1.0
+  --hidden-dropout 0 --attention-dropout 0 --train-iters 300 --eval-interval 100 --eval-iters 8 --log-interval 50
+  --save "$OUT/ckpt" --save-interval 100 --seed 1234)
+
+banner "Plan of the training job (the same flags): memory this build will allocate"
+$M plan "${TRAIN[@]}" --device cpu | grep -E "VALID|TP x PP|global batch|parameters  |this build|FLOPs"
+
+banner "Train: validation perplexity against the unigram baseline"
+rm -rf "$OUT/ckpt"
+$M train "${TRAIN[@]}" | tee "$OUT/train.log" | grep -E "training a GPT|unigram|iteration +[0-9]+/|validation|saved" | cut -c1-220
+
+banner "Generate from the trained checkpoint"
+printf "GNU GENERAL PUBLIC LICENSE"
+$M generate --load "$OUT/ckpt" --prompt "GNU GENERAL PUBLIC LICENSE" --max-new-tokens 40 --temperature 1.0 --top-p 0.9 --seed 11
+echo
+
+banner "Pages and files"
 ls -1 "$OUT"/*.html
-echo "Open them in a browser (they work offline), or edit a layout live with:"
+echo "checkpoints: $OUT/ckpt (metrics: $OUT/ckpt/metrics.jsonl)"
+echo "Open the pages in a browser (they work offline), or edit a layout live with:"
 echo "  $M plan ${GPT13B[*]} --serve 8080"

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libfmt-dev libcpp-httplib-dev libsimdjson-dev zlib1g-dev
+  nlohmann-json3-dev libfmt-dev libcpp-httplib-dev libsimdjson-dev zlib1g-dev libyaml-cpp-dev
   libopenmpi-dev openmpi-bin
   chromium clang-14 libclang-rt-14-dev
   python3

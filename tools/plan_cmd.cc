@@ -13,13 +13,14 @@
 #include "plan/plan.h"
 #include "plan/render.h"
 #include "plan/serve.h"
+#include "train/train_config.h"
 
 namespace mt::tools {
 
 namespace {
 
 struct PlanCli {
-  plan::JobConfig job;
+  train::TrainConfig train;  // every flag `megatron train` takes; the planner reads train.job
   plan::PlanOptions options;
   bool json = false, help = false;
   std::string html;
@@ -32,8 +33,9 @@ std::unique_ptr<FlagSet> plan_flags(PlanCli& cli) {
       "megatron plan",
       "Checks a tensor x pipeline x data (x context x expert) parallel layout against Megatron-LM's\n"
       "rules and reports the rank grid, memory per rank, pipeline bubble, FLOPs and throughput.\n"
-      "Takes the flags `megatron train` takes. Exit code 0: valid; 2: invalid or bad flags.");
-  plan::register_job_flags(*f, cli.job);
+      "Takes every flag `megatron train` takes (training-only flags are accepted and do not change the plan),\n"
+      "plus the device profile and output flags below. Exit code 0: valid; 2: invalid or bad flags.");
+  train::register_train_flags(*f, cli.train, /*with_device=*/false);
   plan::register_plan_option_flags(*f, cli.options);
   f->section("output");
   f->add_switch("json", &cli.json, "print the plan as JSON instead of text");
@@ -53,7 +55,7 @@ nlohmann::json replan_json(const std::vector<std::string>& args) {
                          {"message", st.message()},
                          {"suggestion", fmt::format("see `megatron plan --help`")}}}}};
   }
-  return plan::to_json(plan::make_plan(cli.job, cli.options));
+  return plan::to_json(plan::make_plan(cli.train.job, cli.options));
 }
 
 }  // namespace
@@ -78,7 +80,7 @@ int plan_main(const std::vector<std::string>& args) {
     std::fputs(flags->help().c_str(), stdout);
     return 0;
   }
-  plan::PlanReport report = plan::make_plan(cli.job, cli.options);
+  plan::PlanReport report = plan::make_plan(cli.train.job, cli.options);
   if (is_nonzero_launcher_rank() && !cli.serve) return report.valid() ? 0 : 2;
   nlohmann::json j;
   if (cli.json || !cli.html.empty() || cli.serve) j = plan::to_json(report);

@@ -115,6 +115,7 @@ void Pipeline::process(LineBatch& b, BatchResult& r, JsonTextExtractor& json) {
   r.lines = static_cast<int64_t>(b.lines.size());
   r.keys.resize(o_.json_keys.size());
   std::vector<std::vector<std::string>> texts;
+  std::vector<std::vector<std::vector<int32_t>>> tokenized;  // [key][sentence] ids
   std::vector<int32_t> ids;
   for (size_t li = 0; li < b.lines.size(); ++li) {
     const auto [off, len] = b.lines[li];
@@ -129,16 +130,34 @@ void Pipeline::process(LineBatch& b, BatchResult& r, JsonTextExtractor& json) {
       r.skipped.push_back(std::move(where));
       continue;
     }
+    // Tokenize every key first, so a line the tokenizer refuses (Megatron's
+    // Python path stops on it too) leaves nothing half-added.
+    tokenized.assign(o_.json_keys.size(), {});
+    Status tok_st;
+    for (size_t k = 0; k < o_.json_keys.size() && tok_st.is_ok(); ++k)
+      for (const auto& sentence : texts[k]) {
+        ids.clear();
+        tok_st = tok_.encode_checked(sentence, &ids);
+        if (!tok_st) break;
+        tokenized[k].push_back(ids);
+      }
+    if (!tok_st) {
+      std::string where = fmt::format("{}:{}: {}", b.file, b.first_line + static_cast<int64_t>(li), tok_st.message());
+      if (!o_.skip_bad_lines) {
+        r.error = Status::invalid(where + " (use --skip-bad-lines to skip such lines)");
+        return;
+      }
+      r.skipped.push_back(std::move(where));
+      continue;
+    }
     r.line_numbers.push_back(static_cast<int64_t>(li));
     for (size_t k = 0; k < o_.json_keys.size(); ++k) {
       auto& out = r.keys[k];
       const size_t first_len = out.lengths.size();
-      for (const auto& sentence : texts[k]) {
-        ids.clear();
-        tok_.encode(sentence, &ids);
-        if (ids.empty()) continue;  // Megatron drops sentences with no tokens
-        out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
-        out.lengths.push_back(static_cast<int32_t>(ids.size()));
+      for (const auto& sentence_ids : tokenized[k]) {
+        if (sentence_ids.empty()) continue;  // Megatron drops sentences with no tokens
+        out.tokens.insert(out.tokens.end(), sentence_ids.begin(), sentence_ids.end());
+        out.lengths.push_back(static_cast<int32_t>(sentence_ids.size()));
       }
       const bool any = out.lengths.size() > first_len;
       uint32_t extra = 0;

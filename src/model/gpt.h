@@ -172,6 +172,14 @@ class GPTModel {
   size_t activation_bytes_per_slot() const { return plan_.activations_per_slot; }
   size_t scratch_bytes() const { return plan_.scratch; }
   const GPTMemoryPlan& memory_plan() const { return plan_; }
+  // What the arenas actually hold: capacities, with scratch at its high-water
+  // mark (the trainer logs this beside the planner's prediction).
+  GPTMemoryPlan measured_bytes() const {
+    GPTMemoryPlan m = plan_;
+    m.params = params_arena_.capacity(), m.grads = grads_arena_.capacity(), m.lowp = lowp_arena_.capacity();
+    m.activations = acts_.capacity(), m.scratch = scratch_.high_water(), m.tables = tables_.capacity();
+    return m;
+  }
   const std::vector<LayerGroup>& groups() const { return groups_; }
   const Arena& scratch_arena() const { return scratch_; }
   const Arena& activation_arena() const { return acts_; }

@@ -44,7 +44,9 @@ std::vector<std::string> device_profile_names() {
 
 void register_plan_option_flags(FlagSet& f, PlanOptions& o) {
   f.section("device and throughput (planner only)");
-  f.add_string("device", &o.device, "device profile: peak FLOP/s and memory", device_profile_names());
+  std::vector<std::string> names = device_profile_names();
+  names.push_back("cuda");
+  f.add_string("device", &o.device, "device profile: peak FLOP/s and memory (cuda: the default GPU, h100)", names);
   f.add_double("peak-tflops", &o.peak_tflops, "override the profile's peak dense TFLOP/s for the training dtype", 1e-6, 1e9);
   f.add_double("device-memory-gb", &o.device_memory_gb, "override the profile's memory per device, in GB (1e9 bytes)", 1e-3, 1e9);
   f.add_double("step-time", &o.step_time, "measured or assumed seconds per iteration (gives tokens/s and MFU)", 1e-9, 1e12);
@@ -230,7 +232,8 @@ PlanReport make_plan(JobConfig job, const PlanOptions& options) {
   PlanReport r;
   r.options = options;
   r.world_source = resolve_world_size(job);
-  if (const DeviceProfile* d = find_device_profile(options.device)) r.device = *d;
+  // `--device cuda` (a backend name, as `megatron train` takes it) plans for the default GPU.
+  if (const DeviceProfile* d = find_device_profile(options.device == "cuda" ? "h100" : options.device)) r.device = *d;
   else r.device = *find_device_profile("h100");
   r.job = job;
   if (Status st = model::resolve_vocab(r.job.model); !st) {

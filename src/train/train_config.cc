@@ -9,7 +9,7 @@
 
 namespace mt::train {
 
-void register_train_flags(FlagSet& f, TrainConfig& c) {
+void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   plan::register_job_flags(f, c.job);
   // --vocab-size and --vocab-file are model flags here (plan/job.h); the
   // trainer hands them to the tokenizer.
@@ -80,7 +80,7 @@ void register_train_flags(FlagSet& f, TrainConfig& c) {
 
   f.section("runtime");
   f.add_int("threads", &c.threads, "compute threads per rank (default: all cores; use 1 with many MPI ranks per machine)", 1, 1024);
-  f.add_string("device", &c.device, "compute backend", {"cpu"});
+  if (with_device) f.add_string("device", &c.device, "compute backend", {"cpu"});
   f.add_string("config", &c.config_file, "YAML file of flag: value pairs (command-line flags win)");
 }
 

@@ -69,7 +69,9 @@ struct TrainConfig {
 };
 
 // Registers every flag of `megatron train` on `flags`, bound to `cfg`.
-void register_train_flags(FlagSet& flags, TrainConfig& cfg);
+// `with_device`: false for `megatron plan`, whose --device names a device
+// profile (h100, ..., cpu) rather than a backend.
+void register_train_flags(FlagSet& flags, TrainConfig& cfg, bool with_device = true);
 
 // Parses argv (after the subcommand). A --config YAML file is read first and
 // the command line applied on top. On error the Status names the flag or file.

@@ -209,12 +209,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   const double peak_tflops = half ? plan.device.peak_tflops_16bit : plan.device.peak_tflops_32bit;
   const double flops_per_iter = plan.flops_per_iteration;
   auto measured_bytes = [&] {
-    double b = 0;
-    for (const auto& t : model.params()) b += static_cast<double>(t.nbytes());
-    b *= 2;  // gradients: the same table
-    b += static_cast<double>(model.activation_arena().capacity()) + static_cast<double>(model.scratch_arena().high_water());
-    b += static_cast<double>(opt.state_bytes());
-    return b;
+    return static_cast<double>(model.measured_bytes().total()) + static_cast<double>(opt.state_bytes());
   };
   // The planner's prediction of this trainer's buffers (the model's size
   // tables plus Adam state): what `megatron plan` prints for these flags.

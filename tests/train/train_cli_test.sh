@@ -55,9 +55,36 @@ check_resume() { # label extra-flags...
 }
 
 check_resume fp32 --micro-batch-size 4 --global-batch-size 4
-check_resume bf16 --micro-batch-size 2 --global-batch-size 4 --bf16
+check_resume bf16 --micro-batch-size 2 --global-batch-size 4 --bf16 --recompute-granularity full --recompute-method block --recompute-num-layers 1
 check_resume threads2 --micro-batch-size 2 --global-batch-size 4 --threads 2
 check_resume accum --micro-batch-size 1 --global-batch-size 4 --hidden-dropout 0.1 --attention-dropout 0.1
+
+# Recomputation changes memory, not numbers; measured buffers match the plan
+# within 3% (here exactly: both come from the model's size tables).
+for rc in none "full --recompute-method uniform --recompute-num-layers 1" selective; do
+  name=rc-${rc%% *}
+  extra=(); [ "$rc" != none ] && extra=(--recompute-granularity $rc)
+  run "$name" --micro-batch-size 4 --global-batch-size 8 --train-iters 10 --save-interval 10 --hidden-dropout 0.1 \
+    --attention-dropout 0.1 --log-interval 5 "${extra[@]}" || { fail "recompute $rc"; cat "$TMP/$name.log"; }
+done
+for name in rc-full rc-selective; do
+  diff <(losses "$TMP/rc-none.jsonl") <(losses "$TMP/$name.jsonl") >/dev/null || fail "$name: losses differ from no recomputation"
+  cmp -s "$TMP/rc-none/iter_0000010/model_rank00000.safetensors" "$TMP/$name/iter_0000010/model_rank00000.safetensors" \
+    || fail "$name: parameters differ from no recomputation"
+done
+python3 - "$TMP" <<'PY' || fail "memory: measured vs planned"
+import json, sys
+t = sys.argv[1]
+def mem(name):
+    logs = [json.loads(l) for l in open(f"{t}/{name}.jsonl") if '"kind"' in l]
+    return logs[-1]["memory_measured_bytes"], logs[-1]["memory_planned_bytes"]
+m = {n: mem(n) for n in ("rc-none", "rc-full", "rc-selective", "bf16-full")}
+for n, (meas, plan) in m.items():
+    assert plan > 0 and abs(meas - plan) / plan < 0.03, (n, meas, plan)
+assert m["rc-full"][0] < m["rc-none"][0], m  # a second configuration (bf16, block recompute) is checked too
+assert m["rc-selective"][0] < m["rc-none"][0], m
+print("memory (MiB):", {n: round(v[0] / 2**20, 2) for n, v in m.items()})
+PY
 
 # SIGTERM with --exit-signal-handler: stop somewhere in the middle, resume to 40.
 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 40 --save-interval 100 \
