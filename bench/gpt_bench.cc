@@ -32,6 +32,7 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -71,6 +72,34 @@ std::string loadavg() {
   std::snprintf(buf, sizeof buf, "%.2f %.2f %.2f", a, b, c);
   return buf;
 }
+
+// Busy CPU seconds of the whole machine so far (all processes; /proc/stat).
+double machine_busy_seconds() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  f >> cpu >> user >> nice >> sys >> idle >> iowait >> irq >> softirq >> steal;
+  return (user + nice + sys + irq + softirq + steal) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// CPU use of this process and its waited-for children.
+double own_cpu_seconds() {
+  rusage u{}, c{};
+  getrusage(RUSAGE_SELF, &u);
+  getrusage(RUSAGE_CHILDREN, &c);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return s(u.ru_utime) + s(u.ru_stime) + s(c.ru_utime) + s(c.ru_stime);
+}
+
+// Cores' worth of CPU used by OTHER processes between begin() and end().
+struct OtherLoad {
+  double busy0 = 0, own0 = 0, wall0 = 0;
+  void begin() { busy0 = machine_busy_seconds(), own0 = own_cpu_seconds(), wall0 = now(); }
+  double end() const {
+    const double wall = now() - wall0;
+    return std::max(0.0, (machine_busy_seconds() - busy0) - (own_cpu_seconds() - own0)) / std::max(1e-9, wall);
+  }
+};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -150,6 +179,7 @@ struct StepTimes {
   double step = 0, zero = 0, fwd = 0, bwd = 0, clip = 0, opt = 0, fwdbwd = 0;  // median seconds
   double sync = 0;        // sync_low_precision alone (bf16), measured outside the step
   double cpu_util = 0;    // CPU s / wall s over the timed steps
+  double others = 0;      // cores' worth of CPU other processes used meanwhile
   double first_loss = 0, last_loss = 0;
   std::string load_before, load_after, note;
 };
@@ -171,8 +201,9 @@ StepTimes run_ours(const model::ModelConfig& cfg, bool bf16, int64_t B, const Te
   std::vector<double> step, zero, fwd, bwd, clip, ostep, fb;
   r.load_before = loadavg();
   double cpu0 = 0, wall0 = 0;
+  OtherLoad other;
   for (int it = 0; it < warmup + steps; ++it) {
-    if (it == warmup) cpu0 = cpu_seconds(), wall0 = now();
+    if (it == warmup) cpu0 = cpu_seconds(), wall0 = now(), other.begin();
     const double t0 = now();
     model.zero_grads();
     const double t1 = now();
@@ -193,6 +224,7 @@ StepTimes run_ours(const model::ModelConfig& cfg, bool bf16, int64_t B, const Te
     }
   }
   r.cpu_util = (cpu_seconds() - cpu0) / std::max(1e-9, now() - wall0);
+  r.others = other.end();
   r.load_after = loadavg();
   if (bf16) {
     std::vector<double> s;
@@ -222,6 +254,8 @@ StepTimes run_torch(int layers, int64_t V, int64_t maxpos, int64_t B, int64_t T,
                           std::to_string(T) + " --steps " + std::to_string(steps) + " --warmup " +
                           std::to_string(warmup) + " --threads " + std::to_string(threads) + " --foreach " + foreach;
   r.load_before = loadavg();
+  OtherLoad other;
+  other.begin();
   FILE* p = popen(cmd.c_str(), "r");
   std::map<std::string, std::string> kv;
   char line[1024];
@@ -230,6 +264,7 @@ StepTimes run_torch(int layers, int64_t V, int64_t maxpos, int64_t B, int64_t T,
     if (std::sscanf(line, "%63s %899[^\n]", key, val) == 2) kv[key] = val;
   }
   const int rc = p ? pclose(p) : -1;
+  r.others = other.end();  // includes the Python start-up and model build (not timed)
   r.load_after = loadavg();
   auto num = [&](const char* k) { return kv.count(k) ? std::atof(kv[k].c_str()) : 0.0; };
   r.step = num("step_s_median"), r.zero = num("zero_s"), r.fwd = num("fwd_s"), r.bwd = num("bwd_s");
@@ -246,7 +281,8 @@ void print_phases(const char* name, const StepTimes& r) {
   std::printf("  %-13s step %7.3f s = zero %6.3f + fwd %6.3f + bwd %6.3f + clip %6.3f + adamw %6.3f", name, r.step,
               r.zero, r.fwd, r.bwd, r.clip, r.opt);
   if (r.sync > 0) std::printf(" (of which bf16 sync %.3f)", r.sync);
-  std::printf("   cpu %.2f/2, load %s -> %s\n", r.cpu_util, r.load_before.c_str(), r.load_after.c_str());
+  std::printf("\n    own cpu %.2f cores, other processes %.2f cores, load average %s -> %s\n", r.cpu_util, r.others,
+              r.load_before.c_str(), r.load_after.c_str());
 }
 
 }  // namespace
@@ -287,6 +323,8 @@ int main(int argc, char** argv) {
 
   // Peaks, measured now.
   const bool has512 = __builtin_cpu_supports("avx512f"), hasbf16 = has512 && __builtin_cpu_supports("avx512bf16");
+  OtherLoad peak_other;
+  peak_other.begin();
   const double fma32 = has512 ? register_peak(fma_chains_f32, kFlopsPerIterF32, threads) : 0;
   const double fma16 = hasbf16 ? register_peak(dot_chains_bf16, kFlopsPerIterBF16, threads) : 0;
   const double gemm32 = gemm_peak(DType::kF32, B * T, 768, V), gemm16 = gemm_peak(DType::kBF16, B * T, 768, V);
@@ -294,7 +332,8 @@ int main(int argc, char** argv) {
   std::printf("peak (register loop, %d threads): fp32 %.0f GFLOP/s (%.0f%% of TOOLCHAIN 527), bf16 %.0f GFLOP/s (%.0f%% of "
               "TOOLCHAIN 1054)%s\n", threads, fma32 * 1e-9, 100 * fma32 / kToolchainPeakF32, fma16 * 1e-9,
               100 * fma16 / kToolchainPeakBF16, has512 ? "" : " [no AVX-512: MFU uses the TOOLCHAIN figures]");
-  std::printf("best oneDNN GEMM on the model's shapes: fp32 %.0f GFLOP/s, bf16 %.0f GFLOP/s\n", gemm32 * 1e-9, gemm16 * 1e-9);
+  std::printf("best oneDNN GEMM on the model's shapes: fp32 %.0f GFLOP/s, bf16 %.0f GFLOP/s (other processes used %.2f "
+              "cores meanwhile)\n", gemm32 * 1e-9, gemm16 * 1e-9, peak_other.end());
   std::fflush(stdout);
 
   double flops = 0;

@@ -116,6 +116,44 @@ kill -KILL $pid; wait $pid 2>/dev/null
 run kill --micro-batch-size 4 --global-batch-size 4 --train-iters 20 --save-interval 10 --load "$TMP/kill" || fail "kill: resume"
 grep -q "loaded checkpoint .*iter_0000010" "$TMP/kill.log" || fail "kill: did not resume from 10"
 
+# --config FILE.yaml holds the same keys (dashes or underscores); the command line wins.
+cat > "$TMP/cfg.yaml" <<YAML
+num_layers: 2
+hidden-size: 64
+num_attention_heads: 4
+seq_length: 32
+max_position_embeddings: 32
+tokenizer_type: NullTokenizer
+vocab_size: 512
+data_path: [$TMP/d_text_document]
+split: "90,10,0"
+lr: 3.0e-3
+min_lr: 3.0e-4
+lr_decay_style: cosine
+lr_warmup_iters: 5
+weight_decay: 0.1
+seed: 7
+micro_batch_size: 4
+global_batch_size: 4
+train_iters: 40
+bf16: false
+YAML
+"$BIN" train --config "$TMP/cfg.yaml" --clip-grad 1.0 --threads 1 --no-progress --log-interval 10 \
+  --data-cache-path "$TMP/cache" --metrics-file "$TMP/yaml.jsonl" >"$TMP/yaml.log" 2>&1 || { fail "--config run"; cat "$TMP/yaml.log"; }
+diff <(losses "$TMP/fp32-full.jsonl") <(losses "$TMP/yaml.jsonl") >/dev/null || fail "--config run differs from the same flags"
+printf 'num_layers: [1, 2\n' > "$TMP/bad.yaml"
+"$BIN" train --config "$TMP/bad.yaml" 2>"$TMP/err"; [ $? = 2 ] && grep -q "bad.yaml" "$TMP/err" || fail "a broken YAML file is not named"
+
+# --exit-duration-in-mins 0: exit (after saving) once the first iteration is done.
+run dur --micro-batch-size 4 --global-batch-size 4 --train-iters 40 --save-interval 100 --exit-duration-in-mins 0 || fail "duration run"
+grep -q "exiting at iteration 1 (duration)" "$TMP/dur.log" || fail "--exit-duration-in-mins did not exit"
+[ "$(cat "$TMP/dur/latest_checkpointed_iteration.txt")" = 1 ] || fail "--exit-duration-in-mins did not save"
+
+# --finetune: only the model is loaded; iteration and data position restart.
+run ft --micro-batch-size 4 --global-batch-size 4 --train-iters 10 --save-interval 10 --load "$TMP/fp32-full" --finetune || fail "finetune run"
+grep -q "for fine-tuning" "$TMP/ft.log" || fail "finetune: no message"
+[ "$(losses "$TMP/ft.jsonl" | head -1 | cut -d' ' -f1)" = 1 ] || fail "finetune: iteration did not restart at 1"
+
 # NaN detection names the iteration.
 MEGATRON_CPP_TEST_NAN_ITERATION=7 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 20 \
   --check-for-nan-in-loss-and-grad >"$TMP/nan.log" 2>&1
