@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "core/file.h"
+#include "core/safetensors.h"
 
 namespace mt::checkpoint {
 namespace fs = std::filesystem;
@@ -44,27 +45,6 @@ std::string vec_str(const std::vector<int64_t>& v) {
   std::string r = "[";
   for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
   return r + "]";
-}
-
-const char* st_dtype(DType t) {
-  switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF64: return "F64";
-    case DType::kBF16: return "BF16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-  }
-  return "?";
-}
-
-bool parse_st_dtype(const std::string& s, DType* t) {
-  if (s == "F32") *t = DType::kF32;
-  else if (s == "F64") *t = DType::kF64;
-  else if (s == "BF16") *t = DType::kBF16;
-  else if (s == "I32") *t = DType::kI32;
-  else if (s == "I64") *t = DType::kI64;
-  else return false;
-  return true;
 }
 
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kF64 || t == DType::kBF16; }
@@ -265,7 +245,7 @@ Status write_rank_file(const std::string& path, const std::string& save_dir, con
     ps.begin = off;
     ps.end = off + static_cast<uint64_t>(d.numel()) * dtype_size(ps.store);
     off = ps.end;
-    h[ps.key] = {{"dtype", st_dtype(ps.store)}, {"shape", shape}, {"data_offsets", {ps.begin, ps.end}}};
+    h[ps.key] = {{"dtype", safetensors_dtype_name(ps.store)}, {"shape", shape}, {"data_offsets", {ps.begin, ps.end}}};
     meta[ps.key] = json{{"name", ps.s->name}, {"global_shape", gshape}, {"offsets", ps.offsets}}.dump(
         -1, ' ', false, json::error_handler_t::replace);
   }
@@ -530,7 +510,7 @@ Status open_rank_file(const std::string& path, int index, std::unique_ptr<Mapped
         !v.contains("data_offsets"))
       return Status::corrupt(where + ": expected an object with dtype, shape and data_offsets");
     DType dt;
-    if (!parse_st_dtype(v["dtype"].get<std::string>(), &dt))
+    if (!parse_safetensors_dtype(v["dtype"].get<std::string>(), &dt))
       return Status::corrupt(fmt::format("{}: dtype {} is not one of F32, F64, BF16, I32, I64", where, v["dtype"].dump()));
     std::vector<int64_t> shape, range, gshape, offsets;
     if (!parse_dims(v["shape"], &shape)) return Status::corrupt(where + ": shape is not a list of non-negative integers");
@@ -545,7 +525,7 @@ Status open_rank_file(const std::string& path, int index, std::unique_ptr<Mapped
       return Status::corrupt(fmt::format("{}: data_offsets [{}, {}] (at file offset {}) do not hold {} {} elements of "
                                          "shape {} within the {} data bytes (file truncated?)",
                                          where, range[0], range[1], 8 + n + static_cast<uint64_t>(range[0]), s.numel(),
-                                         st_dtype(dt), s.str(), f->data_size));
+                                         safetensors_dtype_name(dt), s.str(), f->data_size));
     if (!meta.contains(key) || !meta[key].is_string())
       return Status::corrupt(fmt::format("{}: __metadata__ has no slice description for it", where));
     json sd = json::parse(meta[key].get<std::string>(), nullptr, false);
@@ -569,7 +549,7 @@ Status open_rank_file(const std::string& path, int index, std::unique_ptr<Mapped
     if (!fresh) {
       if (!(t.global_shape == gs) || t.dtype != dt)
         return Status::corrupt(fmt::format("{}: global shape {} {} disagrees with another slice of '{}' ({} {})", where,
-                                           gs.str(), st_dtype(dt), name, t.global_shape.str(), st_dtype(t.dtype)));
+                                           gs.str(), safetensors_dtype_name(dt), name, t.global_shape.str(), safetensors_dtype_name(t.dtype)));
       for (const auto& o : t.slices) {
         bool overlap = s.numel() > 0 && o.shape.numel() > 0;
         for (size_t k = 0; k < shape.size() && overlap; ++k)

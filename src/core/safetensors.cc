@@ -8,9 +8,8 @@
 #include <nlohmann/json.hpp>
 
 namespace mt {
-namespace {
 
-const char* st_dtype(DType t) {
+const char* safetensors_dtype_name(DType t) {
   switch (t) {
     case DType::kF32: return "F32";
     case DType::kF64: return "F64";
@@ -21,7 +20,7 @@ const char* st_dtype(DType t) {
   return "?";
 }
 
-bool parse_dtype(const std::string& s, DType* t) {
+bool parse_safetensors_dtype(const std::string& s, DType* t) {
   if (s == "F32") *t = DType::kF32;
   else if (s == "F64") *t = DType::kF64;
   else if (s == "BF16") *t = DType::kBF16;
@@ -31,15 +30,13 @@ bool parse_dtype(const std::string& s, DType* t) {
   return true;
 }
 
-}  // namespace
-
 Status write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                          const std::map<std::string, std::string>& metadata) {
   nlohmann::json h = nlohmann::json::object();
   size_t off = 0;
   for (const auto& nt : tensors) {
     std::vector<int64_t> shape(nt.tensor.shape().d.begin(), nt.tensor.shape().d.begin() + nt.tensor.ndim());
-    h[nt.name] = {{"dtype", st_dtype(nt.tensor.dtype())}, {"shape", shape}, {"data_offsets", {off, off + nt.tensor.nbytes()}}};
+    h[nt.name] = {{"dtype", safetensors_dtype_name(nt.tensor.dtype())}, {"shape", shape}, {"data_offsets", {off, off + nt.tensor.nbytes()}}};
     off += nt.tensor.nbytes();
   }
   if (!metadata.empty()) h["__metadata__"] = metadata;
@@ -88,7 +85,7 @@ Result<SafetensorsFile> read_safetensors(const std::string& path) {
       continue;
     }
     DType dt;
-    if (!v.contains("dtype") || !parse_dtype(v["dtype"].get<std::string>(), &dt))
+    if (!v.contains("dtype") || !parse_safetensors_dtype(v["dtype"].get<std::string>(), &dt))
       return Status::corrupt(fmt::format("'{}': tensor '{}': unsupported or missing dtype", path, name));
     Shape s;
     for (auto& d : v["shape"]) s.d[s.ndim++] = d.get<int64_t>();
@@ -96,7 +93,7 @@ Result<SafetensorsFile> read_safetensors(const std::string& path) {
     if (e < b || e > f.data.size() || e - b != static_cast<uint64_t>(s.numel()) * dtype_size(dt))
       return Status::corrupt(fmt::format("'{}': tensor '{}': data_offsets [{}, {}] do not match shape {} {} "
                                          "or the file's {} data bytes",
-                                         path, name, b, e, s.str(), st_dtype(dt), f.data.size()));
+                                         path, name, b, e, s.str(), safetensors_dtype_name(dt), f.data.size()));
     f.tensors[name] = Tensor(nullptr, s, dt);
     f.tensors[name] = Tensor(f.data.data() + b, s, dt);
   }

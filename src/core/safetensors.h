@@ -24,6 +24,10 @@ struct NamedTensor {
 };
 
 // Writes to `path` (through a temporary file renamed on success).
+// safetensors' dtype names ("F32", "F64", "BF16", "I32", "I64") and back.
+const char* safetensors_dtype_name(DType t);
+bool parse_safetensors_dtype(const std::string& s, DType* t);
+
 Status write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
