@@ -2,7 +2,7 @@
 """PyTorch training step of the same GPT as bench/gpt_bench (the fair peer).
 
 usage: /usr/bin/python3 gpt_torch_bench.py --layers 12 --hidden 768 --heads 12 \
-           --vocab 50304 --max-pos 1024 --batch 4 --seq 256 --steps 5 --warmup 2 --threads 2
+           --vocab 50304 --max-pos 1024 --batch 4 --seq 256 --steps 5 --warmup 3 --threads 2
 
 Normally run by gpt_bench, which sets PyTorch's tuned environment for this
 process only (../shared/TOOLCHAIN.md, "PyTorch as a fair peer"):
@@ -101,7 +101,7 @@ def blas_library():
 def main():
     ap = argparse.ArgumentParser()
     for k, d in (("layers", 12), ("hidden", 768), ("heads", 12), ("vocab", 50304), ("max-pos", 1024),
-                 ("batch", 4), ("seq", 256), ("steps", 5), ("warmup", 2), ("threads", 2)):
+                 ("batch", 4), ("seq", 256), ("steps", 5), ("warmup", 3), ("threads", 2)):
         ap.add_argument("--" + k, type=int, default=d)
     ap.add_argument("--foreach", choices=("auto", "on", "off"), default="auto")
     args = ap.parse_args()

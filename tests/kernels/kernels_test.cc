@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/arena.h"
 #include "core/rng.h"
@@ -80,6 +81,29 @@ TEST(Gemm, Fp32AndBf16MatchDoubleReference_AllTransposes) {
       }
 }
 
+// x W^T with a long reduction (K >= 2N, K >= 1024, M >= 256) takes oneDNN's
+// fp32 matmul primitive instead of dnnl_sgemm (kernels/cpu/gemm.cc): same
+// results up to fp32 rounding, for beta 0 and 1, and the same bits every call.
+TEST(Gemm, Fp32LongReductionPathMatchesDoubleReference) {
+  const int64_t M = 256, N = 40, K = 1100;
+  for (float beta : {0.0f, 1.0f}) {
+    std::vector<double> A(M * K), B(N * K), C0(M * N);
+    fill_normal(A, 6), fill_normal(B, 7), fill_normal(C0, 8);
+    std::vector<double> ref = C0;
+    gemm_naive(false, true, M, N, K, A, B, ref, beta);
+    Buf<float> a({M * K}), b({N * K}), c({M * N}), c2({M * N});
+    for (int64_t i = 0; i < M * K; ++i) a[i] = static_cast<float>(A[i]);
+    for (int64_t i = 0; i < N * K; ++i) b[i] = static_cast<float>(B[i]);
+    for (int64_t i = 0; i < M * N; ++i) c[i] = c2[i] = static_cast<float>(C0[i]);
+    k::gemm(false, true, M, N, K, 1.0f, a.t(), b.t(), beta, c.t());
+    k::gemm(false, true, M, N, K, 1.0f, a.t(), b.t(), beta, c2.t());
+    double worst = 0;
+    for (int64_t i = 0; i < M * N; ++i) worst = std::max(worst, std::abs(c[i] - ref[i]));
+    EXPECT_LT(worst, 1e-3) << "beta=" << beta;  // |C| ~ sqrt(K) ~ 33
+    EXPECT_EQ(std::memcmp(c.v.data(), c2.v.data(), c.v.size() * sizeof(float)), 0) << "beta=" << beta;
+  }
+}
+
 TEST(Gemm, Fp64ReferencePathIsExact) {
   const int64_t M = 5, N = 7, K = 3;
   std::vector<double> A(M * K), B(N * K), ref(M * N, 0.0);
@@ -152,6 +176,29 @@ TEST(Gelu, ExactAndTanhMatchClosedFormAndFiniteDifferences) {
     k::gelu_backward(kind, x.t(), proj.t(), dx.t());
     expect_fd_grad(x.v, loss, dx.v, "gelu dx");
   }
+}
+
+// The fp32 path (vectorised erf/exp, kernels/cpu/vec_math.h) against fp64 over
+// [-10, 10], both pieces of erf and the tails included.
+TEST(Gelu, Fp32ExactMatchesFp64) {
+  const size_t n = 20001;
+  Buf<double> x({static_cast<int64_t>(n)}), y(x.shape), dy(x.shape), dx(x.shape);
+  Buf<float> xf(x.shape), yf(x.shape), dyf(x.shape), dxf(x.shape);
+  for (size_t i = 0; i < n; ++i) {
+    xf[i] = static_cast<float>(-10.0 + 20.0 * static_cast<double>(i) / static_cast<double>(n - 1));
+    x[i] = xf[i], dy[i] = 1.0, dyf[i] = 1.0f;
+  }
+  k::gelu_forward(k::GeluKind::kExact, x.t(), y.t());
+  k::gelu_backward(k::GeluKind::kExact, x.t(), dy.t(), dx.t());
+  k::gelu_forward(k::GeluKind::kExact, xf.t(), yf.t());
+  k::gelu_backward(k::GeluKind::kExact, xf.t(), dyf.t(), dxf.t());
+  double worst_y = 0, worst_dx = 0;
+  for (size_t i = 0; i < n; ++i) {
+    worst_y = std::max(worst_y, std::abs(yf[i] - y[i]) / std::max(1.0, std::abs(x[i])));
+    worst_dx = std::max(worst_dx, std::abs(dxf[i] - dx[i]));
+  }
+  EXPECT_LT(worst_y, 5e-7);
+  EXPECT_LT(worst_dx, 5e-7);
 }
 
 TEST(SwiGLU, BackwardMatchesFiniteDifferences) {
@@ -295,13 +342,18 @@ TEST(Attention, Bf16InputsMatchFp32WithinBf16Tolerance) {
   EXPECT_LT(rel(dq.v, dq_h.v), 2e-2);
 }
 
-// The fp32 path (vectorised exp, BK-wide score rows) against the fp64 path on
-// the same inputs: a causal tile edge inside a tile (T=150 with 64-wide tiles),
-// GQA, head_dim 64 as in GPT-2, with and without dropout.
+// The fp32 path (register-blocked tiles, vectorised exp) against the fp64
+// path on the same inputs: causal tile edges inside a tile (T=150, 70, 33 with
+// 64-wide tiles, row counts not a multiple of 4), GQA, head_dim 64 as in
+// GPT-2 and 80 / 32 (other vector counts), and 24 (not a multiple of 16: the
+// generic fp32 path), with and without dropout.
 TEST(Attention, Fp32MatchesFp64) {
-  for (double dropout : {0.0, 0.2}) {
-    k::QkvLayout L{150, 2, 4, 2, 64};
-    k::AttentionOptions o{0.125, dropout, 5, 3, 0};
+  std::vector<AttnCase> cases;
+  for (k::QkvLayout L : {k::QkvLayout{150, 2, 4, 2, 64}, k::QkvLayout{70, 1, 2, 1, 80}, k::QkvLayout{33, 3, 2, 2, 32},
+                         k::QkvLayout{45, 2, 2, 1, 24}})
+    for (double dropout : {0.0, 0.2}) cases.push_back({L, dropout});
+  for (const auto& [L, dropout] : cases) {
+    k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 5, 3, 0};
     const int64_t no = L.tokens() * L.heads * L.head_dim, nq = L.tokens() * L.row(), nl = L.batch * L.heads * L.seq;
     Buf<double> qkv({L.tokens(), L.row()}), out({no}), lse({nl}), dout({no}), dq({nq});
     Buf<float> qkv_f({nq}), out_f({no}), lse_f({nl}), dout_f({no}), dq_f({nq});
@@ -317,9 +369,9 @@ TEST(Attention, Fp32MatchesFp64) {
       for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += a[i] * a[i];
       return std::sqrt(num / den);
     };
-    EXPECT_LT(rel(out.v, out_f.v), 2e-6) << "dropout " << dropout;
-    EXPECT_LT(rel(lse.v, lse_f.v), 1e-6) << "dropout " << dropout;
-    EXPECT_LT(rel(dq.v, dq_f.v), 5e-6) << "dropout " << dropout;
+    EXPECT_LT(rel(out.v, out_f.v), 2e-6) << "d " << L.head_dim << " dropout " << dropout;
+    EXPECT_LT(rel(lse.v, lse_f.v), 1e-6) << "d " << L.head_dim << " dropout " << dropout;
+    EXPECT_LT(rel(dq.v, dq_f.v), 5e-6) << "d " << L.head_dim << " dropout " << dropout;
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace mt::kernels::cpu {
 namespace {
@@ -15,7 +16,7 @@ template <typename T>
 void gelu_fwd(GeluKind k, int64_t n, const T* x, T* y) {
   if (k == GeluKind::kExact) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * T(kInvSqrt2)));
+    for (int64_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + verf(x[i] * T(kInvSqrt2)));
   } else {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -30,8 +31,8 @@ void gelu_bwd(GeluKind k, int64_t n, const T* x, const T* dy, T* dx) {
   if (k == GeluKind::kExact) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      T cdf = T(0.5) * (T(1) + std::erf(x[i] * T(kInvSqrt2)));
-      T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x[i] * x[i]);
+      T cdf = T(0.5) * (T(1) + verf(x[i] * T(kInvSqrt2)));
+      T pdf = T(kInvSqrt2Pi) * vexp(T(-0.5) * x[i] * x[i]);
       dx[i] = dy[i] * (cdf + x[i] * pdf);
     }
   } else {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace mt::kernels::cpu {
 namespace {
@@ -18,10 +19,11 @@ void partials(int64_t N, int64_t V, const T* lg, const Tensor& tg, int64_t v0, T
   for (int64_t i = 0; i < N; ++i) {
     const T* r = lg + i * V;
     T m = r[0];
+#pragma omp simd reduction(max : m)
     for (int64_t j = 1; j < V; ++j) m = std::max(m, r[j]);
     T s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < V; ++j) s += std::exp(r[j] - m);
+    for (int64_t j = 0; j < V; ++j) s += vexp(r[j] - m);
     int64_t t = target_at(tg, i) - v0;
     mx[i] = m;
     se[i] = s;
@@ -39,7 +41,7 @@ void backward(int64_t N, int64_t V, const T* lg, const Tensor& tg, int64_t v0, c
     int64_t tgt = target_at(tg, i);
     T g = tgt < 0 ? T(0) : dl[i], m = mx[i], inv = T(1) / se[i];
 #pragma omp simd
-    for (int64_t j = 0; j < V; ++j) d[j] = g * std::exp(r[j] - m) * inv;
+    for (int64_t j = 0; j < V; ++j) d[j] = g * vexp(r[j] - m) * inv;
     int64_t t = tgt - v0;
     if (tgt >= 0 && t >= 0 && t < V) d[t] -= g;
   }

@@ -1,6 +1,11 @@
-// oneDNN-backed GEMM. fp32 goes through dnnl_sgemm (measured fastest here);
-// bf16 through a matmul primitive, cached per (shape, transposes, beta) since
-// creating one costs far more than running a small one.
+// oneDNN-backed GEMM. fp32 goes through dnnl_sgemm (measured fastest here on
+// most shapes), except x W^T with a long reduction (K >= 2N, K >= 1024, M >= 256:
+// linear_fc2's forward), where oneDNN's matmul primitive (brgemm) is faster
+// on Zen 4 (216 vs 173 GFLOP/s for GPT-2's 1024x768x3072, 2 threads; bench/
+// gemm_bench); bf16 always through a matmul primitive. Primitives are cached
+// per (dtype, shape, transposes, beta) since creating one costs far more than
+// running a small one. The choice depends only on the shape, so results are
+// deterministic.
 
 #include "kernels/gemm.h"
 
@@ -37,15 +42,15 @@ void gemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const 
   }
 }
 
-struct Bf16Key {
-  bool ta, tb, acc;
+struct PrimKey {
+  bool bf16, ta, tb, acc;
   int64_t M, N, K;
-  bool operator<(const Bf16Key& o) const {
-    return std::tie(ta, tb, acc, M, N, K) < std::tie(o.ta, o.tb, o.acc, o.M, o.N, o.K);
+  bool operator<(const PrimKey& o) const {
+    return std::tie(bf16, ta, tb, acc, M, N, K) < std::tie(o.bf16, o.ta, o.tb, o.acc, o.M, o.N, o.K);
   }
 };
 
-struct Bf16Prim {
+struct MatmulPrim {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, c;
   size_t scratch_bytes = 0;
@@ -56,16 +61,17 @@ dnnl::engine& engine() {
   return e;
 }
 
-const Bf16Prim& bf16_prim(const Bf16Key& k) {
+const MatmulPrim& matmul_prim(const PrimKey& k) {
   static std::mutex mu;
-  static std::map<Bf16Key, Bf16Prim> cache;
+  static std::map<PrimKey, MatmulPrim> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(k);
   if (it != cache.end()) return it->second;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
-  dnnl::memory::desc a({k.M, k.K}, dt::bf16, k.ta ? dims{1, k.M} : dims{k.K, 1});
-  dnnl::memory::desc b({k.K, k.N}, dt::bf16, k.tb ? dims{1, k.K} : dims{k.N, 1});
+  const dt in = k.bf16 ? dt::bf16 : dt::f32;
+  dnnl::memory::desc a({k.M, k.K}, in, k.ta ? dims{1, k.M} : dims{k.K, 1});
+  dnnl::memory::desc b({k.K, k.N}, in, k.tb ? dims{1, k.K} : dims{k.N, 1});
   dnnl::memory::desc c({k.M, k.N}, dt::f32, dims{k.N, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -75,14 +81,15 @@ const Bf16Prim& bf16_prim(const Bf16Key& k) {
     attr.set_post_ops(po);
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
-  Bf16Prim p{dnnl::matmul(pd), a, b, c, pd.scratchpad_desc().get_size()};
+  MatmulPrim p{dnnl::matmul(pd), a, b, c, pd.scratchpad_desc().get_size()};
   return cache.emplace(k, std::move(p)).first->second;
 }
 
-void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
-               float beta, const Tensor& C) {
-  MT_CHECK(beta == 0.0f || beta == 1.0f, "gemm bf16: beta must be 0 or 1");
-  const Bf16Prim& p = bf16_prim(Bf16Key{ta, tb, beta == 1.0f, M, N, K});
+// C = A B (beta 0) or C += A B (beta 1) through a cached matmul primitive.
+void gemm_matmul(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
+                 float beta, const Tensor& C) {
+  MT_CHECK(beta == 0.0f || beta == 1.0f, "gemm (matmul primitive): beta must be 0 or 1");
+  const MatmulPrim& p = matmul_prim(PrimKey{bf16, ta, tb, beta == 1.0f, M, N, K});
   thread_local dnnl::stream stream(engine());
   thread_local std::vector<char> scratch;
   if (scratch.size() < p.scratch_bytes) scratch.resize(p.scratch_bytes);
@@ -106,6 +113,10 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   switch (A.dtype()) {
     case DType::kF32: {
       MT_CHECK(B.dtype() == DType::kF32 && C.dtype() == DType::kF32, "gemm: fp32 A needs fp32 B and C");
+      if (!ta && tb && K >= 2 * N && K >= 1024 && M >= 256 && alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
+        gemm_matmul(false, ta, tb, M, N, K, A, B, beta, C);
+        return;
+      }
       dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A.ptr<float>(),
                                     ta ? M : K, B.ptr<float>(), tb ? K : N, beta, C.ptr<float>(), N);
       MT_CHECK(st == dnnl_success, "gemm: dnnl_sgemm failed");
@@ -114,7 +125,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
     case DType::kBF16:
       MT_CHECK(B.dtype() == DType::kBF16 && C.dtype() == DType::kF32, "gemm: bf16 A needs bf16 B, fp32 C");
       MT_CHECK(alpha == 1.0f, "gemm bf16: alpha must be 1");
-      gemm_bf16(ta, tb, M, N, K, A, B, beta, C);
+      gemm_matmul(true, ta, tb, M, N, K, A, B, beta, C);
       return;
     case DType::kF64:
       MT_CHECK(B.dtype() == DType::kF64 && C.dtype() == DType::kF64, "gemm: fp64 A needs fp64 B and C");
