@@ -32,7 +32,7 @@ void usage(FILE* out) {
                "The Megatron-LM training system in C++. Flags keep Megatron-LM's names.\n\n"
                "subcommands:\n");
   for (const auto& s : kSubcommands) std::fprintf(out, "  %-12s %s\n", s.name, s.summary);
-  std::fprintf(out, "\n`megatron <subcommand> --help` lists that subcommand's flags.\n");
+  std::fprintf(out, "\n`megatron <subcommand> --help` lists that subcommand's flags; `megatron --version` the backends.\n");
 }
 
 }  // namespace
