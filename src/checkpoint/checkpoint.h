@@ -163,18 +163,35 @@ Result<LoadedCheckpoint> load_checkpoint(const std::string& load_dir, std::optio
 // kCorrupt when the tracker holds anything but a number or "release".
 Result<std::optional<int64_t>> read_tracker(const std::string& dir);
 
-// ---- Training-state helpers (TP = PP = DP = 1: every tensor whole) ----
+// ---- Training-state helpers (any TP / DP / distributed-optimizer layout) ----
+//
+// Each parameter is stored as the global slices this rank's TP shard covers
+// (model::shard_pieces: one per chunk, two for SwiGLU's fc1). Adam moments
+// are stored as the global slices of the optimizer's state ranges
+// (model::flat_range_pieces: a flat range of a distributed-optimizer shard
+// becomes at most three rectangles per piece). Who writes what, so that
+// every element is stored exactly once:
+//   parameters: the rank with dp_writer (DP rank 0); parameters replicated
+//     over TP only from TP rank 0;
+//   moments: without the distributed optimizer as the parameters; with it,
+//     every DP rank its own ranges (replicated parameters: TP rank 0 only).
+// Loading reads exactly the local pieces, from whatever slices were stored.
 
-// Every parameter of `model` as a whole-tensor slice (stored as params_dtype
-// when given, e.g. kBF16; nullopt = the parameters' dtype, fp32 masters for an
-// exact resume), plus the Adam moments when `optimizer` is non-null.
+// Every slice this rank writes (see above). params_dtype: store the
+// parameters as that dtype (e.g. kBF16); nullopt = the parameters' dtype
+// (fp32 masters, for an exact resume). dp_writer: this rank is DP rank 0.
 std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, const optim::AdamWOptimizer* optimizer,
-                                              std::optional<DType> params_dtype = std::nullopt);
+                                              std::optional<DType> params_dtype = std::nullopt, bool dp_writer = true);
 
-// Reads every parameter of `model` (converting from a bf16-stored checkpoint)
-// and, when `optimizer` is non-null, its moments (missing moments are an error
-// naming --no-load-optim). Then refreshes the model's bf16 copies. Does not
-// touch the optimizer step count (that lives in common.json).
-Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model, optim::AdamWOptimizer* optimizer);
+// Reads this rank's pieces of every parameter of `model` (converting from a
+// bf16-stored checkpoint) and, when `optimizer` is non-null, of its moments
+// (missing moments are an error naming --no-load-optim). A vocabulary-split
+// tensor stored with a different padded vocabulary (Megatron pads to a
+// multiple of 128 x TP, so another TP size can change it) is read for the
+// rows both have; extra rows keep their initial values (zero moments), and
+// `notes` (if given) gets a line saying so. Refreshes the bf16 copies. Does
+// not touch the optimizer step count (that lives in common.json).
+Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model, optim::AdamWOptimizer* optimizer,
+                           std::vector<std::string>* notes = nullptr);
 
 }  // namespace mt::checkpoint

@@ -1,7 +1,10 @@
 // Training-state helpers: a GPTModel's parameters and an AdamWOptimizer's
-// moments as named global slices (TP = PP = DP = 1: every tensor whole).
+// moments as named global slices, for any TP / DP / distributed-optimizer
+// layout (see checkpoint.h).
 
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "checkpoint/checkpoint.h"
 #include "model/gpt.h"
@@ -9,44 +12,101 @@
 
 namespace mt::checkpoint {
 
+namespace {
+
+// Rows [r0, r1) of a 1-D or 2-D local tensor as a tensor of `shape`.
+Tensor local_piece(const Tensor& t, int64_t first_flat, const Shape& shape) {
+  return Tensor(static_cast<char*>(t.data()) + first_flat * static_cast<int64_t>(dtype_size(t.dtype())), shape,
+                t.dtype());
+}
+
+int64_t row_elems(const Tensor& t) { return t.ndim() >= 2 ? t.numel() / t.dim(0) : 1; }
+
+}  // namespace
+
 std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, const optim::AdamWOptimizer* optimizer,
-                                              std::optional<DType> params_dtype) {
+                                              std::optional<DType> params_dtype, bool dp_writer) {
   const auto& specs = model.specs();
   const auto& params = model.params();
+  const int64_t tp = model.options().tp, tp_rank = model.options().tp_rank;
+  auto writes = [&](const model::ParamSpec& s) { return s.shard != model::ShardKind::kReplicated || tp_rank == 0; };
   std::vector<NamedSlice> out;
-  out.reserve(specs.size() * (optimizer ? 3 : 1));
-  for (size_t i = 0; i < specs.size(); ++i)
-    out.push_back(NamedSlice{specs[i].name, specs[i].global_shape, {}, params[i], params_dtype});
-  if (optimizer) {
-    for (size_t i = 0; i < specs.size(); ++i)
-      out.push_back(NamedSlice{"optimizer.exp_avg." + specs[i].name, specs[i].global_shape, {},
-                               optimizer->exp_avg()[i], std::nullopt});
-    for (size_t i = 0; i < specs.size(); ++i)
-      out.push_back(NamedSlice{"optimizer.exp_avg_sq." + specs[i].name, specs[i].global_shape, {},
-                               optimizer->exp_avg_sq()[i], std::nullopt});
+  if (dp_writer)
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (!writes(specs[i])) continue;
+      for (const model::ShardPiece& p : model::shard_pieces(specs[i], tp, tp_rank))
+        out.push_back(NamedSlice{specs[i].name, specs[i].global_shape, p.offsets,
+                                 local_piece(params[i], p.local_row * row_elems(params[i]), p.shape), params_dtype});
+    }
+  if (optimizer && (dp_writer || optimizer->distributed())) {
+    for (int which = 0; which < 2; ++which)
+      for (const optim::StateRange& r : optimizer->state_ranges()) {
+        const model::ParamSpec& s = specs[static_cast<size_t>(r.param)];
+        if (!writes(s)) continue;
+        const Tensor& state = which ? r.v : r.m;
+        const std::string name = (which ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.") + s.name;
+        for (const model::FlatPiece& p : model::flat_range_pieces(s, tp, tp_rank, r.begin, r.end))
+          out.push_back(NamedSlice{name, s.global_shape, p.offsets, local_piece(state, p.local_flat - r.begin, p.shape),
+                                   std::nullopt});
+      }
   }
   return out;
 }
 
-Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model, optim::AdamWOptimizer* optimizer) {
+namespace {
+
+// Reads global slice [offsets, offsets + shape) of `name` into `out`. When the
+// stored tensor is vocabulary-split with another row count, reads the rows
+// both have and leaves the rest of `out` as it is.
+Status read_piece(const LoadedCheckpoint& ckpt, const model::ParamSpec& spec, const std::string& name,
+                  const std::vector<int64_t>& offsets, const Tensor& out, bool convert, bool* clipped) {
+  if (spec.shard == model::ShardKind::kVocab && ckpt.has_tensor(name)) {
+    auto info = ckpt.info(name);
+    if (!info) return info.status();
+    const Shape& g = info->global_shape;
+    if (g.ndim == spec.global_shape.ndim && g[0] != spec.global_shape[0] && g.ndim == 2 && g[1] == spec.global_shape[1]) {
+      *clipped = true;
+      const int64_t r0 = offsets[0], rows = out.dim(0), have = std::max<int64_t>(0, std::min(rows, g[0] - r0));
+      if (have == 0) return Status::ok();
+      return ckpt.read_slice(name, g, offsets, out.slice(0, have), convert);
+    }
+  }
+  return ckpt.read_slice(name, spec.global_shape, offsets, out, convert);
+}
+
+}  // namespace
+
+Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model, optim::AdamWOptimizer* optimizer,
+                           std::vector<std::string>* notes) {
   const auto& specs = model.specs();
   const auto& params = model.params();
+  const int64_t tp = model.options().tp, tp_rank = model.options().tp_rank;
+  bool clipped = false;
   for (size_t i = 0; i < specs.size(); ++i)
-    MT_RETURN_IF_ERROR(ckpt.read_slice(specs[i].name, specs[i].global_shape, {}, params[i],
-                                       /*allow_dtype_conversion=*/true));
+    for (const model::ShardPiece& p : model::shard_pieces(specs[i], tp, tp_rank))
+      MT_RETURN_IF_ERROR(read_piece(ckpt, specs[i], specs[i].name, p.offsets,
+                                    local_piece(params[i], p.local_row * row_elems(params[i]), p.shape),
+                                    /*convert=*/true, &clipped));
   if (optimizer) {
-    for (size_t i = 0; i < specs.size(); ++i) {
-      for (int which = 0; which < 2; ++which) {
-        const std::string name = (which ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.") + specs[i].name;
+    for (int which = 0; which < 2; ++which)
+      for (const optim::StateRange& r : optimizer->state_ranges()) {
+        const model::ParamSpec& s = specs[static_cast<size_t>(r.param)];
+        const std::string name = (which ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.") + s.name;
         if (!ckpt.has_tensor(name))
           return Status::not_found(fmt::format("checkpoint '{}' has no optimizer state ('{}'); it was saved without "
                                                "it: pass --no-load-optim (or --finetune) to start the optimizer afresh",
                                                ckpt.directory(), name));
-        const Tensor& dst = which ? optimizer->exp_avg_sq()[i] : optimizer->exp_avg()[i];
-        MT_RETURN_IF_ERROR(ckpt.read_slice(name, specs[i].global_shape, {}, dst));
+        const Tensor& state = which ? r.v : r.m;
+        for (const model::FlatPiece& p : model::flat_range_pieces(s, tp, tp_rank, r.begin, r.end))
+          MT_RETURN_IF_ERROR(read_piece(ckpt, s, name, p.offsets, local_piece(state, p.local_flat - r.begin, p.shape),
+                                        /*convert=*/false, &clipped));
       }
-    }
   }
+  if (clipped && notes)
+    notes->push_back(fmt::format("the checkpoint's padded vocabulary differs from this run's ({} rows at "
+                                 "--tensor-model-parallel-size {}): rows present in both were loaded, the others keep "
+                                 "their initial values",
+                                 model.vocab(), tp));
   if (model.options().bf16_compute) model.sync_low_precision();
   return Status::ok();
 }

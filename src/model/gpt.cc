@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "comm/communicator.h"
 #include "core/rng.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
@@ -32,9 +33,12 @@ struct GPTModel::LayerIdx {
   int ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
 };
 
-// What backward needs from one layer's forward (N = T*B rows):
-//   x_mid [N,h]  residual stream after attention     ln1, ln2 [N,h] norm outputs
-//   ln*_mean (LayerNorm only), ln*_rstd [N]          qkv [N,(a+2g)d] after rope
+// What backward needs from one layer's forward (N = T*B rows; Ns = N/TP
+// with sequence parallelism, else N; a, g, F: this TP rank's heads, query
+// groups and MLP columns):
+//   x_mid [Ns,h] residual stream after attention    ln1, ln2 [N,h] norm outputs (with SP:
+//                                                   all-gathered, this rank's rows computed here)
+//   ln*_mean (LayerNorm only), ln*_rstd [Ns]         qkv [N,(a+2g)d] after rope
 //   ctx [N,a d], lse [B,a,T] attention output/log-sum-exp (not kept with
 //                            selective recomputation: recomputed from qkv)
 //   fc1 [N, F or 2F] pre-activation                  act [N,F]
@@ -54,15 +58,16 @@ using FieldIdx = std::array<int, kLayerFields>;  // entry index in a SizeTable, 
 
 // The sizes every table and the scratch plan are built from.
 struct Dims {
-  int64_t N, B, T, h, a, ad, qkv, fc1, F, V;
+  int64_t N, Ns, B, T, h, a, ad, qkv, fc1, F, V;  // a..V: this TP rank's share
   DType dt;
   bool layernorm;
 };
 
 Shape field_shape(int f, const Dims& d) {
   switch (f) {
-    case kXMid: case kLn1: case kLn2: return {d.N, d.h};
-    case kLn1Mean: case kLn1Rstd: case kLn2Mean: case kLn2Rstd: return {d.N};
+    case kXMid: return {d.Ns, d.h};
+    case kLn1: case kLn2: return {d.N, d.h};
+    case kLn1Mean: case kLn1Rstd: case kLn2Mean: case kLn2Rstd: return {d.Ns};
     case kQkv: return {d.N, d.qkv};
     case kCtx: return {d.N, d.ad};
     case kLse: return {d.B, d.a, d.T};
@@ -112,9 +117,9 @@ struct GPTModel::Tables {
 
 struct GPTModel::Slot {
   Tensor tokens, labels;      // [T*B] int32, [s, b] order
-  std::vector<Tensor> resid;  // L+1 x [N,h]; undefined where recomputed
+  std::vector<Tensor> resid;  // L+1 x [Ns,h]; undefined where recomputed
   std::vector<LayerActs> layers;
-  Tensor lnf, lnf_mean, lnf_rstd, logits, mx, se, tl, loss;  // logits [N,V]; rest [N]
+  Tensor lnf, lnf_mean, lnf_rstd, logits, mx, se, tl, loss;  // lnf [N,h]; logits [N,V/TP]; mean/rstd [Ns]; rest [N]
   uint64_t dropout_step = 0;
   bool training = false, ready = false;
   double count = 0;  // labels counted in the loss
@@ -218,8 +223,24 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                  cfg.max_position_embeddings, T));
     if (cfg.is_moe()) errs.push_back("--num-experts: mixture of experts is not implemented in the model yet");
   }
-  if (opt.tp != 1) errs.push_back("tensor parallelism is not implemented in the model yet (--tensor-model-parallel-size 1)");
+  if (opt.tp < 1 || opt.tp_rank < 0 || opt.tp_rank >= opt.tp)
+    errs.push_back(fmt::format("tensor-parallel rank {} outside [0, {})", opt.tp_rank, opt.tp));
+  if (opt.tp > 1 && cfg.has_architecture()) {
+    const int64_t tp = opt.tp;
+    if (cfg.num_attention_heads % tp)
+      errs.push_back(fmt::format("--num-attention-heads {} is not divisible by --tensor-model-parallel-size {}",
+                                 cfg.num_attention_heads, tp));
+    if (cfg.query_groups() % tp)
+      errs.push_back(fmt::format("--num-query-groups {} is not divisible by --tensor-model-parallel-size {}",
+                                 cfg.query_groups(), tp));
+    if (cfg.ffn() % tp)
+      errs.push_back(fmt::format("--ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}", cfg.ffn(), tp));
+    if (opt.sequence_parallel && T > 0 && T % tp)
+      errs.push_back(fmt::format("--sequence-parallel needs --seq-length {} divisible by --tensor-model-parallel-size {}",
+                                 T, tp));
+  }
   if (opt.micro_batch <= 0) errs.push_back("--micro-batch-size must be positive");
+  if (opt.flat_multiple < 1) errs.push_back("flat_multiple must be at least 1");
   if (opt.slots < 0) errs.push_back("activation slots must be >= 0");
   if (opt.dtype != DType::kF32 && opt.dtype != DType::kF64) errs.push_back("model dtype must be fp32 or fp64");
   if (opt.bf16_compute && opt.dtype != DType::kF32) errs.push_back("bf16 compute needs fp32 parameters");
@@ -239,10 +260,12 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   t.opt = opt;
   t.opt.seq_length = T;
   const int64_t B = opt.micro_batch, N = B * T, h = cfg.hidden_size, a = cfg.num_attention_heads;
-  const int64_t ad = a * cfg.head_dim(), F = cfg.ffn();
+  const int64_t tp = opt.tp, al = a / tp, gl = cfg.query_groups() / tp, ad = al * cfg.head_dim(), F = cfg.ffn() / tp;
+  const bool sp = opt.sequence_parallel && tp > 1;
+  const int64_t Ns = sp ? N / tp : N;
   Dims& d = t.dims;
-  d = Dims{N, B, T, h, a, ad, (a + 2 * cfg.query_groups()) * cfg.head_dim(), (cfg.swiglu ? 2 : 1) * F, F,
-           cfg.padded_vocab(opt.tp), opt.dtype, cfg.normalization == Normalization::kLayerNorm};
+  d = Dims{N, Ns, B, T, h, al, ad, (al + 2 * gl) * cfg.head_dim(), (cfg.swiglu ? 2 : 1) * F, F,
+           cfg.padded_vocab(tp) / tp, opt.dtype, cfg.normalization == Normalization::kLayerNorm};
   const DType dt = opt.dtype;
   const int64_t L = cfg.num_layers;
 
@@ -276,7 +299,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   ai.labels = at.add("labels", {N}, DType::kI32);
   ai.resid.assign(static_cast<size_t>(L + 1), -1);
   for (int64_t l = 0; l <= L; ++l)
-    if (keep_resid[static_cast<size_t>(l)]) ai.resid[static_cast<size_t>(l)] = at.add(fmt::format("resid.{}", l), {N, h}, dt);
+    if (keep_resid[static_cast<size_t>(l)]) ai.resid[static_cast<size_t>(l)] = at.add(fmt::format("resid.{}", l), {Ns, h}, dt);
   ai.layers.assign(static_cast<size_t>(L), FieldIdx{});
   for (int64_t l = 0; l < L; ++l) {
     FieldIdx& f = ai.layers[static_cast<size_t>(l)];
@@ -284,8 +307,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     if (keep_layer[static_cast<size_t>(l)]) f = add_layer(at, fmt::format("layers.{}.", l), d, !selective);
   }
   ai.lnf = at.add("final.ln", {N, h}, dt);
-  if (d.layernorm) ai.lnf_mean = at.add("final.mean", {N}, dt);
-  ai.lnf_rstd = at.add("final.rstd", {N}, dt);
+  if (d.layernorm) ai.lnf_mean = at.add("final.mean", {Ns}, dt);
+  ai.lnf_rstd = at.add("final.rstd", {Ns}, dt);
   ai.logits = at.add("logits", {N, d.V}, dt);
   ai.mx = at.add("xent.max", {N}, dt);
   ai.se = at.add("xent.sumexp", {N}, dt);
@@ -295,7 +318,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // The recompute workspace: the largest recomputed group, everything kept.
   for (int64_t i = 0; i < max_group; ++i) {
     t.ws_layers.push_back(add_layer(t.workspace, fmt::format("recompute.{}.", i), d, true));
-    if (i + 1 < max_group) t.ws_resid.push_back(t.workspace.add(fmt::format("recompute.resid.{}", i + 1), {N, h}, dt));
+    if (i + 1 < max_group) t.ws_resid.push_back(t.workspace.add(fmt::format("recompute.resid.{}", i + 1), {Ns, h}, dt));
   }
 
   if (cfg.position_embedding == PositionEmbedding::kRope) {
@@ -315,24 +338,29 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                          abytes(N * h, hb) + abytes(N * ad, hb),           // proj
                                          abytes(N * d.qkv, hb) + abytes(N * h, hb)})       // qkv
                              : 0;
-  const size_t attn_tmp = selective ? abytes(N * ad, dt) + abytes(B * a * T, dt) : 0;  // ctx, lse
-  const size_t layer_fwd_kept = abytes(N * h, dt) + attn_tmp + cast_fwd;  // tmp (+ ctx, lse) + cast
-  const size_t layer_fwd_ws = abytes(N * h, dt) + cast_fwd;
-  const size_t layer_bwd = 2 * abytes(N * h, dt) + abytes(N * F, dt) + abytes(N * d.fc1, dt) + abytes(N * ad, dt) +
-                           abytes(N * d.qkv, dt) + attn_tmp + cast_bwd;
+  const size_t attn_tmp = selective ? abytes(N * ad, dt) + abytes(B * d.a * T, dt) : 0;  // ctx, lse
+  // With sequence parallelism: one full-sequence [N, h] buffer for the
+  // all-gathered / not yet reduce-scattered side of a collective.
+  const size_t full = sp ? abytes(N * h, dt) : 0;
+  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + full + cast_fwd;  // tmp (+ ctx, lse) + full + cast
+  const size_t layer_fwd_ws = abytes(Ns * h, dt) + full + cast_fwd;
+  const size_t layer_bwd = 2 * abytes(Ns * h, dt) + abytes(N * F, dt) + abytes(N * d.fc1, dt) + abytes(N * ad, dt) +
+                           abytes(N * d.qkv, dt) + attn_tmp + full + cast_bwd;
   bool any_kept = false;
   for (char k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
-  const size_t fwd_out = bf ? abytes(N * h, hb) : 0;
-  const size_t bwd_base = abytes(N, dt) + 2 * abytes(N * h, dt);  // dloss, dlnf, dresid
-  const size_t bwd_out = bf ? abytes(N * d.V, hb) + abytes(N * h, hb) : 0;
+  const size_t fwd_out = std::max(full, (tp > 1 ? abytes(N, dt) : 0) + (bf ? abytes(N * h, hb) : 0));
+  const size_t bwd_base = abytes(N, dt) + 2 * abytes(Ns * h, dt);  // dloss, dlnf, dresid
+  const size_t bwd_out = full + (bf ? abytes(N * d.V, hb) + abytes(N * h, hb) : 0);
   const size_t bwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, layer_bwd);
   const size_t forward_peak = std::max(fwd_layers, fwd_out);
-  const size_t backward_peak = bwd_base + std::max(bwd_out, bwd_layers);
+  const size_t backward_peak = bwd_base + std::max({bwd_out, bwd_layers, full});
 
   GPTMemoryPlan& p = t.plan;
-  p.params = t.params.total_bytes();
-  p.grads = opt.slots > 0 ? t.params.total_bytes() : 0;
+  const size_t flat_unit = static_cast<size_t>(std::max<int64_t>(1, opt.flat_multiple)) * dtype_size(dt);
+  const size_t flat_bytes = (t.params.total_bytes() + flat_unit - 1) / flat_unit * flat_unit;
+  p.params = flat_bytes;
+  p.grads = opt.slots > 0 ? flat_bytes : 0;
   p.lowp = t.lowp.total_bytes();
   p.activations_per_slot = opt.slots > 0 ? t.acts.total_bytes() : 0;
   p.activations = p.activations_per_slot * static_cast<size_t>(opt.slots);
@@ -348,7 +376,42 @@ Result<GPTMemoryPlan> GPTModel::planned_bytes(const ModelConfig& cfg, const GPTO
   return t->plan;
 }
 
+Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOptions& opt) {
+  auto t = make_tables(cfg, opt);
+  if (!t.is_ok()) return t.status();
+  GPTCommPlan c;
+  if (opt.tp <= 1) return c;
+  const Dims& d = t->dims;
+  const double act = static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.dt));  // one [N, h]
+  const double row = static_cast<double>(d.N) * static_cast<double>(dtype_size(d.dt));        // one [N]
+  // Per layer forward: two row-parallel outputs (all-reduce, or SP reduce-
+  // scatter) and, with SP, two all-gathered norm outputs. Backward mirrors it.
+  const bool sp = opt.sequence_parallel;
+  const double layer_fwd = (sp ? 4 : 2) * act, layer_bwd = (sp ? 4 : 2) * act;
+  // A recomputed group re-runs its layers' forward in backward, the last
+  // layer stopping before linear_fc2 (one row-parallel collective fewer).
+  double recompute = 0;
+  for (const LayerGroup& g : t->groups)
+    if (g.recompute) recompute += static_cast<double>(g.end - g.begin) * layer_fwd - act;
+  const double L = static_cast<double>(cfg.num_layers);
+  // Embedding: all-reduce (SP: reduce-scatter); output layer input: SP
+  // all-gather; cross-entropy: max, sum of exp, target logit over [N].
+  c.tp_forward_bytes = L * layer_fwd + act + (sp ? act : 0) + 3 * row;
+  // Output layer dx: all-reduce (SP: reduce-scatter); embedding dy: SP all-gather.
+  c.tp_backward_bytes = L * layer_bwd + act + (sp ? act : 0) + recompute;
+  if (sp)
+    for (size_t i = 0; i < t->specs.size(); ++i)
+      if (t->specs[i].shard == ShardKind::kReplicated)
+        c.tp_step_bytes += static_cast<double>(t->specs[i].global_shape.numel()) * static_cast<double>(dtype_size(d.dt));
+  return c;
+}
+
 Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const GPTOptions& opt) {
+  if (opt.tp > 1 && !opt.tp_comm && opt.slots > 0)
+    return Status::invalid("tensor parallelism needs the tensor-parallel communicator (GPTOptions::tp_comm)");
+  if (opt.tp_comm && opt.tp_comm->size() != opt.tp)
+    return Status::invalid(fmt::format("the tensor-parallel communicator has {} ranks, GPTOptions::tp is {}",
+                                       opt.tp_comm->size(), opt.tp));
   auto t = make_tables(cfg, opt);
   if (!t.is_ok()) return t.status();
   return std::unique_ptr<GPTModel>(new GPTModel(cfg, t->opt, std::move(*t)));
@@ -357,6 +420,7 @@ Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const
 GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : cfg_(cfg), opt_(opt) {
   const Dims& d = t.dims;
   B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1;
+  Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
   specs_ = std::move(t.specs);
   groups_ = std::move(t.groups);
   plan_ = t.plan;
@@ -455,17 +519,29 @@ void GPTModel::init_parameters(uint64_t seed) {
     const ParamSpec& s = specs_[i];
     const Tensor& p = params_[i];
     const uint64_t stream = fnv1a(s.name);
-    const int64_t n = p.numel();  // TP = 1: local == global, so the flat index is the global one
-    for (int64_t e = 0; e < n; ++e) {
-      double v = 0;
-      switch (s.init) {
-        case InitKind::kNormal: v = std0 * philox_normal(seed, stream, static_cast<uint64_t>(e)); break;
-        case InitKind::kScaledNormal: v = std_out * philox_normal(seed, stream, static_cast<uint64_t>(e)); break;
-        case InitKind::kOnes: v = 1; break;
-        case InitKind::kZeros: v = 0; break;
-      }
-      if (p.dtype() == DType::kF32) p.ptr<float>()[e] = static_cast<float>(v);
-      else p.ptr<double>()[e] = v;
+    // Each element draws from its GLOBAL flat index, so every TP layout holds
+    // slices of the same full tensor.
+    const int64_t gcols = s.global_shape.ndim >= 2 ? s.global_shape.numel() / s.global_shape[0] : 1;
+    const int64_t lcols = p.ndim() >= 2 ? p.numel() / p.dim(0) : 1;
+    for (const ShardPiece& piece : shard_pieces(s, opt_.tp, opt_.tp_rank)) {
+      const int64_t rows = piece.shape.ndim >= 2 ? piece.shape[0] : 1;
+      const int64_t cols = piece.shape.ndim >= 2 ? piece.shape.numel() / piece.shape[0] : piece.shape[0];
+      const int64_t grow0 = piece.shape.ndim >= 2 ? piece.offsets[0] : 0;
+      const int64_t gcol0 = piece.shape.ndim >= 2 ? piece.offsets[1] : piece.offsets[0];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t e = (piece.local_row + r) * lcols + c;
+          const uint64_t ge = static_cast<uint64_t>((grow0 + r) * gcols + gcol0 + c);
+          double v = 0;
+          switch (s.init) {
+            case InitKind::kNormal: v = std0 * philox_normal(seed, stream, ge); break;
+            case InitKind::kScaledNormal: v = std_out * philox_normal(seed, stream, ge); break;
+            case InitKind::kOnes: v = 1; break;
+            case InitKind::kZeros: v = 0; break;
+          }
+          if (p.dtype() == DType::kF32) p.ptr<float>()[e] = static_cast<float>(v);
+          else p.ptr<double>()[e] = v;
+        }
     }
   }
   sync_low_precision();
@@ -476,8 +552,34 @@ void GPTModel::sync_low_precision() {
     if (lowp_[i].defined()) k::cast(params_[i], lowp_[i]);
 }
 
+void GPTModel::sync_low_precision(int stage) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (lowp_[i].defined() && param_stage(specs_[i], cfg_.num_layers) == stage) k::cast(params_[i], lowp_[i]);
+}
+
+int param_stage(const ParamSpec& spec, int64_t num_layers) {
+  if (spec.layer >= 0) return spec.layer;
+  if (spec.name.rfind("embedding.", 0) == 0) return -1;
+  return static_cast<int>(num_layers);  // final norm, output layer
+}
+
+Tensor GPTModel::flat_params() const {
+  return Tensor(params_arena_.base(), {static_cast<int64_t>(params_arena_.capacity() / dtype_size(opt_.dtype))},
+                opt_.dtype);
+}
+Tensor GPTModel::flat_grads() const {
+  if (!grads_arena_.base()) return Tensor();
+  return Tensor(grads_arena_.base(), {static_cast<int64_t>(grads_arena_.capacity() / dtype_size(opt_.dtype))},
+                opt_.dtype);
+}
+int64_t GPTModel::flat_offset(int i) const {
+  return static_cast<int64_t>((static_cast<const char*>(params_[static_cast<size_t>(i)].data()) -
+                               static_cast<const char*>(params_arena_.base())) /
+                              static_cast<std::ptrdiff_t>(dtype_size(opt_.dtype)));
+}
+
 void GPTModel::zero_grads() {
-  if (grads_arena_.base()) std::memset(grads_arena_.base(), 0, grads_arena_.used());
+  if (grads_arena_.base()) std::memset(grads_arena_.base(), 0, grads_arena_.capacity());
 }
 
 // y [N,out] = x [N,in] W^T + b. Column-parallel (qkv, fc1): fwd identity, bwd
@@ -514,6 +616,67 @@ void GPTModel::linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const
   if (b >= 0) k::bias_grad(dy, grads_[b]);
 }
 
+Tensor GPTModel::own_rows(const Tensor& full) const {
+  return sp() ? full.slice(opt_.tp_rank * Ns_, (opt_.tp_rank + 1) * Ns_) : full;
+}
+
+// Column-parallel input: with SP, all-gather this rank's rows (already
+// written into x_full's own block) into the full sequence. Otherwise identity.
+void GPTModel::column_fwd_input(const Tensor& x_own, const Tensor& x_full) {
+  if (sp()) opt_.tp_comm->all_gather(x_own, x_full);
+}
+
+// Row-parallel linear: y_own [Ns, out] = reduce over TP of x W^T (partial sums
+// of this rank's input columns), then + bias (replicated, added once after
+// the reduction as Megatron's RowParallelLinear does).
+// fwd: all-reduce (SP: reduce-scatter) | bwd: identity (SP: all-gather dy).
+void GPTModel::row_linear_fwd(const Tensor& x, int w, int b, const Tensor& y_own) {
+  if (opt_.tp == 1) return linear_fwd(x, w, b, y_own);
+  ArenaScope scope(scratch_);
+  if (sp()) {
+    Tensor full = scratch({N_, y_own.dim(1)}, y_own.dtype());
+    linear_fwd(x, w, -1, full);
+    opt_.tp_comm->reduce_scatter(full, y_own);
+  } else {
+    linear_fwd(x, w, -1, y_own);
+    opt_.tp_comm->all_reduce(y_own);
+  }
+  if (b >= 0) k::bias_add(y_own, params_[b]);
+}
+
+// dy_own: d(y_own). The bias gradient comes from this rank's rows (partial
+// with SP: reduce_tp_replicated_grads() completes it); dW and dx from the
+// full-sequence dy.
+void GPTModel::row_linear_bwd(const Tensor& x, int w, int b, const Tensor& dy_own, const Tensor& dx) {
+  if (!sp()) return linear_bwd(x, w, b, dy_own, dx);
+  ArenaScope scope(scratch_);
+  Tensor full = scratch({N_, dy_own.dim(1)}, dy_own.dtype());
+  opt_.tp_comm->all_gather(dy_own, full);
+  linear_bwd(x, w, -1, full, dx);
+  if (b >= 0) k::bias_grad(dy_own, grads_[b]);
+}
+
+// Column-parallel backward: dx_own = reduce over TP of dy W (each rank's
+// output columns contribute a partial dx). bwd: all-reduce (SP: reduce-scatter).
+void GPTModel::column_linear_bwd(const Tensor& x_full, int w, int b, const Tensor& dy, const Tensor& dx_own) {
+  if (opt_.tp == 1) return linear_bwd(x_full, w, b, dy, dx_own);
+  if (!sp()) {
+    linear_bwd(x_full, w, b, dy, dx_own);
+    opt_.tp_comm->all_reduce(dx_own);
+    return;
+  }
+  ArenaScope scope(scratch_);
+  Tensor full = scratch({N_, dx_own.dim(1)}, dx_own.dtype());
+  linear_bwd(x_full, w, b, dy, full);
+  opt_.tp_comm->reduce_scatter(full, dx_own);
+}
+
+void GPTModel::reduce_tp_replicated_grads() {
+  if (!sp()) return;
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].shard == ShardKind::kReplicated) opt_.tp_comm->all_reduce(grads_[i]);
+}
+
 void GPTModel::norm_fwd(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   if (cfg_.normalization == Normalization::kLayerNorm)
     k::layernorm_forward(x, params_[w], b >= 0 ? params_[b] : Tensor(), cfg_.norm_epsilon, y, mean, rstd);
@@ -540,75 +703,80 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   const LayerIdx& p = layers_[l];
   const bool post = cfg_.apply_residual_connection_post_layernorm;
   const double hd = s.training ? cfg_.hidden_dropout : 0.0, ad = s.training ? cfg_.attention_dropout : 0.0;
+  const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);  // global dropout index
   ArenaScope scope(scratch_);
-  Tensor tmp = scratch({N_, h_}, opt_.dtype);
+  Tensor tmp = scratch({Ns_, h_}, opt_.dtype);
   // Selective recomputation: the attention output and lse live only in scratch.
   Tensor ctx = a.ctx, lse = a.lse;
   if (!ctx.defined()) {
-    ctx = scratch({N_, cfg_.num_attention_heads * cfg_.head_dim()}, opt_.dtype);
-    lse = scratch({B_, cfg_.num_attention_heads, T_}, opt_.dtype);
+    ctx = scratch({N_, a_ * cfg_.head_dim()}, opt_.dtype);
+    lse = scratch({B_, a_, T_}, opt_.dtype);
   }
   // Attention block.
-  norm_fwd(x, p.ln1_w, p.ln1_b, a.ln1, a.ln1_mean, a.ln1_rstd);
+  const Tensor ln1 = own_rows(a.ln1), ln2 = own_rows(a.ln2);
+  norm_fwd(x, p.ln1_w, p.ln1_b, ln1, a.ln1_mean, a.ln1_rstd);
+  column_fwd_input(ln1, a.ln1);
   linear_fwd(a.ln1, p.qkv_w, p.qkv_b, a.qkv);
-  k::QkvLayout L{T_, B_, cfg_.num_attention_heads, cfg_.query_groups(), cfg_.head_dim()};
+  k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_);
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
-                         dropout_stream(s.dropout_step, l, 0), 0};
+                         dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
   k::attention_forward(a.qkv, L, ao, ctx, lse);
-  linear_fwd(ctx, p.proj_w, p.proj_b, tmp);
-  if (hd > 0) k::dropout_forward(tmp, tmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 1));
-  k::add(post ? a.ln1 : x, tmp, a.x_mid);
+  row_linear_fwd(ctx, p.proj_w, p.proj_b, tmp);
+  if (hd > 0) k::dropout_forward(tmp, tmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 1), row_offset);
+  k::add(post ? ln1 : x, tmp, a.x_mid);
   // MLP block.
-  norm_fwd(a.x_mid, p.ln2_w, p.ln2_b, a.ln2, a.ln2_mean, a.ln2_rstd);
+  norm_fwd(a.x_mid, p.ln2_w, p.ln2_b, ln2, a.ln2_mean, a.ln2_rstd);
+  column_fwd_input(ln2, a.ln2);
   linear_fwd(a.ln2, p.fc1_w, p.fc1_b, a.fc1);
   if (cfg_.swiglu) k::swiglu_forward(a.fc1, a.act);
   else k::gelu_forward(cfg_.openai_gelu ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, a.act);
   if (!out.defined()) return;  // recomputing a group's last layer: backward needs nothing after act
-  linear_fwd(a.act, p.fc2_w, p.fc2_b, tmp);
-  if (hd > 0) k::dropout_forward(tmp, tmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 2));
-  k::add(post ? a.ln2 : a.x_mid, tmp, out);
+  row_linear_fwd(a.act, p.fc2_w, p.fc2_b, tmp);
+  if (hd > 0) k::dropout_forward(tmp, tmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 2), row_offset);
+  k::add(post ? ln2 : a.x_mid, tmp, out);
 }
 
 void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& s, const Tensor& dresid) {
   const LayerIdx& p = layers_[l];
   const bool post = cfg_.apply_residual_connection_post_layernorm;
   const double hd = s.training ? cfg_.hidden_dropout : 0.0, ad = s.training ? cfg_.attention_dropout : 0.0;
-  const int64_t adim = cfg_.num_attention_heads * cfg_.head_dim();
+  const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);
+  const int64_t adim = a_ * cfg_.head_dim();
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
-  Tensor dtmp = scratch({N_, h_}, dt), dln = scratch({N_, h_}, dt), dact = scratch({N_, F_}, dt),
+  Tensor dtmp = scratch({Ns_, h_}, dt), dln = scratch({Ns_, h_}, dt), dact = scratch({N_, F_}, dt),
          dfc1 = scratch({N_, fc1_}, dt), dctx = scratch({N_, adim}, dt), dqkv = scratch({N_, qkv_}, dt);
-  k::QkvLayout L{T_, B_, cfg_.num_attention_heads, cfg_.query_groups(), cfg_.head_dim()};
+  k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
-                         dropout_stream(s.dropout_step, l, 0), 0};
+                         dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
   Tensor ctx = a.ctx, lse = a.lse;
   if (!ctx.defined()) {
     // Selective recomputation: core attention again from the saved (roped)
     // Q/K/V, same dropout stream, so ctx and lse are bitwise the forward's.
     ctx = scratch({N_, adim}, dt);
-    lse = scratch({B_, cfg_.num_attention_heads, T_}, dt);
+    lse = scratch({B_, a_, T_}, dt);
     k::attention_forward(a.qkv, L, ao, ctx, lse);
   }
   // out = res2 + dropout(fc2(act)), res2 = post ? ln2 : x_mid
-  if (hd > 0) k::dropout_backward(dresid, dtmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 2));
+  if (hd > 0) k::dropout_backward(dresid, dtmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 2), row_offset);
   const Tensor& dfc2 = hd > 0 ? dtmp : dresid;
-  linear_bwd(a.act, p.fc2_w, p.fc2_b, dfc2, dact);
+  row_linear_bwd(a.act, p.fc2_w, p.fc2_b, dfc2, dact);
   if (cfg_.swiglu) k::swiglu_backward(a.fc1, dact, dfc1);
   else k::gelu_backward(cfg_.openai_gelu ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, dact, dfc1);
-  linear_bwd(a.ln2, p.fc1_w, p.fc1_b, dfc1, dln);
+  column_linear_bwd(a.ln2, p.fc1_w, p.fc1_b, dfc1, dln);
   if (post) {
     k::add_inplace(dln, dresid);  // residual taken from ln2
     dresid.zero();
   }
   norm_bwd(dln, a.x_mid, p.ln2_w, p.ln2_b, a.ln2_mean, a.ln2_rstd, dresid);  // dresid = d x_mid
   // x_mid = res1 + dropout(proj(ctx)), res1 = post ? ln1 : x
-  if (hd > 0) k::dropout_backward(dresid, dtmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 1));
+  if (hd > 0) k::dropout_backward(dresid, dtmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 1), row_offset);
   const Tensor& dproj = hd > 0 ? dtmp : dresid;
-  linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
+  row_linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
   k::attention_backward(a.qkv, ctx, dctx, lse, L, ao, dqkv);
   if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_backward(dqkv, L, rope_cos_, rope_sin_);
-  linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
+  column_linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
   if (post) {
     k::add_inplace(dln, dresid);
     dresid.zero();
@@ -645,21 +813,39 @@ double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, u
   for (int64_t b = 0; b < B_; ++b)
     for (int64_t t = 0; t < T_; ++t) {
       int32_t id = tk[b * T_ + t];
-      MT_CHECK(id >= 0 && id < V_, fmt::format("token id {} outside the vocabulary [0, {})", id, V_));
+      MT_CHECK(id >= 0 && id < Vg_, fmt::format("token id {} outside the vocabulary [0, {})", id, Vg_));
       s.tokens.ptr<int32_t>()[t * B_ + b] = id;
       s.labels.ptr<int32_t>()[t * B_ + b] = lb[b * T_ + t];
-      MT_CHECK(lb[b * T_ + t] < V_, "label outside the vocabulary");
+      MT_CHECK(lb[b * T_ + t] < Vg_, "label outside the vocabulary");
       if (lb[b * T_ + t] >= 0) s.count += 1;
     }
-  // Embedding (vocab-parallel: fwd all-reduce over TP) + learned positions, then dropout.
-  k::embedding_forward(s.tokens, params_[word_], 0, s.resid[0]);
-  if (pos_ >= 0) k::position_add_forward(params_[pos_], B_, s.resid[0]);
+  // Embedding (vocab-parallel: a token outside this rank's rows gives zeros;
+  // fwd all-reduce over TP, with SP reduce-scatter to this rank's sequence
+  // shard) + learned positions of the shard, then dropout.
+  const int64_t t0 = sp() ? opt_.tp_rank * (T_ / opt_.tp) : 0;  // first position of this rank's rows
+  if (forward_hook_) forward_hook_(-1);
+  {
+    ArenaScope scope(scratch_);
+    if (sp()) {
+      Tensor full = scratch({N_, h_}, opt_.dtype);
+      k::embedding_forward(s.tokens, params_[word_], vocab_start(), full);
+      opt_.tp_comm->reduce_scatter(full, s.resid[0]);
+    } else {
+      k::embedding_forward(s.tokens, params_[word_], vocab_start(), s.resid[0]);
+      if (opt_.tp > 1) opt_.tp_comm->all_reduce(s.resid[0]);
+    }
+  }
+  if (pos_ >= 0) k::position_add_forward(params_[pos_].slice(t0, t0 + Ns_ / B_), B_, s.resid[0]);
   const double hd = training ? cfg_.hidden_dropout : 0.0;
-  if (hd > 0) k::dropout_forward(s.resid[0], s.resid[0], hd, kDropoutSeedSalt, dropout_stream(dropout_step, 4095, 3));
+  const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);
+  if (hd > 0)
+    k::dropout_forward(s.resid[0], s.resid[0], hd, kDropoutSeedSalt, dropout_stream(dropout_step, 4095, 3), row_offset);
   {
     ArenaScope scope(scratch_);
     Workspace ws = carve_workspace();
     for (const LayerGroup& g : groups_) {
+      if (forward_hook_)
+        for (int64_t l = g.begin; l < g.end; ++l) forward_hook_(static_cast<int>(l));
       if (g.recompute) {
         group_forward(g, s.resid[static_cast<size_t>(g.begin)], ws, s.resid[static_cast<size_t>(g.end)], s);
       } else {
@@ -669,8 +855,11 @@ double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, u
       }
     }
   }
-  // Final norm, output layer (tied: the word embedding), loss.
-  norm_fwd(s.resid[cfg_.num_layers], final_w_, final_b_, s.lnf, s.lnf_mean, s.lnf_rstd);
+  // Final norm (on the shard with SP, then all-gathered), output layer (tied:
+  // the word embedding; vocab-parallel), loss (vocab-parallel cross-entropy).
+  if (forward_hook_) forward_hook_(static_cast<int>(cfg_.num_layers));
+  norm_fwd(s.resid[cfg_.num_layers], final_w_, final_b_, own_rows(s.lnf), s.lnf_mean, s.lnf_rstd);
+  column_fwd_input(own_rows(s.lnf), s.lnf);
   if (opt_.bf16_compute) {
     ArenaScope scope(scratch_);
     Tensor xh = scratch(s.lnf.shape(), DType::kBF16);
@@ -679,7 +868,18 @@ double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, u
   } else {
     k::gemm(false, true, N_, V_, h_, 1.0f, s.lnf, params_[out_], 0.0f, s.logits);
   }
-  k::xent_partials(s.logits, s.labels, 0, s.mx, s.se, s.tl);
+  k::xent_partials(s.logits, s.labels, vocab_start(), s.mx, s.se, s.tl);
+  if (opt_.tp > 1) {
+    // Global max, sums of exp rescaled to it, the target logit from its owner.
+    ArenaScope scope(scratch_);
+    Tensor gmax = scratch({N_}, opt_.dtype);
+    std::memcpy(gmax.data(), s.mx.data(), s.mx.nbytes());
+    opt_.tp_comm->all_reduce(gmax, comm::ReduceOp::kMax);
+    k::xent_rescale(s.se, s.mx, gmax);
+    std::memcpy(s.mx.data(), gmax.data(), s.mx.nbytes());
+    opt_.tp_comm->all_reduce(s.se);
+    opt_.tp_comm->all_reduce(s.tl);
+  }
   k::xent_loss(s.mx, s.se, s.tl, s.labels, s.loss);
   double total = 0;
   for (int64_t i = 0; i < N_; ++i)
@@ -703,23 +903,29 @@ void GPTModel::backward(int slot, double loss_scale) {
     else dloss.ptr<double>()[i] = g;
   }
   // dlogits overwrite the logits.
-  k::xent_backward(s.logits, s.labels, 0, s.mx, s.se, dloss, s.logits);
-  Tensor dlnf = scratch({N_, h_}, dt), dresid = scratch({N_, h_}, dt);
+  k::xent_backward(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, s.logits);
+  Tensor dlnf = scratch({Ns_, h_}, dt), dresid = scratch({Ns_, h_}, dt);
   {
+    // Output layer: dx is partial over the vocabulary shards: all-reduce
+    // (SP: reduce-scatter to this rank's rows).
     ArenaScope casts(scratch_);
+    Tensor dx = sp() ? scratch({N_, h_}, dt) : dlnf;
     if (opt_.bf16_compute) {
       Tensor dh = scratch(s.logits.shape(), DType::kBF16), xh = scratch(s.lnf.shape(), DType::kBF16);
       k::cast(s.logits, dh);
       k::cast(s.lnf, xh);
-      k::gemm(false, false, N_, h_, V_, 1.0f, dh, lowp_[out_], 0.0f, dlnf);
+      k::gemm(false, false, N_, h_, V_, 1.0f, dh, lowp_[out_], 0.0f, dx);
       k::gemm(true, false, V_, h_, N_, 1.0f, dh, xh, 1.0f, grads_[out_]);
     } else {
-      k::gemm(false, false, N_, h_, V_, 1.0f, s.logits, params_[out_], 0.0f, dlnf);
+      k::gemm(false, false, N_, h_, V_, 1.0f, s.logits, params_[out_], 0.0f, dx);
       k::gemm(true, false, V_, h_, N_, 1.0f, s.logits, s.lnf, 1.0f, grads_[out_]);
     }
+    if (sp()) opt_.tp_comm->reduce_scatter(dx, dlnf);
+    else if (opt_.tp > 1) opt_.tp_comm->all_reduce(dlnf);
   }
   dresid.zero();
   norm_bwd(dlnf, s.resid[cfg_.num_layers], final_w_, final_b_, s.lnf_mean, s.lnf_rstd, dresid);
+  if (backward_hook_) backward_hook_(static_cast<int>(cfg_.num_layers));
   {
     ArenaScope ws_scope(scratch_);
     Workspace ws = carve_workspace();
@@ -733,18 +939,33 @@ void GPTModel::backward(int slot, double loss_scale) {
         for (int64_t i = grp.end - grp.begin - 1; i >= 0; --i) {
           const Tensor& in = i == 0 ? x0 : ws.resid[static_cast<size_t>(i - 1)];
           layer_backward(static_cast<int>(grp.begin + i), in, ws.layers[static_cast<size_t>(i)], s, dresid);
+          if (backward_hook_) backward_hook_(static_cast<int>(grp.begin + i));
         }
       } else {
-        for (int64_t l = grp.end - 1; l >= grp.begin; --l)
+        for (int64_t l = grp.end - 1; l >= grp.begin; --l) {
           layer_backward(static_cast<int>(l), s.resid[static_cast<size_t>(l)], s.layers[static_cast<size_t>(l)], s,
                          dresid);
+          if (backward_hook_) backward_hook_(static_cast<int>(l));
+        }
       }
     }
   }
   const double hd = s.training ? cfg_.hidden_dropout : 0.0;
-  if (hd > 0) k::dropout_backward(dresid, dresid, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, 4095, 3));
-  if (pos_ >= 0) k::position_add_backward(dresid, B_, grads_[pos_]);
-  k::embedding_backward(s.tokens, dresid, 0, grads_[word_]);
+  const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);
+  if (hd > 0)
+    k::dropout_backward(dresid, dresid, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, 4095, 3), row_offset);
+  const int64_t t0 = sp() ? opt_.tp_rank * (T_ / opt_.tp) : 0;
+  if (pos_ >= 0) k::position_add_backward(dresid, B_, grads_[pos_].slice(t0, t0 + Ns_ / B_));
+  // Embedding: SP all-gathers d(output) back to the full sequence; each rank
+  // accumulates the rows of its vocabulary shard.
+  if (sp()) {
+    Tensor full = scratch({N_, h_}, dt);
+    opt_.tp_comm->all_gather(dresid, full);
+    k::embedding_backward(s.tokens, full, vocab_start(), grads_[word_]);
+  } else {
+    k::embedding_backward(s.tokens, dresid, vocab_start(), grads_[word_]);
+  }
+  if (backward_hook_) backward_hook_(-1);
 }
 
 double GPTModel::flops_per_micro_batch() const {
@@ -752,7 +973,8 @@ double GPTModel::flops_per_micro_batch() const {
                g = static_cast<double>(cfg_.query_groups()), d = static_cast<double>(cfg_.head_dim());
   const double q = a * d, kv = g * d, phi = cfg_.swiglu ? 3 : 2, Lr = static_cast<double>(cfg_.num_layers);
   const double T = static_cast<double>(N_), Q = static_cast<double>(B_) * static_cast<double>(T_) * static_cast<double>(T_);
-  return T * (6 * h * phi * static_cast<double>(F_) * Lr + Lr * 6 * (h * (q + 2 * kv) + q * h) + 6 * h * static_cast<double>(V_)) +
+  return T * (6 * h * phi * static_cast<double>(cfg_.ffn()) * Lr + Lr * 6 * (h * (q + 2 * kv) + q * h) +
+              6 * h * static_cast<double>(Vg_)) +
          Q * Lr * 6 * q;
 }
 

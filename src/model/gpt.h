@@ -49,13 +49,31 @@
 //   (same kernels, same inputs, same masks, same accumulation order).
 //   With pipeline parallelism the groups are formed over a stage's layers.
 //
-// Communication (for the tensor-parallel issue): linear_qkv and linear_fc1 are
-// column-parallel (fwd identity | bwd all-reduce dx), linear_proj and
-// linear_fc2 row-parallel (fwd all-reduce y | bwd identity), the embedding
-// vocab-parallel (fwd all-reduce), the loss vocab-parallel (kernels/
-// cross_entropy.h). With TP = 1 every collective is the identity and omitted.
+// Tensor parallelism (Megatron's mappings; GPTOptions::tp > 1 with tp_comm):
+// each rank holds the ParamSpec::local_shape of every parameter (heads and
+// query groups, MLP columns and vocabulary rows split over TP) and runs:
+//   layer               forward                      backward
+//   embedding (vocab)   all-reduce y                 identity (SP: all-gather dy)
+//                       (SP: reduce-scatter y)
+//   norms, dropout,     on the full sequence; with   same; grads of replicated
+//   residual adds       SP on this rank's sequence   parameters are partial with
+//                       shard (rows [r Ns, (r+1)Ns))  SP: reduce_tp_replicated_grads()
+//   linear_qkv, fc1     identity                     all-reduce dx
+//   (column)            (SP: all-gather x)           (SP: reduce-scatter dx)
+//   linear_proj, fc2    all-reduce y, then bias      identity (SP: all-gather dy)
+//   (row)               (SP: reduce-scatter y)
+//   output layer        identity (SP: all-gather x)  all-reduce dx (SP: reduce-scatter)
+//   cross-entropy       all-reduce max, sum exp and target logit over the
+//                       vocabulary shards; never gathers the logits
+// With TP = 1 every collective is the identity and omitted. Ns = N / TP with
+// sequence parallelism (N otherwise). Dropout masks are keyed by the global
+// element index (hidden dropout: row-major over [N, h]; attention dropout:
+// global head), so every layout draws the serial model's masks: identical on
+// TP ranks for replicated activations, different for split ones -- where
+// Megatron's are identical and different.
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -68,6 +86,10 @@
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/params.h"
+
+namespace mt::comm {
+class Communicator;
+}
 
 namespace mt::model {
 
@@ -106,9 +128,20 @@ struct GPTOptions {
   bool bf16_compute = false;     // GEMM inputs in bf16 with fp32 accumulation
   int slots = 1;                 // activation slots (micro-batches in flight); 0: parameters
                                  // only (inference: no gradients, activations or scratch)
-  int64_t tp = 1;                // tensor-parallel size (only 1 is implemented here)
+  int64_t tp = 1;                // tensor-parallel size
+  int64_t tp_rank = 0;           // this rank in the tensor-parallel group
+  bool sequence_parallel = false;  // --sequence-parallel (needs tp > 1 to matter)
+  comm::Communicator* tp_comm = nullptr;  // the TP group; required when tp > 1 (not owned)
   RecomputeOptions recompute;    // activation recomputation (see above)
+  int64_t flat_multiple = 1;     // pad the parameter and gradient arenas to a multiple of this many
+                                 // elements (the data-parallel size: reduce-scatter blocks divide evenly)
 };
+
+// Where backward finalises, and forward first reads, groups of parameters
+// (data-parallel buckets key on these; see parallel/grad_buckets.h):
+// stage L = final norm + untied output layer, l = transformer layer l,
+// -1 = embeddings (word, tied or not, and positions).
+int param_stage(const ParamSpec& spec, int64_t num_layers);
 
 // Bytes of every arena of a GPTModel, from the same size tables the model
 // carves (so predicted == allocated, exactly).
@@ -124,6 +157,15 @@ struct GPTMemoryPlan {
   size_t total() const { return params + grads + lowp + activations + scratch + tables; }
 };
 
+// Tensor-parallel traffic of one rank, in the payload bytes comm::CommStats
+// counts (all-reduce: the buffer; all-gather: the output; reduce-scatter:
+// the input), from the collectives forward() and backward() issue.
+struct GPTCommPlan {
+  double tp_forward_bytes = 0;   // one micro-batch's forward (training)
+  double tp_backward_bytes = 0;  // its backward (with recomputed forwards)
+  double tp_step_bytes = 0;      // once per iteration: reduce_tp_replicated_grads
+};
+
 class GPTModel {
  public:
   // Validates cfg (Status for user errors) and allocates every arena.
@@ -131,6 +173,8 @@ class GPTModel {
   // The bytes create() would allocate, without allocating (for the planner);
   // the same validation as create().
   static Result<GPTMemoryPlan> planned_bytes(const ModelConfig& cfg, const GPTOptions& opt);
+  // The tensor-parallel bytes this configuration communicates (see GPTCommPlan).
+  static Result<GPTCommPlan> planned_comm(const ModelConfig& cfg, const GPTOptions& opt);
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -152,10 +196,30 @@ class GPTModel {
   // (1/num_microbatches for gradient accumulation).
   void backward(int slot, double loss_scale = 1.0);
   void zero_grads();
+  // The parameter and gradient arenas as flat 1-D tensors (same layout:
+  // parameter i is elements [flat_offset(i), flat_offset(i) + numel) of both;
+  // gaps are zero padding). Length is a multiple of GPTOptions::flat_multiple.
+  Tensor flat_params() const;
+  Tensor flat_grads() const;
+  int64_t flat_offset(int i) const;
+  // Called during backward with each stage (param_stage) as its gradients
+  // become final for this micro-batch: L first, then layers L-1..0, then -1.
+  // And during forward before a stage's parameters are first read (-1, 0..L-1, L).
+  void set_backward_hook(std::function<void(int stage)> hook) { backward_hook_ = std::move(hook); }
+  void set_forward_hook(std::function<void(int stage)> hook) { forward_hook_ = std::move(hook); }
+  // bf16 copies of one stage's GEMM weights (after a distributed-optimizer
+  // parameter gather of that stage).
+  void sync_low_precision(int stage);
+  // With sequence parallelism, the gradients of replicated parameters (norms,
+  // row-parallel biases, position embeddings) are partial sums over this
+  // rank's sequence shard: all-reduce them over TP (Megatron's
+  // _allreduce_layernorm_grads). Call once per iteration after the last
+  // backward. No-op without SP or with TP = 1.
+  void reduce_tp_replicated_grads();
   // bf16 copies of the GEMM weights from the fp32 parameters.
   void sync_low_precision();
 
-  // Logits of the last forward in `slot`: [T*B, V] ([s, b] rows). Valid until backward(slot).
+  // Logits of the last forward in `slot`: [T*B, local_vocab()] ([s, b] rows). Valid until backward(slot).
   Tensor logits(int slot) const;
 
   const ModelConfig& config() const { return cfg_; }
@@ -167,7 +231,9 @@ class GPTModel {
   int find(const std::string& name) const;
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
-  int64_t vocab() const { return V_; }
+  int64_t vocab() const { return Vg_; }        // padded vocabulary (all shards)
+  int64_t local_vocab() const { return V_; }   // this TP rank's rows
+  int64_t vocab_start() const { return opt_.tp_rank * V_; }
 
   size_t activation_bytes_per_slot() const { return plan_.activations_per_slot; }
   size_t scratch_bytes() const { return plan_.scratch; }
@@ -198,6 +264,14 @@ class GPTModel {
   struct Workspace;
   void linear_fwd(const Tensor& x, int w, int b, const Tensor& y);
   void linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const Tensor& dx);
+  // Tensor-parallel wrappers (see the table above). x_own: this rank's rows of
+  // the full input `x_full` (they alias when not sequence parallel).
+  void column_fwd_input(const Tensor& x_own, const Tensor& x_full);
+  void row_linear_fwd(const Tensor& x, int w, int b, const Tensor& y_own);
+  void row_linear_bwd(const Tensor& x, int w, int b, const Tensor& dy_own, const Tensor& dx);
+  void column_linear_bwd(const Tensor& x_full, int w, int b, const Tensor& dy, const Tensor& dx_own);
+  Tensor own_rows(const Tensor& full) const;  // rows [r Ns, (r+1) Ns) with SP, else full
+  bool sp() const { return opt_.sequence_parallel && opt_.tp > 1; }
   void norm_fwd(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd);
   void norm_bwd(const Tensor& dy, const Tensor& x, int w, int b, const Tensor& mean, const Tensor& rstd,
                 const Tensor& dx);
@@ -215,6 +289,7 @@ class GPTModel {
   ModelConfig cfg_;
   GPTOptions opt_;
   int64_t B_ = 0, T_ = 0, N_ = 0, h_ = 0, V_ = 0, qkv_ = 0, fc1_ = 0, F_ = 0;
+  int64_t Ns_ = 0, Vg_ = 0, a_ = 0, g_ = 0;  // rows held (N or N/TP), global vocab, local heads/groups
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, int> index_;
   std::vector<LayerGroup> groups_;
@@ -228,6 +303,7 @@ class GPTModel {
   std::vector<std::array<int, 12>> ws_layers_;  // workspace table entries per group position
   std::vector<int> ws_resid_;
   Tensor rope_cos_, rope_sin_;  // [T, d/2] in tables_
+  std::function<void(int)> backward_hook_, forward_hook_;
 };
 
 uint64_t fnv1a(const std::string& s);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace mt::model {
 
 Shape ParamSpec::local_shape(int64_t tp) const {
@@ -22,6 +24,84 @@ std::string ParamSpec::te_name() const {
   if (auto r = replace("input_layernorm.", "self_attention.linear_qkv.layer_norm_"); !r.empty()) return r;
   if (auto r = replace("pre_mlp_layernorm.", "mlp.linear_fc1.layer_norm_"); !r.empty()) return r;
   return name;
+}
+
+std::vector<ShardPiece> shard_pieces(const ParamSpec& spec, int64_t tp, int64_t r) {
+  const Shape local = spec.local_shape(tp);
+  std::vector<int64_t> zero(static_cast<size_t>(local.ndim), 0);
+  switch (spec.shard) {
+    case ShardKind::kReplicated: return {ShardPiece{zero, local, 0}};
+    case ShardKind::kRow: {
+      auto off = zero;
+      off[1] = r * local[1];
+      return {ShardPiece{off, local, 0}};
+    }
+    case ShardKind::kVocab:
+    case ShardKind::kColumn: {
+      // dim 0 split per chunk: chunk j of the global tensor is rows
+      // [j G/c, (j+1) G/c); this rank holds rows [r R/c, (r+1) R/c) of each.
+      const int64_t c = spec.shard_chunks, G = spec.global_shape[0], R = local[0];
+      std::vector<ShardPiece> v;
+      for (int64_t j = 0; j < c; ++j) {
+        auto off = zero;
+        off[0] = j * (G / c) + r * (R / c);
+        Shape sh = local;
+        sh.d[0] = R / c;
+        v.push_back(ShardPiece{off, sh, j * (R / c)});
+      }
+      return v;
+    }
+  }
+  return {};
+}
+
+std::vector<FlatPiece> flat_range_pieces(const ParamSpec& spec, int64_t tp, int64_t r, int64_t begin, int64_t end) {
+  std::vector<FlatPiece> out;
+  const Shape local = spec.local_shape(tp);
+  MT_CHECK(0 <= begin && begin <= end && end <= local.numel(), "flat_range_pieces: range outside the tensor");
+  if (begin == end) return out;
+  const int64_t C = local.ndim >= 2 ? local.numel() / local[0] : 1;  // elements per local row
+  for (const ShardPiece& p : shard_pieces(spec, tp, r)) {
+    // The piece covers local flat [p0, p1).
+    const int64_t p0 = p.local_row * C, p1 = p0 + p.shape.numel();
+    const int64_t b = std::max(begin, p0), e = std::min(end, p1);
+    if (b >= e) continue;
+    auto emit = [&](int64_t fb, int64_t fe) {  // local flat [fb, fe) inside one piece, rectangular
+      FlatPiece f;
+      f.offsets = p.offsets;
+      f.local_flat = fb;
+      if (local.ndim == 1) {
+        f.offsets[0] += fb - p0;
+        f.shape = Shape{fe - fb};
+      } else {
+        MT_CHECK(local.ndim == 2, "flat_range_pieces: parameters are 1-D or 2-D");
+        const int64_t row = (fb - p0) / C, col = (fb - p0) % C;
+        f.offsets[0] += row;
+        f.offsets[1] += col;
+        f.shape = (fe - fb) % C == 0 && col == 0 ? Shape{(fe - fb) / C, C} : Shape{1, fe - fb};
+      }
+      out.push_back(std::move(f));
+    };
+    if (local.ndim == 1) {
+      emit(b, e);
+      continue;
+    }
+    // Partial first row, whole rows, partial last row.
+    int64_t x = b;
+    const int64_t first_row_end = p0 + ((x - p0) / C + 1) * C;
+    if ((x - p0) % C != 0) {
+      const int64_t y = std::min(e, first_row_end);
+      emit(x, y);
+      x = y;
+    }
+    const int64_t whole_end = p0 + ((e - p0) / C) * C;
+    if (x < whole_end) {
+      emit(x, whole_end);
+      x = whole_end;
+    }
+    if (x < e) emit(x, e);
+  }
+  return out;
 }
 
 const char* shard_kind_name(ShardKind k) {

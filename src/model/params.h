@@ -58,6 +58,30 @@ struct ParamSpec {
   std::string te_name() const;
 };
 
+// A rectangular piece of a parameter's GLOBAL tensor held by one TP rank:
+// global [offsets, offsets + shape) is local rows [local_row, local_row +
+// shape[0]) of the rank's tensor (all local columns). One piece per chunk
+// (two for SwiGLU's fc1), in local order; replicated parameters: the whole.
+struct ShardPiece {
+  std::vector<int64_t> offsets;  // global offsets, one per dim
+  Shape shape;                   // piece shape (global == local extents)
+  int64_t local_row = 0;         // first local row (dim 0) of the piece
+};
+std::vector<ShardPiece> shard_pieces(const ParamSpec& spec, int64_t tp, int64_t tp_rank);
+
+// The elements [begin, end) of a rank's local tensor (row-major flat indices)
+// as rectangular global pieces: at most a partial row, a block of whole rows
+// and a partial row per shard piece (1-D tensors: one run). local_row of the
+// result is unused; local_flat gives where each piece starts in the local
+// tensor. Used for distributed-optimizer state, whose shards are flat ranges.
+struct FlatPiece {
+  std::vector<int64_t> offsets;  // global offsets
+  Shape shape;                   // piece shape (same ndim as the global tensor)
+  int64_t local_flat = 0;        // first local flat index
+};
+std::vector<FlatPiece> flat_range_pieces(const ParamSpec& spec, int64_t tp, int64_t tp_rank, int64_t begin,
+                                         int64_t end);
+
 // Every parameter in Megatron's order: embeddings, layers, final norm, output layer.
 // REQUIRES: cfg.has_architecture() and vocab_size set.
 std::vector<ParamSpec> gpt_param_specs(const ModelConfig& cfg, int64_t tp);

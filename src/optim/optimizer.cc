@@ -1,11 +1,16 @@
 #include "optim/optimizer.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "kernels/adamw.h"
 #include "kernels/elementwise.h"
+#include "parallel/grad_buckets.h"
 
 namespace mt::optim {
 namespace {
@@ -51,26 +56,100 @@ double sum_squares_fixed_order(const T* p, int64_t n) {
   return s;
 }
 
+template <typename T>
+double sum_squares_fixed_order(const Tensor& t) {
+  return sum_squares_fixed_order(t.ptr<T>(), t.numel());
+}
+double sum_squares_of(const Tensor& t) {
+  return t.dtype() == DType::kF64 ? sum_squares_fixed_order<double>(t) : sum_squares_fixed_order<float>(t);
+}
+bool finite_of(const Tensor& t) {
+  return t.dtype() == DType::kF64 ? all_finite(t.ptr<double>(), t.numel()) : all_finite(t.ptr<float>(), t.numel());
+}
+
+// Elements [begin, end) of a tensor as a 1-D view.
+Tensor flat_slice(const Tensor& t, int64_t begin, int64_t end) { return t.view({t.numel()}).slice(begin, end); }
+
+// Sum of one double per rank of `c`, added in rank order on every rank: the
+// same bits everywhere whatever reduction tree MPI picks (the clipping
+// coefficient must agree across ranks, and a resume must reproduce it).
+double sum_over(comm::Communicator* c, double v) {
+  if (c == nullptr || c->size() == 1) return v;
+  std::vector<double> all(static_cast<size_t>(c->size()));
+  c->all_gather(Tensor(&v, {1}, DType::kF64), Tensor(all.data(), {c->size()}, DType::kF64));
+  double s = 0;
+  for (double x : all) s += x;
+  return s;
+}
+
 }  // namespace
 
-AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg) : model_(model), cfg_(cfg) {
+AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, const ParallelOptimizerOptions& par)
+    : model_(model), cfg_(cfg), par_(par) {
   const auto& params = model_.params();
   const auto& specs = model_.specs();
   MT_CHECK(params.size() == specs.size(), "AdamWOptimizer: params and specs differ in count");
-  SizeTable table;
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i = 0; i < params.size(); ++i)
     MT_CHECK(params[i].dtype() == DType::kF32 || params[i].dtype() == DType::kF64,
              "AdamWOptimizer: master weights must be fp32 or fp64, " + specs[i].name + " is " +
                  dtype_name(params[i].dtype()));
-    table.add(specs[i].name, params[i].shape(), params[i].dtype());
-  }
-  if (table.total_bytes() > 0) {
-    state_arena_ = Arena(2 * table.total_bytes(), "adam-state");  // zero-filled
-    m_ = state_arena_.carve(table);
-    v_ = state_arena_.carve(table);
-  }
+  MT_CHECK(par_.tp == nullptr || par_.tp_rank == par_.tp->rank(),
+           fmt::format("AdamWOptimizer: ParallelOptimizerOptions::tp_rank is {} but this process is rank {} of {}",
+                       par_.tp_rank, par_.tp ? par_.tp->rank() : 0, par_.tp ? par_.tp->name() : ""));
   wd_mult_.resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) wd_mult_[i] = specs[i].weight_decay ? 1.0 : 0.0;
+
+  if (!distributed()) {
+    SizeTable table;
+    for (size_t i = 0; i < params.size(); ++i) table.add(specs[i].name, params[i].shape(), params[i].dtype());
+    if (table.total_bytes() > 0) {
+      state_arena_ = Arena(2 * table.total_bytes(), "adam-state");  // zero-filled
+      m_ = state_arena_.carve(table);
+      v_ = state_arena_.carve(table);
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int64_t n = params[i].numel();
+      ranges_.push_back(StateRange{static_cast<int>(i), 0, n, m_[i].view({n}), v_[i].view({n})});
+    }
+    return;
+  }
+
+  // Distributed optimizer: state for this rank's blocks only, one range per
+  // (block, parameter) intersection, in block order.
+  const parallel::GradBuckets& gb = *par_.dist_buckets;
+  MT_CHECK(gb.mode() == parallel::GradReduceMode::kReduceScatter,
+           "AdamWOptimizer: the distributed optimizer needs gradient buckets in kReduceScatter mode "
+           "(--use-distributed-optimizer reduce-scatters gradients)");
+  MT_CHECK(par_.dp != nullptr,
+           "AdamWOptimizer: the distributed optimizer needs the data-parallel group (ParallelOptimizerOptions::dp) "
+           "for the gradient norm");
+  const Tensor flat = model_.flat_grads();
+  MT_CHECK(flat.defined(), "AdamWOptimizer: the distributed optimizer needs a model with gradients (slots > 0)");
+  const DType dt = flat.dtype();
+  for (const parallel::ShardBlock& blk : gb.shard()) {
+    MT_CHECK(0 <= blk.begin && blk.begin <= blk.end && blk.end <= flat.numel(),
+             fmt::format("AdamWOptimizer: shard block [{}, {}) lies outside the model's flat buffer of {} elements; "
+                         "the buckets must be built over model.flat_grads()",
+                         blk.begin, blk.end, flat.numel()));
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int64_t off = model_.flat_offset(static_cast<int>(i));
+      const int64_t lo = std::max(blk.begin, off), hi = std::min(blk.end, off + params[i].numel());
+      if (lo < hi) ranges_.push_back(StateRange{static_cast<int>(i), lo - off, hi - off, Tensor(), Tensor()});
+    }
+  }
+  int64_t owned = 0;
+  for (const StateRange& r : ranges_) owned += r.end - r.begin;
+  if (owned > 0) {
+    const size_t half = align_up(static_cast<size_t>(owned) * dtype_size(dt));
+    state_arena_ = Arena(2 * half, "adam-state");  // zero-filled: [m of every range | v of every range]
+    const Tensor m = state_arena_.alloc({owned}, dt), v = state_arena_.alloc({owned}, dt);
+    int64_t at = 0;
+    for (StateRange& r : ranges_) {
+      r.m = m.slice(at, at + (r.end - r.begin));
+      r.v = v.slice(at, at + (r.end - r.begin));
+      at += r.end - r.begin;
+    }
+  }
 }
 
 AdamWOptimizer::~AdamWOptimizer() = default;
@@ -79,7 +158,8 @@ void AdamWOptimizer::step(double lr, double wd) {
   ++step_;
   const auto& params = model_.params();
   const auto& grads = model_.grads();
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (const StateRange& r : ranges_) {
+    const size_t i = static_cast<size_t>(r.param);
     kernels::AdamWOptions o;
     o.lr = lr;
     o.beta1 = cfg_.beta1;
@@ -87,16 +167,38 @@ void AdamWOptimizer::step(double lr, double wd) {
     o.eps = cfg_.eps;
     o.weight_decay = wd * wd_mult_[i];
     o.step = step_;
-    kernels::adamw_step(params[i], grads[i], m_[i], v_[i], o);
+    if (distributed())
+      kernels::adamw_step(flat_slice(params[i], r.begin, r.end), flat_slice(grads[i], r.begin, r.end), r.m, r.v, o);
+    else
+      kernels::adamw_step(params[i], grads[i], m_[i], v_[i], o);
+  }
+  if (distributed()) {
+    if (par_.overlap_param_gather) {
+      par_.dist_buckets->start_param_gather();  // the trainer waits per stage, then syncs bf16 copies per stage
+      return;
+    }
+    par_.dist_buckets->all_gather_params();
   }
   if (model_.options().bf16_compute) model_.sync_low_precision();
 }
 
 double AdamWOptimizer::grad_norm() const {
+  const auto& grads = model_.grads();
+  const auto& specs = model_.specs();
+  // Replicated parameters are identical on every TP rank: count them on TP rank 0 only.
+  auto counted = [&](size_t i) { return par_.tp_rank == 0 || specs[i].shard != model::ShardKind::kReplicated; };
   double s = 0;
-  for (const Tensor& g : model_.grads())
-    s += g.dtype() == DType::kF64 ? sum_squares_fixed_order(g.ptr<double>(), g.numel())
-                                  : sum_squares_fixed_order(g.ptr<float>(), g.numel());
+  if (distributed()) {
+    for (const StateRange& r : ranges_) {
+      const size_t i = static_cast<size_t>(r.param);
+      if (counted(i)) s += sum_squares_of(flat_slice(grads[i], r.begin, r.end));
+    }
+  } else {
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (counted(i)) s += sum_squares_of(grads[i]);
+  }
+  s = sum_over(par_.tp, s);
+  if (distributed()) s = sum_over(par_.dp, s);
   return std::sqrt(s);
 }
 
@@ -105,17 +207,33 @@ double AdamWOptimizer::clip_grad_norm(double max_norm) {
   if (max_norm <= 0) return norm;
   // Megatron's clip_grad_norm_fp32 (megatron/core/optimizer/clip_grads.py).
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0)
-    for (const Tensor& g : model_.grads()) kernels::scale_inplace(g, coef);
+  if (coef < 1.0) {
+    if (distributed()) {
+      const auto& grads = model_.grads();
+      for (const StateRange& r : ranges_)
+        kernels::scale_inplace(flat_slice(grads[static_cast<size_t>(r.param)], r.begin, r.end), coef);
+    } else {
+      for (const Tensor& g : model_.grads()) kernels::scale_inplace(g, coef);
+    }
+  }
   return norm;
 }
 
 bool AdamWOptimizer::grads_finite() const {
-  for (const Tensor& g : model_.grads()) {
-    bool ok = g.dtype() == DType::kF64 ? all_finite(g.ptr<double>(), g.numel()) : all_finite(g.ptr<float>(), g.numel());
-    if (!ok) return false;
+  bool ok = true;
+  if (distributed()) {
+    const auto& grads = model_.grads();
+    for (const StateRange& r : ranges_)
+      if (ok) ok = finite_of(flat_slice(grads[static_cast<size_t>(r.param)], r.begin, r.end));
+  } else {
+    for (const Tensor& g : model_.grads())
+      if (ok) ok = finite_of(g);
   }
-  return true;
+  // Without the distributed optimizer the DP ranks hold identical gradients.
+  double bad = ok ? 0.0 : 1.0;
+  if (par_.tp && par_.tp->size() > 1) bad = par_.tp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
+  if (distributed() && par_.dp->size() > 1) bad = par_.dp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
+  return bad == 0.0;
 }
 
 void AdamWOptimizer::reset_state() {

@@ -27,6 +27,23 @@
 //   opt.step(sched);            // uses sched.lr(), sched.wd() (values BEFORE advancing)
 //   sched.step(global_batch_size);
 //
+// Parallel training (ParallelOptimizerOptions):
+// - Tensor parallelism: every TP rank updates its own shards; the gradient
+//   norm sums squares of split parameters on every TP rank but of replicated
+//   parameters (identical on all TP ranks) only on TP rank 0, then
+//   all-reduces over TP, so nothing is counted twice. NaN checks are
+//   all-reduced likewise.
+// - Data parallelism without the distributed optimizer: gradients were
+//   all-reduced (parallel::GradBuckets kAllReduce), every DP rank runs the
+//   same update on identical values.
+// - Distributed optimizer (buckets in kReduceScatter mode): this rank keeps
+//   m and v only for its shard blocks of the flat buffer (the elements it
+//   owns, buckets->shard()), clips and updates only those elements (fp32
+//   master weights = the model's fp32 parameters), then all-gathers the
+//   updated parameters (GradBuckets::all_gather_params, or asynchronously
+//   with overlap_param_gather: the trainer waits per forward stage). The
+//   norm sums squares over the owned blocks and all-reduces over DP and TP.
+//
 // Thread safety: none. Holds a reference to the model, which must outlive it.
 
 #include <cstdint>
@@ -38,7 +55,33 @@
 #include "model/gpt.h"
 #include "optim/scheduler.h"
 
+namespace mt::comm {
+class Communicator;
+}
+namespace mt::parallel {
+class GradBuckets;
+}
+
 namespace mt::optim {
+
+struct ParallelOptimizerOptions {
+  comm::Communicator* tp = nullptr;      // tensor-parallel group (null: TP = 1)
+  comm::Communicator* dp = nullptr;      // data-parallel group (null: DP = 1)
+  int64_t tp_rank = 0;                   // for counting replicated parameters once
+  // Set with mode kReduceScatter for the distributed optimizer (not owned;
+  // built over the model's flat_grads()/flat_params()).
+  parallel::GradBuckets* dist_buckets = nullptr;
+  bool overlap_param_gather = false;     // step() starts the gather; the trainer waits
+};
+
+// The part of one parameter whose Adam state this rank keeps: local flat
+// elements [begin, end) of parameter `param`; m and v are 1-D views of
+// end - begin elements.
+struct StateRange {
+  int param = 0;
+  int64_t begin = 0, end = 0;
+  Tensor m, v;
+};
 
 struct AdamWConfig {
   double beta1 = 0.9;    // --adam-beta1
@@ -49,7 +92,7 @@ struct AdamWConfig {
 class AdamWOptimizer {
  public:
   // Allocates m and v (zeros) for every parameter of `model`.
-  AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg = {});
+  AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg = {}, const ParallelOptimizerOptions& par = {});
   ~AdamWOptimizer();
   AdamWOptimizer(const AdamWOptimizer&) = delete;
   AdamWOptimizer& operator=(const AdamWOptimizer&) = delete;
@@ -69,8 +112,13 @@ class AdamWOptimizer {
   // False if any gradient element is NaN or +-Inf (--check-for-nan-in-loss-and-grad).
   bool grads_finite() const;
 
-  // Checkpoint state. Tensors are in the model's parameter order (model.specs()),
-  // same shapes and dtype as the parameters; write into them to restore.
+  // Checkpoint state: every range of Adam state this rank keeps (one per
+  // parameter, whole, without the distributed optimizer).
+  const std::vector<StateRange>& state_ranges() const { return ranges_; }
+  bool distributed() const { return par_.dist_buckets != nullptr; }
+  // Without the distributed optimizer: the moments per parameter, in the
+  // model's order (model.specs()), same shapes and dtype as the parameters;
+  // write into them to restore. Empty with the distributed optimizer.
   std::vector<Tensor>& exp_avg() { return m_; }
   std::vector<Tensor>& exp_avg_sq() { return v_; }
   const std::vector<Tensor>& exp_avg() const { return m_; }
@@ -89,6 +137,8 @@ class AdamWOptimizer {
  private:
   model::GPTModel& model_;
   AdamWConfig cfg_;
+  ParallelOptimizerOptions par_;
+  std::vector<StateRange> ranges_;
   Arena state_arena_;
   std::vector<Tensor> m_, v_;
   std::vector<double> wd_mult_;

@@ -29,6 +29,7 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
   f.add_switch("use-tp-pp-dp-mapping", &p.use_tp_pp_dp_mapping, "rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp");
   f.add_switch("overlap-grad-reduce", &p.overlap_grad_reduce, "overlap DP gradient reduction with backward");
   f.add_switch("overlap-param-gather", &p.overlap_param_gather, "overlap the distributed optimizer's all-gather with forward");
+  f.add_int("ddp-bucket-size", &p.ddp_bucket_size, "elements per DP gradient bucket with --overlap-grad-reduce; default max(40M, 1M x DP)", 1, int64_t{1} << 40);
   f.add_switch("no-overlap-p2p-communication", &p.overlap_p2p_communication, "do not overlap pipeline sends/receives with compute", false);
   f.add_int("gpus-per-node", &p.gpus_per_node, "devices per node (for drawing nodes)", 1, 1 << 16);
 

@@ -31,6 +31,7 @@ struct ParallelConfig {
   bool use_tp_pp_dp_mapping = false;
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
+  std::optional<int64_t> ddp_bucket_size;  // --ddp-bucket-size (elements); default max(4e7, 1e6 x DP)
   bool overlap_p2p_communication = true;  // --no-overlap-p2p-communication
   int64_t gpus_per_node = 8;
 };

@@ -196,14 +196,18 @@ void plan_fit(PlanReport& r, const MemoryLayout& layout) {
 void plan_trainer_buffers(PlanReport& r) {
   TrainerBuffers& t = r.memory.trainer;
   const auto& p = r.job.parallel;
-  if (p.tp * p.pp * p.cp * p.ep > 1 || r.vpp > 1 || r.job.model.is_moe()) {
-    t.why_not = "this build's trainer runs TP = PP = CP = EP = 1 dense models";
+  if (p.pp * p.cp * p.ep > 1 || r.vpp > 1 || r.job.model.is_moe()) {
+    t.why_not = "this build's trainer runs PP = CP = EP = 1 dense models";
     return;
   }
+  const bool dist_opt = p.use_distributed_optimizer && r.dp > 1;
   model::GPTOptions go;
   go.micro_batch = r.job.batch.micro_batch_size;
   go.seq_length = r.job.model.seq_length;
   go.bf16_compute = r.job.precision.bf16;
+  go.tp = p.tp;
+  go.sequence_parallel = p.sequence_parallel;
+  go.flat_multiple = dist_opt ? r.dp : 1;
   auto rc = model::RecomputeOptions::from_flags(r.job.recompute.granularity, r.job.recompute.method,
                                                 r.job.recompute.num_layers, r.job.recompute.recompute_activations);
   if (!rc) {
@@ -223,7 +227,14 @@ void plan_trainer_buffers(PlanReport& r) {
   t.activations = static_cast<double>(mp->activations);
   t.scratch = static_cast<double>(mp->scratch);
   t.tables = static_cast<double>(mp->tables);
-  t.optimizer = 2.0 * static_cast<double>(mp->params);  // Adam m and v, the parameters' size table twice
+  if (auto cp = model::GPTModel::planned_comm(r.job.model, go); cp.is_ok()) {
+    r.comm.available = true;
+    r.comm.tp_bytes = static_cast<double>(r.num_microbatches) * (cp->tp_forward_bytes + cp->tp_backward_bytes) + cp->tp_step_bytes;
+    r.comm.dp_bytes = r.dp <= 1 ? 0.0 : static_cast<double>(mp->params) * (dist_opt ? 2.0 : 1.0);
+  }
+  // Adam m and v: the parameters' size table twice, or with the distributed
+  // optimizer this rank's 1/DP of the (DP-padded) flat buffer twice.
+  t.optimizer = 2.0 * static_cast<double>(mp->params) / (dist_opt ? static_cast<double>(r.dp) : 1.0);
 }
 
 }  // namespace

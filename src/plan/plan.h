@@ -71,6 +71,16 @@ struct FitOption {
   bool fits = false;
 };
 
+// Bytes one rank communicates per training iteration in this build's
+// trainer, in comm::CommStats' payload convention (all-reduce: the buffer;
+// all-gather: the output; reduce-scatter: the input). Scalars (loss, norm,
+// NaN flags: a few dozen bytes) are left out.
+struct CommReport {
+  bool available = false;  // with the trainer buffers (same limits)
+  double tp_bytes = 0;     // activations over the TP group: M micro-batches + replicated grads (SP)
+  double dp_bytes = 0;     // gradients (all-reduce), or reduce-scatter + parameter all-gather (dist-opt)
+};
+
 struct PlanReport {
   JobConfig job;  // after resolution (world size, vocab)
   PlanOptions options;
@@ -94,6 +104,7 @@ struct PlanReport {
   std::optional<parallel::RankGrid> grid;
 
   MemoryReport memory;
+  CommReport comm;
   std::vector<FitOption> fit_options;  // what fits the device, cheapest first
 
   parallel::ScheduleKind schedule_kind = parallel::ScheduleKind::kNoPipelining;

@@ -7,16 +7,21 @@
 #include <cstdlib>
 #include <thread>
 #include <filesystem>
+
+#include <unistd.h>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
 #include "checkpoint/checkpoint.h"
+#include "comm/communicator.h"
 #include "core/threads.h"
 #include "data/loader.h"
 #include "model/gpt.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/process_groups.h"
 #include "plan/plan.h"
 #include "train/metrics.h"
 
@@ -56,6 +61,11 @@ std::string join_lines(const std::vector<std::string>& v) {
 
 }  // namespace
 
+namespace {
+Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, std::unique_ptr<data::Tokenizer> tokenizer,
+                                    const std::vector<std::string>& argv, std::FILE* out);
+}  // namespace
+
 Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<std::string>& argv, std::FILE* out) {
   TrainConfig cfg = cfg_in;
   auto& job = cfg.job;
@@ -86,23 +96,72 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     for (const auto& f : v.flags) flags += (flags.empty() ? "" : ", ") + f;
     problems.push_back(fmt::format("[{}] {}{}", flags, v.message, v.suggestion.empty() ? "" : " (fix: " + v.suggestion + ")"));
   }
-  if (plan.valid() && (plan.world > 1 || job.parallel.tp > 1 || job.parallel.pp > 1))
-    problems.push_back(fmt::format("this build trains on one rank (world {}, TP {}, PP {}); tensor, pipeline and data "
-                                   "parallelism over MPI arrive with the parallel issues", plan.world, job.parallel.tp, job.parallel.pp));
+  const int processes = comm::world_size();
+  if (plan.valid()) {
+    if (plan.world != processes)
+      problems.push_back(processes == 1 && !comm::launched_by_mpi()
+                             ? fmt::format("the layout needs {} ranks (world size from {}) but this is one process: "
+                                           "launch with mpirun -np {} megatron train ...",
+                                           plan.world, plan::world_source_name(plan.world_source), plan.world)
+                             : fmt::format("the layout needs {} ranks (world size from {}) but mpirun started {}: "
+                                           "use mpirun -np {} or change --world-size",
+                                           plan.world, plan::world_source_name(plan.world_source), processes, plan.world));
+    if (job.parallel.pp > 1 || plan.vpp > 1)
+      problems.push_back(fmt::format("[--pipeline-model-parallel-size] pipeline parallelism (PP {}) is not in this build's "
+                                     "trainer yet; use tensor and data parallelism (fix: --pipeline-model-parallel-size 1)",
+                                     job.parallel.pp));
+    if (job.parallel.cp > 1)
+      problems.push_back("[--context-parallel-size] context parallelism is not implemented (fix: --context-parallel-size 1)");
+    if (job.parallel.ep > 1 || mc.is_moe())
+      problems.push_back("[--expert-model-parallel-size, --num-experts] mixture of experts is not implemented");
+  }
   if (!problems.empty())
     return Status::invalid(fmt::format("{} problem{} in the configuration:{}", problems.size(), problems.size() == 1 ? "" : "s",
                                        join_lines(problems)));
+  // From here on an error may hit one rank only: with several ranks it ends
+  // the whole job (MPI_Abort) with the failing rank's message, never a hang.
+  auto r = train_validated(cfg, plan, std::move(tokenizer), argv, out);
+  if (!r && processes > 1) {
+    std::fflush(out);
+    std::fprintf(stderr, "megatron train: error on rank %d of %d: %s\n", comm::world_rank(), processes,
+                 r.status().message().c_str());
+    comm::abort_job(1);
+  }
+  return r;
+}
+
+namespace {
+
+Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, std::unique_ptr<data::Tokenizer> tokenizer,
+                                    const std::vector<std::string>& argv, std::FILE* out) {
+  auto& job = cfg.job;
+  auto& mc = job.model;
+  // ---- Process groups from the planner's rank grid (the layout `megatron plan` draws).
+  const int world = comm::world_size(), rank = comm::world_rank();
+  MT_CHECK(plan.grid.has_value(), "a valid plan has a rank grid");
+  auto groups_r = parallel::ProcessGroups::create(*plan.grid, rank);
+  if (!groups_r) return groups_r.status();
+  parallel::ProcessGroups& groups = *groups_r;
+  comm::Communicator& tp_comm = groups.tp();
+  comm::Communicator& dp_comm = groups.dp();
+  std::unique_ptr<comm::Communicator> world_comm = comm::world_communicator();
+  const int64_t tp = job.parallel.tp, dp = plan.dp, tp_rank = tp_comm.rank(), dp_rank = dp_comm.rank();
+  const bool sp = job.parallel.sequence_parallel && tp > 1, dist_opt = job.parallel.use_distributed_optimizer && dp > 1;
 
   const int64_t mbs = job.batch.micro_batch_size, M = plan.num_microbatches, gbs = plan.global_batch;
   const int64_t seq = mc.seq_length;
   const int64_t train_iters = cfg.train_iters ? *cfg.train_iters : *cfg.train_samples / gbs;
-  set_num_threads(static_cast<int>(cfg.threads.value_or(std::max(1u, std::thread::hardware_concurrency()))));
+  // Default threads: the cores shared among the ranks of this machine.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  set_num_threads(static_cast<int>(cfg.threads.value_or(std::max<int64_t>(1, static_cast<int64_t>(cores) / world))));
 
   // ---- 2. Model, optimizer, scheduler.
   model::GPTOptions mo;
   mo.micro_batch = mbs;
   mo.seq_length = seq;
   mo.bf16_compute = job.precision.bf16;
+  mo.tp = tp, mo.tp_rank = tp_rank, mo.sequence_parallel = sp, mo.tp_comm = &tp_comm;
+  mo.flat_multiple = dist_opt ? dp : 1;
   auto rc = model::RecomputeOptions::from_flags(job.recompute.granularity, job.recompute.method, job.recompute.num_layers,
                                                 job.recompute.recompute_activations);
   if (!rc) return rc.status();
@@ -112,7 +171,35 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   model::GPTModel& model = **model_r;
   model.init_parameters(static_cast<uint64_t>(cfg.seed));
   if (job.precision.bf16) model.sync_low_precision();
-  optim::AdamWOptimizer opt(model, optim::AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps});
+  // Data-parallel gradient buckets over the model's flat gradient buffer.
+  std::unique_ptr<parallel::GradBuckets> buckets;
+  if (dp > 1) {
+    std::vector<parallel::ParamRange> ranges;
+    for (size_t i = 0; i < model.specs().size(); ++i) {
+      const int64_t b = model.flat_offset(static_cast<int>(i));
+      ranges.push_back({b, b + model.params()[i].numel(), model::param_stage(model.specs()[i], mc.num_layers)});
+    }
+    parallel::GradBucketOptions bo;
+    bo.mode = dist_opt ? parallel::GradReduceMode::kReduceScatter : parallel::GradReduceMode::kAllReduce;
+    bo.overlap_grad_reduce = job.parallel.overlap_grad_reduce;
+    bo.bucket_elems = job.parallel.ddp_bucket_size.value_or(0);
+    buckets = std::make_unique<parallel::GradBuckets>(model.flat_grads(), dist_opt ? model.flat_params() : Tensor(),
+                                                      std::move(ranges), dp_comm, bo);
+  }
+  optim::ParallelOptimizerOptions po;
+  po.tp = &tp_comm, po.dp = &dp_comm, po.tp_rank = tp_rank;
+  po.dist_buckets = dist_opt ? buckets.get() : nullptr;
+  po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
+  optim::AdamWOptimizer opt(model, optim::AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps}, po);
+  // With --overlap-param-gather the optimizer's step only starts the
+  // parameter all-gather; whoever reads parameters next waits for it.
+  bool gather_pending = false;
+  auto wait_params = [&] {
+    if (!gather_pending) return;
+    buckets->wait_param_gather_all();
+    if (job.precision.bf16) model.sync_low_precision();
+    gather_pending = false;
+  };
   optim::ScheduleFlags sf;
   sf.lr = cfg.lr, sf.min_lr = cfg.min_lr, sf.lr_decay_style = cfg.lr_decay_style;
   sf.lr_decay_iters = cfg.lr_decay_iters, sf.lr_decay_samples = cfg.lr_decay_samples;
@@ -139,7 +226,9 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
       auto ck = checkpoint::load_checkpoint(cfg.load);
       if (!ck) return ck.status();
       const bool with_optim = !cfg.no_load_optim && !cfg.finetune;
-      MT_RETURN_IF_ERROR(checkpoint::load_training_state(*ck, model, with_optim ? &opt : nullptr));
+      std::vector<std::string> notes;
+      MT_RETURN_IF_ERROR(checkpoint::load_training_state(*ck, model, with_optim ? &opt : nullptr, &notes));
+      for (const auto& n : notes) std::fprintf(out, "note: %s\n", n.c_str());
       const auto& c = ck->common();
       if (!cfg.finetune) {
         iteration = ck->iteration();
@@ -173,12 +262,12 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   data::SampleOptions so;
   so.eod = tokenizer->eod();
   so.eod_mask_loss = cfg.eod_mask_loss;
-  data::DataLoader train_loader((*sources)[0], mbs, 0, 1, consumed_train, so);
+  data::DataLoader train_loader((*sources)[0], mbs, dp_rank, dp, consumed_train, so);
 
   // Unigram baseline for the validation split: cross-entropy of the training
   // tokens' frequencies (add-one smoothed) on the first validation batches.
   std::optional<double> unigram_ppl;
-  if (do_eval) {
+  if (do_eval && rank == 0) {
     std::vector<double> counts(static_cast<size_t>(model.vocab()), 1.0);
     double total = static_cast<double>(counts.size());
     std::vector<int64_t> text(static_cast<size_t>(seq + 1));
@@ -199,12 +288,12 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   }
 
   // ---- 5. Reporting.
-  MetricsFile metrics(!cfg.metrics_file.empty() ? cfg.metrics_file : cfg.save.empty() ? "" : cfg.save + "/metrics.jsonl");
+  MetricsFile metrics(rank != 0 ? "" : !cfg.metrics_file.empty() ? cfg.metrics_file : cfg.save.empty() ? "" : cfg.save + "/metrics.jsonl");
   if (!metrics.path().empty()) {
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(metrics.path()).parent_path(), ec);
   }
-  ProgressBar bar(!cfg.no_progress);
+  ProgressBar bar(!cfg.no_progress && rank == 0);
   const bool half = job.precision.bf16 || job.precision.fp16;
   const double peak_tflops = half ? plan.device.peak_tflops_16bit : plan.device.peak_tflops_32bit;
   const double flops_per_iter = plan.flops_per_iteration;
@@ -214,15 +303,35 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   // The planner's prediction of this trainer's buffers (the model's size
   // tables plus Adam state): what `megatron plan` prints for these flags.
   const double planned_bytes = plan.memory.trainer.available ? plan.memory.trainer.total() : 0;
-  std::fprintf(out, "training %s: %lld parameters, TP x PP x DP = 1 x 1 x 1, micro-batch %lld x %lld micro-batches = global batch %lld, "
-                    "%lld iterations from %lld, %s, %d thread%s\n",
-               mc.swiglu ? "a LLaMA-style GPT" : "a GPT", static_cast<long long>(plan.total_params), static_cast<long long>(mbs),
-               static_cast<long long>(M), static_cast<long long>(gbs), static_cast<long long>(train_iters),
-               static_cast<long long>(iteration), job.precision.name(), num_threads(), num_threads() == 1 ? "" : "s");
+  std::fprintf(out, "training %s: %lld parameters, TP x PP x DP = %lld x 1 x %lld on %d rank%s%s%s, micro-batch %lld x %lld "
+                    "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %d thread%s per rank\n",
+               mc.swiglu ? "a LLaMA-style GPT" : "a GPT", static_cast<long long>(plan.total_params),
+               static_cast<long long>(tp), static_cast<long long>(dp), world, world == 1 ? "" : "s",
+               sp ? ", sequence parallel" : "", dist_opt ? ", distributed optimizer" : "", static_cast<long long>(mbs),
+               static_cast<long long>(M), static_cast<long long>(dp), static_cast<long long>(gbs),
+               static_cast<long long>(train_iters), static_cast<long long>(iteration), job.precision.name(), num_threads(),
+               num_threads() == 1 ? "" : "s");
+  if (world > 1) {
+    // The layout, once: every group of the kinds this build uses.
+    for (auto kind : {parallel::GroupKind::kTensor, parallel::GroupKind::kData}) {
+      std::string line;
+      for (const auto& g : plan.grid->groups(kind)) {
+        line += line.empty() ? "" : " ";
+        line += "[";
+        for (size_t i = 0; i < g.size(); ++i) line += (i ? "," : "") + std::to_string(g[i]);
+        line += "]";
+      }
+      std::fprintf(out, "  %s groups: %s\n", parallel::group_kind_name(kind), line.c_str());
+    }
+  }
   if (unigram_ppl) std::fprintf(out, "unigram baseline on the validation batches: perplexity %.2f\n", *unigram_ppl);
   std::fflush(out);
 
   // ---- 6. Save / evaluate helpers.
+  // Every rank writes into the same temporary directory: rank 0's pid names it.
+  int64_t tag_pid = static_cast<int64_t>(::getpid());
+  world_comm->broadcast(Tensor(&tag_pid, {1}, DType::kI64), 0);
+  const std::string save_tag = std::to_string(tag_pid);
   auto save = [&](int64_t it) -> Status {
     nlohmann::json common;
     common["iteration"] = it;
@@ -234,10 +343,21 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     if (!cfg.no_save_rng)
       common["rng_state"] = {{"seed", cfg.seed}, {"kind", "philox4x32-10 keyed by (seed, global micro-batch index)"}};
     common["args"] = args_to_json(cfg, argv);
-    auto slices = checkpoint::training_state_slices(model, cfg.no_save_optim ? nullptr : &opt);
+    common["parallel"] = {{"tensor_model_parallel_size", tp}, {"data_parallel_size", dp}, {"sequence_parallel", sp},
+                          {"use_distributed_optimizer", dist_opt}, {"world_size", world}};
+    wait_params();
+    auto slices = checkpoint::training_state_slices(model, cfg.no_save_optim ? nullptr : &opt, std::nullopt, dp_rank == 0);
     const auto t0 = Clock::now();
-    Status st = checkpoint::save_checkpoint(cfg.save, it, slices, common, 0, 1);
+    checkpoint::SaveOptions so_opts;
+    so_opts.tmp_tag = save_tag;
+    so_opts.commit = world == 1;
+    Status st = checkpoint::save_checkpoint(cfg.save, it, slices, common, rank, world, so_opts);
     if (!st) return st;
+    if (world > 1) {
+      world_comm->barrier();  // every rank file is complete
+      if (rank == 0) MT_RETURN_IF_ERROR(checkpoint::commit_checkpoint(cfg.save, it, world, so_opts));
+      world_comm->barrier();  // committed before anyone goes on (or exits)
+    }
     bar.clear();
     std::fprintf(out, "saved checkpoint %s/%s in %.0f ms\n", cfg.save.c_str(), checkpoint::iteration_dir_name(it).c_str(),
                  std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
@@ -245,7 +365,8 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     return Status::ok();
   };
   auto evaluate = [&](int64_t it) -> Result<double> {
-    data::DataLoader vl((*sources)[1], mbs, 0, 1, consumed_valid, so);
+    wait_params();
+    data::DataLoader vl((*sources)[1], mbs, dp_rank, dp, consumed_valid, so);
     double sum = 0;
     int64_t n = 0;
     for (int64_t e = 0; e < cfg.eval_iters; ++e)
@@ -257,7 +378,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
         ++n;
       }
     consumed_valid = vl.consumed_samples();
-    const double loss = sum / static_cast<double>(n);
+    const double loss = dp_comm.all_reduce_scalar(sum / static_cast<double>(n)) / static_cast<double>(dp);
     bar.clear();
     std::fprintf(out, "---------------------------------------------------------------------------------------------\n"
                       " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E%s\n"
@@ -282,20 +403,57 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   double interval_loss = 0;
   int64_t interval_iters = 0, skipped = 0, nan_iters = 0;
   double last_norm = 0;
+  const char* kill_env = std::getenv("MEGATRON_CPP_TEST_KILL");  // test hook: "rank:iteration" dies mid-iteration
+  int kill_rank = -1;
+  int64_t kill_iteration = -1;
+  if (kill_env) std::sscanf(kill_env, "%d:%lld", &kill_rank, reinterpret_cast<long long*>(&kill_iteration));
+  const char* fail_env = std::getenv("MEGATRON_CPP_TEST_FAIL");  // test hook: "rank:iteration" returns an error
+  int fail_rank = -1;
+  int64_t fail_iteration = -1;
+  if (fail_env) std::sscanf(fail_env, "%d:%lld", &fail_rank, reinterpret_cast<long long*>(&fail_iteration));
+  const bool overlap_grads = buckets && job.parallel.overlap_grad_reduce;
   while (iteration < train_iters) {
     const int64_t it = iteration + 1;
     if (it == nan_at) model.params()[0].ptr<float>()[0] = std::nanf("");
     model.zero_grads();
+    tp_comm.reset_stats();
+    dp_comm.reset_stats();
+    if (gather_pending) {
+      // --overlap-param-gather: the first forward waits for each stage's
+      // parameters just before using them.
+      model.set_forward_hook([&](int stage) {
+        buckets->wait_param_gather(stage);
+        if (job.precision.bf16) model.sync_low_precision(stage);
+      });
+    }
     double loss_sum = 0;
     for (int64_t m = 0; m < M; ++m) {
       auto mb = train_loader.next();
       if (!mb) return mb.status();
       Batch b = to_model_batch(*mb);
-      const uint64_t dropout_step = static_cast<uint64_t>((it - 1) * M + m);
+      // The global micro-batch index: the same masks as a single rank running
+      // all M x DP micro-batches (data-parallel rank r's m-th is number m x DP + r).
+      const uint64_t dropout_step = static_cast<uint64_t>(((it - 1) * M + m) * dp + dp_rank);
       loss_sum += model.forward(0, b.tokens_t, b.labels_t, dropout_step, /*training=*/true);
-      model.backward(0, 1.0 / static_cast<double>(M));
+      if (m == 0 && gather_pending) {
+        model.set_forward_hook(nullptr);
+        gather_pending = false;
+      }
+      if (rank == kill_rank && it == kill_iteration) std::raise(SIGKILL);
+      if (rank == fail_rank && it == fail_iteration)
+        return Status::io_error(fmt::format("injected failure at iteration {} (MEGATRON_CPP_TEST_FAIL)", it));
+      const bool last = m + 1 == M;
+      if (last && overlap_grads) {
+        buckets->begin_last_backward();
+        model.set_backward_hook([&](int stage) { buckets->mark_ready(stage); });
+      }
+      // Loss scale 1 / (M x DP): summing over DP gives the mean gradient.
+      model.backward(0, 1.0 / static_cast<double>(M * dp));
+      if (last && overlap_grads) model.set_backward_hook(nullptr);
     }
-    const double loss = loss_sum / static_cast<double>(M);
+    if (buckets) buckets->finish();
+    model.reduce_tp_replicated_grads();
+    const double loss = dp_comm.all_reduce_scalar(loss_sum / static_cast<double>(M)) / static_cast<double>(dp);
     const bool finite = std::isfinite(loss) && opt.grads_finite();
     if (!finite) {
       ++nan_iters;
@@ -307,6 +465,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     }
     last_norm = opt.clip_grad_norm(cfg.clip_grad);
     opt.step(sched);
+    gather_pending = po.overlap_param_gather;
     sched.step(gbs);
     consumed_train += gbs;
     flops_so_far += flops_per_iter;
@@ -315,8 +474,14 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     result.last_loss = loss;
     interval_loss += loss;
     ++interval_iters;
+    const double tp_bytes = static_cast<double>(tp_comm.stats().bytes), dp_bytes = static_cast<double>(dp_comm.stats().bytes);
     metrics.append({{"iteration", it}, {"lm_loss", loss}, {"grad_norm", last_norm}, {"learning_rate", sched.lr()},
-                    {"consumed_samples", consumed_train}});
+                    {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes}});
+    if (it == first_iteration + 1 && world > 1) {
+      bar.clear();
+      std::fprintf(out, "communication per rank per iteration: TP %.2f MB (planned %.2f MB), DP %.2f MB (planned %.2f MB)\n",
+                   tp_bytes / 1e6, plan.comm.tp_bytes / 1e6, dp_bytes / 1e6, plan.comm.dp_bytes / 1e6);
+    }
 
     const double secs_since_start = std::chrono::duration<double>(Clock::now() - start).count();
     if (it % cfg.log_interval == 0 || it == train_iters) {
@@ -327,7 +492,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
       s.learning_rate = sched.lr(), s.global_batch_size = gbs, s.loss = interval_loss / static_cast<double>(interval_iters);
       s.grad_norm = last_norm, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
       s.tokens_per_s = static_cast<double>(gbs * seq) / (s.ms_per_iteration / 1000);
-      s.tflops_per_device = flops_per_iter / (s.ms_per_iteration / 1000) / 1e12;
+      s.tflops_per_device = flops_per_iter / (s.ms_per_iteration / 1000) / 1e12 / static_cast<double>(world);
       s.mfu = s.tflops_per_device / peak_tflops;
       s.planned_bytes = planned_bytes, s.measured_bytes = measured_bytes(), s.peak_rss_bytes = peak_rss_bytes();
       bar.clear();
@@ -346,9 +511,19 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
       if (!v) return v.status();
       result.valid_loss = *v;
     }
-    const bool signal = cfg.exit_signal_handler && g_sigterm.load();
+    // A signal on any rank, or rank 0's clock, stops every rank at the same iteration.
+    bool signal = cfg.exit_signal_handler && g_sigterm.load();
+    bool by_time = cfg.exit_duration_in_mins && secs_since_start / 60.0 > *cfg.exit_duration_in_mins;
+    if (world > 1) {
+      if (cfg.exit_signal_handler) signal = world_comm->all_reduce_scalar(signal ? 1 : 0, comm::ReduceOp::kMax) > 0;
+      if (cfg.exit_duration_in_mins) {
+        double t = by_time ? 1 : 0;
+        Tensor tt(&t, {1}, DType::kF64);
+        world_comm->broadcast(tt, 0);
+        by_time = t > 0;
+      }
+    }
     const bool by_interval = cfg.exit_interval && it % *cfg.exit_interval == 0;
-    const bool by_time = cfg.exit_duration_in_mins && secs_since_start / 60.0 > *cfg.exit_duration_in_mins;
     const bool periodic = cfg.save_interval && it % *cfg.save_interval == 0;
     if (!cfg.save.empty() && (periodic || signal || by_interval || by_time)) MT_RETURN_IF_ERROR(save(it));
     if (signal || by_interval || by_time) {
@@ -361,7 +536,10 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   bar.finish();
   if (!cfg.save.empty() && (!cfg.save_interval || iteration % *cfg.save_interval != 0) && iteration > 0)
     MT_RETURN_IF_ERROR(save(iteration));
+  wait_params();
   return result;
 }
+
+}  // namespace
 
 }  // namespace mt::train

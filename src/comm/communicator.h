@@ -1,0 +1,152 @@
+#pragma once
+// Communicator: the collectives a parallel training step needs, over one
+// process group. Implementations: SelfCommunicator (a group of one rank; every
+// collective is a copy or nothing), MpiCommunicator (OpenMPI, CPU tensors),
+// and later NCCL (GPU tensors) behind the same interface.
+//
+// Conventions (all implementations):
+// - Collectives are called by every member, in the same order, with tensors
+//   of the same dtype and element counts. Tensors are contiguous; shapes do
+//   not matter, element counts do. Supported dtypes: fp32, fp64, bf16 (sum is
+//   done in fp32 and rounded), int32, int64.
+// - Rank numbers passed to or returned by a Communicator are ranks INSIDE
+//   the group (0..size()-1); members() maps them to world ranks.
+// - Payload bytes: each call adds the bytes of its largest buffer to stats()
+//   (all_reduce: t; all_gather: out; reduce_scatter: in; broadcast: t;
+//   send/recv: t; all_to_all: in). The planner predicts the same quantity,
+//   so measured and predicted traffic are comparable number for number.
+//   The asynchronous variants count when they start, like their blocking
+//   twins; barrier moves no payload and counts nothing (not even a call).
+// - Buffers may alias (in place): every implementation gives the result as
+//   if the inputs had been read before any output was written.
+// - Tensors must be CPU tensors for Self and MPI; a wrong dtype, count, peer
+//   or device is a bug in the caller and fails an MT_CHECK naming the group.
+// - Errors inside MPI are fatal (MPI_ERRORS_ARE_FATAL): a failing collective
+//   ends the whole job rather than returning, so no rank waits forever.
+//
+// Thread safety: one thread per Communicator at a time (the caller's).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace mt::comm {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+// What a group has communicated since the last reset (payload bytes, see above).
+struct CommStats {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;
+  uint64_t all_reduce_bytes = 0, all_gather_bytes = 0, reduce_scatter_bytes = 0, broadcast_bytes = 0,
+           p2p_bytes = 0, all_to_all_bytes = 0;
+};
+
+// An operation in flight. wait() completes it (idempotent); test() makes
+// progress and says whether it has completed. Destroying an unfinished Work
+// waits for it.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;  // this process inside the group
+  virtual int size() const = 0;
+  // World ranks of the members, in group-rank order.
+  virtual const std::vector<int>& members() const = 0;
+  // A short description for logs, e.g. "tp[0,1]".
+  virtual std::string name() const = 0;
+
+  // t = op over ranks of t (in place).
+  virtual void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::kSum) = 0;
+  // out (size() x in.numel() elements) = the ranks' `in` concatenated in rank
+  // order. `in` may be out's own block (rank() * in.numel()): in place.
+  virtual void all_gather(const Tensor& in, const Tensor& out) = 0;
+  // out (in.numel() / size() elements) = op over ranks of block rank() of `in`.
+  virtual void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::kSum) = 0;
+  // t on every rank = t on `root`.
+  virtual void broadcast(const Tensor& t, int root) = 0;
+  // Point to point (pipeline stages). Matching by (peer, tag), FIFO per pair.
+  virtual void send(const Tensor& t, int peer, int tag = 0) = 0;
+  virtual void recv(const Tensor& t, int peer, int tag = 0) = 0;
+  virtual std::unique_ptr<Work> isend(const Tensor& t, int peer, int tag = 0) = 0;
+  virtual std::unique_ptr<Work> irecv(const Tensor& t, int peer, int tag = 0) = 0;
+  // Block j of `in` goes to rank j; block i of `out` comes from rank i
+  // (blocks of in.numel() / size() elements).
+  virtual void all_to_all(const Tensor& in, const Tensor& out) = 0;
+  virtual void barrier() = 0;
+
+  // Asynchronous variants (data-parallel gradient buckets overlap with
+  // backward). The tensors must stay alive and untouched until wait().
+  virtual std::unique_ptr<Work> iall_reduce(const Tensor& t, ReduceOp op = ReduceOp::kSum) = 0;
+  virtual std::unique_ptr<Work> ireduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::kSum) = 0;
+  virtual std::unique_ptr<Work> iall_gather(const Tensor& in, const Tensor& out) = 0;
+
+  // Convenience: a scalar reduced over the group (fp64).
+  double all_reduce_scalar(double v, ReduceOp op = ReduceOp::kSum);
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CommStats{}; }
+
+ protected:
+  // For implementations (communicator.cc): count one call of `bytes` payload
+  // in stats_.*kind and in the totals.
+  void record(uint64_t CommStats::*kind, size_t bytes);
+  // Argument checks shared by the implementations; each failure names the
+  // call, the group and what was expected.
+  void check_tensor(const char* call, const Tensor& t) const;
+  void check_same_dtype(const char* call, const Tensor& a, const Tensor& b) const;
+  void check_numel(const char* call, const char* what, const Tensor& t, int64_t expected) const;
+  // in.numel() divisible by size(); returns the block size in.numel() / size().
+  int64_t block_of(const char* call, const Tensor& in) const;
+  void check_peer(const char* call, int peer, int tag) const;
+
+  CommStats stats_;
+};
+
+// A group of one: this process alone. name() is "self[<world_rank>]", or
+// "<name>[<world_rank>]" with a name (make_group without MPI uses that).
+std::unique_ptr<Communicator> make_self_communicator(int world_rank = 0);
+std::unique_ptr<Communicator> make_self_communicator(int world_rank, const std::string& name);
+
+// "name[0,1]", or "name[0..7]" for three or more consecutive ranks.
+std::string group_name(const std::string& name, const std::vector<int>& members);
+// A Work that has already completed (wait and test return at once).
+std::unique_ptr<Work> completed_work();
+
+// ---- The MPI runtime (comm/mpi.cc) ----
+
+// True when this process was started by mpirun/mpiexec (OpenMPI's or PMIx's
+// environment is present). Single-process runs never initialise MPI.
+bool launched_by_mpi();
+// MPI_Init_thread (MPI_THREAD_FUNNELED) once; no-op when already initialised.
+Status init_mpi();
+// MPI_Finalize if initialised and not yet finalised.
+void finalize_mpi();
+// Ends every rank of the job with `code` (MPI_Abort), or std::exit without MPI.
+[[noreturn]] void abort_job(int code);
+// World rank and size (0 and 1 without MPI).
+int world_rank();
+int world_size();
+
+// MPI_COMM_WORLD as a Communicator (a self communicator without MPI).
+std::unique_ptr<Communicator> world_communicator();
+// Collective over the world: every process calls it with the members (world
+// ranks, increasing) of the group IT belongs to; groups partition the world
+// or some ranks pass an empty list (they get nullptr). Returns this process's
+// group, named group_name(name, members), e.g. make_group({0, 1}, "tp") is
+// "tp[0,1]". Without MPI, members must be {0} (or empty).
+std::unique_ptr<Communicator> make_group(const std::vector<int>& members, const std::string& name);
+
+}  // namespace mt::comm
