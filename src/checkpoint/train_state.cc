@@ -29,7 +29,11 @@ std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, cons
   const auto& specs = model.specs();
   const auto& params = model.params();
   const int64_t tp = model.options().tp, tp_rank = model.options().tp_rank;
-  auto writes = [&](const model::ParamSpec& s) { return s.shard != model::ShardKind::kReplicated || tp_rank == 0; };
+  // Replicated over TP: TP rank 0 writes; a tied word embedding held by the
+  // last pipeline stage as its output layer: the first stage writes it.
+  auto writes = [&](const model::ParamSpec& s) {
+    return (s.shard != model::ShardKind::kReplicated || tp_rank == 0) && !model.is_shared_copy(model.find(s.name));
+  };
   std::vector<NamedSlice> out;
   if (dp_writer)
     for (size_t i = 0; i < specs.size(); ++i) {

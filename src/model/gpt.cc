@@ -106,7 +106,8 @@ struct GPTModel::Tables {
   GPTOptions opt;
   Dims dims{};
   std::vector<ParamSpec> specs;
-  std::vector<LayerGroup> groups;
+  std::vector<LayerRange> chunks;
+  std::vector<std::vector<LayerGroup>> groups;  // per chunk
   SizeTable params, lowp, acts, workspace, rope;
   std::vector<int> lowp_which;  // parameter index of each lowp entry
   ActIndex act;
@@ -117,8 +118,11 @@ struct GPTModel::Tables {
 
 struct GPTModel::Slot {
   Tensor tokens, labels;      // [T*B] int32, [s, b] order
-  std::vector<Tensor> resid;  // L+1 x [Ns,h]; undefined where recomputed
-  std::vector<LayerActs> layers;
+  // By position in the chunk held (K = the largest chunk's layers): resid[i]
+  // is the input of the chunk's i-th layer, resid[n] the chunk's output.
+  std::vector<Tensor> resid;  // K+1 x [Ns,h]; undefined where recomputed
+  std::vector<LayerActs> layers;  // K
+  int chunk = 0;
   Tensor lnf, lnf_mean, lnf_rstd, logits, mx, se, tl, loss;  // lnf [N,h]; logits [N,V/TP]; mean/rstd [Ns]; rest [N]
   uint64_t dropout_step = 0;
   bool training = false, ready = false;
@@ -246,10 +250,19 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   if (opt.bf16_compute && opt.dtype != DType::kF32) errs.push_back("bf16 compute needs fp32 parameters");
   if (cfg.hidden_dropout >= 1 || cfg.attention_dropout >= 1) errs.push_back("dropout must be below 1");
   const RecomputeOptions& rc = opt.recompute;
-  if (rc.granularity == RecomputeGranularity::kFull && cfg.num_layers > 0 &&
-      (rc.num_layers < 1 || rc.num_layers > cfg.num_layers))
+  std::vector<LayerRange> chunks = opt.chunks;
+  if (chunks.empty()) chunks.push_back({0, cfg.num_layers});
+  int64_t K = 0;  // the largest chunk's layers
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    K = std::max(K, chunks[c].count);
+    if (chunks[c].first < 0 || chunks[c].count < 0 || chunks[c].first + chunks[c].count > cfg.num_layers ||
+        (c > 0 && chunks[c].first < chunks[c - 1].first + chunks[c - 1].count))
+      errs.push_back(fmt::format("model chunk {} (layers [{}, {})) is outside --num-layers {} or overlaps another", c,
+                                 chunks[c].first, chunks[c].first + chunks[c].count, cfg.num_layers));
+  }
+  if (rc.granularity == RecomputeGranularity::kFull && cfg.num_layers > 0 && (rc.num_layers < 1 || rc.num_layers > K))
     errs.push_back(fmt::format("--recompute-num-layers {} must be between 1 and the layers of this stage ({})",
-                               rc.num_layers, cfg.num_layers));
+                               rc.num_layers, K));
   if (!errs.empty()) {
     std::string m = "invalid model configuration:";
     for (auto& e : errs) m += "\n  - " + e;
@@ -267,10 +280,26 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d = Dims{N, Ns, B, T, h, al, ad, (al + 2 * gl) * cfg.head_dim(), (cfg.swiglu ? 2 : 1) * F, F,
            cfg.padded_vocab(tp) / tp, opt.dtype, cfg.normalization == Normalization::kLayerNorm};
   const DType dt = opt.dtype;
-  const int64_t L = cfg.num_layers;
+  const int64_t L = K;  // layer positions in a slot
+  t.chunks = chunks;
 
-  // Parameters (and gradients: the same table), and the bf16 GEMM weights.
-  t.specs = gpt_param_specs(cfg, opt.tp);
+  // Parameters (and gradients: the same table), and the bf16 GEMM weights:
+  // the layers of this rank's chunks, the embedding on the first stage, the
+  // final norm and output layer on the last (tied: the word embedding).
+  auto holds_layer = [&](int64_t l) {
+    for (const LayerRange& c : chunks)
+      if (l >= c.first && l < c.first + c.count) return true;
+    return false;
+  };
+  for (ParamSpec& s : gpt_param_specs(cfg, opt.tp)) {
+    bool keep = false;
+    if (s.layer >= 0) keep = holds_layer(s.layer);
+    else if (s.name == "embedding.word_embeddings.weight")
+      keep = opt.pre_process || (opt.post_process && !cfg.untie_embeddings_and_output_weights);
+    else if (s.name.rfind("embedding.", 0) == 0) keep = opt.pre_process;
+    else keep = opt.post_process;  // final norm, output layer
+    if (keep) t.specs.push_back(std::move(s));
+  }
   for (const ParamSpec& s : t.specs) t.params.add(s.name, s.local_shape(opt.tp), dt);
   if (opt.bf16_compute)
     for (size_t i = 0; i < t.specs.size(); ++i) {
@@ -281,18 +310,22 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
       }
     }
 
-  // Activations of one slot, following the recompute groups.
-  t.groups = layer_groups(L, rc);
+  // Activations of one slot, following each chunk's recompute groups (a slot
+  // keeps what any chunk it may hold keeps, position by position).
   const bool selective = rc.granularity == RecomputeGranularity::kSelective;
   std::vector<char> keep_resid(static_cast<size_t>(L + 1), 0), keep_layer(static_cast<size_t>(L), 0);
-  keep_resid[static_cast<size_t>(L)] = 1;  // the final norm's input
   int64_t max_group = 0;
-  for (const LayerGroup& g : t.groups) {
-    keep_resid[static_cast<size_t>(g.begin)] = 1;
-    if (g.recompute) max_group = std::max(max_group, g.end - g.begin);
-    else
-      for (int64_t l = g.begin; l < g.end; ++l) keep_layer[static_cast<size_t>(l)] = 1;
+  for (const LayerRange& c : chunks) {
+    t.groups.push_back(layer_groups(c.count, rc));
+    keep_resid[static_cast<size_t>(c.count)] = 1;  // the chunk's output (final norm input, or sent on)
+    for (const LayerGroup& g : t.groups.back()) {
+      keep_resid[static_cast<size_t>(g.begin)] = 1;
+      if (g.recompute) max_group = std::max(max_group, g.end - g.begin);
+      else
+        for (int64_t l = g.begin; l < g.end; ++l) keep_layer[static_cast<size_t>(l)] = 1;
+    }
   }
+  keep_resid[0] = 1;  // the chunk's input
   SizeTable& at = t.acts;
   ActIndex& ai = t.act;
   ai.tokens = at.add("tokens", {N}, DType::kI32);
@@ -306,14 +339,16 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     f.fill(-1);
     if (keep_layer[static_cast<size_t>(l)]) f = add_layer(at, fmt::format("layers.{}.", l), d, !selective);
   }
-  ai.lnf = at.add("final.ln", {N, h}, dt);
-  if (d.layernorm) ai.lnf_mean = at.add("final.mean", {Ns}, dt);
-  ai.lnf_rstd = at.add("final.rstd", {Ns}, dt);
-  ai.logits = at.add("logits", {N, d.V}, dt);
-  ai.mx = at.add("xent.max", {N}, dt);
-  ai.se = at.add("xent.sumexp", {N}, dt);
-  ai.tl = at.add("xent.target", {N}, dt);
-  ai.loss = at.add("xent.loss", {N}, dt);
+  if (opt.post_process) {
+    ai.lnf = at.add("final.ln", {N, h}, dt);
+    if (d.layernorm) ai.lnf_mean = at.add("final.mean", {Ns}, dt);
+    ai.lnf_rstd = at.add("final.rstd", {Ns}, dt);
+    ai.logits = at.add("logits", {N, d.V}, dt);
+    ai.mx = at.add("xent.max", {N}, dt);
+    ai.se = at.add("xent.sumexp", {N}, dt);
+    ai.tl = at.add("xent.target", {N}, dt);
+    ai.loss = at.add("xent.loss", {N}, dt);
+  }
 
   // The recompute workspace: the largest recomputed group, everything kept.
   for (int64_t i = 0; i < max_group; ++i) {
@@ -390,15 +425,19 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   const double layer_fwd = (sp ? 4 : 2) * act, layer_bwd = (sp ? 4 : 2) * act;
   // A recomputed group re-runs its layers' forward in backward, the last
   // layer stopping before linear_fc2 (one row-parallel collective fewer).
-  double recompute = 0;
-  for (const LayerGroup& g : t->groups)
-    if (g.recompute) recompute += static_cast<double>(g.end - g.begin) * layer_fwd - act;
-  const double L = static_cast<double>(cfg.num_layers);
+  // Per micro-batch of every chunk this rank holds.
+  double recompute = 0, layers = 0;
+  for (size_t k = 0; k < t->groups.size(); ++k) {
+    layers += static_cast<double>(t->chunks[k].count);
+    for (const LayerGroup& g : t->groups[k])
+      if (g.recompute) recompute += static_cast<double>(g.end - g.begin) * layer_fwd - act;
+  }
   // Embedding: all-reduce (SP: reduce-scatter); output layer input: SP
   // all-gather; cross-entropy: max, sum of exp, target logit over [N].
-  c.tp_forward_bytes = L * layer_fwd + act + (sp ? act : 0) + 3 * row;
+  const double pre = opt.pre_process ? 1 : 0, post = opt.post_process ? 1 : 0;
+  c.tp_forward_bytes = layers * layer_fwd + pre * act + post * ((sp ? act : 0) + 3 * row);
   // Output layer dx: all-reduce (SP: reduce-scatter); embedding dy: SP all-gather.
-  c.tp_backward_bytes = L * layer_bwd + act + (sp ? act : 0) + recompute;
+  c.tp_backward_bytes = layers * layer_bwd + post * act + pre * (sp ? act : 0) + recompute;
   if (sp)
     for (size_t i = 0; i < t->specs.size(); ++i)
       if (t->specs[i].shard == ShardKind::kReplicated)
@@ -422,7 +461,8 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1;
   Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
   specs_ = std::move(t.specs);
-  groups_ = std::move(t.groups);
+  chunks_ = std::move(t.chunks);
+  chunk_groups_ = std::move(t.groups);
   plan_ = t.plan;
   param_table_ = std::move(t.params);
   act_table_ = std::move(t.acts);
@@ -441,7 +481,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   final_w_ = find("decoder.final_layernorm.weight");
   final_b_ = find("decoder.final_layernorm.bias");
   out_ = cfg.untie_embeddings_and_output_weights ? find("output_layer.weight") : word_;
-  for (int l = 0; l < cfg.num_layers; ++l) {
+  for (int l = 0; l < cfg.num_layers; ++l) {  // indexed by global layer; -1 where another stage holds it
     const std::string p = fmt::format("decoder.layers.{}.", l);
     LayerIdx x;
     x.ln1_w = find(p + "input_layernorm.weight"), x.ln1_b = find(p + "input_layernorm.bias");
@@ -798,9 +838,31 @@ void GPTModel::group_forward(const LayerGroup& g, const Tensor& x, Workspace& ws
 
 double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step,
                          bool training) {
+  MT_CHECK(num_chunks() == 1 && opt_.pre_process && opt_.post_process,
+           "GPTModel::forward: a pipeline stage runs forward_chunk()");
+  return forward_chunk(0, slot, tokens, labels, dropout_step, training);
+}
+
+void GPTModel::backward(int slot, double loss_scale) {
+  MT_CHECK(num_chunks() == 1 && opt_.pre_process && opt_.post_process,
+           "GPTModel::backward: a pipeline stage runs backward_chunk()");
+  backward_chunk(slot, loss_scale, Tensor(), Tensor());
+}
+
+Tensor GPTModel::chunk_input(int slot) const { return slots_.at(static_cast<size_t>(slot)).resid[0]; }
+Tensor GPTModel::chunk_output(int slot) const {
+  const Slot& s = slots_.at(static_cast<size_t>(slot));
+  return s.resid[static_cast<size_t>(chunks_[static_cast<size_t>(s.chunk)].count)];
+}
+
+double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step,
+                               bool training) {
   MT_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()),
            fmt::format("GPTModel::forward: slot {} outside [0, {}) (GPTOptions::slots)", slot, slots_.size()));
+  MT_CHECK(chunk >= 0 && chunk < num_chunks(), fmt::format("GPTModel::forward: chunk {} outside [0, {})", chunk, num_chunks()));
   Slot& s = slots_[static_cast<size_t>(slot)];
+  const LayerRange R = chunks_[static_cast<size_t>(chunk)];
+  s.chunk = chunk;
   MT_CHECK(tokens.numel() == N_ && labels.numel() == N_ && tokens.dtype() == DType::kI32 &&
                labels.dtype() == DType::kI32,
            fmt::format("GPTModel::forward: tokens and labels must be int32 [{}, {}]", B_, T_));
@@ -823,6 +885,7 @@ double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, u
   // fwd all-reduce over TP, with SP reduce-scatter to this rank's sequence
   // shard) + learned positions of the shard, then dropout.
   const int64_t t0 = sp() ? opt_.tp_rank * (T_ / opt_.tp) : 0;  // first position of this rank's rows
+  if (first_stage(chunk)) {
   if (forward_hook_) forward_hook_(-1);
   {
     ArenaScope scope(scratch_);
@@ -840,25 +903,30 @@ double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, u
   const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);
   if (hd > 0)
     k::dropout_forward(s.resid[0], s.resid[0], hd, kDropoutSeedSalt, dropout_stream(dropout_step, 4095, 3), row_offset);
+  }  // else: the previous stage's output was received into s.resid[0]
   {
     ArenaScope scope(scratch_);
     Workspace ws = carve_workspace();
-    for (const LayerGroup& g : groups_) {
+    // Positions i in the chunk are global layers R.first + i.
+    for (const LayerGroup& g : chunk_groups_[static_cast<size_t>(chunk)]) {
       if (forward_hook_)
-        for (int64_t l = g.begin; l < g.end; ++l) forward_hook_(static_cast<int>(l));
+        for (int64_t i = g.begin; i < g.end; ++i) forward_hook_(static_cast<int>(R.first + i));
       if (g.recompute) {
-        group_forward(g, s.resid[static_cast<size_t>(g.begin)], ws, s.resid[static_cast<size_t>(g.end)], s);
+        group_forward({R.first + g.begin, R.first + g.end, true}, s.resid[static_cast<size_t>(g.begin)], ws,
+                      s.resid[static_cast<size_t>(g.end)], s);
       } else {
-        for (int64_t l = g.begin; l < g.end; ++l)
-          layer_forward(static_cast<int>(l), s.resid[static_cast<size_t>(l)], s.layers[static_cast<size_t>(l)],
-                        s.resid[static_cast<size_t>(l + 1)], s);
+        for (int64_t i = g.begin; i < g.end; ++i)
+          layer_forward(static_cast<int>(R.first + i), s.resid[static_cast<size_t>(i)], s.layers[static_cast<size_t>(i)],
+                        s.resid[static_cast<size_t>(i + 1)], s);
       }
     }
   }
+  s.ready = true;
+  if (!last_stage(chunk)) return 0.0;
   // Final norm (on the shard with SP, then all-gathered), output layer (tied:
   // the word embedding; vocab-parallel), loss (vocab-parallel cross-entropy).
   if (forward_hook_) forward_hook_(static_cast<int>(cfg_.num_layers));
-  norm_fwd(s.resid[cfg_.num_layers], final_w_, final_b_, own_rows(s.lnf), s.lnf_mean, s.lnf_rstd);
+  norm_fwd(s.resid[static_cast<size_t>(R.count)], final_w_, final_b_, own_rows(s.lnf), s.lnf_mean, s.lnf_rstd);
   column_fwd_input(own_rows(s.lnf), s.lnf);
   if (opt_.bf16_compute) {
     ArenaScope scope(scratch_);
@@ -884,19 +952,26 @@ double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, u
   double total = 0;
   for (int64_t i = 0; i < N_; ++i)
     total += opt_.dtype == DType::kF32 ? static_cast<double>(s.loss.ptr<float>()[i]) : s.loss.ptr<double>()[i];
-  s.ready = true;
   return s.count > 0 ? total / s.count : 0.0;
 }
 
-void GPTModel::backward(int slot, double loss_scale) {
+void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput, const Tensor& dinput) {
   MT_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()),
            fmt::format("GPTModel::backward: slot {} outside [0, {}) (GPTOptions::slots)", slot, slots_.size()));
   Slot& s = slots_[static_cast<size_t>(slot)];
   MT_CHECK(s.ready, "GPTModel::backward: slot has no forward");
   s.ready = false;
+  const int chunk = s.chunk;
+  const LayerRange R = chunks_[static_cast<size_t>(chunk)];
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
   Tensor dloss = scratch({N_}, dt);
+  Tensor dlnf = scratch({Ns_, h_}, dt), dresid = scratch({Ns_, h_}, dt);
+  if (!last_stage(chunk)) {
+    MT_CHECK(doutput.defined() && doutput.numel() == Ns_ * h_ && doutput.dtype() == dt,
+             fmt::format("GPTModel::backward_chunk: d(output) must be [{}, {}] {}", Ns_, h_, dtype_name(dt)));
+    std::memcpy(dresid.data(), doutput.data(), dresid.nbytes());
+  } else {
   const double g = s.count > 0 ? loss_scale / s.count : 0.0;
   for (int64_t i = 0; i < N_; ++i) {
     if (dt == DType::kF32) dloss.ptr<float>()[i] = static_cast<float>(g);
@@ -904,7 +979,6 @@ void GPTModel::backward(int slot, double loss_scale) {
   }
   // dlogits overwrite the logits.
   k::xent_backward(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, s.logits);
-  Tensor dlnf = scratch({Ns_, h_}, dt), dresid = scratch({Ns_, h_}, dt);
   {
     // Output layer: dx is partial over the vocabulary shards: all-reduce
     // (SP: reduce-scatter to this rank's rows).
@@ -924,31 +998,40 @@ void GPTModel::backward(int slot, double loss_scale) {
     else if (opt_.tp > 1) opt_.tp_comm->all_reduce(dlnf);
   }
   dresid.zero();
-  norm_bwd(dlnf, s.resid[cfg_.num_layers], final_w_, final_b_, s.lnf_mean, s.lnf_rstd, dresid);
+  norm_bwd(dlnf, s.resid[static_cast<size_t>(R.count)], final_w_, final_b_, s.lnf_mean, s.lnf_rstd, dresid);
   if (backward_hook_) backward_hook_(static_cast<int>(cfg_.num_layers));
+  }
   {
     ArenaScope ws_scope(scratch_);
     Workspace ws = carve_workspace();
-    for (auto it = groups_.rbegin(); it != groups_.rend(); ++it) {
-      const LayerGroup& grp = *it;
+    const auto& groups = chunk_groups_[static_cast<size_t>(chunk)];
+    for (auto it = groups.rbegin(); it != groups.rend(); ++it) {
+      const LayerGroup& grp = *it;  // positions in the chunk; global layer = R.first + position
       if (grp.recompute) {
         // Re-run the group's forward from its kept input (same dropout step),
         // then its backward, last layer first.
         const Tensor& x0 = s.resid[static_cast<size_t>(grp.begin)];
-        group_forward(grp, x0, ws, Tensor(), s);
+        group_forward({R.first + grp.begin, R.first + grp.end, true}, x0, ws, Tensor(), s);
         for (int64_t i = grp.end - grp.begin - 1; i >= 0; --i) {
           const Tensor& in = i == 0 ? x0 : ws.resid[static_cast<size_t>(i - 1)];
-          layer_backward(static_cast<int>(grp.begin + i), in, ws.layers[static_cast<size_t>(i)], s, dresid);
-          if (backward_hook_) backward_hook_(static_cast<int>(grp.begin + i));
+          layer_backward(static_cast<int>(R.first + grp.begin + i), in, ws.layers[static_cast<size_t>(i)], s, dresid);
+          if (backward_hook_) backward_hook_(static_cast<int>(R.first + grp.begin + i));
         }
       } else {
-        for (int64_t l = grp.end - 1; l >= grp.begin; --l) {
-          layer_backward(static_cast<int>(l), s.resid[static_cast<size_t>(l)], s.layers[static_cast<size_t>(l)], s,
-                         dresid);
-          if (backward_hook_) backward_hook_(static_cast<int>(l));
+        for (int64_t i = grp.end - 1; i >= grp.begin; --i) {
+          layer_backward(static_cast<int>(R.first + i), s.resid[static_cast<size_t>(i)], s.layers[static_cast<size_t>(i)],
+                         s, dresid);
+          if (backward_hook_) backward_hook_(static_cast<int>(R.first + i));
         }
       }
     }
+  }
+  if (!first_stage(chunk)) {
+    if (dinput.defined()) {
+      MT_CHECK(dinput.numel() == Ns_ * h_ && dinput.dtype() == dt, "GPTModel::backward_chunk: d(input) must be [Ns, h]");
+      std::memcpy(dinput.data(), dresid.data(), dresid.nbytes());
+    }
+    return;
   }
   const double hd = s.training ? cfg_.hidden_dropout : 0.0;
   const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);

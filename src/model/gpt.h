@@ -121,6 +121,12 @@ struct LayerGroup {
 // REQUIRES: valid options (1 <= num_layers <= layers with full).
 std::vector<LayerGroup> layer_groups(int64_t layers, const RecomputeOptions& r);
 
+// Consecutive transformer layers [first, first + count) (global indices).
+struct LayerRange {
+  int64_t first = 0, count = 0;
+  bool operator==(const LayerRange&) const = default;
+};
+
 struct GPTOptions {
   int64_t micro_batch = 1;       // B
   int64_t seq_length = 0;        // T (0: cfg.seq_length)
@@ -133,6 +139,16 @@ struct GPTOptions {
   bool sequence_parallel = false;  // --sequence-parallel (needs tp > 1 to matter)
   comm::Communicator* tp_comm = nullptr;  // the TP group; required when tp > 1 (not owned)
   RecomputeOptions recompute;    // activation recomputation (see above)
+  // Pipeline parallelism: the model chunks (virtual stages) this rank holds,
+  // in chunk order; empty = one chunk with every layer. pre_process: chunk 0
+  // starts with the embedding (the first virtual stage); post_process: the
+  // last chunk ends with the final norm, output layer and loss (the last
+  // virtual stage). With tied embeddings a last stage without the embedding
+  // still holds embedding.word_embeddings.weight as its output layer (kept
+  // equal to the first stage's by the trainer's embedding-group all-reduce).
+  std::vector<LayerRange> chunks;
+  bool pre_process = true;
+  bool post_process = true;
   int64_t flat_multiple = 1;     // pad the parameter and gradient arenas to a multiple of this many
                                  // elements (the data-parallel size: reduce-scatter blocks divide evenly)
 };
@@ -191,6 +207,27 @@ class GPTModel {
   // dropout_step keys the dropout masks (see above); training=false disables dropout.
   double forward(int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step = 0,
                  bool training = true);
+  // Pipeline form: forward of model chunk `chunk` into `slot` (any slot can
+  // hold any chunk). The first virtual stage embeds `tokens`; any other chunk
+  // starts from the hidden state in chunk_input(slot) (receive it there).
+  // The last virtual stage returns the loss; other chunks return 0 and leave
+  // their output in chunk_output(slot) (send it from there; valid until the
+  // slot's backward). tokens/labels: [B, T] int32 on every stage.
+  double forward_chunk(int chunk, int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step,
+                       bool training);
+  Tensor chunk_input(int slot) const;   // [Ns, h]
+  Tensor chunk_output(int slot) const;  // [Ns, h], after forward_chunk
+  // Backward of the chunk in `slot`. Not the last virtual stage: doutput is
+  // d(chunk_output) [Ns, h]. Not the first: dinput receives d(chunk_input).
+  void backward_chunk(int slot, double loss_scale, const Tensor& doutput, const Tensor& dinput);
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  const std::vector<LayerRange>& chunks() const { return chunks_; }
+  bool pre_process() const { return opt_.pre_process; }
+  bool post_process() const { return opt_.post_process; }
+  // True for a parameter whose value is a copy of another stage's (the last
+  // stage's tied word embedding when it does not hold the embedding): not
+  // stored in checkpoints and not counted twice in the gradient norm.
+  bool is_shared_copy(int i) const { return i == word_ && !opt_.pre_process; }
   // Backward of the micro-batch in `slot`; ACCUMULATES into grads (call
   // zero_grads() once per optimizer step). loss_scale multiplies d(loss)
   // (1/num_microbatches for gradient accumulation).
@@ -246,7 +283,7 @@ class GPTModel {
     m.activations = acts_.capacity(), m.scratch = scratch_.high_water(), m.tables = tables_.capacity();
     return m;
   }
-  const std::vector<LayerGroup>& groups() const { return groups_; }
+  const std::vector<LayerGroup>& groups() const { return chunk_groups_[0]; }
   const Arena& scratch_arena() const { return scratch_; }
   const Arena& activation_arena() const { return acts_; }
 
@@ -275,6 +312,8 @@ class GPTModel {
   void norm_fwd(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd);
   void norm_bwd(const Tensor& dy, const Tensor& x, int w, int b, const Tensor& mean, const Tensor& rstd,
                 const Tensor& dx);
+  bool first_stage(int chunk) const { return chunk == 0 && opt_.pre_process; }
+  bool last_stage(int chunk) const { return chunk + 1 == num_chunks() && opt_.post_process; }
   // x: the layer's input; a: where its activations go; out: its output, or
   // undefined to stop after the MLP activation (the last layer of a
   // recomputed group: backward needs nothing after it).
@@ -283,6 +322,7 @@ class GPTModel {
   void layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& s, const Tensor& dresid);
   static LayerActs bind_layer(const std::vector<Tensor>& views, const std::array<int, 12>& entries);
   Workspace carve_workspace();
+  // g: global layer numbers.
   void group_forward(const LayerGroup& g, const Tensor& x, Workspace& ws, const Tensor& out, const Slot& s);
   Tensor scratch(Shape shape, DType dt);
 
@@ -292,7 +332,8 @@ class GPTModel {
   int64_t Ns_ = 0, Vg_ = 0, a_ = 0, g_ = 0;  // rows held (N or N/TP), global vocab, local heads/groups
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, int> index_;
-  std::vector<LayerGroup> groups_;
+  std::vector<LayerRange> chunks_;
+  std::vector<std::vector<LayerGroup>> chunk_groups_;  // per chunk, positions relative to the chunk
   GPTMemoryPlan plan_;
   SizeTable param_table_, act_table_, workspace_table_;
   Arena params_arena_, grads_arena_, lowp_arena_, acts_, scratch_, tables_;

@@ -186,7 +186,12 @@ double AdamWOptimizer::grad_norm() const {
   const auto& grads = model_.grads();
   const auto& specs = model_.specs();
   // Replicated parameters are identical on every TP rank: count them on TP rank 0 only.
-  auto counted = [&](size_t i) { return par_.tp_rank == 0 || specs[i].shard != model::ShardKind::kReplicated; };
+  // A tied word embedding on the last pipeline stage is a copy of the first
+  // stage's: count it there only.
+  auto counted = [&](size_t i) {
+    return (par_.tp_rank == 0 || specs[i].shard != model::ShardKind::kReplicated) &&
+           !model_.is_shared_copy(static_cast<int>(i));
+  };
   double s = 0;
   if (distributed()) {
     for (const StateRange& r : ranges_) {
@@ -199,6 +204,7 @@ double AdamWOptimizer::grad_norm() const {
   }
   s = sum_over(par_.tp, s);
   if (distributed()) s = sum_over(par_.dp, s);
+  s = sum_over(par_.pp, s);
   return std::sqrt(s);
 }
 
@@ -233,6 +239,7 @@ bool AdamWOptimizer::grads_finite() const {
   double bad = ok ? 0.0 : 1.0;
   if (par_.tp && par_.tp->size() > 1) bad = par_.tp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
   if (distributed() && par_.dp->size() > 1) bad = par_.dp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
+  if (par_.pp && par_.pp->size() > 1) bad = par_.pp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
   return bad == 0.0;
 }
 

@@ -67,6 +67,7 @@ namespace mt::optim {
 struct ParallelOptimizerOptions {
   comm::Communicator* tp = nullptr;      // tensor-parallel group (null: TP = 1)
   comm::Communicator* dp = nullptr;      // data-parallel group (null: DP = 1)
+  comm::Communicator* pp = nullptr;      // pipeline group (null: PP = 1): norms and NaN checks span the stages
   int64_t tp_rank = 0;                   // for counting replicated parameters once
   // Set with mode kReduceScatter for the distributed optimizer (not owned;
   // built over the model's flat_grads()/flat_params()).

@@ -196,8 +196,8 @@ void plan_fit(PlanReport& r, const MemoryLayout& layout) {
 void plan_trainer_buffers(PlanReport& r) {
   TrainerBuffers& t = r.memory.trainer;
   const auto& p = r.job.parallel;
-  if (p.pp * p.cp * p.ep > 1 || r.vpp > 1 || r.job.model.is_moe()) {
-    t.why_not = "this build's trainer runs PP = CP = EP = 1 dense models";
+  if (p.cp * p.ep > 1 || r.job.model.is_moe()) {
+    t.why_not = "this build's trainer runs CP = EP = 1 dense models";
     return;
   }
   const bool dist_opt = p.use_distributed_optimizer && r.dp > 1;
@@ -208,6 +208,12 @@ void plan_trainer_buffers(PlanReport& r) {
   go.tp = p.tp;
   go.sequence_parallel = p.sequence_parallel;
   go.flat_multiple = dist_opt ? r.dp : 1;
+  // Pipeline rank 0 (the first stage): its chunks and in-flight micro-batches.
+  for (const ChunkLayers& c : r.chunks)
+    if (c.pp_rank == 0) go.chunks.push_back({c.first_layer, c.num_layers});
+  go.pre_process = true;
+  go.post_process = p.pp == 1;
+  go.slots = static_cast<int>(r.in_flight.empty() ? 1 : std::max<int64_t>(1, r.in_flight[0]));
   auto rc = model::RecomputeOptions::from_flags(r.job.recompute.granularity, r.job.recompute.method,
                                                 r.job.recompute.num_layers, r.job.recompute.recompute_activations);
   if (!rc) {
@@ -231,6 +237,21 @@ void plan_trainer_buffers(PlanReport& r) {
     r.comm.available = true;
     r.comm.tp_bytes = static_cast<double>(r.num_microbatches) * (cp->tp_forward_bytes + cp->tp_backward_bytes) + cp->tp_step_bytes;
     r.comm.dp_bytes = r.dp <= 1 ? 0.0 : static_cast<double>(mp->params) * (dist_opt ? 2.0 : 1.0);
+    // Pipeline rank 0: per micro-batch and chunk, the activation received
+    // from the previous virtual stage and sent to the next, and the gradient
+    // received back and sent back ([Ns, h] each); plus the tied embedding's
+    // gradient all-reduce with the last stage.
+    if (p.pp > 1) {
+      const double ns = static_cast<double>(go.micro_batch * go.seq_length) / (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
+      const double act = ns * static_cast<double>(r.job.model.hidden_size) * 4.0;
+      const int64_t S = p.pp * r.vpp;
+      for (int64_t c = 0; c < r.vpp; ++c) {
+        const int64_t s = c * p.pp;
+        r.comm.pp_bytes += static_cast<double>(r.num_microbatches) * act * (2.0 * (s > 0) + 2.0 * (s < S - 1));
+      }
+      if (!r.job.model.untie_embeddings_and_output_weights)
+        r.comm.pp_bytes += static_cast<double>(r.padded_vocab / p.tp * r.job.model.hidden_size) * 4.0;
+    }
   }
   // Adam m and v: the parameters' size table twice, or with the distributed
   // optimizer this rank's 1/DP of the (DP-padded) flat buffer twice.

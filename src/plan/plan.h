@@ -79,6 +79,7 @@ struct CommReport {
   bool available = false;  // with the trainer buffers (same limits)
   double tp_bytes = 0;     // activations over the TP group: M micro-batches + replicated grads (SP)
   double dp_bytes = 0;     // gradients (all-reduce), or reduce-scatter + parameter all-gather (dist-opt)
+  double pp_bytes = 0;     // pipeline rank 0: activations and their gradients to/from neighbours, tied-embedding all-reduce
 };
 
 struct PlanReport {

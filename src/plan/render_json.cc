@@ -142,7 +142,8 @@ json to_json(const PlanReport& r) {
                  {"checkpoint_bytes", mem.checkpoint_bytes},
                  {"weights_only_bytes", mem.weights_only_bytes}};
   if (r.comm.available)
-    j["communication"] = {{"tp_bytes_per_iteration", r.comm.tp_bytes}, {"dp_bytes_per_iteration", r.comm.dp_bytes}};
+    j["communication"] = {{"tp_bytes_per_iteration", r.comm.tp_bytes}, {"dp_bytes_per_iteration", r.comm.dp_bytes},
+                          {"pp_bytes_per_iteration", r.comm.pp_bytes}};
   if (mem.trainer.available)
     j["memory"]["trainer"] = {{"params", mem.trainer.params}, {"grads", mem.trainer.grads}, {"lowp", mem.trainer.lowp},
                               {"optimizer", mem.trainer.optimizer}, {"activations", mem.trainer.activations},

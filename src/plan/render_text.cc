@@ -116,9 +116,10 @@ std::string render_text(const PlanReport& r) {
     line(fmt::format("  this build's CPU trainer: {} GiB (weights {}, grads {}, bf16 copies {}, Adam {}, activations {}, scratch {})",
                      gib(t.total()), gib(t.params), gib(t.grads), gib(t.lowp), gib(t.optimizer), gib(t.activations), gib(t.scratch)));
   }
-  if (r.comm.available && (r.comm.tp_bytes > 0 || r.comm.dp_bytes > 0))
-    line(fmt::format("  communication       per rank per iteration: TP {:.1f} MB, DP {:.1f} MB (this build's trainer)",
-                     r.comm.tp_bytes / 1e6, r.comm.dp_bytes / 1e6));
+  if (r.comm.available && (r.comm.tp_bytes > 0 || r.comm.dp_bytes > 0 || r.comm.pp_bytes > 0))
+    line(fmt::format("  communication       per rank per iteration: TP {:.1f} MB, DP {:.1f} MB, PP {:.1f} MB "
+                     "(this build's trainer, pipeline rank 0)",
+                     r.comm.tp_bytes / 1e6, r.comm.dp_bytes / 1e6, r.comm.pp_bytes / 1e6));
   line(fmt::format("  model state         {} params x {:.0f} bytes = {:.1f} GB ({} precision, before any sharding)",
                    group_digits(r.total_params),
                    r.memory.model_state_bytes_per_param, r.memory.model_state_bytes / 1e9, r.job.precision.name()));

@@ -24,6 +24,7 @@
 #include "parallel/process_groups.h"
 #include "plan/plan.h"
 #include "train/metrics.h"
+#include "train/pipeline.h"
 
 namespace mt::train {
 
@@ -106,10 +107,6 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
                              : fmt::format("the layout needs {} ranks (world size from {}) but mpirun started {}: "
                                            "use mpirun -np {} or change --world-size",
                                            plan.world, plan::world_source_name(plan.world_source), processes, plan.world));
-    if (job.parallel.pp > 1 || plan.vpp > 1)
-      problems.push_back(fmt::format("[--pipeline-model-parallel-size] pipeline parallelism (PP {}) is not in this build's "
-                                     "trainer yet; use tensor and data parallelism (fix: --pipeline-model-parallel-size 1)",
-                                     job.parallel.pp));
     if (job.parallel.cp > 1)
       problems.push_back("[--context-parallel-size] context parallelism is not implemented (fix: --context-parallel-size 1)");
     if (job.parallel.ep > 1 || mc.is_moe())
@@ -144,8 +141,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   parallel::ProcessGroups& groups = *groups_r;
   comm::Communicator& tp_comm = groups.tp();
   comm::Communicator& dp_comm = groups.dp();
+  comm::Communicator& pp_comm = groups.pp();
   std::unique_ptr<comm::Communicator> world_comm = comm::world_communicator();
   const int64_t tp = job.parallel.tp, dp = plan.dp, tp_rank = tp_comm.rank(), dp_rank = dp_comm.rank();
+  const int64_t pp = job.parallel.pp, pp_rank = pp_comm.rank(), vpp = plan.vpp;
   const bool sp = job.parallel.sequence_parallel && tp > 1, dist_opt = job.parallel.use_distributed_optimizer && dp > 1;
 
   const int64_t mbs = job.batch.micro_batch_size, M = plan.num_microbatches, gbs = plan.global_batch;
@@ -162,6 +161,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   mo.bf16_compute = job.precision.bf16;
   mo.tp = tp, mo.tp_rank = tp_rank, mo.sequence_parallel = sp, mo.tp_comm = &tp_comm;
   mo.flat_multiple = dist_opt ? dp : 1;
+  // This pipeline rank's model chunks (the planner's split), and one
+  // activation slot per micro-batch its schedule keeps in flight.
+  for (const auto& ch : plan.chunks)
+    if (ch.pp_rank == pp_rank) mo.chunks.push_back({ch.first_layer, ch.num_layers});
+  mo.pre_process = pp_rank == 0;
+  mo.post_process = pp_rank == pp - 1;
+  mo.slots = static_cast<int>(plan.in_flight.empty() ? 1 : std::max<int64_t>(1, plan.in_flight[static_cast<size_t>(pp_rank)]));
+  auto schedule = parallel::build_schedule(pp, vpp, M, job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
+  if (!schedule) return schedule.status();
   auto rc = model::RecomputeOptions::from_flags(job.recompute.granularity, job.recompute.method, job.recompute.num_layers,
                                                 job.recompute.recompute_activations);
   if (!rc) return rc.status();
@@ -187,10 +195,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                                       std::move(ranges), dp_comm, bo);
   }
   optim::ParallelOptimizerOptions po;
-  po.tp = &tp_comm, po.dp = &dp_comm, po.tp_rank = tp_rank;
+  po.tp = &tp_comm, po.dp = &dp_comm, po.pp = &pp_comm, po.tp_rank = tp_rank;
   po.dist_buckets = dist_opt ? buckets.get() : nullptr;
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
   optim::AdamWOptimizer opt(model, optim::AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps}, po);
+  PipelineExecutor executor(model, pp_comm, *schedule);
+  // Tied embeddings over several stages: first and last stage each hold the
+  // word embedding and sum its gradients over the embedding group.
+  const bool shared_embedding = pp > 1 && !mc.untie_embeddings_and_output_weights && groups.embedding() != nullptr &&
+                                model.find("embedding.word_embeddings.weight") >= 0;
   // With --overlap-param-gather the optimizer's step only starts the
   // parameter all-gather; whoever reads parameters next waits for it.
   bool gather_pending = false;
@@ -303,17 +316,20 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // The planner's prediction of this trainer's buffers (the model's size
   // tables plus Adam state): what `megatron plan` prints for these flags.
   const double planned_bytes = plan.memory.trainer.available ? plan.memory.trainer.total() : 0;
-  std::fprintf(out, "training %s: %lld parameters, TP x PP x DP = %lld x 1 x %lld on %d rank%s%s%s, micro-batch %lld x %lld "
+  std::fprintf(out, "training %s: %lld parameters, TP x PP x DP = %lld x %lld x %lld on %d rank%s%s%s%s, micro-batch %lld x %lld "
                     "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %d thread%s per rank\n",
                mc.swiglu ? "a LLaMA-style GPT" : "a GPT", static_cast<long long>(plan.total_params),
-               static_cast<long long>(tp), static_cast<long long>(dp), world, world == 1 ? "" : "s",
+               static_cast<long long>(tp), static_cast<long long>(pp), static_cast<long long>(dp), world, world == 1 ? "" : "s",
+               vpp > 1 ? fmt::format(", {} virtual stages per pipeline rank", vpp).c_str() : "",
                sp ? ", sequence parallel" : "", dist_opt ? ", distributed optimizer" : "", static_cast<long long>(mbs),
                static_cast<long long>(M), static_cast<long long>(dp), static_cast<long long>(gbs),
                static_cast<long long>(train_iters), static_cast<long long>(iteration), job.precision.name(), num_threads(),
                num_threads() == 1 ? "" : "s");
   if (world > 1) {
     // The layout, once: every group of the kinds this build uses.
-    for (auto kind : {parallel::GroupKind::kTensor, parallel::GroupKind::kData}) {
+    for (auto kind : {parallel::GroupKind::kTensor, parallel::GroupKind::kPipeline, parallel::GroupKind::kData,
+                      parallel::GroupKind::kEmbedding}) {
+      if (kind == parallel::GroupKind::kEmbedding && (pp == 1 || mc.untie_embeddings_and_output_weights)) continue;
       std::string line;
       for (const auto& g : plan.grid->groups(kind)) {
         line += line.empty() ? "" : " ";
@@ -322,6 +338,14 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         line += "]";
       }
       std::fprintf(out, "  %s groups: %s\n", parallel::group_kind_name(kind), line.c_str());
+    }
+    if (pp > 1) {
+      std::string split;
+      for (const auto& ch : plan.chunks)
+        split += fmt::format("{}pp {} chunk {}: layers {}-{}", split.empty() ? "" : "; ", ch.pp_rank, ch.chunk,
+                             ch.first_layer, ch.first_layer + ch.num_layers - 1);
+      std::fprintf(out, "  stages: %s; schedule %s, bubble %.3f (formula %.3f)\n", split.c_str(),
+                   parallel::schedule_kind_name(schedule->kind), plan.bubble_simulated, plan.bubble_formula);
     }
   }
   if (unigram_ppl) std::fprintf(out, "unigram baseline on the validation batches: perplexity %.2f\n", *unigram_ppl);
@@ -369,16 +393,22 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     data::DataLoader vl((*sources)[1], mbs, dp_rank, dp, consumed_valid, so);
     double sum = 0;
     int64_t n = 0;
-    for (int64_t e = 0; e < cfg.eval_iters; ++e)
+    for (int64_t e = 0; e < cfg.eval_iters; ++e) {
+      std::vector<Batch> batches(static_cast<size_t>(M));
+      std::vector<MicroBatchInput> inputs(static_cast<size_t>(M));
       for (int64_t m = 0; m < M; ++m) {
         auto mb = vl.next();
         if (!mb) return mb.status();
-        Batch b = to_model_batch(*mb);
-        sum += model.forward(0, b.tokens_t, b.labels_t, 0, /*training=*/false);
-        ++n;
+        batches[static_cast<size_t>(m)] = to_model_batch(*mb);
+        inputs[static_cast<size_t>(m)] = {batches[static_cast<size_t>(m)].tokens_t, batches[static_cast<size_t>(m)].labels_t, 0};
       }
+      sum += executor.run_forward(inputs);  // the last stage's losses
+      n += M;
+    }
     consumed_valid = vl.consumed_samples();
-    const double loss = dp_comm.all_reduce_scalar(sum / static_cast<double>(n)) / static_cast<double>(dp);
+    const double stage_loss = sum / static_cast<double>(n);
+    const double loss = dp_comm.all_reduce_scalar(pp > 1 ? pp_comm.all_reduce_scalar(stage_loss) : stage_loss) /
+                        static_cast<double>(dp);
     bar.clear();
     std::fprintf(out, "---------------------------------------------------------------------------------------------\n"
                       " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E%s\n"
@@ -412,48 +442,71 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   int64_t fail_iteration = -1;
   if (fail_env) std::sscanf(fail_env, "%d:%lld", &fail_rank, reinterpret_cast<long long*>(&fail_iteration));
   const bool overlap_grads = buckets && job.parallel.overlap_grad_reduce;
+  std::vector<char> gathered(static_cast<size_t>(mc.num_layers + 2), 0);  // stages -1..L waited this iteration
   while (iteration < train_iters) {
     const int64_t it = iteration + 1;
     if (it == nan_at) model.params()[0].ptr<float>()[0] = std::nanf("");
     model.zero_grads();
     tp_comm.reset_stats();
     dp_comm.reset_stats();
+    pp_comm.reset_stats();
+    if (groups.embedding()) groups.embedding()->reset_stats();
     if (gather_pending) {
-      // --overlap-param-gather: the first forward waits for each stage's
-      // parameters just before using them.
+      // --overlap-param-gather: the first forward of each stage's parameters
+      // waits for their all-gather just before using them.
+      std::fill(gathered.begin(), gathered.end(), 0);
       model.set_forward_hook([&](int stage) {
+        char& done = gathered[static_cast<size_t>(stage + 1)];
+        if (done) return;
+        done = 1;
         buckets->wait_param_gather(stage);
         if (job.precision.bf16) model.sync_low_precision(stage);
       });
     }
-    double loss_sum = 0;
+    // The iteration's micro-batches (every stage reads them: the first needs
+    // the tokens, the last the labels).
+    std::vector<Batch> batches(static_cast<size_t>(M));
+    std::vector<MicroBatchInput> inputs(static_cast<size_t>(M));
     for (int64_t m = 0; m < M; ++m) {
       auto mb = train_loader.next();
       if (!mb) return mb.status();
-      Batch b = to_model_batch(*mb);
+      batches[static_cast<size_t>(m)] = to_model_batch(*mb);
       // The global micro-batch index: the same masks as a single rank running
       // all M x DP micro-batches (data-parallel rank r's m-th is number m x DP + r).
-      const uint64_t dropout_step = static_cast<uint64_t>(((it - 1) * M + m) * dp + dp_rank);
-      loss_sum += model.forward(0, b.tokens_t, b.labels_t, dropout_step, /*training=*/true);
-      if (m == 0 && gather_pending) {
-        model.set_forward_hook(nullptr);
-        gather_pending = false;
-      }
-      if (rank == kill_rank && it == kill_iteration) std::raise(SIGKILL);
-      if (rank == fail_rank && it == fail_iteration)
-        return Status::io_error(fmt::format("injected failure at iteration {} (MEGATRON_CPP_TEST_FAIL)", it));
-      const bool last = m + 1 == M;
-      if (last && overlap_grads) {
-        buckets->begin_last_backward();
-        model.set_backward_hook([&](int stage) { buckets->mark_ready(stage); });
-      }
-      // Loss scale 1 / (M x DP): summing over DP gives the mean gradient.
-      model.backward(0, 1.0 / static_cast<double>(M * dp));
-      if (last && overlap_grads) model.set_backward_hook(nullptr);
+      inputs[static_cast<size_t>(m)] = {batches[static_cast<size_t>(m)].tokens_t, batches[static_cast<size_t>(m)].labels_t,
+                                        static_cast<uint64_t>(((it - 1) * M + m) * dp + dp_rank)};
     }
+    if (rank == fail_rank && it == fail_iteration)
+      return Status::io_error(fmt::format("injected failure at iteration {} (MEGATRON_CPP_TEST_FAIL)", it));
+    bool armed = false;
+    // Loss scale 1 / (M x DP): summing over DP gives the mean gradient.
+    const double loss_sum = executor.run_train(
+        inputs, 1.0 / static_cast<double>(M * dp),
+        [&](int m, int) {
+          if (rank == kill_rank && it == kill_iteration) std::raise(SIGKILL);
+          if (!overlap_grads || m + 1 != M) return;
+          // The last micro-batch's backward of a chunk finalises its
+          // gradients: buckets launch as their stages report in.
+          if (!armed) buckets->begin_last_backward(), armed = true;
+          model.set_backward_hook([&](int stage) {
+            // A tied embedding shared by the first and last stage is reduced
+            // over the embedding group first (below), then in finish().
+            if (stage == -1 && shared_embedding) return;
+            buckets->mark_ready(stage);
+          });
+        },
+        [&](int, int) { model.set_backward_hook(nullptr); });
+    model.set_forward_hook(nullptr);
+    gather_pending = false;
+    // Tied embeddings split over the pipeline: first and last stage sum their
+    // word-embedding gradients (Megatron's embedding group all-reduce).
+    if (shared_embedding) groups.embedding()->all_reduce(model.grad("embedding.word_embeddings.weight"));
     if (buckets) buckets->finish();
     model.reduce_tp_replicated_grads();
-    const double loss = dp_comm.all_reduce_scalar(loss_sum / static_cast<double>(M)) / static_cast<double>(dp);
+    // The loss lives on the last stage: sum over the pipeline, mean over DP.
+    const double stage_loss = pp > 1 ? pp_comm.all_reduce_scalar(loss_sum / static_cast<double>(M))
+                                     : loss_sum / static_cast<double>(M);
+    const double loss = dp_comm.all_reduce_scalar(stage_loss) / static_cast<double>(dp);
     const bool finite = std::isfinite(loss) && opt.grads_finite();
     if (!finite) {
       ++nan_iters;
@@ -475,12 +528,17 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     interval_loss += loss;
     ++interval_iters;
     const double tp_bytes = static_cast<double>(tp_comm.stats().bytes), dp_bytes = static_cast<double>(dp_comm.stats().bytes);
+    const double pp_bytes = static_cast<double>(pp_comm.stats().bytes) +
+                            (groups.embedding() ? static_cast<double>(groups.embedding()->stats().bytes) : 0.0);
     metrics.append({{"iteration", it}, {"lm_loss", loss}, {"grad_norm", last_norm}, {"learning_rate", sched.lr()},
-                    {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes}});
+                    {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes},
+                    {"pp_bytes", pp_bytes}});
     if (it == first_iteration + 1 && world > 1) {
       bar.clear();
-      std::fprintf(out, "communication per rank per iteration: TP %.2f MB (planned %.2f MB), DP %.2f MB (planned %.2f MB)\n",
-                   tp_bytes / 1e6, plan.comm.tp_bytes / 1e6, dp_bytes / 1e6, plan.comm.dp_bytes / 1e6);
+      std::fprintf(out, "communication per rank per iteration: TP %.2f MB (planned %.2f MB), DP %.2f MB (planned %.2f MB), "
+                        "PP %.2f MB (planned %.2f MB)\n",
+                   tp_bytes / 1e6, plan.comm.tp_bytes / 1e6, dp_bytes / 1e6, plan.comm.dp_bytes / 1e6, pp_bytes / 1e6,
+                   plan.comm.pp_bytes / 1e6);
     }
 
     const double secs_since_start = std::chrono::duration<double>(Clock::now() - start).count();

@@ -1,19 +1,22 @@
 #!/usr/bin/python3
-"""`megatron train` under real mpirun: tensor, sequence and data parallelism
-and the distributed optimizer train the same model as one rank.
+"""`megatron train` under real mpirun: tensor, sequence, pipeline (1F1B,
+interleaved, uneven) and data parallelism and the distributed optimizer train
+the same model as one rank.
 
-For a GPT-2-style and a LLaMA-style model (fp32, dropout off, 12 iterations,
+For a GPT-2-style (tied embeddings) and a LLaMA-style model (untied; 4 layers,
+fp32, dropout off, 12 iterations,
 global batch 8 from micro-batches of 2, so gradient accumulation everywhere
 but DP 4), every layout's per-iteration loss and gradient norm must equal the
 single-rank run's within 1e-5 relative, and so must the final parameters
 (per tensor, ||a - b|| / ||b||, read back from the sharded checkpoints and
 assembled here from their global offsets), and each rank's measured traffic
 must equal the planner's prediction within 1%. Then:
-  - bf16: TP2+SP x DP2 + distributed optimizer within 2e-3 of one bf16 rank;
+  - bf16: TP2+SP x DP2 and TP2+SP x PP2 x DP2 (dist-opt) within 1e-2 of one bf16 rank (bf16 has 8 mantissa bits);
   - dropout on: TP2+SP x DP2 + dist-opt and TP4 still equal one rank (1e-5);
-  - reshard: save at TP2 x DP2 with the distributed optimizer at iteration 6,
-    resume at TP1 x DP4 (distributed optimizer) and at TP4 x DP1; iterations
-    7..12 equal the uninterrupted run's;
+  - reshard: save at TP2+SP x DP2 with the distributed optimizer at
+    iteration 6, resume at TP1 x DP4 (distributed optimizer) and at TP4 x DP1;
+    save at TP2+SP x PP2 x DP2 (dist-opt), resume at TP1 x PP4 x DP2 and at
+    TP1 x PP1 x DP1; iterations 7..12 equal the uninterrupted run's;
   - failure: a rank killed mid-iteration (SIGKILL) or failing with an error
     ends the job, non-zero, within 30 s, naming the rank;
   - a bad layout is reported once (by rank 0) with exit code 2.
@@ -121,38 +124,46 @@ COMMON = ["--seq-length", "32", "--max-position-embeddings", "32", "--tokenizer-
           "--seed", "11", "--log-interval", "4", "--no-progress", "--threads", "1", "--hidden-dropout", "0",
           "--attention-dropout", "0", "--data-cache-path", os.path.join(TMP, "cache")]
 MODELS = {
-    "gpt": ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"],
-    "llama": ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8", "--group-query-attention",
+    "gpt": ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"],
+    "llama": ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "8", "--group-query-attention",
               "--num-query-groups", "4", "--ffn-hidden-size", "128", "--normalization", "RMSNorm", "--swiglu",
               "--position-embedding-type", "rope", "--disable-bias-linear", "--untie-embeddings-and-output-weights"],
 }
 # (attention heads, query groups, head dim) of the models with a QKV bias.
 QKV_SHAPES = {"gpt": (4, 4, 16), "llama": (8, 4, 8)}
-# (name, TP, DP, extra flags)
+# (name, TP, PP, DP, extra flags)
 LAYOUTS = [
-    ("tp2", 2, 1, []),
-    ("tp4", 4, 1, []),
-    ("tp2sp", 2, 1, ["--sequence-parallel"]),
-    ("tp4sp", 4, 1, ["--sequence-parallel"]),
-    ("dp2", 1, 2, []),
-    ("dp4", 1, 4, []),
-    ("dp2do", 1, 2, ["--use-distributed-optimizer"]),
-    ("dp4do", 1, 4, ["--use-distributed-optimizer"]),
-    ("tp2dp2", 2, 2, []),
-    ("tp2spdp2do", 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
-    ("dp2overlap", 1, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-                          "--ddp-bucket-size", "20000"]),
-    ("dp2ar_overlap", 1, 2, ["--overlap-grad-reduce", "--ddp-bucket-size", "30000"]),
-    ("tp2sp_recompute", 2, 1, ["--sequence-parallel", "--recompute-granularity", "full", "--recompute-method", "uniform",
-                               "--recompute-num-layers", "1"]),
-    ("tp2dp2_selective", 2, 2, ["--recompute-granularity", "selective"]),
+    ("tp2", 2, 1, 1, []),
+    ("tp4", 4, 1, 1, []),
+    ("tp2sp", 2, 1, 1, ["--sequence-parallel"]),
+    ("tp4sp", 4, 1, 1, ["--sequence-parallel"]),
+    ("dp2", 1, 1, 2, []),
+    ("dp4", 1, 1, 4, []),
+    ("dp2do", 1, 1, 2, ["--use-distributed-optimizer"]),
+    ("dp4do", 1, 1, 4, ["--use-distributed-optimizer"]),
+    ("tp2dp2", 2, 1, 2, []),
+    ("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("dp2overlap", 1, 1, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                             "--ddp-bucket-size", "20000"]),
+    ("dp2ar_overlap", 1, 1, 2, ["--overlap-grad-reduce", "--ddp-bucket-size", "30000"]),
+    ("tp2sp_recompute", 2, 1, 1, ["--sequence-parallel", "--recompute-granularity", "full", "--recompute-method",
+                                  "uniform", "--recompute-num-layers", "1"]),
+    ("tp2dp2_selective", 2, 1, 2, ["--recompute-granularity", "selective"]),
+    ("pp2", 1, 2, 1, []),
+    ("pp4", 1, 4, 1, []),
+    ("pp2vpp2", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1"]),
+    ("pp2uneven", 1, 2, 1, ["--decoder-first-pipeline-num-layers", "1"]),
+    ("pp2dp2overlap", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                                "--ddp-bucket-size", "20000"]),
+    ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
 ]
 if QUICK:
-    LAYOUTS = [l for l in LAYOUTS if l[0] in ("tp2sp", "dp2do", "tp2spdp2do")]
+    LAYOUTS = [l for l in LAYOUTS if l[0] in ("tp2sp", "dp2do", "tp2spdp2do", "pp2vpp2", "tp2pp2dp2")]
 
 
-def train_flags(model, name, tp, extra, iters=ITERS):
+def train_flags(model, name, tp, extra, iters=ITERS, pp=1):
     return (MODELS[model] + COMMON + ["--train-iters", str(iters), "--tensor-model-parallel-size", str(tp),
+                                      "--pipeline-model-parallel-size", str(pp),
                                       "--save", os.path.join(TMP, name), "--save-interval", str(ITERS), "--metrics-file", os.path.join(TMP, name + ".jsonl")]
             + extra)
 
@@ -185,7 +196,7 @@ def compare(label, ref_name, name, iterations, params=True, tol=1e-5):
                     # (|g| << eps): they differ between layouts at the noise
                     # level. Check that they stay noise (< 1e-4, while other
                     # biases are ~1e-2) and compare only the query/value rows.
-                    heads, groups, d = QKV_SHAPES[label.split("-")[0]]
+                    heads, groups, d = QKV_SHAPES[label.split("-")[0].split(":")[0]]
                     x3, y3 = x.reshape(groups, heads // groups + 2, d), y.reshape(groups, heads // groups + 2, d)
                     kb = heads // groups
                     if max(abs(x3[:, kb]).max(), abs(y3[:, kb]).max()) > 1e-4:
@@ -205,23 +216,23 @@ for model in MODELS:
     if rc != 0:
         fail(f"{ref}: exit {rc}\n{out}")
         continue
-    for name, tp, dp, extra in LAYOUTS:
+    for name, tp, pp, dp, extra in LAYOUTS:
         full = f"{model}-{name}"
-        rc, out, secs = run(full, tp * dp, train_flags(model, full, tp, extra))
+        rc, out, secs = run(full, tp * pp * dp, train_flags(model, full, tp, extra, pp=pp))
         if rc != 0:
             fail(f"{full}: exit {rc}\n{out[-3000:]}")
             continue
-        if f"TP x PP x DP = {tp} x 1 x {dp}" not in out:
+        if f"TP x PP x DP = {tp} x {pp} x {dp}" not in out:
             fail(f"{full}: the layout line is missing")
         # Measured traffic (comm::CommStats) against the planner's prediction.
         import re
         m = re.search(r"communication per rank per iteration: TP ([\d.]+) MB \(planned ([\d.]+) MB\), "
-                      r"DP ([\d.]+) MB \(planned ([\d.]+) MB\)", out)
+                      r"DP ([\d.]+) MB \(planned ([\d.]+) MB\), PP ([\d.]+) MB \(planned ([\d.]+) MB\)", out)
         if not m:
             fail(f"{full}: no communication line")
         else:
-            tpm, tpp, dpm, dpp = map(float, m.groups())
-            for what, meas, plan in (("TP", tpm, tpp), ("DP", dpm, dpp)):
+            tpm, tpp, dpm, dpp, ppm, ppp = map(float, m.groups())
+            for what, meas, plan in (("TP", tpm, tpp), ("DP", dpm, dpp), ("PP", ppm, ppp)):
                 if (plan == 0) != (meas < 0.01) or (plan > 0 and abs(meas - plan) / plan > 0.01):
                     fail(f"{full}: {what} traffic {meas} MB vs planned {plan} MB")
         compare(f"{full} ({secs:.1f} s)", ref, full, range(1, ITERS + 1))
@@ -237,10 +248,15 @@ for model in MODELS:
         continue
     name = f"{model}-bf16-tp2spdp2do"
     rc, out, _ = run(name, 4, train_flags(model, name, 2, ["--bf16", "--sequence-parallel", "--use-distributed-optimizer"]))
+    if rc == 0:
+        compare(name, ref, name, range(1, ITERS + 1), params=False, tol=1e-2)
+    name = f"{model}-bf16-tp2pp2dp2"
+    rc, out, _ = run(name, 8, train_flags(model, name, 2, ["--bf16", "--sequence-parallel", "--use-distributed-optimizer"],
+                                          pp=2))
     if rc != 0:
         fail(f"{name}: exit {rc}\n{out[-3000:]}")
         continue
-    compare(name, ref, name, range(1, ITERS + 1), params=False, tol=2e-3)
+    compare(name, ref, name, range(1, ITERS + 1), params=False, tol=1e-2)
 
 # ---------------------------------------------------------------- dropout
 # Dropout masks are keyed by global element indices and the global
@@ -252,34 +268,46 @@ for model in MODELS:
     if rc != 0:
         fail(f"{ref}: exit {rc}\n{out[-3000:]}")
         continue
-    for name, tp, dp, extra in (("tp2spdp2do", 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
-                                ("tp4", 4, 1, [])):
+    for name, tp, pp, dp, extra in (("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+                                    ("tp4", 4, 1, 1, []), ("pp2vpp2", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1"]),
+                                    ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel"])):
         full = f"{model}-drop-{name}"
-        rc, out, _ = run(full, tp * dp, train_flags(model, full, tp, extra) + DROP)
+        rc, out, _ = run(full, tp * pp * dp, train_flags(model, full, tp, extra, pp=pp) + DROP)
         if rc != 0:
             fail(f"{full}: exit {rc}\n{out[-3000:]}")
             continue
         compare(full, ref, full, range(1, ITERS + 1))
 
 # ---------------------------------------------------------------- reshard
-model = "llama"
-base = f"{model}-reshard-base"
-rc, out, _ = run(base, 4, train_flags(model, base, 2, ["--sequence-parallel", "--use-distributed-optimizer",
-                                                       "--exit-interval", "6"]))
-if rc != 0 or "exiting at iteration 6" not in out:
-    fail(f"reshard base: exit {rc}\n{out[-3000:]}")
-else:
-    straight = f"{model}-reshard-straight"
-    rc, out, _ = run(straight, 4, train_flags(model, straight, 2, ["--sequence-parallel", "--use-distributed-optimizer"]))
-    if rc != 0:
-        fail(f"reshard straight: exit {rc}\n{out[-3000:]}")
-    for name, tp, dp, extra in (("tp1dp4", 1, 4, ["--use-distributed-optimizer"]), ("tp4dp1", 4, 1, [])):
-        full = f"{model}-reshard-{name}"
-        rc, out, _ = run(full, tp * dp, train_flags(model, full, tp, extra + ["--load", os.path.join(TMP, base)]))
-        if rc != 0 or "loaded checkpoint" not in out:
-            fail(f"{full}: exit {rc}\n{out[-3000:]}")
+# Save mid-run under one layout, resume under others: iterations 7..12 equal
+# the uninterrupted run's.
+RESHARDS = [
+    # (label, save layout (tp, pp, dp, extra), resume layouts)
+    ("TP2+SP x DP2 + dist-opt", (2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+     [("tp1dp4", 1, 1, 4, ["--use-distributed-optimizer"]), ("tp4dp1", 4, 1, 1, [])]),
+    ("TP2+SP x PP2 x DP2 + dist-opt", (2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+     [("tp1pp4dp2", 1, 4, 2, []), ("tp1pp1dp1", 1, 1, 1, [])]),
+]
+for model in MODELS:
+    for k, (label, (stp, spp, sdp, sextra), targets) in enumerate(RESHARDS):
+        base = f"{model}-reshard{k}-base"
+        rc, out, _ = run(base, stp * spp * sdp, train_flags(model, base, stp, sextra + ["--exit-interval", "6"], pp=spp))
+        if rc != 0 or "exiting at iteration 6" not in out:
+            fail(f"{base}: exit {rc}\n{out[-3000:]}")
             continue
-        compare(f"resume at {name} from TP2+SP x DP2 + dist-opt", straight, full, range(7, ITERS + 1))
+        straight = f"{model}-reshard{k}-straight"
+        rc, out, _ = run(straight, stp * spp * sdp, train_flags(model, straight, stp, sextra, pp=spp))
+        if rc != 0:
+            fail(f"{straight}: exit {rc}\n{out[-3000:]}")
+            continue
+        for name, tp, pp, dp, extra in targets:
+            full = f"{model}-reshard{k}-{name}"
+            rc, out, _ = run(full, tp * pp * dp,
+                             train_flags(model, full, tp, extra + ["--load", os.path.join(TMP, base)], pp=pp))
+            if rc != 0 or "loaded checkpoint" not in out:
+                fail(f"{full}: exit {rc}\n{out[-3000:]}")
+                continue
+            compare(f"{model}: resume at {name} from {label}", straight, full, range(7, ITERS + 1))
 
 # ---------------------------------------------------------------- failures
 for label, env in (("killed", {"MEGATRON_CPP_TEST_KILL": "1:3"}), ("error", {"MEGATRON_CPP_TEST_FAIL": "1:3"})):
