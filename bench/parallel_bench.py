@@ -11,7 +11,11 @@ Also prints the bytes each rank communicated per iteration (comm::CommStats)
 beside `megatron plan`'s prediction for the same flags. Times are medians over
 the timed iterations (the first is warm-up). Not a test: nothing is asserted.
 
-usage: bench/parallel_bench.py [--iters N] [--bf16]   (from the repository root, after scripts/setup.sh)
+With --pipeline: one rank with 2 threads against PP2 (2 ranks x 1 thread,
+1F1B) on 8 micro-batches (global batch 8, seq 512), and the efficiency
+against the bubble-limited ideal 1 - (P-1)/(P-1+M) = 1 - 1/9.
+
+usage: bench/parallel_bench.py [--iters N] [--bf16] [--pipeline]   (from the repository root, after scripts/setup.sh)
 """
 import json
 import os
@@ -24,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "build", "megatron")
 ITERS = int(sys.argv[sys.argv.index("--iters") + 1]) if "--iters" in sys.argv else 4
 BF16 = "--bf16" in sys.argv
+PIPELINE = "--pipeline" in sys.argv
 WORK = os.path.join(ROOT, "build", "bench-parallel")
 os.makedirs(WORK, exist_ok=True)
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -46,9 +51,18 @@ FLAGS = ["--num-layers", "12", "--hidden-size", "768", "--num-attention-heads", 
          "--log-interval", "1", "--no-progress", "--seed", "1", "--data-cache-path", os.path.join(WORK, "cache")]
 if BF16:
     FLAGS.append("--bf16")
+if PIPELINE:  # 8 micro-batches of 512 tokens
+    FLAGS[FLAGS.index("--seq-length") + 1] = "512"
+    FLAGS[FLAGS.index("--global-batch-size") + 1] = "8"
 
 # (name, ranks, threads per rank, extra flags)
 LAYOUTS = [
+    ("1 rank x 2 threads", 1, 2, []),
+    ("PP2 (2 ranks x 1 thread)", 2, 1, ["--pipeline-model-parallel-size", "2"]),
+    # The output layer (h x 50304) and its loss weigh about 5 layers here:
+    # give the last stage 4 of the 12 layers (Megatron's uneven split).
+    ("PP2, last stage 4 layers", 2, 1, ["--pipeline-model-parallel-size", "2", "--decoder-last-pipeline-num-layers", "4"]),
+] if PIPELINE else [
     ("1 rank x 2 threads", 1, 2, []),
     ("DP2 (2 ranks x 1 thread)", 2, 1, []),
     ("DP2 + distributed optimizer", 2, 1, ["--use-distributed-optimizer"]),
@@ -61,7 +75,7 @@ def planned(extra, ranks):
     out = subprocess.run([BIN, "plan", "--json", "--device", "cpu", "--world-size", str(ranks)] + FLAGS + extra,
                          stdout=subprocess.PIPE, check=True).stdout
     c = json.loads(out).get("communication", {})
-    return c.get("tp_bytes_per_iteration", 0.0), c.get("dp_bytes_per_iteration", 0.0)
+    return c.get("tp_bytes_per_iteration", 0.0), c.get("dp_bytes_per_iteration", 0.0), c.get("pp_bytes_per_iteration", 0.0)
 
 
 results = []
@@ -81,14 +95,25 @@ for name, ranks, threads, extra in LAYOUTS:
     steps = [l for l in logs if "lm_loss" in l and "kind" not in l]
     ms = statistics.median(l["ms_per_iteration"] for l in its[1:]) if len(its) > 1 else its[0]["ms_per_iteration"]
     tp_b, dp_b = statistics.median(s["tp_bytes"] for s in steps), statistics.median(s["dp_bytes"] for s in steps)
-    tp_p, dp_p = planned(extra, ranks)
-    results.append((name, ms, tp_b, tp_p, dp_b, dp_p))
+    pp_b = statistics.median(s.get("pp_bytes", 0.0) for s in steps)
+    tp_p, dp_p, pp_p = planned(extra, ranks)
+    idle = statistics.median(l["pipeline_idle_fraction"] for l in its[1:]) if "pipeline_idle_fraction" in its[-1] else None
+    results.append((name, ms, tp_b, tp_p, dp_b, dp_p, pp_b, pp_p, idle))
     print(f"{name:32s} {ms / 1000:7.2f} s/iteration  (wall {time.time() - t0:.0f} s)", flush=True)
 
 base = results[0][1]
-print(f"\nGPT-2 124M shapes, {'bf16' if BF16 else 'fp32'}, global batch 4 x 1024 tokens, median of iterations 2..{ITERS}")
-print(f"{'layout':32s} {'s/iter':>8s} {'efficiency':>10s}   {'TP MB/iter (planned)':>22s}   {'DP MB/iter (planned)':>22s}")
-for name, ms, tp_b, tp_p, dp_b, dp_p in results:
+shape = "global batch 8 x 512 tokens (8 micro-batches)" if PIPELINE else "global batch 4 x 1024 tokens"
+print(f"\nGPT-2 124M shapes, {'bf16' if BF16 else 'fp32'}, {shape}, median of iterations 2..{ITERS}")
+print(f"{'layout':32s} {'s/iter':>8s} {'efficiency':>10s}   {'TP MB/iter (planned)':>22s}   {'DP MB/iter (planned)':>22s}"
+      f"   {'PP MB/iter (planned)':>22s}")
+for name, ms, tp_b, tp_p, dp_b, dp_p, pp_b, pp_p, idle in results:
     print(f"{name:32s} {ms / 1000:8.2f} {base / ms * 100:9.1f}%   {tp_b / 1e6:9.1f} ({tp_p / 1e6:9.1f})   "
-          f"{dp_b / 1e6:9.1f} ({dp_p / 1e6:9.1f})")
-print("targets: DP2 >= 95%, TP2 >= 90%")
+          f"{dp_b / 1e6:9.1f} ({dp_p / 1e6:9.1f})   {pp_b / 1e6:9.1f} ({pp_p / 1e6:9.1f})")
+if PIPELINE:
+    ideal = 1 - 1 / 9
+    for r in results[1:]:
+        eff = base / r[1]
+        print(f"{r[0]}, 8 micro-batches: efficiency {eff * 100:.1f}% vs the bubble-limited ideal {ideal * 100:.1f}% "
+              f"({eff / ideal * 100:.1f}% of ideal); rank 0 measured idle {r[8]:.3f} vs bubble {1 / 9:.3f}")
+else:
+    print("targets: DP2 >= 95%, TP2 >= 90%")

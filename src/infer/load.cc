@@ -58,6 +58,9 @@ Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadO
   Status st = train::parse_train_args(*argv, &tc, &flags, &help);
   if (!st) return Status::invalid(fmt::format("{}: the stored training arguments do not parse: {}", where, st.message()));
   model::ModelConfig mc = tc.job.model;
+  // Megatron pads the vocabulary to a multiple of divisible_by x TP: keep the
+  // training run's padded size on this single rank, so every stored row loads.
+  mc.make_vocab_size_divisible_by *= std::max<int64_t>(1, tc.job.parallel.tp);
 
   // Tokenizer, as run_training builds it (train/trainer.cc).
   data::TokenizerConfig tk = tc.tokenizer;

@@ -54,7 +54,7 @@ nlohmann::json to_json(const IterationStats& s) {
           {"peak_rss_bytes", s.peak_rss_bytes}};
 }
 
-ProgressBar::ProgressBar(bool enabled) : enabled_(enabled && ::isatty(STDERR_FILENO)) {}
+ProgressBar::ProgressBar(bool enabled, bool force) : enabled_(enabled && (force || ::isatty(STDERR_FILENO))) {}
 
 void ProgressBar::update(int64_t done, int64_t total, double spi, double loss) {
   if (!enabled_ || total <= 0) return;

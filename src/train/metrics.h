@@ -34,7 +34,8 @@ nlohmann::json to_json(const IterationStats& s);
 // A one-line bar redrawn in place on a terminal; nothing otherwise.
 class ProgressBar {
  public:
-  explicit ProgressBar(bool enabled);
+  // Draws on stderr when enabled and stderr is a terminal, or when forced.
+  explicit ProgressBar(bool enabled, bool force = false);
   void update(int64_t done, int64_t total, double seconds_per_iteration, double loss);
   void clear();  // before printing a normal line
   void finish();

@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 namespace mt::train {
 
 namespace {
 using Step = parallel::PipelineStep;
+using Clock = std::chrono::steady_clock;
 }
 
 PipelineExecutor::PipelineExecutor(model::GPTModel& model, comm::Communicator& pp, const parallel::Schedule& schedule)
@@ -71,6 +73,7 @@ double PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, 
   MT_CHECK(static_cast<int64_t>(batches.size()) == schedule_.microbatches,
            fmt::format("PipelineExecutor: {} micro-batches for a schedule of {}", batches.size(), schedule_.microbatches));
   std::map<std::pair<int, int>, int> slot_of;  // (micro-batch, chunk) -> slot
+  wait_s_ = 0;
   std::vector<std::unique_ptr<comm::Work>> slot_send(static_cast<size_t>(model_.options().slots));
   double loss = 0;
   int recv_slot = -1;  // slot chosen by a RecvForward for the Forward that follows
@@ -82,7 +85,9 @@ double PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, 
         recv_slot = take_slot();
         auto& w = slot_send[static_cast<size_t>(recv_slot)];
         if (w) w->wait(), w.reset();  // the slot's last output was received long ago (see above)
+        const auto t0 = Clock::now();
         pp_.recv(model_.chunk_input(recv_slot), st.peer, st.tag);
+        wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
         break;
       }
       case Step::kForward: {
@@ -103,9 +108,12 @@ double PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, 
         slot_send[static_cast<size_t>(slot)] = pp_.isend(model_.chunk_output(slot), st.peer, st.tag);
         break;
       }
-      case Step::kRecvBackward:
+      case Step::kRecvBackward: {
+        const auto t0 = Clock::now();
         pp_.recv(grad_in_, st.peer, st.tag);
+        wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
         break;
+      }
       case Step::kBackward: {
         auto it = slot_of.find({m, c});
         MT_CHECK(it != slot_of.end(), fmt::format("pipeline rank {}: backward of micro-batch {} chunk {} before its forward",

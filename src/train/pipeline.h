@@ -60,6 +60,9 @@ class PipelineExecutor {
   double run_forward(const std::vector<MicroBatchInput>& batches);
 
   int max_slots_used() const { return max_used_; }
+  // Seconds the last run_train spent blocked in receives (waiting on a
+  // neighbouring stage): this rank's measured pipeline bubble.
+  double last_wait_seconds() const { return wait_s_; }
 
  private:
   int take_slot();
@@ -73,6 +76,7 @@ class PipelineExecutor {
   int pp_rank_ = 0;
   std::vector<int> free_slots_;
   int max_used_ = 0;
+  double wait_s_ = 0;
   Arena buffers_;                    // the d(output) receive buffer
   Tensor grad_in_;                   // [Ns, h]
   std::deque<std::vector<char>> send_storage_;  // grows only while sends are still in flight

@@ -62,6 +62,8 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_int("log-interval", &c.log_interval, "iterations between log lines", 1, INT64_MAX / 4);
   f.add_string("metrics-file", &c.metrics_file, "JSON-lines metrics file (default: <save>/metrics.jsonl)");
   f.add_switch("no-progress", &c.no_progress, "no progress bar even on a terminal");
+  f.add_switch("progress", &c.progress, "a progress bar even when stderr is not a terminal (under mpirun, whose "
+                                        "ranks write into pipes)");
 
   f.section("checkpointing");
   f.add_string("save", &c.save, "directory to save checkpoints to");

@@ -52,6 +52,7 @@ struct TrainConfig {
   int64_t log_interval = 100;
   std::string metrics_file;  // default: <save>/metrics.jsonl when --save is given
   bool no_progress = false;
+  bool progress = false;  // --progress: draw the bar even when stderr is not a terminal
   // Checkpoints.
   std::string save, load;
   std::optional<int64_t> save_interval;

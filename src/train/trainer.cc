@@ -54,6 +54,20 @@ Batch to_model_batch(const data::MicroBatch& mb) {
   return b;
 }
 
+optim::ScheduleFlags schedule_flags(const TrainConfig& cfg, int64_t gbs) {
+  optim::ScheduleFlags sf;
+  sf.lr = cfg.lr, sf.min_lr = cfg.min_lr, sf.lr_decay_style = cfg.lr_decay_style;
+  sf.lr_decay_iters = cfg.lr_decay_iters, sf.lr_decay_samples = cfg.lr_decay_samples;
+  sf.lr_warmup_iters = cfg.lr_warmup_iters, sf.lr_warmup_samples = cfg.lr_warmup_samples;
+  sf.lr_warmup_fraction = cfg.lr_warmup_fraction, sf.lr_warmup_init = cfg.lr_warmup_init;
+  sf.lr_wsd_decay_iters = cfg.lr_wsd_decay_iters, sf.lr_wsd_decay_samples = cfg.lr_wsd_decay_samples;
+  sf.lr_wsd_decay_style = cfg.lr_wsd_decay_style, sf.weight_decay = cfg.weight_decay;
+  sf.start_weight_decay = cfg.start_weight_decay, sf.end_weight_decay = cfg.end_weight_decay;
+  sf.weight_decay_incr_style = cfg.weight_decay_incr_style;
+  sf.train_iters = cfg.train_iters, sf.train_samples = cfg.train_samples, sf.global_batch_size = gbs;
+  return sf;
+}
+
 std::string join_lines(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += "\n  - " + x;
@@ -111,6 +125,13 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
       problems.push_back("[--context-parallel-size] context parallelism is not implemented (fix: --context-parallel-size 1)");
     if (job.parallel.ep > 1 || mc.is_moe())
       problems.push_back("[--expert-model-parallel-size, --num-experts] mixture of experts is not implemented");
+    // The schedules and the model's own checks, here so that they too are
+    // reported once, before any rank allocates.
+    if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.global_batch)); !sc)
+      problems.push_back(sc.status().message());
+    if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty() && job.parallel.cp == 1 &&
+        job.parallel.ep == 1 && !mc.is_moe())
+      problems.push_back(plan.memory.trainer.why_not);
   }
   if (!problems.empty())
     return Status::invalid(fmt::format("{} problem{} in the configuration:{}", problems.size(), problems.size() == 1 ? "" : "s",
@@ -213,17 +234,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (job.precision.bf16) model.sync_low_precision();
     gather_pending = false;
   };
-  optim::ScheduleFlags sf;
-  sf.lr = cfg.lr, sf.min_lr = cfg.min_lr, sf.lr_decay_style = cfg.lr_decay_style;
-  sf.lr_decay_iters = cfg.lr_decay_iters, sf.lr_decay_samples = cfg.lr_decay_samples;
-  sf.lr_warmup_iters = cfg.lr_warmup_iters, sf.lr_warmup_samples = cfg.lr_warmup_samples;
-  sf.lr_warmup_fraction = cfg.lr_warmup_fraction, sf.lr_warmup_init = cfg.lr_warmup_init;
-  sf.lr_wsd_decay_iters = cfg.lr_wsd_decay_iters, sf.lr_wsd_decay_samples = cfg.lr_wsd_decay_samples;
-  sf.lr_wsd_decay_style = cfg.lr_wsd_decay_style, sf.weight_decay = cfg.weight_decay;
-  sf.start_weight_decay = cfg.start_weight_decay, sf.end_weight_decay = cfg.end_weight_decay;
-  sf.weight_decay_incr_style = cfg.weight_decay_incr_style;
-  sf.train_iters = cfg.train_iters, sf.train_samples = cfg.train_samples, sf.global_batch_size = gbs;
-  auto sched_cfg = optim::scheduler_from_flags(sf);
+  auto sched_cfg = optim::scheduler_from_flags(schedule_flags(cfg, gbs));
   if (!sched_cfg) return sched_cfg.status();
   optim::OptimizerParamScheduler sched(*sched_cfg);
 
@@ -306,7 +317,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(metrics.path()).parent_path(), ec);
   }
-  ProgressBar bar(!cfg.no_progress && rank == 0);
+  ProgressBar bar(!cfg.no_progress && rank == 0, cfg.progress);
   const bool half = job.precision.bf16 || job.precision.fp16;
   const double peak_tflops = half ? plan.device.peak_tflops_16bit : plan.device.peak_tflops_32bit;
   const double flops_per_iter = plan.flops_per_iteration;
@@ -430,7 +441,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const auto start = Clock::now();
   const int64_t first_iteration = iteration;
   auto interval_start = Clock::now();
-  double interval_loss = 0;
+  double interval_loss = 0, interval_wait = 0;
   int64_t interval_iters = 0, skipped = 0, nan_iters = 0;
   double last_norm = 0;
   const char* kill_env = std::getenv("MEGATRON_CPP_TEST_KILL");  // test hook: "rank:iteration" dies mid-iteration
@@ -526,6 +537,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     result.iteration = it;
     result.last_loss = loss;
     interval_loss += loss;
+    interval_wait += executor.last_wait_seconds();
     ++interval_iters;
     const double tp_bytes = static_cast<double>(tp_comm.stats().bytes), dp_bytes = static_cast<double>(dp_comm.stats().bytes);
     const double pp_bytes = static_cast<double>(pp_comm.stats().bytes) +
@@ -555,11 +567,16 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       s.planned_bytes = planned_bytes, s.measured_bytes = measured_bytes(), s.peak_rss_bytes = peak_rss_bytes();
       bar.clear();
       std::fprintf(out, "%s\n", format_log_line(s).c_str());
+      if (pp > 1)
+        std::fprintf(out, " pipeline rank 0 idle (blocked on neighbours): %.3f of the iteration | schedule bubble %.3f "
+                          "(formula %.3f)\n",
+                     interval_wait / secs, plan.bubble_simulated, plan.bubble_formula);
       std::fflush(out);
       nlohmann::json j = to_json(s);
       j["kind"] = "log";
+      if (pp > 1) j["pipeline_idle_fraction"] = interval_wait / secs;
       metrics.append(j);
-      interval_loss = 0, interval_iters = 0, nan_iters = 0;
+      interval_loss = 0, interval_iters = 0, nan_iters = 0, interval_wait = 0;
       interval_start = Clock::now();
     }
     bar.update(it, train_iters, secs_since_start / static_cast<double>(it - first_iteration), loss);

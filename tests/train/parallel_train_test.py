@@ -7,7 +7,8 @@ For a GPT-2-style (tied embeddings) and a LLaMA-style model (untied; 4 layers,
 fp32, dropout off, 12 iterations,
 global batch 8 from micro-batches of 2, so gradient accumulation everywhere
 but DP 4), every layout's per-iteration loss and gradient norm must equal the
-single-rank run's within 1e-5 relative, and so must the final parameters
+single-rank run's within 1e-5 relative, and so must the validation losses
+(iterations 6 and 12, evaluated through the pipeline when PP > 1) and the final parameters
 (per tensor, ||a - b|| / ||b||, read back from the sharded checkpoints and
 assembled here from their global offsets), and each rank's measured traffic
 must equal the planner's prediction within 1%. Then:
@@ -67,6 +68,8 @@ def metrics(path):
         j = json.loads(line)
         if "lm_loss" in j and "kind" not in j:
             rows[j["iteration"]] = (j["lm_loss"], j["grad_norm"])
+        if "valid_lm_loss" in j:  # evaluation (through the pipeline when PP > 1)
+            rows[("valid", j["iteration"])] = j["valid_lm_loss"]
     return rows
 
 
@@ -118,7 +121,8 @@ subprocess.run([BIN, "preprocess", "--input", os.path.join(TMP, "in.jsonl"), "--
 # Vocabulary 512: padded to a multiple of 128 x TP it stays 512 for TP 1, 2, 4,
 # so every layout holds the same model.
 COMMON = ["--seq-length", "32", "--max-position-embeddings", "32", "--tokenizer-type", "NullTokenizer",
-          "--vocab-size", "512", "--data-path", os.path.join(TMP, "d_text_document"), "--split", "100,0,0",
+          "--vocab-size", "512", "--data-path", os.path.join(TMP, "d_text_document"), "--split", "90,10,0",
+          "--eval-interval", "6", "--eval-iters", "2",
           "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-3", "--min-lr", "3e-4",
           "--lr-decay-style", "cosine", "--lr-warmup-iters", "3", "--weight-decay", "0.1", "--clip-grad", "1.0",
           "--seed", "11", "--log-interval", "4", "--no-progress", "--threads", "1", "--hidden-dropout", "0",
@@ -180,6 +184,15 @@ def compare(label, ref_name, name, iterations, params=True, tol=1e-5):
             worst = max(worst, e)
             if e > tol:
                 fail(f"{label}: iteration {it} {what} {b[it][k]!r} vs single rank {a[it][k]!r} (rel {e:.2e})")
+    for it in iterations:
+        if ("valid", it) in a:
+            if ("valid", it) not in b:
+                fail(f"{label}: no validation loss at iteration {it}")
+                continue
+            e = rel(b[("valid", it)], a[("valid", it)])
+            worst = max(worst, e)
+            if e > tol:
+                fail(f"{label}: validation loss at iteration {it}: {b[('valid', it)]!r} vs {a[('valid', it)]!r}")
     pworst = 0.0
     if params:
         last = f"iter_{max(iterations):07d}"
