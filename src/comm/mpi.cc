@@ -322,6 +322,13 @@ class MpiCommunicator final : public Communicator {
   int p2p_args(const char* call, const Tensor& t, int peer, int tag) const {
     check_tensor(call, t);
     check_peer(call, peer, tag);
+    // MPI only promises tags up to MPI_TAG_UB (>= 32767); a pipeline's tags
+    // grow with micro-batches x stages.
+    int* ub = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    MT_CHECK(!flag || tag <= *ub, fmt::format("{} on {}: tag {} exceeds this MPI's MPI_TAG_UB {} (fewer micro-batches "
+                                              "or virtual stages per iteration)", call, name_, tag, *ub));
     return count(call, t.numel());
   }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "comm/communicator.h"
 #include "core/rng.h"
@@ -392,7 +393,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const size_t backward_peak = bwd_base + std::max({bwd_out, bwd_layers, full});
 
   GPTMemoryPlan& p = t.plan;
-  const size_t flat_unit = static_cast<size_t>(std::max<int64_t>(1, opt.flat_multiple)) * dtype_size(dt);
+  // A whole number of elements per DP rank and of arena alignment units (the
+  // arena rounds its capacity up to kArenaAlign).
+  const size_t flat_unit = std::lcm(static_cast<size_t>(std::max<int64_t>(1, opt.flat_multiple)) * dtype_size(dt),
+                                    kArenaAlign);
   const size_t flat_bytes = (t.params.total_bytes() + flat_unit - 1) / flat_unit * flat_unit;
   p.params = flat_bytes;
   p.grads = opt.slots > 0 ? flat_bytes : 0;
@@ -622,8 +626,8 @@ void GPTModel::zero_grads() {
   if (grads_arena_.base()) std::memset(grads_arena_.base(), 0, grads_arena_.capacity());
 }
 
-// y [N,out] = x [N,in] W^T + b. Column-parallel (qkv, fc1): fwd identity, bwd
-// all-reduce dx; row-parallel (proj, fc2): fwd all-reduce y, bwd identity.
+// y [N,out] = x [N,in] W^T + b on this rank's shard, no communication (the
+// tensor-parallel wrappers below add it).
 void GPTModel::linear_fwd(const Tensor& x, int w, int b, const Tensor& y) {
   const Tensor& W = params_[w];
   const int64_t out = W.dim(0), in = W.dim(1), n = x.numel() / in;
@@ -925,7 +929,10 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   if (!last_stage(chunk)) return 0.0;
   // Final norm (on the shard with SP, then all-gathered), output layer (tied:
   // the word embedding; vocab-parallel), loss (vocab-parallel cross-entropy).
-  if (forward_hook_) forward_hook_(static_cast<int>(cfg_.num_layers));
+  if (forward_hook_) {
+    forward_hook_(static_cast<int>(cfg_.num_layers));
+    if (out_ == word_ && !opt_.pre_process) forward_hook_(-1);  // the tied output weight is the embedding's
+  }
   norm_fwd(s.resid[static_cast<size_t>(R.count)], final_w_, final_b_, own_rows(s.lnf), s.lnf_mean, s.lnf_rstd);
   column_fwd_input(own_rows(s.lnf), s.lnf);
   if (opt_.bf16_compute) {

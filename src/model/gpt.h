@@ -1,6 +1,7 @@
 #pragma once
-// GPTModel: Megatron's GPTModel on one tensor-parallel rank (TP = 1 for now),
-// with explicit forward and backward and no autograd. GPT-2/3 and LLaMA
+// GPTModel: Megatron's GPTModel as held by one rank (its tensor-parallel
+// shard of its pipeline stage's layers), with explicit forward and backward
+// and no autograd. GPT-2/3 and LLaMA
 // styles are the same code selected by ModelConfig flags.
 //
 // Memory (one allocation each, carved by a SizeTable, llm.c style):
@@ -240,8 +241,11 @@ class GPTModel {
   Tensor flat_grads() const;
   int64_t flat_offset(int i) const;
   // Called during backward with each stage (param_stage) as its gradients
-  // become final for this micro-batch: L first, then layers L-1..0, then -1.
-  // And during forward before a stage's parameters are first read (-1, 0..L-1, L).
+  // become final for this micro-batch: L first, then this rank's layers in
+  // reverse, then -1 (first pipeline stage only: a last stage's tied word
+  // embedding is never reported; its bucket waits for finish()). And during
+  // forward before a stage's parameters are first read: -1 (embedding, or a
+  // last stage's tied output weight), the layers, L.
   void set_backward_hook(std::function<void(int stage)> hook) { backward_hook_ = std::move(hook); }
   void set_forward_hook(std::function<void(int stage)> hook) { forward_hook_ = std::move(hook); }
   // bf16 copies of one stage's GEMM weights (after a distributed-optimizer

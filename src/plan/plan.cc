@@ -207,7 +207,7 @@ void plan_trainer_buffers(PlanReport& r) {
   go.bf16_compute = r.job.precision.bf16;
   go.tp = p.tp;
   go.sequence_parallel = p.sequence_parallel;
-  go.flat_multiple = dist_opt ? r.dp : 1;
+  go.flat_multiple = r.dp;
   // Pipeline rank 0 (the first stage): its chunks and in-flight micro-batches.
   for (const ChunkLayers& c : r.chunks)
     if (c.pp_rank == 0) go.chunks.push_back({c.first_layer, c.num_layers});

@@ -84,7 +84,9 @@ double PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, 
       case Step::kRecvForward: {
         recv_slot = take_slot();
         auto& w = slot_send[static_cast<size_t>(recv_slot)];
-        if (w) w->wait(), w.reset();  // the slot's last output was received long ago (see above)
+        // The slot's previous output was received long ago: its backward ran,
+        // which needed the next stage's gradient, which needed that output.
+        if (w) w->wait(), w.reset();
         const auto t0 = Clock::now();
         pp_.recv(model_.chunk_input(recv_slot), st.peer, st.tag);
         wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -15,7 +15,9 @@
 //   Backward      model.backward_chunk; the slot is freed right after
 //   SendBackward  non-blocking send of d(input) from a send buffer that is
 //                 reused only once its previous send completed
-// Sends never block and every receive names a unique tag, so a schedule that
+// Sends never block (a slot's earlier send is waited for only when the slot
+// is reused, by which time its receiver has it) and every receive names a
+// unique tag, so a schedule that
 // check_pipeline_steps() proves deadlock-free cannot deadlock here; pending
 // sends are completed before run() returns.
 //

@@ -132,6 +132,22 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty() && job.parallel.cp == 1 &&
         job.parallel.ep == 1 && !mc.is_moe())
       problems.push_back(plan.memory.trainer.why_not);
+    // Every pipeline stage's model (the planner checked stage 0's): layer
+    // counts can differ with uneven splits, e.g. against --recompute-num-layers.
+    if (plan.memory.trainer.available && job.parallel.pp > 1) {
+      auto rc = model::RecomputeOptions::from_flags(job.recompute.granularity, job.recompute.method,
+                                                    job.recompute.num_layers, job.recompute.recompute_activations);
+      for (int64_t p = 1; rc && p < job.parallel.pp; ++p) {
+        model::GPTOptions go;
+        go.micro_batch = job.batch.micro_batch_size, go.seq_length = mc.seq_length, go.bf16_compute = job.precision.bf16;
+        go.tp = job.parallel.tp, go.sequence_parallel = job.parallel.sequence_parallel, go.recompute = *rc;
+        for (const auto& ch : plan.chunks)
+          if (ch.pp_rank == p) go.chunks.push_back({ch.first_layer, ch.num_layers});
+        go.pre_process = false, go.post_process = p == job.parallel.pp - 1;
+        if (auto m = model::GPTModel::planned_bytes(mc, go); !m)
+          problems.push_back(fmt::format("pipeline stage {}: {}", p, m.status().message()));
+      }
+    }
   }
   if (!problems.empty())
     return Status::invalid(fmt::format("{} problem{} in the configuration:{}", problems.size(), problems.size() == 1 ? "" : "s",
@@ -181,7 +197,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   mo.seq_length = seq;
   mo.bf16_compute = job.precision.bf16;
   mo.tp = tp, mo.tp_rank = tp_rank, mo.sequence_parallel = sp, mo.tp_comm = &tp_comm;
-  mo.flat_multiple = dist_opt ? dp : 1;
+  mo.flat_multiple = dp;  // bucket boundaries and reduce-scatter blocks divide by DP
   // This pipeline rank's model chunks (the planner's split), and one
   // activation slot per micro-batch its schedule keeps in flight.
   for (const auto& ch : plan.chunks)
@@ -508,7 +524,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         },
         [&](int, int) { model.set_backward_hook(nullptr); });
     model.set_forward_hook(nullptr);
-    gather_pending = false;
+    if (gather_pending) {
+      // Every gather this rank started is complete, and every stage's bf16
+      // copy is fresh, before anything else reads the parameters.
+      buckets->wait_param_gather_all();
+      if (job.precision.bf16)
+        for (int st = -1; st <= static_cast<int>(mc.num_layers); ++st)
+          if (!gathered[static_cast<size_t>(st + 1)]) model.sync_low_precision(st);
+      gather_pending = false;
+    }
     // Tied embeddings split over the pipeline: first and last stage sum their
     // word-embedding gradients (Megatron's embedding group all-reduce).
     if (shared_embedding) groups.embedding()->all_reduce(model.grad("embedding.word_embeddings.weight"));

@@ -160,6 +160,13 @@ LAYOUTS = [
     ("pp2dp2overlap", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                                 "--ddp-bucket-size", "20000"]),
     ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    # A bucket holding only the last stage's tied output weight (GPT): its
+    # parameter gather must be waited for before the output layer reads it.
+    ("pp2dp2overlap_b50k", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                                     "--ddp-bucket-size", "50000"]),
+    ("pp2vpp2_recompute", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1", "--recompute-granularity", "full",
+                                    "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
+    ("tp2pp2_selective", 2, 2, 1, ["--sequence-parallel", "--recompute-granularity", "selective"]),
 ]
 if QUICK:
     LAYOUTS = [l for l in LAYOUTS if l[0] in ("tp2sp", "dp2do", "tp2spdp2do", "pp2vpp2", "tp2pp2dp2")]
@@ -270,6 +277,34 @@ for model in MODELS:
         fail(f"{name}: exit {rc}\n{out[-3000:]}")
         continue
     compare(name, ref, name, range(1, ITERS + 1), params=False, tol=1e-2)
+
+# bf16 copies refreshed per stage after an overlapped parameter gather,
+# including a last stage's tied output weight.
+for model in MODELS:
+    ref = f"{model}-bf16-ref"
+    name = f"{model}-bf16-pp2dp2overlap"
+    rc, out, _ = run(name, 4, train_flags(model, name, 1, ["--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                                                           "--overlap-param-gather", "--ddp-bucket-size", "50000"], pp=2))
+    if rc != 0:
+        fail(f"{name}: exit {rc}\n{out[-3000:]}")
+        continue
+    compare(name, ref, name, range(1, ITERS + 1), params=False, tol=1e-2)
+
+# ---------------------------------------------------------------- DP 3
+# A data-parallel size that does not divide the buffer's alignment.
+for model in MODELS:
+    ref = f"{model}-gbs12-ref"
+    rc, out, _ = run(ref, 1, train_flags(model, ref, 1, ["--global-batch-size", "12"]))
+    if rc != 0:
+        fail(f"{ref}: exit {rc}\n{out[-3000:]}")
+        continue
+    for name, extra in (("dp3", []), ("dp3do", ["--use-distributed-optimizer"])):
+        full = f"{model}-{name}"
+        rc, out, _ = run(full, 3, train_flags(model, full, 1, ["--global-batch-size", "12"] + extra))
+        if rc != 0:
+            fail(f"{full}: exit {rc}\n{out[-3000:]}")
+            continue
+        compare(full, ref, full, range(1, ITERS + 1))
 
 # ---------------------------------------------------------------- dropout
 # Dropout masks are keyed by global element indices and the global
