@@ -20,15 +20,22 @@ namespace mt::kernels {
 struct AdamWOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
   int64_t step = 1;  // 1-based, after incrementing for this update
+  // g is used as g * grad_scale (rounded to the parameters' dtype, exactly as
+  // scaling the gradient in place first would): gradient clipping fused into
+  // the update, saving a pass over every gradient.
+  double grad_scale = 1.0;
 };
 
 namespace cpu {
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o);
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o,
+                const Tensor& lowp);
 }
 
+// lowp (optional, fp32 parameters only): a bf16 tensor that receives the
+// updated parameters rounded to bf16 in the same pass (the bf16 GEMM copy).
 inline void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                       const AdamWOptions& o) {
-  MT_DISPATCH(adamw_step, param.device(), param, grad, m, v, o);
+                       const AdamWOptions& o, const Tensor& lowp = Tensor()) {
+  MT_DISPATCH(adamw_step, param.device(), param, grad, m, v, o, lowp);
 }
 
 // sqrt(sum of squares of every tensor).

@@ -24,6 +24,8 @@ void xent_loss(const Tensor& max, const Tensor& sumexp, const Tensor& target_log
                const Tensor& loss);
 void xent_backward(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
                    const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
+void xent_backward_bf16_t(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+                          const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits_t);
 }  // namespace cpu
 
 inline void xent_partials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
@@ -44,4 +46,12 @@ inline void xent_backward(const Tensor& logits, const Tensor& targets, int64_t v
   MT_DISPATCH(xent_backward, logits.device(), logits, targets, vocab_start, max, sumexp, dloss, dlogits);
 }
 
+// bf16 compute: the same gradient rounded to bf16 and written TRANSPOSED,
+// dlogits_t [V, N] (fp32 logits [N, V]), ready for the output layer's GEMMs
+// (dW = dlogits^T x without a transposed operand; dx = (dlogits^T)^T W). Bitwise
+// equal to xent_backward followed by a cast and a transpose.
+inline void xent_backward_bf16_t(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+                                 const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits_t) {
+  MT_DISPATCH(xent_backward_bf16_t, logits.device(), logits, targets, vocab_start, max, sumexp, dloss, dlogits_t);
+}
 }  // namespace mt::kernels

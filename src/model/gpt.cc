@@ -984,19 +984,21 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
     if (dt == DType::kF32) dloss.ptr<float>()[i] = static_cast<float>(g);
     else dloss.ptr<double>()[i] = g;
   }
-  // dlogits overwrite the logits.
-  k::xent_backward(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, s.logits);
+  // dlogits overwrite the logits (fp32); bf16 compute writes them below.
+  if (!opt_.bf16_compute) k::xent_backward(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, s.logits);
   {
     // Output layer: dx is partial over the vocabulary shards: all-reduce
     // (SP: reduce-scatter to this rank's rows).
     ArenaScope casts(scratch_);
     Tensor dx = sp() ? scratch({N_, h_}, dt) : dlnf;
     if (opt_.bf16_compute) {
-      Tensor dh = scratch(s.logits.shape(), DType::kBF16), xh = scratch(s.lnf.shape(), DType::kBF16);
-      k::cast(s.logits, dh);
+      // dlogits^T in bf16 straight from the softmax (no fp32 [N, V] pass, no
+      // transposed GEMM operand).
+      Tensor dht = scratch({V_, N_}, DType::kBF16), xh = scratch(s.lnf.shape(), DType::kBF16);
+      k::xent_backward_bf16_t(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, dht);
       k::cast(s.lnf, xh);
-      k::gemm(false, false, N_, h_, V_, 1.0f, dh, lowp_[out_], 0.0f, dx);
-      k::gemm(true, false, V_, h_, N_, 1.0f, dh, xh, 1.0f, grads_[out_]);
+      k::gemm(true, false, N_, h_, V_, 1.0f, dht, lowp_[out_], 0.0f, dx);
+      k::gemm(false, false, V_, h_, N_, 1.0f, dht, xh, 1.0f, grads_[out_]);
     } else {
       k::gemm(false, false, N_, h_, V_, 1.0f, s.logits, params_[out_], 0.0f, dx);
       k::gemm(true, false, V_, h_, N_, 1.0f, s.logits, s.lnf, 1.0f, grads_[out_]);

@@ -248,6 +248,9 @@ class GPTModel {
   // last stage's tied output weight), the layers, L.
   void set_backward_hook(std::function<void(int stage)> hook) { backward_hook_ = std::move(hook); }
   void set_forward_hook(std::function<void(int stage)> hook) { forward_hook_ = std::move(hook); }
+  // The bf16 GEMM copy of parameter i (undefined without bf16 compute or for
+  // parameters no GEMM reads); the optimizer writes it as it updates.
+  Tensor low_precision(int i) const { return lowp_[static_cast<size_t>(i)]; }
   // bf16 copies of one stage's GEMM weights (after a distributed-optimizer
   // parameter gather of that stage).
   void sync_low_precision(int stage);

@@ -167,19 +167,21 @@ void AdamWOptimizer::step(double lr, double wd) {
     o.eps = cfg_.eps;
     o.weight_decay = wd * wd_mult_[i];
     o.step = step_;
+    o.grad_scale = grad_scale_;  // the clipping coefficient, applied as the update reads each gradient
     if (distributed())
       kernels::adamw_step(flat_slice(params[i], r.begin, r.end), flat_slice(grads[i], r.begin, r.end), r.m, r.v, o);
-    else
-      kernels::adamw_step(params[i], grads[i], m_[i], v_[i], o);
+    else  // the bf16 GEMM copy is written in the same pass
+      kernels::adamw_step(params[i], grads[i], m_[i], v_[i], o, model_.low_precision(static_cast<int>(i)));
   }
+  grad_scale_ = 1.0;
   if (distributed()) {
     if (par_.overlap_param_gather) {
       par_.dist_buckets->start_param_gather();  // the trainer waits per stage, then syncs bf16 copies per stage
       return;
     }
     par_.dist_buckets->all_gather_params();
+    if (model_.options().bf16_compute) model_.sync_low_precision();
   }
-  if (model_.options().bf16_compute) model_.sync_low_precision();
 }
 
 double AdamWOptimizer::grad_norm() const {
@@ -209,19 +211,12 @@ double AdamWOptimizer::grad_norm() const {
 }
 
 double AdamWOptimizer::clip_grad_norm(double max_norm) {
+  grad_scale_ = 1.0;
   const double norm = grad_norm();
   if (max_norm <= 0) return norm;
   // Megatron's clip_grad_norm_fp32 (megatron/core/optimizer/clip_grads.py).
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    if (distributed()) {
-      const auto& grads = model_.grads();
-      for (const StateRange& r : ranges_)
-        kernels::scale_inplace(flat_slice(grads[static_cast<size_t>(r.param)], r.begin, r.end), coef);
-    } else {
-      for (const Tensor& g : model_.grads()) kernels::scale_inplace(g, coef);
-    }
-  }
+  if (coef < 1.0) grad_scale_ = coef;  // applied by step() as it reads the gradients
   return norm;
 }
 

@@ -3,7 +3,8 @@
 //
 // - Master weights are the model's parameters (fp32; fp64 in tests). With
 //   bf16 compute the model keeps bf16 copies of its GEMM weights; step()
-//   refreshes them (model.sync_low_precision()) after updating the masters.
+//   rewrites them in the same pass as it updates the masters (after the
+//   parameter all-gather with the distributed optimizer).
 // - Gradients are the model's grads (same dtype as the parameters).
 // - State: exp_avg (m) and exp_avg_sq (v), one tensor per parameter, carved
 //   from ONE arena with the parameters' size table twice ([all m | all v]), so
@@ -17,8 +18,10 @@
 //   (biases and 1-D norm parameters: Megatron's no-wd group) and 1 otherwise.
 // - clip_grad_norm: Megatron's clip_grad_norm_fp32: norm = sqrt(sum g^2) over
 //   every gradient (fp64 accumulation), coef = max_norm / (norm + 1e-6),
-//   gradients scaled by coef only when coef < 1. The norm is summed in a fixed
-//   order (independent of threads), so it is bitwise reproducible.
+//   gradients scaled by coef only when coef < 1 -- by the next step(), which
+//   reads each gradient as g * coef (the same rounding as scaling it in place
+//   first, without a separate pass; pending_grad_scale()). The norm is summed
+//   in a fixed order (independent of threads), so it is bitwise reproducible.
 //
 // Typical iteration (the trainer's order):
 //   model.zero_grads(); forward/backward over micro-batches;
@@ -110,6 +113,8 @@ class AdamWOptimizer {
   // Megatron's clipping (see above). Returns the norm BEFORE clipping.
   // max_norm <= 0 disables clipping (the norm is still computed and returned).
   double clip_grad_norm(double max_norm);
+  // The clipping coefficient the next step() applies (1 when not clipping).
+  double pending_grad_scale() const { return grad_scale_; }
   // False if any gradient element is NaN or +-Inf (--check-for-nan-in-loss-and-grad).
   bool grads_finite() const;
 
@@ -139,6 +144,7 @@ class AdamWOptimizer {
   model::GPTModel& model_;
   AdamWConfig cfg_;
   ParallelOptimizerOptions par_;
+  double grad_scale_ = 1.0;  // clipping coefficient for the next step()
   std::vector<StateRange> ranges_;
   Arena state_arena_;
   std::vector<Tensor> m_, v_;

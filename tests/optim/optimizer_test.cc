@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/elementwise.h"
 #include "model/gpt.h"
 #include "optim/optimizer.h"
 
@@ -196,15 +197,44 @@ TEST(AdamW, ClippingFollowsMegatron) {
   // 0 disables clipping.
   EXPECT_EQ(opt.clip_grad_norm(0.0), norm);
   EXPECT_EQ(read_grads(*model), before);
-  // Below: scaled by clip / (norm + 1e-6).
+  EXPECT_EQ(opt.pending_grad_scale(), 1.0);
+  // Below: scaled by clip / (norm + 1e-6) -- applied by step() as it reads
+  // each gradient, bitwise as if the gradients had been scaled in place first.
   const double clip = norm / 4;
   EXPECT_EQ(opt.clip_grad_norm(clip), norm);
   const double coef = clip / (norm + 1e-6);
-  const auto after = read_grads(*model);
-  for (size_t i = 0; i < after.size(); ++i)
-    for (size_t j = 0; j < after[i].size(); ++j)
-      ASSERT_NEAR(after[i][j], before[i][j] * coef, 1e-6 * std::abs(before[i][j]) + 1e-12);
-  EXPECT_NEAR(opt.grad_norm(), clip, 1e-5 * clip);
+  EXPECT_EQ(opt.pending_grad_scale(), coef);
+  EXPECT_EQ(read_grads(*model), before) << "gradients are left for step() to scale";
+  auto twin = make_model(DType::kF32, false);
+  AdamWOptimizer twin_opt(*twin);
+  fill_grads(*twin, 7, 1.0);
+  for (const Tensor& g : twin->grads()) kernels::scale_inplace(g, coef);
+  EXPECT_NEAR(twin_opt.grad_norm(), clip, 1e-5 * clip);
+  opt.step(1e-3, 0.1);
+  twin_opt.step(1e-3, 0.1);
+  EXPECT_EQ(opt.pending_grad_scale(), 1.0) << "the scale is used once";
+  for (size_t i = 0; i < model->params().size(); ++i)
+    for (int64_t j = 0; j < model->params()[i].numel(); ++j)
+      ASSERT_EQ(get(model->params()[i], j), get(twin->params()[i], j)) << model->specs()[i].name << "[" << j << "]";
+}
+
+// bf16 compute: step() writes the bf16 GEMM copies in the same pass, equal to
+// a separate cast of the updated fp32 masters.
+TEST(AdamW, Bf16CopiesWrittenByTheStep) {
+  auto model = make_model(DType::kF32, true);
+  AdamWOptimizer opt(*model);
+  fill_grads(*model, 3, 1.0);
+  opt.clip_grad_norm(0.5);
+  opt.step(1e-2, 0.1);
+  int checked = 0;
+  for (size_t i = 0; i < model->params().size(); ++i) {
+    const Tensor lp = model->low_precision(static_cast<int>(i));
+    if (!lp.defined()) continue;
+    for (int64_t j = 0; j < lp.numel(); ++j)
+      ASSERT_EQ(lp.ptr<bf16>()[j].bits, float_to_bf16(model->params()[i].ptr<float>()[j]).bits) << model->specs()[i].name;
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
 }
 
 TEST(AdamW, GradNormIsIndependentOfThreadCount) {

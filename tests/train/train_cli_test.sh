@@ -90,7 +90,7 @@ PY
 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 40 --save-interval 100 \
   --exit-signal-handler --save "$TMP/sig" --metrics-file "$TMP/sig.jsonl" >"$TMP/sig.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 600); do
+for _ in $(seq 1 2400); do
   [ -f "$TMP/sig.jsonl" ] && [ "$(grep -c lm_loss "$TMP/sig.jsonl")" -ge 12 ] && break
   sleep 0.05
 done
@@ -109,7 +109,7 @@ run kill --micro-batch-size 4 --global-batch-size 4 --train-iters 20 --save-inte
 MT_TEST_CHECKPOINT_PAUSE=mid_file "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 20 \
   --save-interval 10 --load "$TMP/kill" --save "$TMP/kill" >"$TMP/kill2.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 600); do [ -e "$TMP/kill/.paused_mid_file" ] && break; sleep 0.05; done
+for _ in $(seq 1 2400); do [ -e "$TMP/kill/.paused_mid_file" ] && break; sleep 0.05; done
 [ -e "$TMP/kill/.paused_mid_file" ] || fail "kill: the save never paused"
 kill -KILL $pid; wait $pid 2>/dev/null
 [ "$(cat "$TMP/kill/latest_checkpointed_iteration.txt")" = 10 ] || fail "kill: tracker moved"

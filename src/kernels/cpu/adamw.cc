@@ -1,6 +1,7 @@
 #include "kernels/adamw.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/common.h"
 #include "kernels/elementwise.h"
@@ -8,8 +9,13 @@
 namespace mt::kernels {
 namespace cpu {
 
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o) {
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o,
+                const Tensor& lowp) {
   check_same_numel(param, grad, "adamw_step");
+  if (lowp.defined()) {
+    MT_CHECK(lowp.dtype() == DType::kBF16 && param.dtype() == DType::kF32, "adamw_step: lowp must be bf16 for fp32 parameters");
+    check_same_numel(param, lowp, "adamw_step");
+  }
   check_same_numel(param, m, "adamw_step");
   check_same_numel(param, v, "adamw_step");
   MT_CHECK(o.step >= 1, "adamw_step: step is 1-based");
@@ -20,15 +26,30 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
     const T* g = grad.ptr<T>();
     const T decay = static_cast<T>(1.0 - o.lr * o.weight_decay),
             b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2), eps = static_cast<T>(o.eps),
-            step = static_cast<T>(o.lr / bc1), rbc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+            step = static_cast<T>(o.lr / bc1), rbc2 = static_cast<T>(1.0 / std::sqrt(bc2)),
+            gs = static_cast<T>(o.grad_scale);
+    const bool scaled = o.grad_scale != 1.0;
+    bf16* lp = lowp.defined() ? lowp.ptr<bf16>() : nullptr;
+    auto body = [&](auto scale_on, auto lowp_on) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < param.numel(); ++i) {
-      T mi = b1 * mp[i] + (T(1) - b1) * g[i];
-      T vi = b2 * vp[i] + (T(1) - b2) * g[i] * g[i];
-      mp[i] = mi;
-      vp[i] = vi;
-      p[i] = p[i] * decay - step * mi / (std::sqrt(vi) * rbc2 + eps);
-    }
+      for (int64_t i = 0; i < param.numel(); ++i) {
+        T gi = g[i];
+        if constexpr (decltype(scale_on)::value) gi = gi * gs;
+        T mi = b1 * mp[i] + (T(1) - b1) * gi;
+        T vi = b2 * vp[i] + (T(1) - b2) * gi * gi;
+        mp[i] = mi;
+        vp[i] = vi;
+        const T pi = p[i] * decay - step * mi / (std::sqrt(vi) * rbc2 + eps);
+        p[i] = pi;
+        if constexpr (decltype(lowp_on)::value) lp[i] = float_to_bf16(static_cast<float>(pi));
+      }
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
+    if (scaled && lp) body(yes{}, yes{});
+    else if (scaled) body(yes{}, no{});
+    else if (lp) body(no{}, yes{});
+    else body(no{}, no{});
   });
 }
 
