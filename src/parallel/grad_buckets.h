@@ -93,6 +93,8 @@ class GradBuckets {
   // This rank's blocks (kReduceScatter: one per bucket; kAllReduce: the buckets).
   const std::vector<ShardBlock>& shard() const { return shard_; }
   GradReduceMode mode() const { return options_.mode; }
+  // Bytes of the reduce-scatter receive blocks (0 in kAllReduce mode).
+  size_t buffer_bytes() const { return block_arena_.capacity(); }
 
   // Call before the last micro-batch's backward (resets readiness).
   void begin_last_backward();

@@ -88,7 +88,8 @@ struct TrainerBuffers {
   bool available = false;
   std::string why_not;  // when not available
   double params = 0, grads = 0, lowp = 0, activations = 0, scratch = 0, tables = 0, optimizer = 0;
-  double total() const { return params + grads + lowp + activations + scratch + tables + optimizer; }
+  double comm = 0;  // reduce-scatter receive blocks (distributed optimizer), the pipeline's gradient receive buffer
+  double total() const { return params + grads + lowp + activations + scratch + tables + optimizer + comm; }
 };
 
 struct MemoryReport {

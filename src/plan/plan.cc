@@ -256,6 +256,12 @@ void plan_trainer_buffers(PlanReport& r) {
   // Adam m and v: the parameters' size table twice, or with the distributed
   // optimizer this rank's 1/DP of the (DP-padded) flat buffer twice.
   t.optimizer = 2.0 * static_cast<double>(mp->params) / (dist_opt ? static_cast<double>(r.dp) : 1.0);
+  // Communication buffers the trainer allocates (parallel/grad_buckets.h, train/pipeline.h).
+  if (dist_opt) t.comm += static_cast<double>(align_up(static_cast<size_t>(static_cast<double>(mp->params) / r.dp)));
+  if (p.pp > 1) {
+    const double ns = static_cast<double>(go.micro_batch * go.seq_length) / (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
+    t.comm += static_cast<double>(align_up(static_cast<size_t>(ns * static_cast<double>(r.job.model.hidden_size) * 4.0)));
+  }
 }
 
 }  // namespace

@@ -147,7 +147,8 @@ json to_json(const PlanReport& r) {
   if (mem.trainer.available)
     j["memory"]["trainer"] = {{"params", mem.trainer.params}, {"grads", mem.trainer.grads}, {"lowp", mem.trainer.lowp},
                               {"optimizer", mem.trainer.optimizer}, {"activations", mem.trainer.activations},
-                              {"scratch", mem.trainer.scratch}, {"tables", mem.trainer.tables}, {"total", mem.trainer.total()}};
+                              {"scratch", mem.trainer.scratch}, {"tables", mem.trainer.tables}, {"comm", mem.trainer.comm},
+                              {"total", mem.trainer.total()}};
   if (!r.quick)
     j["memory"]["megatron"] = {{"weight_and_optimizer_bytes", mem.megatron.weight_and_optimizer_bytes},
                                {"activation_bytes", mem.megatron.activation_bytes},

@@ -113,8 +113,10 @@ std::string render_text(const PlanReport& r) {
   }
   if (r.memory.trainer.available) {
     const auto& t = r.memory.trainer;
-    line(fmt::format("  this build's CPU trainer: {} GiB (weights {}, grads {}, bf16 copies {}, Adam {}, activations {}, scratch {})",
-                     gib(t.total()), gib(t.params), gib(t.grads), gib(t.lowp), gib(t.optimizer), gib(t.activations), gib(t.scratch)));
+    line(fmt::format("  this build's CPU trainer: {} GiB (weights {}, grads {}, bf16 copies {}, Adam {}, activations {}, scratch {}, "
+                     "comm buffers {})",
+                     gib(t.total()), gib(t.params), gib(t.grads), gib(t.lowp), gib(t.optimizer), gib(t.activations), gib(t.scratch),
+                     gib(t.comm)));
   }
   if (r.comm.available && (r.comm.tp_bytes > 0 || r.comm.dp_bytes > 0 || r.comm.pp_bytes > 0))
     line(fmt::format("  communication       per rank per iteration: TP {:.1f} MB, DP {:.1f} MB, PP {:.1f} MB "

@@ -22,9 +22,11 @@ PipelineExecutor::PipelineExecutor(model::GPTModel& model, comm::Communicator& p
   steps_ = parallel::pipeline_steps(schedule)[static_cast<size_t>(pp_rank_)];
   const int slots = static_cast<int>(model.options().slots);
   for (int s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
-  const Tensor in = model.chunk_input(0);
-  buffers_ = Arena(align_up(in.nbytes()), "pipeline-grad-recv");
-  grad_in_ = buffers_.alloc(in.shape(), in.dtype());
+  if (schedule.pp > 1) {  // the gradient from the next stage arrives here
+    const Tensor in = model.chunk_input(0);
+    buffers_ = Arena(align_up(in.nbytes()), "pipeline-grad-recv");
+    grad_in_ = buffers_.alloc(in.shape(), in.dtype());
+  }
 }
 
 int PipelineExecutor::take_slot() {

@@ -62,6 +62,9 @@ class PipelineExecutor {
   double run_forward(const std::vector<MicroBatchInput>& batches);
 
   int max_slots_used() const { return max_used_; }
+  // Bytes of the planned receive buffer (the d(input) send buffers grow on
+  // demand and are not counted).
+  size_t buffer_bytes() const { return buffers_.capacity(); }
   // Seconds the last run_train spent blocked in receives (waiting on a
   // neighbouring stage): this rank's measured pipeline bubble.
   double last_wait_seconds() const { return wait_s_; }

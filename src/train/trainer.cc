@@ -338,7 +338,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const double peak_tflops = half ? plan.device.peak_tflops_16bit : plan.device.peak_tflops_32bit;
   const double flops_per_iter = plan.flops_per_iteration;
   auto measured_bytes = [&] {
-    return static_cast<double>(model.measured_bytes().total()) + static_cast<double>(opt.state_bytes());
+    return static_cast<double>(model.measured_bytes().total()) + static_cast<double>(opt.state_bytes()) +
+           static_cast<double>(buckets ? buckets->buffer_bytes() : 0) + static_cast<double>(executor.buffer_bytes());
   };
   // The planner's prediction of this trainer's buffers (the model's size
   // tables plus Adam state): what `megatron plan` prints for these flags.

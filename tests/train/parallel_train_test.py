@@ -10,8 +10,9 @@ but DP 4), every layout's per-iteration loss and gradient norm must equal the
 single-rank run's within 1e-5 relative, and so must the validation losses
 (iterations 6 and 12, evaluated through the pipeline when PP > 1) and the final parameters
 (per tensor, ||a - b|| / ||b||, read back from the sharded checkpoints and
-assembled here from their global offsets), and each rank's measured traffic
-must equal the planner's prediction within 1%. Then:
+assembled here from their global offsets), each rank's measured traffic
+must equal the planner's prediction within 1%, and rank 0's allocated buffers
+its memory prediction within 3%. Then:
   - bf16: TP2+SP x DP2 and TP2+SP x PP2 x DP2 (dist-opt) within 1e-2 of one bf16 rank (bf16 has 8 mantissa bits);
   - dropout on: TP2+SP x DP2 + dist-opt and TP4 still equal one rank (1e-5);
   - reshard: save at TP2+SP x DP2 with the distributed optimizer at
@@ -256,6 +257,13 @@ for model in MODELS:
                 if (plan == 0) != (meas < 0.01) or (plan > 0 and abs(meas - plan) / plan > 0.01):
                     fail(f"{full}: {what} traffic {meas} MB vs planned {plan} MB")
         compare(f"{full} ({secs:.1f} s)", ref, full, range(1, ITERS + 1))
+        # Rank 0's buffers as allocated against the planner's prediction for
+        # pipeline rank 0 (model, Adam state, bucket and pipeline buffers).
+        logs = [json.loads(l) for l in open(os.path.join(TMP, full + ".jsonl")) if '"kind"' in l]
+        if not logs or abs(logs[-1]["memory_measured_bytes"] - logs[-1]["memory_planned_bytes"]) > \
+                0.03 * logs[-1]["memory_planned_bytes"]:
+            fail(f"{full}: measured buffers {logs[-1]['memory_measured_bytes'] if logs else '?'} vs planned "
+                 f"{logs[-1]['memory_planned_bytes'] if logs else '?'}")
 
 # ---------------------------------------------------------------- bf16
 # bf16 GEMM inputs round differently when the sums are split over ranks: the
