@@ -241,6 +241,7 @@ bool AdamWOptimizer::grads_finite() const {
 void AdamWOptimizer::reset_state() {
   if (state_arena_.base()) std::memset(state_arena_.base(), 0, state_arena_.used());
   step_ = 0;
+  grad_scale_ = 1.0;
 }
 
 }  // namespace mt::optim

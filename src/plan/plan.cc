@@ -260,7 +260,8 @@ void plan_trainer_buffers(PlanReport& r) {
   if (dist_opt) t.comm += static_cast<double>(align_up(static_cast<size_t>(static_cast<double>(mp->params) / r.dp)));
   if (p.pp > 1) {
     const double ns = static_cast<double>(go.micro_batch * go.seq_length) / (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
-    t.comm += static_cast<double>(align_up(static_cast<size_t>(ns * static_cast<double>(r.job.model.hidden_size) * 4.0)));
+    t.comm += static_cast<double>(align_up(static_cast<size_t>(
+        ns * static_cast<double>(r.job.model.hidden_size) * static_cast<double>(dtype_size(go.dtype)))));
   }
 }
 

@@ -599,6 +599,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       std::fflush(out);
       nlohmann::json j = to_json(s);
       j["kind"] = "log";
+      // Communication buffers alone (exactly planned; small beside the total).
+      j["memory_comm_measured_bytes"] =
+          static_cast<double>(buckets ? buckets->buffer_bytes() : 0) + static_cast<double>(executor.buffer_bytes());
+      j["memory_comm_planned_bytes"] = plan.memory.trainer.comm;
       if (pp > 1) j["pipeline_idle_fraction"] = interval_wait / secs;
       metrics.append(j);
       interval_loss = 0, interval_iters = 0, nan_iters = 0, interval_wait = 0;

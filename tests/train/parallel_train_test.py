@@ -264,6 +264,9 @@ for model in MODELS:
                 0.03 * logs[-1]["memory_planned_bytes"]:
             fail(f"{full}: measured buffers {logs[-1]['memory_measured_bytes'] if logs else '?'} vs planned "
                  f"{logs[-1]['memory_planned_bytes'] if logs else '?'}")
+        elif logs[-1]["memory_comm_measured_bytes"] != logs[-1]["memory_comm_planned_bytes"]:
+            fail(f"{full}: communication buffers {logs[-1]['memory_comm_measured_bytes']} vs planned "
+                 f"{logs[-1]['memory_comm_planned_bytes']}")
 
 # ---------------------------------------------------------------- bf16
 # bf16 GEMM inputs round differently when the sums are split over ranks: the
