@@ -44,8 +44,6 @@ int main(int argc, char** argv) {
       {"fc2 fwd   x W^T", false, true, 1024, 768, 3072},   {"fc1 dx    dy W ", false, false, 1024, 768, 3072},
       {"fc1 dW    dy^T x", true, false, 3072, 768, 1024},  {"logits    x E^T", false, true, 1024, 50304, 768},
       {"logits dx dy E ", false, false, 1024, 768, 50304}, {"logits dE dy^T x", true, false, 50304, 768, 1024},
-      // The bf16 path's output layer (dlogits^T [V, N] from the cross-entropy):
-      {"logits dx dyT^T E", true, false, 1024, 768, 50304}, {"logits dE dyT x", false, false, 50304, 768, 1024},
   };
   Arena arena(size_t{1} << 30, "gemm_bench");
   std::printf("threads %d; GFLOP/s (best of 5)\n%-18s %10s %10s %10s\n", threads, "shape", "dnnl-f32",

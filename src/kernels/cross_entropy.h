@@ -24,8 +24,8 @@ void xent_loss(const Tensor& max, const Tensor& sumexp, const Tensor& target_log
                const Tensor& loss);
 void xent_backward(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
                    const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
-void xent_backward_bf16_t(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
-                          const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits_t);
+void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+                        const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
 }  // namespace cpu
 
 inline void xent_partials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
@@ -46,12 +46,11 @@ inline void xent_backward(const Tensor& logits, const Tensor& targets, int64_t v
   MT_DISPATCH(xent_backward, logits.device(), logits, targets, vocab_start, max, sumexp, dloss, dlogits);
 }
 
-// bf16 compute: the same gradient rounded to bf16 and written TRANSPOSED,
-// dlogits_t [V, N] (fp32 logits [N, V]), ready for the output layer's GEMMs
-// (dW = dlogits^T x without a transposed operand; dx = (dlogits^T)^T W). Bitwise
-// equal to xent_backward followed by a cast and a transpose.
-inline void xent_backward_bf16_t(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
-                                 const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits_t) {
-  MT_DISPATCH(xent_backward_bf16_t, logits.device(), logits, targets, vocab_start, max, sumexp, dloss, dlogits_t);
+// bf16 compute: the same gradient written straight to bf16, dlogits [N, V]
+// (fp32 logits), for the output layer's bf16 GEMMs. Bitwise equal to
+// xent_backward followed by a cast, without the fp32 [N, V] pass.
+inline void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+                               const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits) {
+  MT_DISPATCH(xent_backward_bf16, logits.device(), logits, targets, vocab_start, max, sumexp, dloss, dlogits);
 }
 }  // namespace mt::kernels

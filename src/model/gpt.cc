@@ -992,13 +992,12 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
     ArenaScope casts(scratch_);
     Tensor dx = sp() ? scratch({N_, h_}, dt) : dlnf;
     if (opt_.bf16_compute) {
-      // dlogits^T in bf16 straight from the softmax (no fp32 [N, V] pass, no
-      // transposed GEMM operand).
-      Tensor dht = scratch({V_, N_}, DType::kBF16), xh = scratch(s.lnf.shape(), DType::kBF16);
-      k::xent_backward_bf16_t(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, dht);
+      // dlogits in bf16 straight from the softmax (no fp32 [N, V] pass).
+      Tensor dh = scratch({N_, V_}, DType::kBF16), xh = scratch(s.lnf.shape(), DType::kBF16);
+      k::xent_backward_bf16(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, dh);
       k::cast(s.lnf, xh);
-      k::gemm(true, false, N_, h_, V_, 1.0f, dht, lowp_[out_], 0.0f, dx);
-      k::gemm(false, false, V_, h_, N_, 1.0f, dht, xh, 1.0f, grads_[out_]);
+      k::gemm(false, false, N_, h_, V_, 1.0f, dh, lowp_[out_], 0.0f, dx);
+      k::gemm(true, false, V_, h_, N_, 1.0f, dh, xh, 1.0f, grads_[out_]);
     } else {
       k::gemm(false, false, N_, h_, V_, 1.0f, s.logits, params_[out_], 0.0f, dx);
       k::gemm(true, false, V_, h_, N_, 1.0f, s.logits, s.lnf, 1.0f, grads_[out_]);

@@ -47,35 +47,21 @@ void backward(int64_t N, int64_t V, const T* lg, const Tensor& tg, int64_t v0, c
   }
 }
 
-// dlogits^T in bf16: the same float arithmetic as backward<float>, rounded
-// to bf16 and written transposed, [V, N], in 64 x 32 tiles (a vocabulary block
-// per task, so no two threads write the same line).
-void backward_bf16_t(int64_t N, int64_t V, const float* lg, const Tensor& tg, int64_t v0, const float* mx,
-                     const float* se, const float* dl, bf16* out) {
-  constexpr int64_t kV = 64, kN = 32;
-  const int64_t vblocks = (V + kV - 1) / kV;
+// dlogits in bf16: the same float arithmetic as backward<float>, rounded to
+// bf16 as it is written (no fp32 [N, V] pass and no separate cast).
+void backward_bf16(int64_t N, int64_t V, const float* lg, const Tensor& tg, int64_t v0, const float* mx,
+                   const float* se, const float* dl, bf16* out) {
 #pragma omp parallel for schedule(static)
-  for (int64_t vb = 0; vb < vblocks; ++vb) {
-    const int64_t vlo = vb * kV, vn = std::min(kV, V - vlo);
-    alignas(64) float tile[kN][kV];
-    for (int64_t ib = 0; ib < N; ib += kN) {
-      const int64_t in = std::min(kN, N - ib);
-      for (int64_t ii = 0; ii < in; ++ii) {
-        const int64_t i = ib + ii;
-        const float* r = lg + i * V + vlo;
-        const int64_t tgt = target_at(tg, i);
-        const float g = tgt < 0 ? 0.0f : dl[i], m = mx[i], inv = 1.0f / se[i];
-        float* t = tile[ii];
+  for (int64_t i = 0; i < N; ++i) {
+    const float* r = lg + i * V;
+    bf16* d = out + i * V;
+    const int64_t tgt = target_at(tg, i);
+    const float g = tgt < 0 ? 0.0f : dl[i], m = mx[i], inv = 1.0f / se[i];
+    const int64_t t = tgt - v0;
+    const bool has_target = tgt >= 0 && t >= 0 && t < V;
 #pragma omp simd
-        for (int64_t j = 0; j < vn; ++j) t[j] = g * vexp(r[j] - m) * inv;
-        const int64_t c = tgt - v0 - vlo;
-        if (tgt >= 0 && c >= 0 && c < vn) t[c] -= g;
-      }
-      for (int64_t j = 0; j < vn; ++j) {
-        bf16* o = out + (vlo + j) * N + ib;
-        for (int64_t ii = 0; ii < in; ++ii) o[ii] = float_to_bf16(tile[ii][j]);
-      }
-    }
+    for (int64_t j = 0; j < V; ++j) d[j] = float_to_bf16(g * vexp(r[j] - m) * inv);
+    if (has_target) d[t] = float_to_bf16(g * vexp(r[t] - m) * inv - g);
   }
 }
 
@@ -123,14 +109,14 @@ void xent_backward(const Tensor& logits, const Tensor& targets, int64_t v0, cons
                              dlogits.ptr<T>()));
 }
 
-void xent_backward_bf16_t(const Tensor& logits, const Tensor& targets, int64_t v0, const Tensor& max,
-                          const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits_t) {
+void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t v0, const Tensor& max,
+                        const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits) {
   int64_t V = logits.dim(-1), N = logits.numel() / V;
   check_targets(targets, N);
-  MT_CHECK(logits.dtype() == DType::kF32 && dlogits_t.dtype() == DType::kBF16 && dlogits_t.numel() == logits.numel(),
-           "xent_backward_bf16_t: fp32 logits [N, V] and bf16 dlogits^T [V, N]");
-  backward_bf16_t(N, V, logits.ptr<float>(), targets, v0, max.ptr<float>(), sumexp.ptr<float>(), dloss.ptr<float>(),
-                  dlogits_t.ptr<bf16>());
+  MT_CHECK(logits.dtype() == DType::kF32 && dlogits.dtype() == DType::kBF16 && dlogits.numel() == logits.numel(),
+           "xent_backward_bf16: fp32 logits [N, V] and bf16 dlogits [N, V]");
+  backward_bf16(N, V, logits.ptr<float>(), targets, v0, max.ptr<float>(), sumexp.ptr<float>(), dloss.ptr<float>(),
+                dlogits.ptr<bf16>());
 }
 
 }  // namespace mt::kernels::cpu
