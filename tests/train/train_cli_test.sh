@@ -96,7 +96,7 @@ for _ in $(seq 1 2400); do
 done
 kill -TERM $pid
 wait $pid; rc=$?
-[ $rc = 0 ] || fail "SIGTERM run exited $rc"
+[ $rc = 0 ] || { fail "SIGTERM run exited $rc"; tail -20 "$TMP/sig.log"; }
 grep -q "(signal)" "$TMP/sig.log" || fail "SIGTERM run did not report the signal exit"
 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 40 --save-interval 40 \
   --load "$TMP/sig" --save "$TMP/sig" --metrics-file "$TMP/sig.jsonl" >>"$TMP/sig.log" 2>&1 || fail "resume after SIGTERM"
