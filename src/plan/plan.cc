@@ -193,6 +193,31 @@ void plan_fit(PlanReport& r, const MemoryLayout& layout) {
   }
 }
 
+}  // namespace
+
+Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_rank) {
+  const auto& p = r.job.parallel;
+  model::GPTOptions go;
+  go.micro_batch = r.job.batch.micro_batch_size;
+  go.seq_length = r.job.model.seq_length;
+  go.bf16_compute = r.job.precision.bf16;
+  go.tp = p.tp;
+  go.sequence_parallel = p.sequence_parallel;
+  go.flat_multiple = r.dp;  // bucket boundaries and reduce-scatter blocks divide by DP
+  for (const ChunkLayers& c : r.chunks)
+    if (c.pp_rank == pp_rank) go.chunks.push_back({c.first_layer, c.num_layers});
+  go.pre_process = pp_rank == 0;
+  go.post_process = pp_rank == p.pp - 1;
+  go.slots = static_cast<int>(r.in_flight.empty() ? 1 : std::max<int64_t>(1, r.in_flight[static_cast<size_t>(pp_rank)]));
+  auto rc = model::RecomputeOptions::from_flags(r.job.recompute.granularity, r.job.recompute.method,
+                                                r.job.recompute.num_layers, r.job.recompute.recompute_activations);
+  if (!rc) return rc.status();
+  go.recompute = *rc;
+  return go;
+}
+
+namespace {
+
 void plan_trainer_buffers(PlanReport& r) {
   TrainerBuffers& t = r.memory.trainer;
   const auto& p = r.job.parallel;
@@ -201,26 +226,13 @@ void plan_trainer_buffers(PlanReport& r) {
     return;
   }
   const bool dist_opt = p.use_distributed_optimizer && r.dp > 1;
-  model::GPTOptions go;
-  go.micro_batch = r.job.batch.micro_batch_size;
-  go.seq_length = r.job.model.seq_length;
-  go.bf16_compute = r.job.precision.bf16;
-  go.tp = p.tp;
-  go.sequence_parallel = p.sequence_parallel;
-  go.flat_multiple = r.dp;
-  // Pipeline rank 0 (the first stage): its chunks and in-flight micro-batches.
-  for (const ChunkLayers& c : r.chunks)
-    if (c.pp_rank == 0) go.chunks.push_back({c.first_layer, c.num_layers});
-  go.pre_process = true;
-  go.post_process = p.pp == 1;
-  go.slots = static_cast<int>(r.in_flight.empty() ? 1 : std::max<int64_t>(1, r.in_flight[0]));
-  auto rc = model::RecomputeOptions::from_flags(r.job.recompute.granularity, r.job.recompute.method,
-                                                r.job.recompute.num_layers, r.job.recompute.recompute_activations);
-  if (!rc) {
-    t.why_not = rc.status().message();
+  // Pipeline rank 0 (the first stage).
+  auto go_r = trainer_model_options(r, 0);
+  if (!go_r) {
+    t.why_not = go_r.status().message();
     return;
   }
-  go.recompute = *rc;
+  const model::GPTOptions& go = *go_r;
   auto mp = model::GPTModel::planned_bytes(r.job.model, go);
   if (!mp) {
     t.why_not = mp.status().message();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/gpt.h"
 #include "parallel/rank_grid.h"
 #include "parallel/schedule.h"
 #include "plan/job.h"
@@ -119,6 +120,13 @@ struct PlanReport {
   double tokens_per_iteration = 0;
   Throughput throughput;
 };
+
+// The options of the model this build's trainer builds on pipeline rank
+// `pp_rank` for the planned job: its chunks, first/last-stage roles, one
+// activation slot per micro-batch its schedule keeps in flight, TP and SP,
+// DP padding of the flat buffers, recomputation. TP rank 0 and no
+// communicator: the trainer sets tp_rank and tp_comm. REQUIRES: r.valid().
+Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_rank);
 
 // Runs the planner. Never fails: problems land in report.errors.
 PlanReport make_plan(JobConfig job, const PlanOptions& options);

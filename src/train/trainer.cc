@@ -134,20 +134,12 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
       problems.push_back(plan.memory.trainer.why_not);
     // Every pipeline stage's model (the planner checked stage 0's): layer
     // counts can differ with uneven splits, e.g. against --recompute-num-layers.
-    if (plan.memory.trainer.available && job.parallel.pp > 1) {
-      auto rc = model::RecomputeOptions::from_flags(job.recompute.granularity, job.recompute.method,
-                                                    job.recompute.num_layers, job.recompute.recompute_activations);
-      for (int64_t p = 1; rc && p < job.parallel.pp; ++p) {
-        model::GPTOptions go;
-        go.micro_batch = job.batch.micro_batch_size, go.seq_length = mc.seq_length, go.bf16_compute = job.precision.bf16;
-        go.tp = job.parallel.tp, go.sequence_parallel = job.parallel.sequence_parallel, go.recompute = *rc;
-        for (const auto& ch : plan.chunks)
-          if (ch.pp_rank == p) go.chunks.push_back({ch.first_layer, ch.num_layers});
-        go.pre_process = false, go.post_process = p == job.parallel.pp - 1;
-        if (auto m = model::GPTModel::planned_bytes(mc, go); !m)
-          problems.push_back(fmt::format("pipeline stage {}: {}", p, m.status().message()));
+    if (plan.memory.trainer.available)
+      for (int64_t p = 1; p < job.parallel.pp; ++p) {
+        auto go = plan::trainer_model_options(plan, p);
+        auto m = go ? model::GPTModel::planned_bytes(mc, *go) : Result<model::GPTMemoryPlan>(go.status());
+        if (!m) problems.push_back(fmt::format("pipeline stage {}: {}", p, m.status().message()));
       }
-    }
   }
   if (!problems.empty())
     return Status::invalid(fmt::format("{} problem{} in the configuration:{}", problems.size(), problems.size() == 1 ? "" : "s",
@@ -192,25 +184,14 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   set_num_threads(static_cast<int>(cfg.threads.value_or(std::max<int64_t>(1, static_cast<int64_t>(cores) / world))));
 
   // ---- 2. Model, optimizer, scheduler.
-  model::GPTOptions mo;
-  mo.micro_batch = mbs;
-  mo.seq_length = seq;
-  mo.bf16_compute = job.precision.bf16;
-  mo.tp = tp, mo.tp_rank = tp_rank, mo.sequence_parallel = sp, mo.tp_comm = &tp_comm;
-  mo.flat_multiple = dp;  // bucket boundaries and reduce-scatter blocks divide by DP
-  // This pipeline rank's model chunks (the planner's split), and one
-  // activation slot per micro-batch its schedule keeps in flight.
-  for (const auto& ch : plan.chunks)
-    if (ch.pp_rank == pp_rank) mo.chunks.push_back({ch.first_layer, ch.num_layers});
-  mo.pre_process = pp_rank == 0;
-  mo.post_process = pp_rank == pp - 1;
-  mo.slots = static_cast<int>(plan.in_flight.empty() ? 1 : std::max<int64_t>(1, plan.in_flight[static_cast<size_t>(pp_rank)]));
+  // This pipeline rank's model as the planner sized it (chunks, slots, TP/SP,
+  // recomputation), on this TP rank.
+  auto mo_r = plan::trainer_model_options(plan, pp_rank);
+  if (!mo_r) return mo_r.status();
+  model::GPTOptions mo = *mo_r;
+  mo.tp_rank = tp_rank, mo.tp_comm = &tp_comm;
   auto schedule = parallel::build_schedule(pp, vpp, M, job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
   if (!schedule) return schedule.status();
-  auto rc = model::RecomputeOptions::from_flags(job.recompute.granularity, job.recompute.method, job.recompute.num_layers,
-                                                job.recompute.recompute_activations);
-  if (!rc) return rc.status();
-  mo.recompute = *rc;
   auto model_r = model::GPTModel::create(mc, mo);
   if (!model_r) return model_r.status();
   model::GPTModel& model = **model_r;

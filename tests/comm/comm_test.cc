@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "../support/mpi_test.h"
 #include "parallel/process_groups.h"
 #include "parallel/rank_grid.h"
 
@@ -592,20 +593,6 @@ TEST(SelfDeathTest, MisuseFailsWithAMessage) {
   EXPECT_EXIT(abort_job(3), ::testing::ExitedWithCode(3), "");
 }
 
-// Prints this rank's failures (ranks other than 0 print nothing else).
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.message());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace mt::comm
 
@@ -620,18 +607,5 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  mt::Status st = mt::comm::init_mpi();
-  if (!st.is_ok()) {
-    std::fprintf(stderr, "comm_test: %s\n", st.message().c_str());
-    return 1;
-  }
-  int rank = mt::comm::world_rank();
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new mt::comm::RankFailurePrinter(rank));
-  }
-  int rc = RUN_ALL_TESTS();
-  mt::comm::finalize_mpi();
-  return rc;
+  return mt::test::run_all_tests_with_mpi("comm_test");
 }

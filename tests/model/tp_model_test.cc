@@ -16,6 +16,7 @@
 
 #include "comm/communicator.h"
 #include "model/gpt.h"
+#include "../support/mpi_test.h"
 
 namespace mt::model {
 namespace {
@@ -154,11 +155,5 @@ TEST(TensorParallelModel, RejectsIndivisibleSizes) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  if (mt::comm::launched_by_mpi()) {
-    auto st = mt::comm::init_mpi();
-    if (!st) return 1;
-  }
-  const int rc = RUN_ALL_TESTS();
-  mt::comm::finalize_mpi();
-  return rc;
+  return mt::test::run_all_tests_with_mpi("tp_model_test");
 }

@@ -268,74 +268,52 @@ for model in MODELS:
             fail(f"{full}: communication buffers {logs[-1]['memory_comm_measured_bytes']} vs planned "
                  f"{logs[-1]['memory_comm_planned_bytes']}")
 
+def against_reference(tag, ref_extra, layouts, tol=1e-5, params=True):
+    """For each model: one single-rank run with ref_extra, then every
+    (name, TP, PP, DP, extra) layout with the same flags, compared with it."""
+    for model in MODELS:
+        ref = f"{model}-{tag}-ref"
+        rc, out, _ = run(ref, 1, train_flags(model, ref, 1, ref_extra))
+        if rc != 0:
+            fail(f"{ref}: exit {rc}\n{out[-3000:]}")
+            continue
+        for name, tp, pp, dp, extra in layouts:
+            full = f"{model}-{tag}-{name}"
+            rc, out, _ = run(full, tp * pp * dp, train_flags(model, full, tp, ref_extra + extra, pp=pp))
+            if rc != 0:
+                fail(f"{full}: exit {rc}\n{out[-3000:]}")
+                continue
+            compare(full, ref, full, range(1, ITERS + 1), params=params, tol=tol)
+
+
 # ---------------------------------------------------------------- bf16
 # bf16 GEMM inputs round differently when the sums are split over ranks: the
-# 3D layout must follow the single-rank bf16 run within bf16's precision.
-for model in MODELS:
-    ref = f"{model}-bf16-ref"
-    rc, out, _ = run(ref, 1, train_flags(model, ref, 1, ["--bf16"]))
-    if rc != 0:
-        fail(f"{ref}: exit {rc}\n{out[-3000:]}")
-        continue
-    name = f"{model}-bf16-tp2spdp2do"
-    rc, out, _ = run(name, 4, train_flags(model, name, 2, ["--bf16", "--sequence-parallel", "--use-distributed-optimizer"]))
-    if rc == 0:
-        compare(name, ref, name, range(1, ITERS + 1), params=False, tol=1e-2)
-    name = f"{model}-bf16-tp2pp2dp2"
-    rc, out, _ = run(name, 8, train_flags(model, name, 2, ["--bf16", "--sequence-parallel", "--use-distributed-optimizer"],
-                                          pp=2))
-    if rc != 0:
-        fail(f"{name}: exit {rc}\n{out[-3000:]}")
-        continue
-    compare(name, ref, name, range(1, ITERS + 1), params=False, tol=1e-2)
-
-# bf16 copies refreshed per stage after an overlapped parameter gather,
+# 3D layouts must follow the single-rank bf16 run within bf16's precision;
+# bf16 copies are refreshed per stage after an overlapped parameter gather,
 # including a last stage's tied output weight.
-for model in MODELS:
-    ref = f"{model}-bf16-ref"
-    name = f"{model}-bf16-pp2dp2overlap"
-    rc, out, _ = run(name, 4, train_flags(model, name, 1, ["--bf16", "--use-distributed-optimizer", "--overlap-grad-reduce",
-                                                           "--overlap-param-gather", "--ddp-bucket-size", "50000"], pp=2))
-    if rc != 0:
-        fail(f"{name}: exit {rc}\n{out[-3000:]}")
-        continue
-    compare(name, ref, name, range(1, ITERS + 1), params=False, tol=1e-2)
+against_reference("bf16", ["--bf16"], [
+    ("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("pp2dp2overlap", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                                "--ddp-bucket-size", "50000"]),
+], tol=1e-2, params=False)
 
 # ---------------------------------------------------------------- DP 3
 # A data-parallel size that does not divide the buffer's alignment.
-for model in MODELS:
-    ref = f"{model}-gbs12-ref"
-    rc, out, _ = run(ref, 1, train_flags(model, ref, 1, ["--global-batch-size", "12"]))
-    if rc != 0:
-        fail(f"{ref}: exit {rc}\n{out[-3000:]}")
-        continue
-    for name, extra in (("dp3", []), ("dp3do", ["--use-distributed-optimizer"])):
-        full = f"{model}-{name}"
-        rc, out, _ = run(full, 3, train_flags(model, full, 1, ["--global-batch-size", "12"] + extra))
-        if rc != 0:
-            fail(f"{full}: exit {rc}\n{out[-3000:]}")
-            continue
-        compare(full, ref, full, range(1, ITERS + 1))
+against_reference("gbs12", ["--global-batch-size", "12"], [
+    ("dp3", 1, 1, 3, []),
+    ("dp3do", 1, 1, 3, ["--use-distributed-optimizer"]),
+])
 
 # ---------------------------------------------------------------- dropout
 # Dropout masks are keyed by global element indices and the global
 # micro-batch index, so with dropout ON every layout still equals one rank.
-DROP = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
-for model in MODELS:
-    ref = f"{model}-drop-ref"
-    rc, out, _ = run(ref, 1, train_flags(model, ref, 1, []) + DROP)
-    if rc != 0:
-        fail(f"{ref}: exit {rc}\n{out[-3000:]}")
-        continue
-    for name, tp, pp, dp, extra in (("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
-                                    ("tp4", 4, 1, 1, []), ("pp2vpp2", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1"]),
-                                    ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel"])):
-        full = f"{model}-drop-{name}"
-        rc, out, _ = run(full, tp * pp * dp, train_flags(model, full, tp, extra, pp=pp) + DROP)
-        if rc != 0:
-            fail(f"{full}: exit {rc}\n{out[-3000:]}")
-            continue
-        compare(full, ref, full, range(1, ITERS + 1))
+against_reference("drop", ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"], [
+    ("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("tp4", 4, 1, 1, []),
+    ("pp2vpp2", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1"]),
+    ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel"]),
+])
 
 # ---------------------------------------------------------------- reshard
 # Save mid-run under one layout, resume under others: iterations 7..12 equal
