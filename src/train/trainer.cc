@@ -1,6 +1,5 @@
 #include "train/trainer.h"
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -15,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
+#include "core/signals.h"
 #include "core/threads.h"
 #include "data/loader.h"
 #include "model/gpt.h"
@@ -29,9 +29,6 @@
 namespace mt::train {
 
 namespace {
-
-std::atomic<bool> g_sigterm{false};
-extern "C" void on_sigterm(int) { g_sigterm.store(true); }
 
 using Clock = std::chrono::steady_clock;
 
@@ -429,7 +426,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     return loss;
   };
 
-  if (cfg.exit_signal_handler) std::signal(SIGTERM, on_sigterm);
+  if (cfg.exit_signal_handler) install_stop_signal_handler(SIGTERM);
   const char* nan_env = std::getenv("MEGATRON_CPP_TEST_NAN_ITERATION");  // test hook: poison a weight
   const int64_t nan_at = nan_env ? std::atoll(nan_env) : -1;
 
@@ -597,7 +594,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       result.valid_loss = *v;
     }
     // A signal on any rank, or rank 0's clock, stops every rank at the same iteration.
-    bool signal = cfg.exit_signal_handler && g_sigterm.load();
+    bool signal = cfg.exit_signal_handler && stop_requested();
     bool by_time = cfg.exit_duration_in_mins && secs_since_start / 60.0 > *cfg.exit_duration_in_mins;
     if (world > 1) {
       if (cfg.exit_signal_handler) signal = world_comm->all_reduce_scalar(signal ? 1 : 0, comm::ReduceOp::kMax) > 0;
