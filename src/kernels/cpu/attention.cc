@@ -229,11 +229,18 @@ void bwd(const Tin* qkv, const A* out, const A* dout, const A* lse, const QkvLay
 // extensions: zmm with AVX-512, split into narrower registers otherwise).
 // Up to 4 rows x 4 vectors of accumulators stay in registers, so each FMA
 // needs one broadcast or vector load instead of a load and a store.
-// Same algorithm and masks as the generic path above (which fp64 and other
-// head sizes use); results differ from it only by rounding.
+//
+// Score tiles are kept transposed, S^T [keys][queries]: S^T = K Q^T reads K
+// rows straight from qkv and needs Q^T only once per query tile (not a K^T
+// per tile pair), and the online softmax runs down the key rows with the 64
+// queries as vector lanes, so its max and sums need no horizontal reductions.
+// dK and dV accumulate straight into dqkv's rows (the backward unit owns
+// them). Same algorithm and masks as the generic path above (which fp64 and
+// other head sizes use); results differ from it only by rounding.
 
 using v16 = float __attribute__((vector_size(64)));
 constexpr int64_t kW = 16;  // floats per v16
+static_assert(BQ == 4 * kW && BK == BQ, "the fast path's score tile is 4 vectors of queries wide");
 
 // Unaligned load / store (by reference: a v16 by value changes the ABI without AVX-512).
 inline void vld(v16& v, const float* p) { std::memcpy(&v, p, sizeof v); }
@@ -247,17 +254,16 @@ inline void vst(float* p, const v16& v) { std::memcpy(p, &v, sizeof v); }
 #define MT_IN_REG(x) (void)0
 #endif
 
-// S[r][0..BK) = sum_c X[r][c] YT[c][0..BK) for r < R; X rows ld ldx, YT [D][BK], S rows ld BK.
+// S[r][0..BQ) = sum_c X[r][c] YT[c][0..BQ) for r < R; X rows ld ldx, YT [D][BQ], S rows ld BQ.
 template <int R>
 void mk_rows_yt(const float* X, int64_t ldx, const float* YT, int64_t D, float* S) {
-  static_assert(BK == 4 * kW, "the score micro-kernel is 4 vectors wide");
   v16 a[R][4];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) a[r][v] = v16{};
   for (int64_t c = 0; c < D; ++c) {
-    const float* y = YT + c * BK;
+    const float* y = YT + c * BQ;
     v16 y0, y1, y2, y3;
     vld(y0, y), vld(y1, y + kW), vld(y2, y + 2 * kW), vld(y3, y + 3 * kW);
     MT_IN_REG(y0);
@@ -273,7 +279,19 @@ void mk_rows_yt(const float* X, int64_t ldx, const float* YT, int64_t D, float* 
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) vst(S + r * BK + v * kW, a[r][v]);
+    for (int v = 0; v < 4; ++v) vst(S + r * BQ + v * kW, a[r][v]);
+}
+
+// S[0..rows)[0..BQ) = X Y^T, X rows ld ldx, YT [D][BQ].
+void scores_t(const float* X, int64_t ldx, int64_t rows, int64_t D, const float* YT, float* S) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) mk_rows_yt<4>(X + r * ldx, ldx, YT, D, S + r * BQ);
+  switch (rows - r) {
+    case 3: mk_rows_yt<3>(X + r * ldx, ldx, YT, D, S + r * BQ); break;
+    case 2: mk_rows_yt<2>(X + r * ldx, ldx, YT, D, S + r * BQ); break;
+    case 1: mk_rows_yt<1>(X + r * ldx, ldx, YT, D, S + r * BQ); break;
+    default: break;
+  }
 }
 
 // O[r][0..NV*16) += sum_{j<n} P(r, j) X[j][0..NV*16) for r < R, where
@@ -305,60 +323,84 @@ void mk_px(const float* P, int64_t prs, int64_t pjs, const float* X, int64_t ldx
     for (int v = 0; v < NV; ++v) vst(O + r * ldo + v * kW, a[r][v]);
 }
 
-// S[0..rows)[0..BK) = X Y^T (YT given as [D][BK]).
-void tile_xyt(const float* X, int64_t rows, int64_t D, const float* YT, float* S) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) mk_rows_yt<4>(X + r * D, D, YT, D, S + r * BK);
-  switch (rows - r) {
-    case 3: mk_rows_yt<3>(X + r * D, D, YT, D, S + r * BK); break;
-    case 2: mk_rows_yt<2>(X + r * D, D, YT, D, S + r * BK); break;
-    case 1: mk_rows_yt<1>(X + r * D, D, YT, D, S + r * BK); break;
-    default: break;
-  }
-}
-
 template <int R>
-void px_cols(const float* P, int64_t prs, int64_t pjs, const float* X, int64_t D, int64_t n, float* O) {
+void px_cols(const float* P, int64_t prs, int64_t pjs, const float* X, int64_t ldx, int64_t D, int64_t n, float* O,
+             int64_t ldo) {
   int64_t d = 0;
-  for (; d + 4 * kW <= D; d += 4 * kW) mk_px<R, 4>(P, prs, pjs, X + d, D, n, O + d, D);
+  for (; d + 4 * kW <= D; d += 4 * kW) mk_px<R, 4>(P, prs, pjs, X + d, ldx, n, O + d, ldo);
   switch ((D - d) / kW) {
-    case 3: mk_px<R, 3>(P, prs, pjs, X + d, D, n, O + d, D); break;
-    case 2: mk_px<R, 2>(P, prs, pjs, X + d, D, n, O + d, D); break;
-    case 1: mk_px<R, 1>(P, prs, pjs, X + d, D, n, O + d, D); break;
+    case 3: mk_px<R, 3>(P, prs, pjs, X + d, ldx, n, O + d, ldo); break;
+    case 2: mk_px<R, 2>(P, prs, pjs, X + d, ldx, n, O + d, ldo); break;
+    case 1: mk_px<R, 1>(P, prs, pjs, X + d, ldx, n, O + d, ldo); break;
     default: break;
   }
 }
 
-// O[0..rows)[0..D) += P X, P [rows][n] (ld BK), X [n][D].
-void tile_px(const float* P, int64_t rows, const float* X, int64_t D, int64_t n, float* O) {
+// O[r][0..D) += sum_{j<n} P(r, j) X[j][0..D) for r < rows, P(r, j) = P[r * prs + j * pjs].
+void accumulate_px(const float* P, int64_t prs, int64_t pjs, int64_t rows, const float* X, int64_t ldx, int64_t D,
+                   int64_t n, float* O, int64_t ldo) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) px_cols<4>(P + r * BK, BK, 1, X, D, n, O + r * D);
+  for (; r + 4 <= rows; r += 4) px_cols<4>(P + r * prs, prs, pjs, X, ldx, D, n, O + r * ldo, ldo);
   switch (rows - r) {
-    case 3: px_cols<3>(P + r * BK, BK, 1, X, D, n, O + r * D); break;
-    case 2: px_cols<2>(P + r * BK, BK, 1, X, D, n, O + r * D); break;
-    case 1: px_cols<1>(P + r * BK, BK, 1, X, D, n, O + r * D); break;
+    case 3: px_cols<3>(P + r * prs, prs, pjs, X, ldx, D, n, O + r * ldo, ldo); break;
+    case 2: px_cols<2>(P + r * prs, prs, pjs, X, ldx, D, n, O + r * ldo, ldo); break;
+    case 1: px_cols<1>(P + r * prs, prs, pjs, X, ldx, D, n, O + r * ldo, ldo); break;
     default: break;
   }
 }
 
-// O[0..cols)[0..D) += P^T X, P [n][cols] (ld BK), X [n][D].
-void tile_ptx(const float* P, int64_t cols, const float* X, int64_t D, int64_t n, float* O) {
-  int64_t r = 0;
-  for (; r + 4 <= cols; r += 4) px_cols<4>(P + r, 1, BK, X, D, n, O + r * D);
-  switch (cols - r) {
-    case 3: px_cols<3>(P + r, 1, BK, X, D, n, O + r * D); break;
-    case 2: px_cols<2>(P + r, 1, BK, X, D, n, O + r * D); break;
-    case 1: px_cols<1>(P + r, 1, BK, X, D, n, O + r * D); break;
-    default: break;
-  }
+// Rows t0 .. t0+n of one head's column block as fp32 rows: fp32 qkv is read
+// in place (rows ld B * row), bf16 is widened into `buf` (ld D). In place is
+// right for the forward's tiles, each read once per use; the backward copies
+// its group's K and V (and accumulates dK, dV) contiguous for the whole
+// sequence instead: rows of one sequence are B * row floats apart (36 KB for
+// GPT-2 124M at B=4), a multiple of 4 KB, so a tile's rows share L1 sets, and
+// accumulating dK/dV in place made the backward slower, not faster.
+struct Rows {
+  const float* p;
+  int64_t ld;
+};
+inline Rows rows_of(const float* qkv, int64_t row, int64_t B, int64_t b, int64_t col, int64_t t0, int64_t, int64_t,
+                    float*) {
+  return {qkv + (t0 * B + b) * row + col, B * row};
+}
+inline Rows rows_of(const bf16* qkv, int64_t row, int64_t B, int64_t b, int64_t col, int64_t t0, int64_t n, int64_t D,
+                    float* buf) {
+  load_tile(qkv, row, B, b, col, t0, n, D, buf);
+  return {buf, D};
 }
 
-// Per-thread scratch for the fast path (sized by head_dim, not on the stack).
-float* thread_scratch(size_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
+// dst[c][r] = alpha src[r][c] for r < n (rows ld lds), zero lanes n <= r < BQ.
+void transpose_rows(const float* src, int64_t lds, int64_t n, int64_t D, float alpha, float* dst) {
+  if (n < BQ)
+    for (int64_t c = 0; c < D; ++c) std::fill(dst + c * BQ + n, dst + (c + 1) * BQ, 0.0f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < D; ++c) dst[c * BQ + r] = alpha * src[r * lds + c];
 }
+
+// Per-thread scratch for the fast path (sized by head_dim and, in backward,
+// the sequence; never T x T), handed out in consecutive blocks.
+class Scratch {
+ public:
+  explicit Scratch(size_t n) : end_(n) {
+    thread_local std::vector<float> buf;
+    if (buf.size() < n) buf.resize(n);
+    base_ = buf.data();
+  }
+  float* take(int64_t n) {
+    float* p = base_ + used_;
+    used_ += static_cast<size_t>(n);
+    MT_CHECK(used_ <= end_, "attention: scratch layout larger than its size");
+    return p;
+  }
+
+ private:
+  float* base_ = nullptr;
+  size_t used_ = 0, end_;
+};
+
+// First query lane of key row jk that may see the key (causal: key j0+jk <= query i0+i).
+inline int64_t first_lane(int64_t i0, int64_t j0, int64_t jk) { return std::max<int64_t>(0, j0 + jk - i0); }
 
 template <typename Tin>
 void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, float* out, float* lse) {
@@ -367,51 +409,66 @@ void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, floa
   const float scale = static_cast<float>(o.scale);
   const bool drop = o.dropout > 0;
   const float inv_keep = drop ? static_cast<float>(1.0 / (1.0 - o.dropout)) : 1.0f;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 #pragma omp parallel for collapse(3) schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t qt = 0; qt < nq; ++qt) {
-        float* q = thread_scratch(static_cast<size_t>(4 * BQ * D + BQ * BK + 2 * BQ));
-        float *acc = q + BQ * D, *kT = acc + BQ * D, *v = kT + D * BK, *s = v + BK * D, *m = s + BQ * BK, *l = m + BQ;
+        Scratch sc(static_cast<size_t>(4 * BQ * D + BK * BQ + 5 * BQ));
+        float *qT = sc.take(D * BQ), *acc = sc.take(BQ * D), *kbuf = sc.take(BK * D), *vbuf = sc.take(BK * D),
+              *st = sc.take(BK * BQ), *m = sc.take(BQ), *l = sc.take(BQ), *mx = sc.take(BQ), *corr = sc.take(BQ),
+              *sum = sc.take(BQ);
         const int64_t g = h / qpg, i0 = qt * BQ, nqr = std::min(BQ, T - i0);
-        load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
-        for (int64_t x = 0; x < nqr * D; ++x) q[x] *= scale;
-        std::fill(acc, acc + nqr * D, 0.0f);
-        std::fill(m, m + nqr, -std::numeric_limits<float>::infinity());
-        std::fill(l, l + nqr, 0.0f);
+        {
+          const Rows q = rows_of(qkv, row, B, b, L.q_col(h), i0, nqr, D, kbuf);
+          transpose_rows(q.p, q.ld, nqr, D, scale, qT);
+        }
+        std::fill(acc, acc + BQ * D, 0.0f);
+        std::fill(m, m + BQ, kNegInf);
+        std::fill(l, l + BQ, 0.0f);
         const int64_t last = i0 + nqr - 1;
         for (int64_t j0 = 0; j0 <= last; j0 += BK) {
           const int64_t nk = std::min(BK, last + 1 - j0);
-          load_tile_t(qkv, row, B, b, L.k_col(g), j0, nk, D, kT);
-          load_tile(qkv, row, B, b, L.v_col(g), j0, nk, D, v);
-          tile_xyt(q, nqr, D, kT, s);
-          for (int64_t i = 0; i < nqr; ++i) {
-            const int64_t ti = i0 + i, jn = std::min(nk, ti - j0 + 1);  // causal: j <= i
-            float* si = s + i * BK;
-            if (jn <= 0) {
-              std::fill(si, si + BK, 0.0f);
-              continue;
-            }
-            float mx = m[i];
-#pragma omp simd reduction(max : mx)
-            for (int64_t j = 0; j < jn; ++j) mx = std::max(mx, si[j]);
-            const float corr = std::exp(m[i] - mx);
-            float sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < BK; ++j) {
-              const float p = j < jn ? exp_simd(si[j] - mx) : 0.0f;
-              si[j] = p;
-              sum += p;
+          const bool masked = j0 + nk - 1 > i0;  // some key comes after some query of the tile
+          const Rows k = rows_of(qkv, row, B, b, L.k_col(g), j0, nk, D, kbuf);
+          const Rows v = rows_of(qkv, row, B, b, L.v_col(g), j0, nk, D, vbuf);
+          scores_t(k.p, k.ld, nk, D, qT, st);
+          std::copy(m, m + BQ, mx);
+          for (int64_t jk = 0; jk < nk; ++jk) {
+            const float* s = st + jk * BQ;
+            const int64_t f = masked ? first_lane(i0, j0, jk) : 0;
+#pragma omp simd
+            for (int64_t i = 0; i < BQ; ++i) mx[i] = i >= f ? std::max(mx[i], s[i]) : mx[i];
+          }
+#pragma omp simd
+          for (int64_t i = 0; i < BQ; ++i) {
+            corr[i] = exp_simd(m[i] - mx[i]);
+            sum[i] = 0.0f;
+          }
+          for (int64_t jk = 0; jk < nk; ++jk) {
+            float* s = st + jk * BQ;
+            const int64_t f = masked ? first_lane(i0, j0, jk) : 0;
+#pragma omp simd
+            for (int64_t i = 0; i < BQ; ++i) {
+              const float p = i >= f ? exp_simd(s[i] - mx[i]) : 0.0f;
+              s[i] = p;
+              sum[i] += p;
             }
             if (drop)
-              for (int64_t j = 0; j < jn; ++j) si[j] = keep(o, b, h, T, ti, j0 + j) ? si[j] * inv_keep : 0.0f;
-            float* ai = acc + i * D;
-#pragma omp simd
-            for (int64_t c = 0; c < D; ++c) ai[c] *= corr;
-            l[i] = l[i] * corr + sum;
-            m[i] = mx;
+              for (int64_t i = f; i < nqr; ++i) s[i] = keep(o, b, h, T, i0 + i, j0 + jk) ? s[i] * inv_keep : 0.0f;
           }
-          tile_px(s, nqr, v, D, nk, acc);
+          for (int64_t i = 0; i < nqr; ++i) {
+            float* ai = acc + i * D;
+            const float c = corr[i];
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) ai[d] *= c;
+          }
+#pragma omp simd
+          for (int64_t i = 0; i < BQ; ++i) {
+            l[i] = l[i] * corr[i] + sum[i];
+            m[i] = mx[i];
+          }
+          accumulate_px(st, 1, BQ, nqr, v.p, v.ld, D, nk, acc, D);  // acc += P V
         }
         for (int64_t i = 0; i < nqr; ++i) {
           float* dst = out + ((i0 + i) * B + b) * (H * D) + h * D;
@@ -430,77 +487,78 @@ void bwd_f32(const Tin* qkv, const float* out, const float* dout, const float* l
   const float scale = static_cast<float>(o.scale);
   const bool drop = o.dropout > 0;
   const float inv_keep = drop ? static_cast<float>(1.0 / (1.0 - o.dropout)) : 1.0f;
+  const int64_t ldo = B * H * D;  // out / dout rows of one sequence
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t g = 0; g < G; ++g) {
-      float* q = thread_scratch(static_cast<size_t>(8 * BQ * D + 3 * BQ * BK + BQ));
-      float *dO = q + BQ * D, *dq = dO + BQ * D, *k = dq + BQ * D, *kT = k + BK * D, *vT = kT + D * BK,
-            *dk = vT + D * BK, *dv = dk + BK * D, *p = dv + BK * D, *pd = p + BQ * BK, *ds = pd + BQ * BK,
-            *Di = ds + BQ * BK;
-      // This unit owns dK and dV of group g for sequence b: zero them first.
-      for (int64_t t = 0; t < T; ++t) {
-        float* r = dqkv + (t * B + b) * row;
-        std::fill(r + L.k_col(g), r + L.k_col(g) + 2 * D, 0.0f);
-      }
+      // The unit's K, V (read by every query tile of the group's heads) and
+      // its dK, dV (owned by this unit), contiguous for the whole sequence.
+      const int64_t td = T * D;
+      Scratch sc(static_cast<size_t>(4 * td + 5 * BQ * D + 3 * BK * BQ + 2 * BQ));
+      float *K = sc.take(td), *V = sc.take(td), *dK = sc.take(td), *dV = sc.take(td), *qT = sc.take(D * BQ),
+            *doT = sc.take(D * BQ), *dq = sc.take(BQ * D), *qbuf = sc.take(BQ * D), *dobuf = sc.take(BQ * D),
+            *st = sc.take(BK * BQ), *dpt = sc.take(BK * BQ), *pdt = sc.take(BK * BQ), *Di = sc.take(BQ),
+            *li = sc.take(BQ);
+      load_tile(qkv, row, B, b, L.k_col(g), 0, T, D, K);
+      load_tile(qkv, row, B, b, L.v_col(g), 0, T, D, V);
+      std::fill(dK, dK + td, 0.0f);
+      std::fill(dV, dV + td, 0.0f);
       for (int64_t h = g * qpg; h < (g + 1) * qpg; ++h)
         for (int64_t i0 = 0; i0 < T; i0 += BQ) {
           const int64_t nqr = std::min(BQ, T - i0);
-          load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
-          for (int64_t i = 0; i < nqr; ++i) {
-            const float* dorow = dout + ((i0 + i) * B + b) * (H * D) + h * D;
-            const float* orow = out + ((i0 + i) * B + b) * (H * D) + h * D;
+          const float *q = qbuf, *dO = dobuf;
+          load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, qbuf);
+          load_tile(dout, H * D, B, b, h * D, i0, nqr, D, dobuf);
+          transpose_rows(q, D, nqr, D, 1.0f, qT);
+          transpose_rows(dO, D, nqr, D, 1.0f, doT);
+          const float* O = out + (i0 * B + b) * (H * D) + h * D;
+          for (int64_t i = 0; i < BQ; ++i) {
             float d = 0;
+            if (i < nqr) {
 #pragma omp simd reduction(+ : d)
-            for (int64_t c = 0; c < D; ++c) d += dorow[c] * orow[c];
-            std::memcpy(dO + i * D, dorow, static_cast<size_t>(D) * sizeof(float));
+              for (int64_t c = 0; c < D; ++c) d += dO[i * D + c] * O[i * ldo + c];
+            }
             Di[i] = d;
+            li[i] = i < nqr ? lse[(b * H + h) * T + i0 + i] : 0.0f;
           }
           std::fill(dq, dq + nqr * D, 0.0f);
           const int64_t last = i0 + nqr - 1;
           for (int64_t j0 = 0; j0 <= last; j0 += BK) {
             const int64_t nk = std::min(BK, last + 1 - j0);
-            load_tile(qkv, row, B, b, L.k_col(g), j0, nk, D, k);
-            load_tile_t(qkv, row, B, b, L.k_col(g), j0, nk, D, kT);
-            load_tile_t(qkv, row, B, b, L.v_col(g), j0, nk, D, vT);
-            tile_xyt(q, nqr, D, kT, p);    // scores
-            tile_xyt(dO, nqr, D, vT, ds);  // dP
-            for (int64_t i = 0; i < nqr; ++i) {
-              const int64_t ti = i0 + i, jn = std::min(nk, ti - j0 + 1);
-              const float li = lse[(b * H + h) * T + ti], di = Di[i];
-              float *pi = p + i * BK, *pdi = pd + i * BK, *dsi = ds + i * BK;
+            const bool masked = j0 + nk - 1 > i0 || nqr < BQ;
+            const float *k = K + j0 * D, *v = V + j0 * D;
+            scores_t(k, D, nk, D, qT, st);    // S^T
+            scores_t(v, D, nk, D, doT, dpt);  // dP^T
+            for (int64_t jk = 0; jk < nk; ++jk) {
+              float *s = st + jk * BQ, *dp = dpt + jk * BQ, *pd = pdt + jk * BQ;
+              const int64_t f = masked ? first_lane(i0, j0, jk) : 0, e = masked ? nqr : BQ;
 #pragma omp simd
-              for (int64_t j = 0; j < BK; ++j) pi[j] = j < jn ? exp_simd(pi[j] * scale - li) : 0.0f;
+              for (int64_t i = 0; i < BQ; ++i) s[i] = i >= f && i < e ? exp_simd(s[i] * scale - li[i]) : 0.0f;
               if (drop) {
-                for (int64_t j = 0; j < BK; ++j) {
-                  const bool kp = j < jn && keep(o, b, h, T, ti, j0 + j);
-                  pdi[j] = kp ? pi[j] * inv_keep : 0.0f;
-                  dsi[j] = kp ? dsi[j] * inv_keep : 0.0f;
+                for (int64_t i = 0; i < BQ; ++i) {
+                  const bool kp = i >= f && i < e && keep(o, b, h, T, i0 + i, j0 + jk);
+                  pd[i] = kp ? s[i] * inv_keep : 0.0f;
+                  dp[i] = kp ? dp[i] * inv_keep : 0.0f;
                 }
-              } else {
-#pragma omp simd
-                for (int64_t j = 0; j < BK; ++j) pdi[j] = pi[j];
               }
 #pragma omp simd
-              for (int64_t j = 0; j < BK; ++j) dsi[j] = pi[j] * (dsi[j] - di) * scale;
+              for (int64_t i = 0; i < BQ; ++i) dp[i] = s[i] * (dp[i] - Di[i]) * scale;  // dS^T
             }
-            std::fill(dk, dk + nk * D, 0.0f);
-            std::fill(dv, dv + nk * D, 0.0f);
-            tile_px(ds, nqr, k, D, nk, dq);     // dQ += dS K
-            tile_ptx(ds, nk, q, D, nqr, dk);    // dK += dS^T Q
-            tile_ptx(pd, nk, dO, D, nqr, dv);   // dV += P^T dO
-            for (int64_t j = 0; j < nk; ++j) {
-              float* dkr = dqkv + ((j0 + j) * B + b) * row + L.k_col(g);
-#pragma omp simd
-              for (int64_t c = 0; c < D; ++c) dkr[c] += dk[j * D + c];
-#pragma omp simd
-              for (int64_t c = 0; c < D; ++c) dkr[D + c] += dv[j * D + c];
-            }
+            const float* pv = drop ? pdt : st;  // probabilities as applied to V
+            accumulate_px(dpt, 1, BQ, nqr, k, D, D, nk, dq, D);          // dQ += dS K
+            accumulate_px(dpt, BQ, 1, nk, q, D, D, nqr, dK + j0 * D, D);  // dK += dS^T Q
+            accumulate_px(pv, BQ, 1, nk, dO, D, D, nqr, dV + j0 * D, D);  // dV += P^T dO
           }
           for (int64_t i = 0; i < nqr; ++i) {
             float* dst = dqkv + ((i0 + i) * B + b) * row + L.q_col(h);
             std::memcpy(dst, dq + i * D, static_cast<size_t>(D) * sizeof(float));
           }
         }
+      for (int64_t t = 0; t < T; ++t) {
+        float* r = dqkv + (t * B + b) * row + L.k_col(g);
+        std::memcpy(r, dK + t * D, static_cast<size_t>(D) * sizeof(float));
+        std::memcpy(r + D, dV + t * D, static_cast<size_t>(D) * sizeof(float));
+      }
     }
 }
 

@@ -2,7 +2,9 @@
 // most shapes), except x W^T with a long reduction (K >= 2N, K >= 1024, M >= 256:
 // linear_fc2's forward), where oneDNN's matmul primitive (brgemm) is faster
 // on Zen 4 (216 vs 173 GFLOP/s for GPT-2's 1024x768x3072, 2 threads; bench/
-// gemm_bench); bf16 always through a matmul primitive. Primitives are cached
+// gemm_bench) and Zen 5 (340 vs 265). Not for qkv's 1024x2304x768 (sgemm 360,
+// matmul 325 on Zen 5) nor proj's 768x768 (even). bf16 always through a
+// matmul primitive. Primitives are cached
 // per (dtype, shape, transposes, beta) since creating one costs far more than
 // running a small one. The choice depends only on the shape, so results are
 // deterministic.
