@@ -50,8 +50,7 @@ void ensure_signal_stack() {
 }
 
 void install_stop_signal_handler(int signo) {
-  ensure_signal_stack();
-#pragma omp parallel
+#pragma omp parallel  // every pool thread, the calling one included (it is the team's master)
   ensure_signal_stack();
   struct sigaction sa{};
   sa.sa_handler = on_stop_signal;

@@ -230,13 +230,14 @@ void bwd(const Tin* qkv, const A* out, const A* dout, const A* lse, const QkvLay
 // Up to 4 rows x 4 vectors of accumulators stay in registers, so each FMA
 // needs one broadcast or vector load instead of a load and a store.
 //
-// Score tiles are kept transposed, S^T [keys][queries]: S^T = K Q^T reads K
-// rows straight from qkv and needs Q^T only once per query tile (not a K^T
+// Score tiles are kept transposed, S^T [keys][queries]: S^T = K Q^T takes K
+// as rows (no transpose) and needs Q^T only once per query tile (not a K^T
 // per tile pair), and the online softmax runs down the key rows with the 64
 // queries as vector lanes, so its max and sums need no horizontal reductions.
-// dK and dV accumulate straight into dqkv's rows (the backward unit owns
-// them). Same algorithm and masks as the generic path above (which fp64 and
-// other head sizes use); results differ from it only by rounding.
+// The backward unit (sequence, group) keeps its K, V, dK and dV contiguous for
+// the whole sequence (see rows_of). Same algorithm and masks as the generic
+// path above (which fp64 and other head sizes use); results differ from it
+// only by rounding.
 
 using v16 = float __attribute__((vector_size(64)));
 constexpr int64_t kW = 16;  // floats per v16
@@ -496,7 +497,7 @@ void bwd_f32(const Tin* qkv, const float* out, const float* dout, const float* l
       const int64_t td = T * D;
       Scratch sc(static_cast<size_t>(4 * td + 5 * BQ * D + 3 * BK * BQ + 2 * BQ));
       float *K = sc.take(td), *V = sc.take(td), *dK = sc.take(td), *dV = sc.take(td), *qT = sc.take(D * BQ),
-            *doT = sc.take(D * BQ), *dq = sc.take(BQ * D), *qbuf = sc.take(BQ * D), *dobuf = sc.take(BQ * D),
+            *doT = sc.take(D * BQ), *dq = sc.take(BQ * D), *q = sc.take(BQ * D), *dO = sc.take(BQ * D),
             *st = sc.take(BK * BQ), *dpt = sc.take(BK * BQ), *pdt = sc.take(BK * BQ), *Di = sc.take(BQ),
             *li = sc.take(BQ);
       load_tile(qkv, row, B, b, L.k_col(g), 0, T, D, K);
@@ -506,9 +507,8 @@ void bwd_f32(const Tin* qkv, const float* out, const float* dout, const float* l
       for (int64_t h = g * qpg; h < (g + 1) * qpg; ++h)
         for (int64_t i0 = 0; i0 < T; i0 += BQ) {
           const int64_t nqr = std::min(BQ, T - i0);
-          const float *q = qbuf, *dO = dobuf;
-          load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, qbuf);
-          load_tile(dout, H * D, B, b, h * D, i0, nqr, D, dobuf);
+          load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
+          load_tile(dout, H * D, B, b, h * D, i0, nqr, D, dO);
           transpose_rows(q, D, nqr, D, 1.0f, qT);
           transpose_rows(dO, D, nqr, D, 1.0f, doT);
           const float* O = out + (i0 * B + b) * (H * D) + h * D;
