@@ -24,6 +24,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/device.h"
 #include "core/file.h"
 #include "core/safetensors.h"
 
@@ -190,7 +191,6 @@ Status check_slices(const std::vector<NamedSlice>& tensors, std::vector<PlannedS
     if (s.name.empty() || s.name == "__metadata__" || s.name.find('#') != std::string::npos)
       return Status::invalid(fmt::format("{}: invalid tensor name (empty, '__metadata__' or containing '#')", where));
     if (!s.data.defined() && s.data.numel() != 0) return Status::invalid(where + ": no data");
-    if (s.data.device() != Device::kCpu) return Status::invalid(where + ": data must be on the CPU");
     const int nd = s.global_shape.ndim;
     if (s.data.ndim() != nd)
       return Status::invalid(fmt::format("{}: data shape {} and global shape {} differ in rank", where,
@@ -259,8 +259,15 @@ Status write_rank_file(const std::string& path, const std::string& save_dir, con
   MT_RETURN_IF_ERROR(w.write(header.data(), header.size()));
   std::vector<char> buf;
   bool first = true;
+  std::vector<char> staged;  // a device tensor's bytes on the host
   for (const auto& ps : p) {
-    const Tensor& d = ps.s->data;
+    Tensor d = ps.s->data;
+    if (d.device() != Device::kCpu) {
+      staged.resize(d.nbytes());
+      Tensor host(staged.data(), d.shape(), d.dtype());
+      copy_tensor(d, host);
+      d = host;
+    }
     if (ps.store == d.dtype()) {
       MT_RETURN_IF_ERROR(w.write(d.data(), d.nbytes()));
     } else {
@@ -680,6 +687,13 @@ Status LoadedCheckpoint::read(const std::string& name, const Tensor& out, bool a
 Status LoadedCheckpoint::read_slice(const std::string& name, const Shape& global_shape,
                                     const std::vector<int64_t>& offsets_in, const Tensor& out,
                                     bool allow_dtype_conversion) const {
+  if (out.device() != Device::kCpu) {  // read on the host, then copy to the device
+    std::vector<char> host(out.nbytes());
+    Tensor h(host.data(), out.shape(), out.dtype());
+    MT_RETURN_IF_ERROR(read_slice(name, global_shape, offsets_in, h, allow_dtype_conversion));
+    copy_tensor(h, out);
+    return Status::ok();
+  }
   auto it = impl_->tensors.find(name);
   if (it == impl_->tensors.end())
     return Status::not_found(fmt::format("checkpoint '{}' has no tensor '{}' ({} tensors stored)", impl_->dir, name,
@@ -693,7 +707,6 @@ Status LoadedCheckpoint::read_slice(const std::string& name, const Shape& global
   if (out.dtype() != t.dtype && !(allow_dtype_conversion && is_float(out.dtype()) && is_float(t.dtype)))
     return Status::invalid(fmt::format("tensor '{}': stored as {} in '{}', but {} requested", name, dtype_name(t.dtype),
                                        first_file, dtype_name(out.dtype())));
-  if (out.device() != Device::kCpu) return Status::invalid(fmt::format("tensor '{}': read_slice needs a CPU tensor", name));
   const int nd = global_shape.ndim;
   const std::vector<int64_t> off = offsets_in.empty() ? std::vector<int64_t>(static_cast<size_t>(nd), 0) : offsets_in;
   if (out.ndim() != nd || static_cast<int>(off.size()) != nd)

@@ -17,7 +17,7 @@ namespace {
 // Rows [r0, r1) of a 1-D or 2-D local tensor as a tensor of `shape`.
 Tensor local_piece(const Tensor& t, int64_t first_flat, const Shape& shape) {
   return Tensor(static_cast<char*>(t.data()) + first_flat * static_cast<int64_t>(dtype_size(t.dtype())), shape,
-                t.dtype());
+                t.dtype(), t.device());
 }
 
 int64_t row_elems(const Tensor& t) { return t.ndim() >= 2 ? t.numel() / t.dim(0) : 1; }

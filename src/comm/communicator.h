@@ -2,7 +2,8 @@
 // Communicator: the collectives a parallel training step needs, over one
 // process group. Implementations: SelfCommunicator (a group of one rank; every
 // collective is a copy or nothing), MpiCommunicator (OpenMPI, CPU tensors),
-// and later NCCL (GPU tensors) behind the same interface.
+// and NcclCommunicator (comm/nccl.cc: GPU tensors; its differences are listed
+// with make_nccl_group below) behind the same interface.
 //
 // Conventions (all implementations):
 // - Collectives are called by every member, in the same order, with tensors
@@ -19,8 +20,9 @@
 //   twins; barrier moves no payload and counts nothing (not even a call).
 // - Buffers may alias (in place): every implementation gives the result as
 //   if the inputs had been read before any output was written.
-// - Tensors must be CPU tensors for Self and MPI; a wrong dtype, count, peer
-//   or device is a bug in the caller and fails an MT_CHECK naming the group.
+// - Tensors must be CPU tensors for Self and MPI, CUDA tensors for NCCL; a
+//   wrong dtype, count, peer or device is a bug in the caller and fails an
+//   MT_CHECK naming the group.
 // - Errors inside MPI are fatal (MPI_ERRORS_ARE_FATAL): a failing collective
 //   ends the whole job rather than returning, so no rank waits forever.
 //
@@ -93,8 +95,10 @@ class Communicator {
   virtual std::unique_ptr<Work> ireduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::kSum) = 0;
   virtual std::unique_ptr<Work> iall_gather(const Tensor& in, const Tensor& out) = 0;
 
-  // Convenience: a scalar reduced over the group (fp64).
-  double all_reduce_scalar(double v, ReduceOp op = ReduceOp::kSum);
+  // Convenience: a scalar reduced over the group (fp64), host value in and
+  // out. Counts as an all_reduce of 8 bytes. Virtual because a GPU
+  // communicator reduces it through a device buffer (and then waits for it).
+  virtual double all_reduce_scalar(double v, ReduceOp op = ReduceOp::kSum);
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
@@ -148,5 +152,64 @@ std::unique_ptr<Communicator> world_communicator();
 // group, named group_name(name, members), e.g. make_group({0, 1}, "tp") is
 // "tp[0,1]". Without MPI, members must be {0} (or empty).
 std::unique_ptr<Communicator> make_group(const std::vector<int>& members, const std::string& name);
+
+#ifdef MT_HAVE_CUDA
+// ---- This rank's GPU (comm/nccl.cc; every CUDA build) ----
+
+// Selects this rank's GPU: the local rank (OMPI_COMM_WORLD_LOCAL_RANK, else the
+// rank in MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), which is then collective
+// over the world; 0 without MPI) modulo the node's device count. Makes it
+// current (cuda::set_device) and returns its index. Fails (MT_CHECK) without a
+// usable GPU, and when more ranks run on this node than it has GPUs unless
+// allow_shared (then ranks share GPUs round-robin; NCCL refuses two ranks of
+// one communicator on one GPU, so that suits only runs without NCCL). With
+// MT_SIMULATE_CUDA=1 there is nothing to select: returns 0.
+int select_local_device(bool allow_shared = false);
+#endif
+
+#ifdef MT_HAVE_NCCL
+// ---- The NCCL runtime (comm/nccl.cc; CUDA builds that found NCCL) ----
+//
+// NcclCommunicator: the collectives above on CUDA tensors of this rank's GPU,
+// bootstrapped over MPI (the group's first member makes the ncclUniqueId and
+// broadcasts it over an MPI group of the same members). Where it differs:
+// - Streams: every operation is queued on the rank's stream (cuda::stream())
+//   and returns without waiting; "blocking" calls are ordered before every
+//   later kernel, copy and NCCL call of this rank, and a copy to the host
+//   sees their result. barrier() and all_reduce_scalar() wait on the host.
+//   A Work's wait() blocks the host until the operation has completed on the
+//   GPU (checking NCCL's asynchronous errors meanwhile); test() asks.
+// - Point to point: NCCL has no tags. A tag must still be >= 0, but matching
+//   is by issue order: the k-th send from A to B meets the k-th receive on B
+//   from A, so both sides must issue them in the same order, and the counts
+//   must agree (NCCL cannot check them). isend/irecv are not started at once:
+//   they wait, and start together in one NCCL group with the next operation
+//   of this communicator (a blocking send/recv joins that group; any other
+//   call starts them first), or at the first wait()/test() of any of them.
+//   So "isend to B, then recv from B" on both sides (1F1B) cannot deadlock,
+//   whereas two blocking sends issued against each other still do.
+// - bf16 sums use NCCL's own bf16 reduction: with 2 ranks that is the fp32
+//   sum rounded once; with more, each step of NCCL's algorithm rounds to bf16
+//   (deterministic for a given rank count and topology).
+// - Errors: a failing NCCL call, or an asynchronous NCCL error seen while
+//   waiting, prints the call, group, rank and NCCL's message and ends the
+//   whole job (abort_job) rather than leave peers waiting. A rank that dies
+//   is not an NCCL error within a node: mpirun ends the job then.
+// - Destruction waits for everything queued, then frees the NCCL communicator
+//   (ncclCommAbort instead after an asynchronous error). NCCL may synchronise
+//   the members of a node in it: destroy a group on all of its members.
+
+// Once per process, after init_mpi() and before any NCCL group: checks that
+// this node has a GPU for each of its ranks (else an error naming both counts;
+// allow_shared_gpus lifts that, see select_local_device) and selects this
+// rank's GPU. Fails on a simulated device (MT_SIMULATE_CUDA). Idempotent.
+Status init_nccl(bool allow_shared_gpus = false);
+// The world as an NCCL group (collective over the world), named "world[...]".
+std::unique_ptr<Communicator> nccl_world_communicator();
+// make_group's contract (collective over the world; members = world ranks of
+// this process's group, increasing, or empty for none -> nullptr), giving an
+// NcclCommunicator named group_name(name, members).
+std::unique_ptr<Communicator> make_nccl_group(const std::vector<int>& members, const std::string& name);
+#endif
 
 }  // namespace mt::comm

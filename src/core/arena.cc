@@ -6,6 +6,9 @@
 #include <cstring>
 #include <utility>
 
+#include "core/cuda/runtime.h"
+#include "core/sim_device.h"
+
 namespace mt {
 
 std::string Shape::str() const {
@@ -15,8 +18,21 @@ std::string Shape::str() const {
 }
 
 void Tensor::zero() const {
-  MT_CHECK(device_ == Device::kCpu, "Tensor::zero: cpu only");
-  if (data_) std::memset(data_, 0, nbytes());
+  if (!data_) return;
+  if (device_ == Device::kCuda) {
+    if (simdev::enabled()) {
+      simdev::HostScope open;
+      std::memset(data_, 0, nbytes());
+      return;
+    }
+#ifdef MT_HAVE_CUDA
+    cuda::memset_zero(data_, nbytes());
+    return;
+#else
+    MT_CHECK(false, "Tensor::zero: a CUDA tensor in a build without the CUDA backend");
+#endif
+  }
+  std::memset(data_, 0, nbytes());
 }
 
 int SizeTable::add(std::string name, Shape shape, DType dtype) {
@@ -32,22 +48,54 @@ int64_t SizeTable::total_elements() const {
   return n;
 }
 
-Arena::Arena(size_t capacity_bytes, std::string name) : name_(std::move(name)) {
+Arena::Arena(size_t capacity_bytes, std::string name, Device device) : name_(std::move(name)), device_(device) {
   MT_CHECK(capacity_bytes > 0, "Arena: zero capacity");
   capacity_ = align_up(capacity_bytes);
+  if (device_ == Device::kCuda) {
+    if (simdev::enabled()) {
+      base_ = static_cast<char*>(simdev::alloc(capacity_));  // zero-filled
+      return;
+    }
+#ifdef MT_HAVE_CUDA
+    base_ = static_cast<char*>(cuda::device_malloc(capacity_, name_.c_str()));
+    cuda::memset_zero(base_, capacity_);
+    return;
+#else
+    MT_CHECK(false, fmt::format("Arena '{}': CUDA memory in a build without the CUDA backend", name_));
+#endif
+  }
   base_ = static_cast<char*>(std::aligned_alloc(kArenaAlign, capacity_));
   MT_CHECK(base_ != nullptr, fmt::format("Arena '{}': cannot allocate {} bytes", name_, capacity_));
   std::memset(base_, 0, capacity_);
 }
 
-Arena::~Arena() { std::free(base_); }
+void Arena::release() {
+  if (!base_) return;
+  if (device_ == Device::kCuda && simdev::enabled()) {
+    simdev::release(base_);
+    base_ = nullptr;
+    return;
+  }
+#ifdef MT_HAVE_CUDA
+  if (device_ == Device::kCuda) {
+    cuda::device_free(base_);
+    base_ = nullptr;
+    return;
+  }
+#endif
+  std::free(base_);
+  base_ = nullptr;
+}
+
+Arena::~Arena() { release(); }
 
 Arena::Arena(Arena&& o) noexcept { *this = std::move(o); }
 
 Arena& Arena::operator=(Arena&& o) noexcept {
   if (this != &o) {
-    std::free(base_);
+    release();
     base_ = std::exchange(o.base_, nullptr);
+    device_ = o.device_;
     capacity_ = std::exchange(o.capacity_, 0);
     used_ = std::exchange(o.used_, 0);
     high_water_ = std::exchange(o.high_water_, 0);
@@ -61,7 +109,7 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
   MT_CHECK(used_ + bytes <= capacity_,
            fmt::format("Arena '{}' is full: {} bytes used of {}, {} more requested for {} {}", name_,
                        used_, capacity_, bytes, dtype_name(dtype), shape.str()));
-  Tensor t(base_ + used_, shape, dtype);
+  Tensor t(base_ + used_, shape, dtype, device_);
   used_ += bytes;
   if (used_ > high_water_) high_water_ = used_;
   return t;
@@ -74,7 +122,7 @@ std::vector<Tensor> Arena::carve(const SizeTable& table) {
   char* start = base_ + used_;
   std::vector<Tensor> out;
   out.reserve(table.entries().size());
-  for (const auto& e : table.entries()) out.emplace_back(start + e.offset, e.shape, e.dtype);
+  for (const auto& e : table.entries()) out.emplace_back(start + e.offset, e.shape, e.dtype, device_);
   used_ += table.total_bytes();
   if (used_ > high_water_) high_water_ = used_;
   return out;

@@ -52,8 +52,10 @@ class SizeTable {
 class Arena {
  public:
   Arena() = default;
-  // REQUIRES: capacity > 0. Memory is zero-filled.
-  explicit Arena(size_t capacity_bytes, std::string name = "arena");
+  // REQUIRES: capacity > 0. Memory is zero-filled. A kCuda arena is one
+  // cudaMalloc on the current device (core/cuda/runtime.h), zeroed on the
+  // rank's stream; its tensors carry Device::kCuda.
+  explicit Arena(size_t capacity_bytes, std::string name = "arena", Device device = Device::kCpu);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -75,11 +77,15 @@ class Arena {
   size_t capacity() const { return capacity_; }
   size_t high_water() const { return high_water_; }
   const std::string& name() const { return name_; }
+  Device device() const { return device_; }
 
  private:
+  void release();
+
   char* base_ = nullptr;
   size_t capacity_ = 0, used_ = 0, high_water_ = 0;
   std::string name_;
+  Device device_ = Device::kCpu;
 };
 
 // RAII scratch scope: restores the arena's bump pointer on exit.

@@ -2,9 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
+#include "core/cuda/runtime.h"
+#include "core/sim_device.h"
+
 #ifdef MT_HAVE_CUDA
 namespace mt::cuda {
 int device_count(std::string* why);  // core/cuda/device_query.cu
+std::string device_name(int device);
 }
 #endif
 
@@ -12,16 +18,49 @@ namespace mt {
 
 BackendInfo backend_info() {
   BackendInfo b;
+  if (simdev::enabled()) {
+#ifdef MT_HAVE_CUDA
+    b.cuda_compiled = true;
+#endif
+    b.cuda_devices = 1;
+    b.cuda_status = "1 simulated GPU (MT_SIMULATE_CUDA=1: host memory, CPU kernels; for tests)";
+    b.cuda_name = "simulated";
+    return b;
+  }
 #ifdef MT_HAVE_CUDA
   b.cuda_compiled = true;
   std::string why;
   b.cuda_devices = cuda::device_count(&why);
+  if (b.cuda_devices > 0) b.cuda_name = cuda::device_name(0);
   b.cuda_status = b.cuda_devices > 0 ? fmt::format("{} GPU{}", b.cuda_devices, b.cuda_devices == 1 ? "" : "s")
                                      : "no usable GPU (" + why + ")";
 #else
   b.cuda_status = "not compiled (no CUDA compiler at build time)";
 #endif
   return b;
+}
+
+void copy_tensor(const Tensor& src, const Tensor& dst) {
+  MT_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(),
+           fmt::format("copy_tensor: {} {} into {} {}", dtype_name(src.dtype()), src.shape().str(),
+                       dtype_name(dst.dtype()), dst.shape().str()));
+  size_t n = src.nbytes();
+  if (src.device() == Device::kCpu && dst.device() == Device::kCpu) {
+    if (n) std::memmove(dst.data(), src.data(), n);
+    return;
+  }
+  if (simdev::enabled()) {
+    simdev::HostScope open;
+    if (n) std::memmove(dst.data(), src.data(), n);
+    return;
+  }
+#ifdef MT_HAVE_CUDA
+  if (src.device() == Device::kCpu) cuda::copy_h2d(dst.data(), src.data(), n);
+  else if (dst.device() == Device::kCpu) cuda::copy_d2h(dst.data(), src.data(), n);
+  else cuda::copy_d2d(dst.data(), src.data(), n);
+#else
+  MT_CHECK(false, "copy_tensor: a CUDA tensor in a build without the CUDA backend");
+#endif
 }
 
 }  // namespace mt

@@ -5,14 +5,21 @@
 
 #include <string>
 
+#include "core/tensor.h"
+
 namespace mt {
 
 struct BackendInfo {
   bool cuda_compiled = false;
   int cuda_devices = 0;
   std::string cuda_status;  // "3 GPUs", or why none are usable
+  std::string cuda_name;    // device 0's name ("NVIDIA H200"), when there is one
 };
 
 BackendInfo backend_info();
+
+// Copies src's bytes into dst (same dtype and element count) across any pair
+// of devices. Waits when dst is on the host, so the caller can read it.
+void copy_tensor(const Tensor& src, const Tensor& dst);
 
 }  // namespace mt

@@ -14,11 +14,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/hostdev.h"
+
 namespace mt {
 
 struct Philox {
   // Returns 4 random 32-bit words for 128-bit counter (c0..c3) under key (k0,k1).
-  static inline void round10(uint32_t c[4], uint32_t k0, uint32_t k1) {
+  MT_HOST_DEVICE static inline void round10(uint32_t c[4], uint32_t k0, uint32_t k1) {
     constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
     for (int r = 0; r < 10; ++r) {
       uint64_t p0 = static_cast<uint64_t>(M0) * c[0];
@@ -33,7 +35,7 @@ struct Philox {
 };
 
 // Four uniform words for (seed, stream, block); `block` indexes groups of 4.
-inline void philox_block(uint64_t seed, uint64_t stream, uint64_t block, uint32_t out[4]) {
+MT_HOST_DEVICE inline void philox_block(uint64_t seed, uint64_t stream, uint64_t block, uint32_t out[4]) {
   uint32_t c[4] = {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
                    static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)};
   Philox::round10(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
@@ -41,7 +43,7 @@ inline void philox_block(uint64_t seed, uint64_t stream, uint64_t block, uint32_
 }
 
 // Uniform in [0, 1) with 24 random bits, for element `index` of `stream`.
-inline float philox_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
+MT_HOST_DEVICE inline float philox_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
   uint32_t w[4];
   philox_block(seed, stream, index >> 2, w);
   return static_cast<float>(w[index & 3] >> 8) * (1.0f / 16777216.0f);
@@ -49,7 +51,7 @@ inline float philox_uniform(uint64_t seed, uint64_t stream, uint64_t index) {
 
 // Standard normal for element `index` of `stream` (Box-Muller on one Philox
 // block; each index uses its own block, so any slice can be drawn alone).
-inline double philox_normal(uint64_t seed, uint64_t stream, uint64_t index) {
+MT_HOST_DEVICE inline double philox_normal(uint64_t seed, uint64_t stream, uint64_t index) {
   uint32_t w[4];
   philox_block(seed, stream, index, w);
   uint64_t a = (static_cast<uint64_t>(w[0]) << 21) ^ w[1];  // 53 bits

@@ -75,7 +75,7 @@ class Tensor {
     return Tensor(static_cast<char*>(data_) + begin * row * static_cast<int64_t>(dtype_size(dtype_)), s,
                   dtype_, device_);
   }
-  void zero() const;  // memset 0 (cpu)
+  void zero() const;  // all bytes 0 (on a CUDA tensor: asynchronous, on the rank's stream)
 
  private:
   void* data_ = nullptr;

@@ -21,6 +21,15 @@ void gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy, const Tenso
 void swiglu_forward(const Tensor& x, const Tensor& y);
 void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
 }  // namespace cpu
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/activation.cu), on the rank's stream.
+namespace cuda {
+void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y);
+void gelu_backward(GeluKind kind, const Tensor& x, const Tensor& dy, const Tensor& dx);
+void swiglu_forward(const Tensor& x, const Tensor& y);
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx);
+}  // namespace cuda
+#endif
 
 inline void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y) {
   MT_DISPATCH(gelu_forward, x.device(), kind, x, y);

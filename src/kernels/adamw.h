@@ -30,6 +30,13 @@ namespace cpu {
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o,
                 const Tensor& lowp);
 }
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/adamw.cu), on the rank's stream.
+namespace cuda {
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o,
+                const Tensor& lowp);
+}  // namespace cuda
+#endif
 
 // lowp (optional, fp32 parameters only): a bf16 tensor that receives the
 // updated parameters rounded to bf16 in the same pass (the bf16 GEMM copy).

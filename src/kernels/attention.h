@@ -17,8 +17,10 @@
 // backward regenerates the mask and a tensor-parallel rank, passing its
 // head_offset, draws the same mask the serial model would.
 // Tensor parallel: heads and groups are this rank's (a/tp, g/tp); no
-// communication inside. Parallelised over (b, head, query tile) forward and
-// (b, group) backward, so dK/dV of a group never race.
+// communication inside. CPU: parallel over (b, head, query tile) forward and
+// (b, group) backward, so dK/dV of a group never race. CUDA: the same forward
+// grid; backward as three atomic-free kernels (D = rowsum(dO*O); dK/dV per
+// (key tile, group, b); dQ per (query tile, head, b)), see kernels/cuda/attention.cu.
 
 #include <cstdint>
 
@@ -45,6 +47,15 @@ void attention_forward(const Tensor& qkv, const QkvLayout& layout, const Attenti
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
                         const QkvLayout& layout, const AttentionOptions& opt, const Tensor& dqkv);
 }  // namespace cpu
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/attention.cu), on the rank's stream.
+namespace cuda {
+void attention_forward(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt,
+                       const Tensor& out, const Tensor& lse);
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
+                        const QkvLayout& layout, const AttentionOptions& opt, const Tensor& dqkv);
+}  // namespace cuda
+#endif
 
 inline void attention_forward(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt,
                               const Tensor& out, const Tensor& lse) {

@@ -27,6 +27,20 @@ void xent_backward(const Tensor& logits, const Tensor& targets, int64_t vocab_st
 void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
                         const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
 }  // namespace cpu
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/cross_entropy.cu), on the rank's stream.
+namespace cuda {
+void xent_partials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+                   const Tensor& sumexp, const Tensor& target_logit);
+void xent_rescale(const Tensor& sumexp, const Tensor& local_max, const Tensor& global_max);
+void xent_loss(const Tensor& max, const Tensor& sumexp, const Tensor& target_logit, const Tensor& targets,
+               const Tensor& loss);
+void xent_backward(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+                   const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
+void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+                        const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
+}  // namespace cuda
+#endif
 
 inline void xent_partials(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
                           const Tensor& sumexp, const Tensor& target_logit) {

@@ -25,6 +25,19 @@ void scale_inplace(const Tensor& y, double s);
 void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t index_offset);
 double sum_squares(const Tensor& x);
 }  // namespace cpu
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/elementwise.cu), on the rank's stream.
+namespace cuda {
+void bias_add(const Tensor& y, const Tensor& b);
+void bias_grad(const Tensor& dy, const Tensor& db);
+void add(const Tensor& a, const Tensor& b, const Tensor& y);
+void add_inplace(const Tensor& y, const Tensor& x);
+void cast(const Tensor& src, const Tensor& dst);
+void scale_inplace(const Tensor& y, double s);
+void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t index_offset);
+double sum_squares(const Tensor& x);
+}  // namespace cuda
+#endif
 
 // y [N, C] += b [C] per row.
 inline void bias_add(const Tensor& y, const Tensor& b) { MT_DISPATCH(bias_add, y.device(), y, b); }

@@ -19,6 +19,15 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_
 void position_add_forward(const Tensor& pos, int64_t batch, const Tensor& out);
 void position_add_backward(const Tensor& dout, int64_t batch, const Tensor& dpos);
 }  // namespace cpu
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/embedding.cu), on the rank's stream.
+namespace cuda {
+void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab_start, const Tensor& out);
+void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, const Tensor& dweight);
+void position_add_forward(const Tensor& pos, int64_t batch, const Tensor& out);
+void position_add_backward(const Tensor& dout, int64_t batch, const Tensor& dpos);
+}  // namespace cuda
+#endif
 
 inline void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t vocab_start,
                               const Tensor& out) {

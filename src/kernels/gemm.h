@@ -22,6 +22,13 @@ namespace cpu {
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A,
           const Tensor& B, float beta, const Tensor& C);
 }
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/gemm.cu), on the rank's stream.
+namespace cuda {
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A,
+          const Tensor& B, float beta, const Tensor& C);
+}  // namespace cuda
+#endif
 
 inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const Tensor& A, const Tensor& B, float beta, const Tensor& C) {

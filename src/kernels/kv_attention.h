@@ -29,6 +29,15 @@ void kv_cache_append(const Tensor& qkv, const QkvLayout& layout, int64_t pos, co
 void kv_attention(const Tensor& qkv, const QkvLayout& layout, const Tensor& k_cache, const Tensor& v_cache,
                   int64_t pos, double scale, const Tensor& out);
 }  // namespace cpu
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/kv_attention.cu), on the rank's stream.
+namespace cuda {
+void kv_cache_append(const Tensor& qkv, const QkvLayout& layout, int64_t pos, const Tensor& k_cache,
+                     const Tensor& v_cache);
+void kv_attention(const Tensor& qkv, const QkvLayout& layout, const Tensor& k_cache, const Tensor& v_cache,
+                  int64_t pos, double scale, const Tensor& out);
+}  // namespace cuda
+#endif
 
 // Copies the k and v parts of qkv's n rows into cache rows [pos, pos + n).
 inline void kv_cache_append(const Tensor& qkv, const QkvLayout& layout, int64_t pos, const Tensor& k_cache,

@@ -22,6 +22,18 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor&
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dw);
 }  // namespace cpu
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/norm.cu), on the rank's stream.
+namespace cuda {
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                       const Tensor& mean, const Tensor& rstd);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db);
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd);
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw);
+}  // namespace cuda
+#endif
 
 // b may be undefined (no bias).
 inline void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps,

@@ -20,6 +20,13 @@ namespace cpu {
 void rope_table(double base, int64_t seq, int64_t head_dim, const Tensor& cos, const Tensor& sin);
 void rope_apply(const Tensor& qkv, const QkvLayout& layout, const Tensor& cos, const Tensor& sin, bool inverse);
 }  // namespace cpu
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/rope.cu), on the rank's stream.
+namespace cuda {
+void rope_table(double base, int64_t seq, int64_t head_dim, const Tensor& cos, const Tensor& sin);
+void rope_apply(const Tensor& qkv, const QkvLayout& layout, const Tensor& cos, const Tensor& sin, bool inverse);
+}  // namespace cuda
+#endif
 
 inline void rope_table(double base, int64_t seq, int64_t head_dim, const Tensor& cos, const Tensor& sin) {
   MT_DISPATCH(rope_table, cos.device(), base, seq, head_dim, cos, sin);

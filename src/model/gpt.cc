@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "comm/communicator.h"
+#include "core/device.h"
 #include "core/rng.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
@@ -472,10 +473,10 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   act_table_ = std::move(t.acts);
   workspace_table_ = std::move(t.workspace);
   for (size_t i = 0; i < specs_.size(); ++i) index_[specs_[i].name] = static_cast<int>(i);
-  params_arena_ = Arena(plan_.params, "params");
+  params_arena_ = Arena(plan_.params, "params", opt.device);
   params_ = params_arena_.carve(param_table_);
   if (plan_.grads) {
-    grads_arena_ = Arena(plan_.grads, "grads");
+    grads_arena_ = Arena(plan_.grads, "grads", opt.device);
     grads_ = grads_arena_.carve(param_table_);
   } else {
     grads_.assign(params_.size(), Tensor());
@@ -499,12 +500,12 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   // bf16 copies of every matrix a GEMM reads.
   lowp_.assign(params_.size(), Tensor());
   if (plan_.lowp) {
-    lowp_arena_ = Arena(plan_.lowp, "bf16-weights");
+    lowp_arena_ = Arena(plan_.lowp, "bf16-weights", opt.device);
     auto v = lowp_arena_.carve(t.lowp);
     for (size_t j = 0; j < t.lowp_which.size(); ++j) lowp_[static_cast<size_t>(t.lowp_which[j])] = v[j];
   }
   if (plan_.activations) {
-    acts_ = Arena(plan_.activations, "activations");
+    acts_ = Arena(plan_.activations, "activations", opt.device);
     const ActIndex& ai = t.act;
     for (int s = 0; s < opt.slots; ++s) {
       std::vector<Tensor> v = acts_.carve(act_table_);
@@ -520,9 +521,9 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   }
   ws_layers_ = std::move(t.ws_layers);
   ws_resid_ = std::move(t.ws_resid);
-  if (plan_.scratch) scratch_ = Arena(plan_.scratch, "scratch");
+  if (plan_.scratch) scratch_ = Arena(plan_.scratch, "scratch", opt.device);
   if (plan_.tables) {
-    tables_ = Arena(plan_.tables, "rope-tables");
+    tables_ = Arena(plan_.tables, "rope-tables", opt.device);
     auto v = tables_.carve(t.rope);
     rope_cos_ = v[0], rope_sin_ = v[1];
     k::rope_table(cfg.rotary_base, T_, cfg.head_dim(), rope_cos_, rope_sin_);
@@ -559,9 +560,16 @@ Tensor GPTModel::scratch(Shape shape, DType dt) { return scratch_.alloc(shape, d
 
 void GPTModel::init_parameters(uint64_t seed) {
   const double std0 = cfg_.init_method_std, std_out = std0 / std::sqrt(2.0 * static_cast<double>(cfg_.num_layers));
+  std::vector<char> staging;  // host copy of a device parameter, filled then copied back
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
-    const Tensor& p = params_[i];
+    Tensor p = params_[i];
+    if (p.device() != Device::kCpu) {
+      staging.resize(p.nbytes());
+      Tensor host(staging.data(), p.shape(), p.dtype());
+      copy_tensor(p, host);  // elements no shard piece covers keep their values
+      p = host;
+    }
     const uint64_t stream = fnv1a(s.name);
     // Each element draws from its GLOBAL flat index, so every TP layout holds
     // slices of the same full tensor.
@@ -587,6 +595,7 @@ void GPTModel::init_parameters(uint64_t seed) {
           else p.ptr<double>()[e] = v;
         }
     }
+    if (p.data() != params_[i].data()) copy_tensor(p, params_[i]);
   }
   sync_low_precision();
 }
@@ -609,12 +618,12 @@ int param_stage(const ParamSpec& spec, int64_t num_layers) {
 
 Tensor GPTModel::flat_params() const {
   return Tensor(params_arena_.base(), {static_cast<int64_t>(params_arena_.capacity() / dtype_size(opt_.dtype))},
-                opt_.dtype);
+                opt_.dtype, opt_.device);
 }
 Tensor GPTModel::flat_grads() const {
   if (!grads_arena_.base()) return Tensor();
   return Tensor(grads_arena_.base(), {static_cast<int64_t>(grads_arena_.capacity() / dtype_size(opt_.dtype))},
-                opt_.dtype);
+                opt_.dtype, opt_.device);
 }
 int64_t GPTModel::flat_offset(int i) const {
   return static_cast<int64_t>((static_cast<const char*>(params_[static_cast<size_t>(i)].data()) -
@@ -623,7 +632,7 @@ int64_t GPTModel::flat_offset(int i) const {
 }
 
 void GPTModel::zero_grads() {
-  if (grads_arena_.base()) std::memset(grads_arena_.base(), 0, grads_arena_.capacity());
+  if (grads_arena_.base()) flat_grads().zero();  // the whole arena: capacity is a multiple of the dtype size
 }
 
 // y [N,out] = x [N,in] W^T + b on this rank's shard, no communication (the
@@ -872,19 +881,24 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
            fmt::format("GPTModel::forward: tokens and labels must be int32 [{}, {}]", B_, T_));
   s.dropout_step = dropout_step;
   s.training = training;
-  // [b, s] -> [s, b].
+  // [b, s] -> [s, b], on the host (tokens and labels are host tensors), then to the model's device.
+  MT_CHECK(tokens.device() == Device::kCpu && labels.device() == Device::kCpu,
+           "GPTModel::forward: tokens and labels are host tensors");
   const int32_t* tk = tokens.ptr<int32_t>();
   const int32_t* lb = labels.ptr<int32_t>();
+  std::vector<int32_t> sb_tokens(static_cast<size_t>(N_)), sb_labels(static_cast<size_t>(N_));
   s.count = 0;
   for (int64_t b = 0; b < B_; ++b)
     for (int64_t t = 0; t < T_; ++t) {
       int32_t id = tk[b * T_ + t];
       MT_CHECK(id >= 0 && id < Vg_, fmt::format("token id {} outside the vocabulary [0, {})", id, Vg_));
-      s.tokens.ptr<int32_t>()[t * B_ + b] = id;
-      s.labels.ptr<int32_t>()[t * B_ + b] = lb[b * T_ + t];
+      sb_tokens[static_cast<size_t>(t * B_ + b)] = id;
+      sb_labels[static_cast<size_t>(t * B_ + b)] = lb[b * T_ + t];
       MT_CHECK(lb[b * T_ + t] < Vg_, "label outside the vocabulary");
       if (lb[b * T_ + t] >= 0) s.count += 1;
     }
+  copy_tensor(Tensor(sb_tokens.data(), s.tokens.shape(), DType::kI32), s.tokens);
+  copy_tensor(Tensor(sb_labels.data(), s.labels.shape(), DType::kI32), s.labels);
   // Embedding (vocab-parallel: a token outside this rank's rows gives zeros;
   // fwd all-reduce over TP, with SP reduce-scatter to this rank's sequence
   // shard) + learned positions of the shard, then dropout.
@@ -948,17 +962,21 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
     // Global max, sums of exp rescaled to it, the target logit from its owner.
     ArenaScope scope(scratch_);
     Tensor gmax = scratch({N_}, opt_.dtype);
-    std::memcpy(gmax.data(), s.mx.data(), s.mx.nbytes());
+    copy_tensor(s.mx, gmax);
     opt_.tp_comm->all_reduce(gmax, comm::ReduceOp::kMax);
     k::xent_rescale(s.se, s.mx, gmax);
-    std::memcpy(s.mx.data(), gmax.data(), s.mx.nbytes());
+    copy_tensor(gmax, s.mx);
     opt_.tp_comm->all_reduce(s.se);
     opt_.tp_comm->all_reduce(s.tl);
   }
   k::xent_loss(s.mx, s.se, s.tl, s.labels, s.loss);
+  // Per-token losses to the host, summed in token order on every backend.
+  std::vector<char> host_loss(s.loss.nbytes());
+  Tensor hl(host_loss.data(), s.loss.shape(), s.loss.dtype());
+  copy_tensor(s.loss, hl);
   double total = 0;
   for (int64_t i = 0; i < N_; ++i)
-    total += opt_.dtype == DType::kF32 ? static_cast<double>(s.loss.ptr<float>()[i]) : s.loss.ptr<double>()[i];
+    total += opt_.dtype == DType::kF32 ? static_cast<double>(hl.ptr<float>()[i]) : hl.ptr<double>()[i];
   return s.count > 0 ? total / s.count : 0.0;
 }
 
@@ -977,12 +995,17 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
   if (!last_stage(chunk)) {
     MT_CHECK(doutput.defined() && doutput.numel() == Ns_ * h_ && doutput.dtype() == dt,
              fmt::format("GPTModel::backward_chunk: d(output) must be [{}, {}] {}", Ns_, h_, dtype_name(dt)));
-    std::memcpy(dresid.data(), doutput.data(), dresid.nbytes());
+    copy_tensor(doutput, dresid);
   } else {
   const double g = s.count > 0 ? loss_scale / s.count : 0.0;
-  for (int64_t i = 0; i < N_; ++i) {
-    if (dt == DType::kF32) dloss.ptr<float>()[i] = static_cast<float>(g);
-    else dloss.ptr<double>()[i] = g;
+  {
+    std::vector<char> host(dloss.nbytes());
+    Tensor hd(host.data(), dloss.shape(), dt);
+    for (int64_t i = 0; i < N_; ++i) {
+      if (dt == DType::kF32) hd.ptr<float>()[i] = static_cast<float>(g);
+      else hd.ptr<double>()[i] = g;
+    }
+    copy_tensor(hd, dloss);
   }
   // dlogits overwrite the logits (fp32); bf16 compute writes them below.
   if (!opt_.bf16_compute) k::xent_backward(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, s.logits);
@@ -1037,7 +1060,7 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
   if (!first_stage(chunk)) {
     if (dinput.defined()) {
       MT_CHECK(dinput.numel() == Ns_ * h_ && dinput.dtype() == dt, "GPTModel::backward_chunk: d(input) must be [Ns, h]");
-      std::memcpy(dinput.data(), dresid.data(), dresid.nbytes());
+      copy_tensor(dresid, dinput);
     }
     return;
   }

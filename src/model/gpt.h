@@ -132,6 +132,8 @@ struct GPTOptions {
   int64_t micro_batch = 1;       // B
   int64_t seq_length = 0;        // T (0: cfg.seq_length)
   DType dtype = DType::kF32;     // parameters and activations: fp32, or fp64 (tests)
+  Device device = Device::kCpu;  // where every arena of the model lives (kCuda: the current GPU);
+                                 // forward() and backward() take host tokens/labels and return host losses
   bool bf16_compute = false;     // GEMM inputs in bf16 with fp32 accumulation
   int slots = 1;                 // activation slots (micro-batches in flight); 0: parameters
                                  // only (inference: no gradients, activations or scratch)

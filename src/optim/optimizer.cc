@@ -60,10 +60,16 @@ template <typename T>
 double sum_squares_fixed_order(const Tensor& t) {
   return sum_squares_fixed_order(t.ptr<T>(), t.numel());
 }
+// A device tensor (CUDA) reduces with its own deterministic kernel
+// (kernels::sum_squares); the host keeps the fixed chunk order above.
 double sum_squares_of(const Tensor& t) {
+  if (t.device() != Device::kCpu) return kernels::sum_squares(t);
   return t.dtype() == DType::kF64 ? sum_squares_fixed_order<double>(t) : sum_squares_fixed_order<float>(t);
 }
 bool finite_of(const Tensor& t) {
+  // On a device, one reduction: any inf or NaN makes the double sum of
+  // squares non-finite, and no finite fp32/fp64 gradient overflows it.
+  if (t.device() != Device::kCpu) return std::isfinite(kernels::sum_squares(t));
   return t.dtype() == DType::kF64 ? all_finite(t.ptr<double>(), t.numel()) : all_finite(t.ptr<float>(), t.numel());
 }
 
@@ -103,7 +109,7 @@ AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, c
     SizeTable table;
     for (size_t i = 0; i < params.size(); ++i) table.add(specs[i].name, params[i].shape(), params[i].dtype());
     if (table.total_bytes() > 0) {
-      state_arena_ = Arena(2 * table.total_bytes(), "adam-state");  // zero-filled
+      state_arena_ = Arena(2 * table.total_bytes(), "adam-state", model_.options().device);  // zero-filled
       m_ = state_arena_.carve(table);
       v_ = state_arena_.carve(table);
     }
@@ -141,7 +147,7 @@ AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, c
   for (const StateRange& r : ranges_) owned += r.end - r.begin;
   if (owned > 0) {
     const size_t half = align_up(static_cast<size_t>(owned) * dtype_size(dt));
-    state_arena_ = Arena(2 * half, "adam-state");  // zero-filled: [m of every range | v of every range]
+    state_arena_ = Arena(2 * half, "adam-state", model_.options().device);  // zero-filled: [m | v] of every range
     const Tensor m = state_arena_.alloc({owned}, dt), v = state_arena_.alloc({owned}, dt);
     int64_t at = 0;
     for (StateRange& r : ranges_) {
@@ -239,7 +245,9 @@ bool AdamWOptimizer::grads_finite() const {
 }
 
 void AdamWOptimizer::reset_state() {
-  if (state_arena_.base()) std::memset(state_arena_.base(), 0, state_arena_.used());
+  if (state_arena_.base())  // every byte in use (a multiple of kArenaAlign), on the state's device
+    Tensor(state_arena_.base(), {static_cast<int64_t>(state_arena_.used() / 4)}, DType::kI32, state_arena_.device())
+        .zero();
   step_ = 0;
   grad_scale_ = 1.0;
 }

@@ -82,7 +82,9 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
 
   f.section("runtime");
   f.add_int("threads", &c.threads, "compute threads per rank (default: all cores; use 1 with many MPI ranks per machine)", 1, 1024);
-  if (with_device) f.add_string("device", &c.device, "compute backend", {"cpu"});
+  if (with_device) f.add_string("device", &c.device,
+                                "compute backend: auto (CUDA when a GPU is usable, else cpu), cpu or cuda",
+                                {"auto", "cpu", "cuda"});
   f.add_string("config", &c.config_file, "YAML file of flag: value pairs (command-line flags win)");
 }
 

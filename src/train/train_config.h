@@ -64,7 +64,8 @@ struct TrainConfig {
   bool check_for_nan_in_loss_and_grad = false;
   // Runtime.
   std::optional<int64_t> threads;  // compute threads (default: all cores; 1 per rank under MPI)
-  std::string device = "cpu";
+  // --device: "auto" (CUDA when a GPU is usable, else the CPU), "cpu" or "cuda".
+  std::string device = "auto";
 
   std::string config_file;  // --config
 };

@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
+#include "core/device.h"
 #include "core/signals.h"
 #include "core/threads.h"
 #include "data/loader.h"
@@ -74,6 +75,15 @@ std::string join_lines(const std::vector<std::string>& v) {
 }  // namespace
 
 namespace {
+
+// The planner's device profile for a GPU's name (peak FLOP/s for MFU, memory).
+std::string gpu_profile_name(const std::string& name) {
+  if (name.find("H200") != std::string::npos) return "h200";
+  if (name.find("A100") != std::string::npos) return "a100";
+  if (name == "simulated") return "cpu";  // MT_SIMULATE_CUDA: host memory and CPU kernels
+  return "h100";
+}
+
 Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, std::unique_ptr<data::Tokenizer> tokenizer,
                                     const std::vector<std::string>& argv, std::FILE* out);
 }  // namespace
@@ -85,6 +95,20 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
 
   // ---- 1. Every configuration problem, before anything is allocated.
   std::vector<std::string> problems = validate_train(cfg);
+  // The backend. --device auto takes the GPU when one is usable and the job
+  // is one process (several ranks on GPUs need the NCCL communicators, which
+  // the trainer does not use yet).
+  const BackendInfo backend = backend_info();
+  if (cfg.device == "auto") cfg.device = backend.cuda_devices > 0 && comm::world_size() == 1 ? "cuda" : "cpu";
+  if (cfg.device == "cuda") {
+    if (backend.cuda_devices == 0)
+      problems.push_back(fmt::format("[--device] cuda was asked for, but the CUDA backend is {} (fix: --device cpu)",
+                                     backend.cuda_status));
+    else if (comm::world_size() > 1)
+      problems.push_back(fmt::format("[--device] {} ranks on CUDA need NCCL communicators, which megatron train does "
+                                     "not use yet (fix: one process with --device cuda, or --device cpu under mpirun)",
+                                     comm::world_size()));
+  }
   data::TokenizerConfig tc = cfg.tokenizer;
   tc.vocab_file = mc.vocab_file;
   if (tc.type == "NullTokenizer") tc.vocab_size = mc.vocab_size;
@@ -101,7 +125,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     }
   }
   plan::PlanOptions popts;
-  popts.device = "cpu";
+  popts.device = cfg.device == "cuda" ? gpu_profile_name(backend.cuda_name) : "cpu";
   plan::PlanReport plan = plan::make_plan(job, popts);
   for (const auto& v : plan.errors) {
     std::string flags;
@@ -187,6 +211,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (!mo_r) return mo_r.status();
   model::GPTOptions mo = *mo_r;
   mo.tp_rank = tp_rank, mo.tp_comm = &tp_comm;
+  mo.device = cfg.device == "cuda" ? Device::kCuda : Device::kCpu;
   auto schedule = parallel::build_schedule(pp, vpp, M, job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
   if (!schedule) return schedule.status();
   auto model_r = model::GPTModel::create(mc, mo);
@@ -323,14 +348,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // tables plus Adam state): what `megatron plan` prints for these flags.
   const double planned_bytes = plan.memory.trainer.available ? plan.memory.trainer.total() : 0;
   std::fprintf(out, "training %s: %lld parameters, TP x PP x DP = %lld x %lld x %lld on %d rank%s%s%s%s, micro-batch %lld x %lld "
-                    "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %d thread%s per rank\n",
+                    "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %s\n",
                mc.swiglu ? "a LLaMA-style GPT" : "a GPT", static_cast<long long>(plan.total_params),
                static_cast<long long>(tp), static_cast<long long>(pp), static_cast<long long>(dp), world, world == 1 ? "" : "s",
                vpp > 1 ? fmt::format(", {} virtual stages per pipeline rank", vpp).c_str() : "",
                sp ? ", sequence parallel" : "", dist_opt ? ", distributed optimizer" : "", static_cast<long long>(mbs),
                static_cast<long long>(M), static_cast<long long>(dp), static_cast<long long>(gbs),
-               static_cast<long long>(train_iters), static_cast<long long>(iteration), job.precision.name(), num_threads(),
-               num_threads() == 1 ? "" : "s");
+               static_cast<long long>(train_iters), static_cast<long long>(iteration), job.precision.name(),
+               cfg.device == "cuda" ? fmt::format("on CUDA ({})", backend_info().cuda_name).c_str()
+                                    : fmt::format("{} thread{} per rank", num_threads(), num_threads() == 1 ? "" : "s").c_str());
   if (world > 1) {
     // The layout, once: every group of the kinds this build uses.
     for (auto kind : {parallel::GroupKind::kTensor, parallel::GroupKind::kPipeline, parallel::GroupKind::kData,
@@ -451,7 +477,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   std::vector<char> gathered(static_cast<size_t>(mc.num_layers + 2), 0);  // stages -1..L waited this iteration
   while (iteration < train_iters) {
     const int64_t it = iteration + 1;
-    if (it == nan_at) model.params()[0].ptr<float>()[0] = std::nanf("");
+    if (it == nan_at) {
+      float nan = std::nanf("");
+      copy_tensor(Tensor(&nan, {1}, DType::kF32), model.params()[0].view({model.params()[0].numel()}).slice(0, 1));
+    }
     model.zero_grads();
     tp_comm.reset_stats();
     dp_comm.reset_stats();

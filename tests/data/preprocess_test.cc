@@ -254,7 +254,7 @@ TEST(Preprocess, BadLinesStopWithFileAndLineOrAreSkipped) {
     o.output_prefix = dir / "out";
     auto st = preprocess(tok, o, nullptr);
     ASSERT_FALSE(st.is_ok()) << "accepted: " << c.line;
-    const std::string& m = st.status().message();
+    const std::string m = st.status().message();  // a copy: status() returns a temporary
     EXPECT_NE(m.find("in.jsonl:2: "), std::string::npos) << m;
     EXPECT_NE(m.find(c.expect), std::string::npos) << c.line << " -> " << m;
     EXPECT_FALSE(fs::exists(dir / "out_text_document.idx")) << "a failed run left an index";

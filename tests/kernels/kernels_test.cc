@@ -554,5 +554,15 @@ TEST(Bf16, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
 }
 
+TEST(Cast, SameDtypeIsABitCopy) {
+  // bf16 -> bf16 once stored the float value in the 16-bit field (1.5 -> 0x0001).
+  std::vector<bf16> src{float_to_bf16(1.5f), float_to_bf16(-3.25f), float_to_bf16(1e-20f)}, dst(3);
+  kernels::cast(Tensor(src.data(), {3}, DType::kBF16), Tensor(dst.data(), {3}, DType::kBF16));
+  for (size_t i = 0; i < src.size(); ++i) EXPECT_EQ(dst[i].bits, src[i].bits) << i;
+  std::vector<float> f{1.5f, -2.0f}, g(2);
+  kernels::cast(Tensor(f.data(), {2}, DType::kF32), Tensor(g.data(), {2}, DType::kF32));
+  EXPECT_EQ(g, f);
+}
+
 }  // namespace
 }  // namespace mt

@@ -19,4 +19,13 @@ int device_count(std::string* why) {
   return n;
 }
 
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "unknown GPU";
+  }
+  return prop.name;
+}
+
 }  // namespace mt::cuda

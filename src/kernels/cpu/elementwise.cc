@@ -58,7 +58,9 @@ template <typename S, typename D>
 void cast_loop(const S* s, D* d, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<S, bf16>) {
+    if constexpr (std::is_same_v<S, D>) {
+      d[i] = s[i];  // bit copy (bf16 -> bf16 must not go through the float value)
+    } else if constexpr (std::is_same_v<S, bf16>) {
       d[i] = static_cast<D>(bf16_to_float(s[i]));
     } else if constexpr (std::is_same_v<D, bf16>) {
       d[i] = float_to_bf16(static_cast<float>(s[i]));

@@ -1,0 +1,86 @@
+// The CUDA side of core/cuda/runtime.h.
+#include <fmt/format.h>
+
+#include <mutex>
+
+#include "core/cuda/check.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+cudaStream_t g_streams[kMaxDevices] = {};
+std::mutex g_mu;
+
+}  // namespace
+
+void cuda_failed(const char* file, int line, const char* call, cudaError_t err) {
+  int dev = -1;
+  (void)cudaGetDevice(&dev);
+  ::mt::check_failed(file, line, call,
+                     fmt::format("CUDA call failed on device {}: {} ({})", dev, cudaGetErrorName(err),
+                                 cudaGetErrorString(err)));
+}
+
+void set_device(int device) { MT_CUDA_CHECK(cudaSetDevice(device)); }
+
+int current_device() {
+  int d = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+void* stream_handle() {
+  int d = current_device();
+  MT_CHECK(d >= 0 && d < kMaxDevices, "cuda::stream: device index out of range");
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_streams[d]) MT_CUDA_CHECK(cudaStreamCreateWithFlags(&g_streams[d], cudaStreamNonBlocking));
+  return g_streams[d];
+}
+
+void* device_malloc(size_t bytes, const char* what) {
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    (void)cudaMemGetInfo(&free_b, &total_b);
+    ::mt::check_failed(__FILE__, __LINE__, "cudaMalloc",
+                       fmt::format("'{}' asked for {:.3f} GiB on device {} with {:.3f} GiB of {:.3f} GiB free ({}); "
+                                   "`megatron plan` with the same flags shows the memory per rank",
+                                   what, bytes / 1073741824.0, current_device(), free_b / 1073741824.0,
+                                   total_b / 1073741824.0, cudaGetErrorName(e)));
+  }
+  return p;
+}
+
+void device_free(void* p) {
+  if (p) MT_CUDA_CHECK(cudaFree(p));
+}
+
+void memset_zero(void* p, size_t bytes) {
+  if (bytes) MT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));
+}
+
+void copy_d2d(void* dst, const void* src, size_t bytes) {
+  if (bytes) MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+}
+
+void copy_h2d(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+  // Pageable source: the copy is staged before the call returns only for
+  // small sizes; wait so the caller may reuse or free the host buffer.
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void copy_d2h(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void synchronize() { MT_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+}  // namespace mt::cuda

@@ -1,0 +1,146 @@
+// CUDA twins of kernels/cpu/activation.cc: GELU (exact and tanh) and SwiGLU,
+// forward and backward, fp32 or fp64 (kernels/activation.h has the contract;
+// backward WRITES dx).
+//
+// Launch: elementwise grid-stride loops (kThreads per block, int64 indices),
+// no reductions. Each thread evaluates the CPU twin's formula for its
+// element in T, in the same operation order; erf/exp/tanh are CUDA's libm
+// (fp32: within 2 ulp; the CPU twin's fp32 erf/exp are 1-ulp polynomials),
+// so fp32 results agree with the CPU to a few ulp, not bitwise.
+// SwiGLU element e of y [N, F] is row i = e / F, column j = e % F, reading
+// gate x[i, j] and up x[i, F + j].
+#include "core/cuda/check.cuh"
+#include "kernels/activation.h"
+#include "kernels/cuda/pointwise_common.cuh"
+
+namespace mt::kernels::cuda {
+namespace {
+
+using namespace ::mt::kernels::cuda::pointwise;
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kInvSqrt2 = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;
+
+__device__ __forceinline__ float erf_t(float x) { return erff(x); }
+__device__ __forceinline__ double erf_t(double x) { return erf(x); }
+__device__ __forceinline__ float tanh_t(float x) { return tanhf(x); }
+__device__ __forceinline__ double tanh_t(double x) { return tanh(x); }
+
+template <typename T>
+__global__ void gelu_fwd(bool exact, int64_t n, const T* x, T* y) {
+  for (int64_t i = gs_begin(); i < n; i += gs_stride()) {
+    const T xi = x[i];
+    if (exact) {
+      y[i] = T(0.5) * xi * (T(1) + erf_t(xi * T(kInvSqrt2)));
+    } else {
+      const T u = T(kSqrt2OverPi) * (xi + T(0.044715) * xi * xi * xi);
+      y[i] = T(0.5) * xi * (T(1) + tanh_t(u));
+    }
+  }
+}
+
+template <typename T>
+__global__ void gelu_bwd(bool exact, int64_t n, const T* x, const T* dy, T* dx) {
+  for (int64_t i = gs_begin(); i < n; i += gs_stride()) {
+    const T xi = x[i];
+    if (exact) {
+      const T cdf = T(0.5) * (T(1) + erf_t(xi * T(kInvSqrt2)));
+      const T pdf = T(kInvSqrt2Pi) * exp_t(T(-0.5) * xi * xi);
+      dx[i] = dy[i] * (cdf + xi * pdf);
+    } else {
+      const T x2 = xi * xi;
+      const T u = T(kSqrt2OverPi) * (xi + T(0.044715) * x2 * xi);
+      const T th = tanh_t(u);
+      const T du = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x2);
+      dx[i] = dy[i] * (T(0.5) * (T(1) + th) + T(0.5) * xi * (T(1) - th * th) * du);
+    }
+  }
+}
+
+// y [N, F] = silu(gate) * up, x [N, 2F] = [gate | up]; n = N * F.
+template <typename T>
+__global__ void swiglu_fwd(int64_t n, int64_t F, const T* x, T* y) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    const int64_t i = e / F, j = e - i * F;
+    const T g = x[i * 2 * F + j], u = x[i * 2 * F + F + j];
+    y[e] = g / (T(1) + exp_t(-g)) * u;
+  }
+}
+
+// dx [N, 2F] = [d gate | d up]; one thread writes both halves of its (i, j).
+template <typename T>
+__global__ void swiglu_bwd(int64_t n, int64_t F, const T* x, const T* dy, T* dx) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    const int64_t i = e / F, j = e - i * F;
+    const int64_t gi = i * 2 * F + j, ui = gi + F;
+    const T g = x[gi], u = x[ui], d = dy[e];
+    const T s = T(1) / (T(1) + exp_t(-g));
+    const T silu = g * s;
+    // Both reads above precede both writes: dx may alias x.
+    dx[ui] = d * silu;
+    dx[gi] = d * u * (s + silu * (T(1) - s));
+  }
+}
+
+}  // namespace
+
+void gelu_forward(GeluKind k, const Tensor& x, const Tensor& y) {
+  MT_CHECK(x.numel() == y.numel(), "gelu_forward: sizes");
+  check_on_gpu({&x, &y}, "gelu_forward");
+  float_types(x.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    const T* xp = x.ptr<T>();
+    T* yp = y.ptr<T>();
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    gelu_fwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, yp);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void gelu_backward(GeluKind k, const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  MT_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes");
+  check_on_gpu({&x, &dy, &dx}, "gelu_backward");
+  float_types(x.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    const T *xp = x.ptr<T>(), *dyp = dy.ptr<T>();
+    T* dxp = dx.ptr<T>();
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    gelu_bwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, dyp, dxp);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void swiglu_forward(const Tensor& x, const Tensor& y) {
+  int64_t F = y.dim(-1), N = F == 0 ? 0 : y.numel() / F;
+  MT_CHECK(x.numel() == 2 * y.numel() && x.dim(-1) == 2 * F, "swiglu_forward: x must be [N, 2F], y [N, F]");
+  check_on_gpu({&x, &y}, "swiglu_forward");
+  float_types(x.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    const T* xp = x.ptr<T>();
+    T* yp = y.ptr<T>();
+    const int64_t n = N * F;
+    if (n == 0) return;
+    swiglu_fwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, F, xp, yp);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  int64_t F = dy.dim(-1), N = F == 0 ? 0 : dy.numel() / F;
+  MT_CHECK(x.numel() == 2 * dy.numel() && dx.numel() == x.numel(), "swiglu_backward: sizes");
+  check_on_gpu({&x, &dy, &dx}, "swiglu_backward");
+  float_types(x.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    const T *xp = x.ptr<T>(), *dyp = dy.ptr<T>();
+    T* dxp = dx.ptr<T>();
+    const int64_t n = N * F;
+    if (n == 0) return;
+    swiglu_bwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, F, xp, dyp, dxp);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace mt::kernels::cuda

@@ -1,0 +1,237 @@
+// CUDA twins of kernels/cpu/elementwise.cc: bias add and gradient, adds,
+// casts, scaling, seeded dropout, sum of squares (kernels/elementwise.h has
+// the contract).
+//
+// Elementwise ops (bias_add, add, cast, scale_inplace, dropout): grid-stride
+// loops, one element per step, int64 indices; each element is read and
+// written by one thread, so y may alias an input.
+// bias_grad (ACCUMULATES): one thread per column c, db[c] += dy[i, c] for
+//   i = 0..N-1 in order, exactly the CPU twin's order: bitwise the CPU's.
+// cast: every pair of fp32/fp64/bf16; into bf16 through float with
+//   round-to-nearest-even exactly like mt::float_to_bf16 (double -> float ->
+//   bf16, as the CPU twin does). bf16 -> bf16 copies the bits.
+// dropout: the CPU twin's Philox call, philox_uniform(seed, stream,
+//   i + index_offset) >= float(p) keeps x * T(1/(1-p)): the same mask bits.
+// sum_squares: double throughout. Pass 1: min(ceil(n / kThreads), kMaxPartials)
+//   blocks grid-stride over x, each thread summing x^2 in double, block_sum
+//   (fixed tree) to partial[block]. Pass 2: one block adds the partials in a
+//   fixed order. The block count depends only on n, so the result does not
+//   change from run to run. The partials live in a __device__ array of this
+//   file (per device); a mutex keeps two host threads from sharing it.
+#include <algorithm>
+#include <mutex>
+#include <type_traits>
+
+#include "core/cuda/check.cuh"
+#include "core/rng.h"
+#include "kernels/cuda/pointwise_common.cuh"
+#include "kernels/elementwise.h"
+
+namespace mt::kernels::cuda {
+namespace {
+
+using namespace ::mt::kernels::cuda::pointwise;
+
+constexpr int kMaxPartials = 1024;
+// partial[0..blocks) from pass 1; partial[kMaxPartials] holds the total.
+__device__ double g_sumsq_partials[kMaxPartials + 1];
+std::mutex g_sumsq_mu;
+
+template <typename T>
+__global__ void bias_add_k(int64_t n, int64_t C, T* y, const T* __restrict__ b) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] += b[e % C];
+}
+
+// One thread per column; rows in order.
+template <typename T>
+__global__ void bias_grad_k(int64_t N, int64_t C, const T* __restrict__ dy, T* __restrict__ db) {
+  const int64_t c = gs_begin();
+  if (c >= C) return;
+  T acc = db[c];
+  for (int64_t i = 0; i < N; ++i) acc += dy[i * C + c];
+  db[c] = acc;
+}
+
+template <typename T>
+__global__ void add_k(int64_t n, const T* a, const T* b, T* y) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] = a[e] + b[e];
+}
+
+template <typename S, typename D>
+__global__ void cast_k(int64_t n, const S* __restrict__ s, D* __restrict__ d) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    if constexpr (std::is_same_v<S, bf16> && std::is_same_v<D, bf16>) {
+      d[e] = s[e];
+    } else if constexpr (std::is_same_v<S, bf16>) {
+      d[e] = static_cast<D>(float_from_bf16_bits(s[e].bits));
+    } else if constexpr (std::is_same_v<D, bf16>) {
+      d[e] = bf16{bf16_bits_from_float(static_cast<float>(s[e]))};
+    } else {
+      d[e] = static_cast<D>(s[e]);
+    }
+  }
+}
+
+template <typename T>
+__global__ void scale_k(int64_t n, T* y, T f) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] *= f;
+}
+
+template <typename T>
+__global__ void dropout_k(int64_t n, const T* x, T* y, float pf, T scale, uint64_t seed, uint64_t stream,
+                          uint64_t off) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride())
+    y[e] = philox_uniform(seed, stream, static_cast<uint64_t>(e) + off) >= pf ? x[e] * scale : T(0);
+}
+
+template <typename T>
+__global__ void sumsq_pass1(int64_t n, const T* __restrict__ x, double* partial) {
+  double s = 0;
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    const double v = static_cast<double>(x[e]);
+    s += v * v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One block: out = sum of partial[0..count) in a fixed order.
+__global__ void sumsq_pass2(int count, const double* partial, double* out) {
+  double s = 0;
+  for (int j = threadIdx.x; j < count; j += blockDim.x) s += partial[j];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = s;
+}
+
+template <typename S, typename D>
+void launch_cast(const S* s, D* d, int64_t n) {
+  if (n == 0) return;
+  cast_k<S, D><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, s, d);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename S>
+void cast_from(const S* s, const Tensor& dst, int64_t n) {
+  switch (dst.dtype()) {
+    case DType::kF32: launch_cast(s, dst.ptr<float>(), n); break;
+    case DType::kF64: launch_cast(s, dst.ptr<double>(), n); break;
+    case DType::kBF16: launch_cast(s, dst.ptr<bf16>(), n); break;
+    default: MT_CHECK(false, "cast: unsupported destination dtype");
+  }
+}
+
+}  // namespace
+
+void bias_add(const Tensor& y, const Tensor& b) {
+  const int64_t C = b.numel(), N = C == 0 ? 0 : y.numel() / C;
+  MT_CHECK(y.numel() == N * C, "bias_add: shapes");
+  check_on_gpu({&y, &b}, "bias_add");
+  float_types(y.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    T* yp = y.ptr<T>();
+    const T* bp = b.ptr<T>();
+    const int64_t n = N * C;
+    if (n == 0) return;
+    bias_add_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, yp, bp);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void bias_grad(const Tensor& dy, const Tensor& db) {
+  const int64_t C = db.numel(), N = C == 0 ? 0 : dy.numel() / C;
+  MT_CHECK(dy.numel() == N * C, "bias_grad: shapes");
+  check_on_gpu({&dy, &db}, "bias_grad");
+  float_types(dy.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    const T* d = dy.ptr<T>();
+    T* o = db.ptr<T>();
+    if (N == 0 || C == 0) return;
+    bias_grad_k<T><<<::mt::cuda::blocks_for(C, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(N, C, d, o);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  check_same_numel(a, y, "add");
+  check_same_numel(b, y, "add");
+  check_on_gpu({&a, &b, &y}, "add");
+  float_types(y.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    const T *ap = a.ptr<T>(), *bp = b.ptr<T>();
+    T* yp = y.ptr<T>();
+    const int64_t n = y.numel();
+    if (n == 0) return;
+    add_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, ap, bp, yp);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void add_inplace(const Tensor& y, const Tensor& x) { add(y, x, y); }
+
+void cast(const Tensor& src, const Tensor& dst) {
+  check_same_numel(src, dst, "cast");
+  check_on_gpu({&src, &dst}, "cast");
+  switch (src.dtype()) {
+    case DType::kF32: cast_from(src.ptr<float>(), dst, src.numel()); break;
+    case DType::kF64: cast_from(src.ptr<double>(), dst, src.numel()); break;
+    case DType::kBF16: cast_from(src.ptr<bf16>(), dst, src.numel()); break;
+    default: MT_CHECK(false, "cast: unsupported source dtype");
+  }
+}
+
+void scale_inplace(const Tensor& y, double s) {
+  check_on_gpu({&y}, "scale_inplace");
+  float_types(y.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    T* p = y.ptr<T>();
+    const T f = static_cast<T>(s);
+    const int64_t n = y.numel();
+    if (n == 0) return;
+    scale_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, p, f);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t off) {
+  check_same_numel(x, y, "dropout");
+  MT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1)");
+  check_on_gpu({&x, &y}, "dropout");
+  float_types(y.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    const T* xp = x.ptr<T>();
+    T* yp = y.ptr<T>();
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    const float pf = static_cast<float>(p);
+    const int64_t n = y.numel();
+    if (n == 0) return;
+    if (p == 0) {
+      if (xp != yp) ::mt::cuda::copy_d2d(yp, xp, sizeof(T) * static_cast<size_t>(n));
+    } else {
+      dropout_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, xp, yp, pf, scale, seed, stream, off);
+      MT_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+double sum_squares(const Tensor& x) {
+  check_on_gpu({&x}, "sum_squares");
+  double total = 0;
+  float_types(x.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    const T* p = x.ptr<T>();
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    const unsigned blocks = std::min<unsigned>(::mt::cuda::blocks_for(n, kThreads), kMaxPartials);
+    std::lock_guard<std::mutex> lock(g_sumsq_mu);
+    double* partial = nullptr;
+    MT_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&partial), g_sumsq_partials));
+    sumsq_pass1<T><<<blocks, kThreads, 0, ::mt::cuda::stream()>>>(n, p, partial);
+    MT_CUDA_CHECK_LAUNCH();
+    sumsq_pass2<<<1, kThreads, 0, ::mt::cuda::stream()>>>(static_cast<int>(blocks), partial, partial + kMaxPartials);
+    MT_CUDA_CHECK_LAUNCH();
+    ::mt::cuda::copy_d2h(&total, partial + kMaxPartials, sizeof(double));  // waits for the stream
+  });
+  return total;
+}
+
+}  // namespace mt::kernels::cuda

@@ -1,0 +1,195 @@
+// CUDA twins of kernels/cpu/norm.cc: LayerNorm and RMSNorm over the last
+// dimension of x [N, C], fp32 or fp64 (kernels/norm.h has the contract).
+//
+// Forward: one block of kThreads per row. The mean and the variance are
+// accumulated in double for fp32 too (as the CPU twin does): each thread sums
+// a strided subset of the row, then block_sum (fixed-shape tree). The row is
+// read again for the variance (two-pass, like the CPU) and for y; it stays in
+// L1/L2. mean/rstd are rounded to T exactly where the CPU twin rounds them.
+// y may alias x: each thread writes only the elements it read, after the
+// block's last barrier.
+//
+// Backward (dx += ..., dw += ..., db += ...), two kernels:
+//   1. norm_bwd_dwdb: the column sums dw[c] += sum_i dy*xhat, db[c] += sum_i dy.
+//      Block (32 columns) x (16 row lanes); lane ty sums rows ty, ty+16, ...
+//      in T, then thread ty == 0 adds the 16 lane partials in lane order and
+//      adds the total to dw/db. Fixed order: deterministic, no atomics.
+//   2. norm_bwd_dx: one block per row; sum(g) and sum(g * xhat) in T by
+//      block_sum, then dx[c] += rstd * (g - mean(g) - xhat * mean(g * xhat)).
+// dw/db run first, so dx may even alias dy (each dx element is read and
+// written by one thread after the row's sums are complete).
+#include "core/cuda/check.cuh"
+#include "kernels/cuda/pointwise_common.cuh"
+#include "kernels/norm.h"
+
+namespace mt::kernels::cuda {
+namespace {
+
+using namespace ::mt::kernels::cuda::pointwise;
+
+constexpr int kColTile = 32;   // columns per dw/db block (one warp wide: coalesced row reads)
+constexpr int kRowLanes = 16;  // row lanes per dw/db block
+
+// One block per row i. mean may be null (RMSNorm, or LayerNorm called
+// without it), b may be null.
+template <typename T>
+__global__ void norm_fwd(int64_t C, const T* x, const T* __restrict__ w, const T* __restrict__ b,
+                         double eps, T* y, T* mean, T* rstd, bool rms) {
+  const int64_t i = blockIdx.x;
+  const T* xi = x + i * C;
+  T* yi = y + i * C;
+  double m = 0;
+  if (!rms) {
+    double s = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += static_cast<double>(xi[c]);
+    m = block_sum(s) / static_cast<double>(C);
+  }
+  double v = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    double d = static_cast<double>(xi[c]) - m;
+    v += d * d;
+  }
+  v = block_sum(v) / static_cast<double>(C);
+  const T mu = static_cast<T>(m), r = static_cast<T>(1.0 / sqrt(v + eps));
+  // Every thread has passed the block_sum barriers, so writing y over x (y
+  // aliasing x) cannot race with the reads above.
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    T o = (xi[c] - mu) * r * w[c];
+    yi[c] = b ? o + b[c] : o;
+  }
+  if (threadIdx.x == 0) {
+    if (mean) mean[i] = mu;
+    rstd[i] = r;
+  }
+}
+
+// dw[c] += sum_i dy[i,c] * xhat[i,c]; db[c] += sum_i dy[i,c] (db may be null).
+// Block (kColTile, kRowLanes); grid ceil(C / kColTile).
+template <typename T>
+__global__ void norm_bwd_dwdb(int64_t N, int64_t C, const T* __restrict__ dy, const T* __restrict__ x,
+                              const T* __restrict__ mean, const T* __restrict__ rstd, T* dw, T* db, bool rms) {
+  __shared__ T pw[kRowLanes][kColTile];
+  __shared__ T pb[kRowLanes][kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
+  T sw = 0, sb = 0;
+  if (c < C) {
+    for (int64_t i = ty; i < N; i += kRowLanes) {
+      const T mu = rms ? T(0) : mean[i];
+      const T d = dy[i * C + c];
+      const T xh = (x[i * C + c] - mu) * rstd[i];
+      sw += d * xh;
+      sb += d;
+    }
+  }
+  pw[ty][tx] = sw;
+  pb[ty][tx] = sb;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    T tw = 0, tb = 0;
+    for (int k = 0; k < kRowLanes; ++k) {
+      tw += pw[k][tx];
+      tb += pb[k][tx];
+    }
+    dw[c] += tw;
+    if (db) db[c] += tb;
+  }
+}
+
+// One block per row i: dx[i, :] += rstd * (g - mean(g) - xhat * mean(g xhat)), g = dy * w.
+template <typename T>
+__global__ void norm_bwd_dx(int64_t C, const T* dy, const T* __restrict__ x, const T* __restrict__ w,
+                            const T* __restrict__ mean, const T* __restrict__ rstd, T* dx, bool rms) {
+  const int64_t i = blockIdx.x;
+  const T* dyi = dy + i * C;
+  const T* xi = x + i * C;
+  T* dxi = dx + i * C;
+  const T mu = rms ? T(0) : mean[i], r = rstd[i];
+  T sg = 0, sgx = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const T xh = (xi[c] - mu) * r;
+    const T g = dyi[c] * w[c];
+    sg += g;
+    sgx += g * xh;
+  }
+  sg = block_sum(sg);
+  sgx = block_sum(sgx);
+  const T mg = rms ? T(0) : sg / static_cast<T>(C), mgx = sgx / static_cast<T>(C);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const T xh = (xi[c] - mu) * r;
+    dxi[c] += r * (dyi[c] * w[c] - mg - xh * mgx);
+  }
+}
+
+template <typename T>
+void launch_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, T* y, T* mean, T* rstd, bool rms) {
+  if (N == 0) return;
+  // eps goes through T first, as in the CPU twin (static_cast<T>(eps) then back to double).
+  norm_fwd<T><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(
+      C, x, w, b, static_cast<double>(eps), y, mean, rstd, rms);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void launch_bwd(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+                T* dw, T* db, bool rms) {
+  if (N == 0 || C == 0) return;  // nothing to add (the CPU twin adds zeros)
+  dim3 block(kColTile, kRowLanes);
+  norm_bwd_dwdb<T><<<::mt::cuda::blocks_for(C, kColTile), block, 0, ::mt::cuda::stream()>>>(N, C, dy, x, mean, rstd,
+                                                                                            dw, db, rms);
+  MT_CUDA_CHECK_LAUNCH();
+  norm_bwd_dx<T><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(C, dy, x, w, mean, rstd, dx, rms);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                       const Tensor& mean, const Tensor& rstd) {
+  int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
+  MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N && mean.numel() >= N,
+           "layernorm_forward: shapes");
+  check_on_gpu({&x, &w, &b, &y, &mean, &rstd}, "layernorm_forward");
+  float_types(x.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    launch_fwd<T>(N, C, x.ptr<T>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<T>(), mean.ptr<T>(),
+                  rstd.ptr<T>(), false);
+  });
+}
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
+  MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "layernorm_backward: shapes");
+  check_on_gpu({&dy, &x, &w, &mean, &rstd, &dx, &dw, &db}, "layernorm_backward");
+  float_types(x.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    launch_bwd<T>(N, C, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(), dx.ptr<T>(), dw.ptr<T>(),
+                  opt_ptr<T>(db), false);
+  });
+}
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
+  int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
+  MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N, "rmsnorm_forward: shapes");
+  check_on_gpu({&x, &w, &y, &rstd}, "rmsnorm_forward");
+  float_types(x.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    launch_fwd<T>(N, C, x.ptr<T>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<T>(), nullptr, rstd.ptr<T>(),
+                  true);
+  });
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw) {
+  int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
+  MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "rmsnorm_backward: shapes");
+  check_on_gpu({&dy, &x, &w, &rstd, &dx, &dw}, "rmsnorm_backward");
+  float_types(x.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    launch_bwd<T>(N, C, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), nullptr, rstd.ptr<T>(), dx.ptr<T>(), dw.ptr<T>(),
+                  nullptr, true);
+  });
+}
+
+}  // namespace mt::kernels::cuda

@@ -1,0 +1,611 @@
+// The CUDA twins of the pointwise and row-reduction kernels (norm,
+// activation, rope, embedding, elementwise, adamw, cross_entropy) against
+// their CPU twins on the same inputs: fp32 and fp64, odd sizes (rows and
+// widths that are not multiples of a block), accumulate-vs-write semantics
+// (outputs that accumulate start non-zero), the aliasing the headers allow,
+// the tensor-parallel offsets (vocab_start, index_offset), and empty inputs.
+// Where the CUDA twin promises the CPU's bits (rope tables, embedding and
+// position gradients, bias_grad, casts, dropout, AdamW) the test demands
+// bitwise equality; reductions in a different order get tolerances; every
+// deterministic reduction is also run twice and must repeat its bits.
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/sim_device.h"
+#include "cuda_test_util.h"
+#include "kernels/activation.h"
+#include "kernels/adamw.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "test_util.h"
+
+namespace mt::test {
+namespace {
+
+namespace k = kernels;
+using kernels::GeluKind;
+
+constexpr size_t kArenaBytes = size_t{64} << 20;
+
+template <typename T>
+std::vector<T> randn(int64_t n, uint64_t seed, double scale = 1.0, double shift = 0.0) {
+  std::vector<T> v(static_cast<size_t>(n));
+  fill_normal(v, seed, scale);
+  for (T& x : v) x += static_cast<T>(shift);
+  return v;
+}
+
+template <typename T>
+Tensor view(std::vector<T>& v, Shape s) {
+  return Tensor(v.data(), s, dtype_of<T>());
+}
+
+template <typename T>
+double as_double(T v) {
+  if constexpr (std::is_same_v<T, bf16>) return bf16_to_float(v);
+  else return static_cast<double>(v);
+}
+
+// Every element has the same bits (the CUDA twin promises the CPU's result exactly).
+template <typename T>
+void expect_bitwise(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " is " << as_double(got[i]) << ", expected "
+                    << as_double(want[i]) << " bit for bit";
+      return;
+    }
+}
+
+// bf16 vectors compared as floats.
+std::vector<float> widen(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_float(v[i]);
+  return out;
+}
+
+// Tolerances for results whose reduction order differs from the CPU's.
+template <typename T>
+struct Tol {
+  static constexpr double tight = std::is_same_v<T, float> ? 2e-6 : 1e-13;  // pointwise, libm ulps
+  static constexpr double sum = std::is_same_v<T, float> ? 2e-5 : 1e-12;    // short reductions
+  static constexpr double wide = std::is_same_v<T, float> ? 2e-4 : 1e-11;   // cancellation, long sums
+};
+
+const char* tname(DType t) { return dtype_name(t); }
+
+// ---------------------------------------------------------------- norms
+
+template <typename T>
+void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms) {
+  const DType dt = dtype_of<T>();
+  const std::string what = fmt::format("{} {} N={} C={}{}", rms ? "rmsnorm" : "layernorm", tname(dt), N, C,
+                                       with_bias ? " bias" : "");
+  auto x = randn<T>(N * C, 11 + N, 1.0, 0.3), w = randn<T>(C, 12, 0.5, 1.0), b = randn<T>(C, 13, 0.2);
+  std::vector<T> y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor X = view(x, {N, C}), W = view(w, {C}), B = with_bias ? view(b, {C}) : Tensor();
+  Tensor gX = to_device(g, X), gW = to_device(g, W), gB = with_bias ? to_device(g, B) : Tensor();
+  Tensor gY = g.alloc({N, C}, dt), gMean = g.alloc({N}, dt), gRstd = g.alloc({N}, dt);
+  const double eps = 1e-5;
+  if (rms) {
+    k::rmsnorm_forward(X, W, eps, view(y, {N, C}), view(rstd, {N}));
+    k::rmsnorm_forward(gX, gW, eps, gY, gRstd);
+  } else {
+    k::layernorm_forward(X, W, B, eps, view(y, {N, C}), view(mean, {N}), view(rstd, {N}));
+    k::layernorm_forward(gX, gW, gB, eps, gY, gMean, gRstd);
+    expect_close(to_host<T>(gMean), mean, Tol<T>::tight, Tol<T>::tight, what + " mean");
+  }
+  expect_close(to_host<T>(gRstd), rstd, Tol<T>::tight, 0, what + " rstd");
+  expect_close(to_host<T>(gY), y, Tol<T>::sum, Tol<T>::sum, what + " y");
+
+  // Backward ACCUMULATES into dx, dw, db: start them non-zero. Both twins get
+  // the CPU's mean/rstd, so only the kernels differ.
+  auto dy = randn<T>(N * C, 14 + C), dx = randn<T>(N * C, 15), dw = randn<T>(C, 16), db = randn<T>(C, 17);
+  Tensor gDy = to_device(g, view(dy, {N, C})), gMean2 = to_device(g, view(mean, {N})),
+         gRstd2 = to_device(g, view(rstd, {N}));
+  auto run_gpu = [&](std::vector<T>& odx, std::vector<T>& odw, std::vector<T>& odb) {
+    Tensor gDx = to_device(g, view(dx, {N, C})), gDw = to_device(g, view(dw, {C})),
+           gDb = with_bias ? to_device(g, view(db, {C})) : Tensor();
+    if (rms) k::rmsnorm_backward(gDy, gX, gW, gRstd2, gDx, gDw);
+    else k::layernorm_backward(gDy, gX, gW, gMean2, gRstd2, gDx, gDw, gDb);
+    odx = to_host<T>(gDx);
+    odw = to_host<T>(gDw);
+    if (with_bias) odb = to_host<T>(gDb);
+  };
+  std::vector<T> gdx, gdw, gdb, gdx2, gdw2, gdb2;
+  run_gpu(gdx, gdw, gdb);
+  run_gpu(gdx2, gdw2, gdb2);
+  if (rms) k::rmsnorm_backward(view(dy, {N, C}), X, W, view(rstd, {N}), view(dx, {N, C}), view(dw, {C}));
+  else
+    k::layernorm_backward(view(dy, {N, C}), X, W, view(mean, {N}), view(rstd, {N}), view(dx, {N, C}), view(dw, {C}),
+                          with_bias ? view(db, {C}) : Tensor());
+  expect_close(gdx, dx, Tol<T>::wide, Tol<T>::sum, what + " dx");
+  expect_close(gdw, dw, Tol<T>::sum, Tol<T>::sum, what + " dw");
+  if (with_bias) expect_close(gdb, db, Tol<T>::sum, Tol<T>::sum, what + " db");
+  expect_bitwise(gdx2, gdx, what + " dx, second run");
+  expect_bitwise(gdw2, gdw, what + " dw, second run");
+  if (with_bias) expect_bitwise(gdb2, gdb, what + " db, second run");
+}
+
+TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
+  MT_REQUIRE_GPU();
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1, 3}, {0, 64}}) {
+    layernorm_case<float>(N, C, true, false);
+    layernorm_case<float>(N, C, false, false);
+    layernorm_case<double>(N, C, true, false);
+    layernorm_case<double>(N, C, false, false);
+  }
+}
+
+TEST(CudaTwin, RmsNormForwardBackwardMatchCpu) {
+  MT_REQUIRE_GPU();
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1, 3}, {0, 64}}) {
+    layernorm_case<float>(N, C, false, true);
+    layernorm_case<double>(N, C, false, true);
+  }
+}
+
+// ---------------------------------------------------------------- activations
+
+template <typename T>
+void gelu_case(GeluKind kind, int64_t n) {
+  const std::string what = fmt::format("gelu {} {} n={}", kind == GeluKind::kExact ? "exact" : "tanh",
+                                       tname(dtype_of<T>()), n);
+  auto x = randn<T>(n, 21 + n, 2.0), dy = randn<T>(n, 22);
+  std::vector<T> y(x.size()), dx(x.size());
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor gX = to_device(g, view(x, {n})), gDy = to_device(g, view(dy, {n}));
+  Tensor gY = g.alloc({n}, dtype_of<T>()), gDx = g.alloc({n}, dtype_of<T>());
+  k::gelu_forward(kind, view(x, {n}), view(y, {n}));
+  k::gelu_forward(kind, gX, gY);
+  expect_close(to_host<T>(gY), y, Tol<T>::tight, Tol<T>::tight, what + " y");
+  k::gelu_backward(kind, view(x, {n}), view(dy, {n}), view(dx, {n}));
+  k::gelu_backward(kind, gX, gDy, gDx);
+  expect_close(to_host<T>(gDx), dx, Tol<T>::tight, Tol<T>::tight, what + " dx");
+}
+
+TEST(CudaTwin, GeluExactAndTanhMatchCpu) {
+  MT_REQUIRE_GPU();
+  for (int64_t n : {10007, 1, 0})
+    for (GeluKind kind : {GeluKind::kExact, GeluKind::kTanh}) {
+      gelu_case<float>(kind, n);
+      gelu_case<double>(kind, n);
+    }
+}
+
+template <typename T>
+void swiglu_case(int64_t N, int64_t F) {
+  const std::string what = fmt::format("swiglu {} N={} F={}", tname(dtype_of<T>()), N, F);
+  auto x = randn<T>(N * 2 * F, 31 + N, 2.0), dy = randn<T>(N * F, 32);
+  std::vector<T> y(static_cast<size_t>(N * F)), dx(x.size());
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor X = view(x, {N, 2 * F}), Dy = view(dy, {N, F});
+  Tensor gX = to_device(g, X), gDy = to_device(g, Dy);
+  Tensor gY = g.alloc({N, F}, dtype_of<T>()), gDx = g.alloc({N, 2 * F}, dtype_of<T>());
+  k::swiglu_forward(X, view(y, {N, F}));
+  k::swiglu_forward(gX, gY);
+  expect_close(to_host<T>(gY), y, Tol<T>::tight, Tol<T>::tight, what + " y");
+  k::swiglu_backward(X, Dy, view(dx, {N, 2 * F}));
+  k::swiglu_backward(gX, gDy, gDx);
+  expect_close(to_host<T>(gDx), dx, Tol<T>::tight, Tol<T>::tight, what + " dx");
+  // Backward writes (does not accumulate) and may write over x.
+  k::swiglu_backward(gX, gDy, gX);
+  expect_close(to_host<T>(gX), dx, Tol<T>::tight, Tol<T>::tight, what + " dx written over x");
+}
+
+TEST(CudaTwin, SwiGluMatchesCpu) {
+  MT_REQUIRE_GPU();
+  for (auto [N, F] : {std::pair<int64_t, int64_t>{37, 129}, {3, 1000}, {0, 8}}) {
+    swiglu_case<float>(N, F);
+    swiglu_case<double>(N, F);
+  }
+}
+
+// ---------------------------------------------------------------- rope
+
+template <typename T>
+void rope_case(const k::QkvLayout& L, int64_t table_seq) {
+  const DType dt = dtype_of<T>();
+  const std::string what = fmt::format("rope {} s={} b={} a={} g={} d={}", tname(dt), L.seq, L.batch, L.heads,
+                                       L.groups, L.head_dim);
+  const int64_t half = L.head_dim / 2;
+  std::vector<T> cs(static_cast<size_t>(table_seq * half)), sn(cs.size());
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor gCos = g.alloc({table_seq, half}, dt), gSin = g.alloc({table_seq, half}, dt);
+  k::rope_table(10000.0, table_seq, L.head_dim, view(cs, {table_seq, half}), view(sn, {table_seq, half}));
+  k::rope_table(10000.0, table_seq, L.head_dim, gCos, gSin);
+  expect_bitwise(to_host<T>(gCos), cs, what + " cos table");
+  expect_bitwise(to_host<T>(gSin), sn, what + " sin table");
+
+  auto qkv = randn<T>(L.tokens() * L.row(), 41 + L.seq);
+  const std::vector<T> orig = qkv;
+  Tensor Q = view(qkv, {L.tokens(), L.row()});
+  Tensor gQ = to_device(g, Q);
+  k::rope_forward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}));
+  k::rope_forward(gQ, L, gCos, gSin);
+  expect_close(to_host<T>(gQ), qkv, Tol<T>::tight, Tol<T>::tight, what + " forward");
+  k::rope_backward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}));
+  k::rope_backward(gQ, L, gCos, gSin);
+  std::vector<T> back = to_host<T>(gQ);
+  expect_close(back, qkv, Tol<T>::tight, Tol<T>::tight, what + " inverse");
+  expect_close(back, orig, 10 * Tol<T>::tight, 10 * Tol<T>::tight, what + " inverse undoes forward");
+}
+
+TEST(CudaTwin, RopeTableAndApplyMatchCpu) {
+  MT_REQUIRE_GPU();
+  k::QkvLayout gqa{.seq = 7, .batch = 3, .heads = 6, .groups = 2, .head_dim = 16};
+  k::QkvLayout mha{.seq = 37, .batch = 1, .heads = 4, .groups = 4, .head_dim = 64};
+  k::QkvLayout mqa{.seq = 5, .batch = 2, .heads = 3, .groups = 1, .head_dim = 2};
+  for (const k::QkvLayout& L : {gqa, mha, mqa}) {
+    rope_case<float>(L, L.seq);
+    rope_case<double>(L, L.seq);
+  }
+  rope_case<float>(gqa, 4096);  // a table longer than the sequence, large angles
+  rope_case<double>(gqa, 4096);
+}
+
+// ---------------------------------------------------------------- embedding
+
+template <typename T, typename Tok>
+void embedding_case(int64_t N, int64_t Vs, int64_t C, int64_t vocab_start) {
+  const std::string what = fmt::format("embedding {} tokens {} N={} Vs={} C={} vocab_start={}", tname(dtype_of<T>()),
+                                       tname(dtype_of<Tok>()), N, Vs, C, vocab_start);
+  // Tokens over a vocabulary 3x the shard, so some fall outside it, with repeats.
+  std::vector<Tok> tok(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) tok[static_cast<size_t>(i)] = static_cast<Tok>((i * 7919 + 13) % (3 * Vs));
+  // Repeats inside the shard: their gradients add up in row order.
+  for (int64_t i = 2; i < N; i += 5) tok[static_cast<size_t>(i)] = static_cast<Tok>(vocab_start + 1);
+  auto w = randn<T>(Vs * C, 51), dout = randn<T>(N * C, 52), dw = randn<T>(Vs * C, 53);
+  std::vector<T> out(static_cast<size_t>(N * C), T(7));
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor Tk = view(tok, {N}), W = view(w, {Vs, C});
+  Tensor gTk = to_device(g, Tk), gW = to_device(g, W), gOut = to_device(g, view(out, {N, C}));
+  k::embedding_forward(Tk, W, vocab_start, view(out, {N, C}));
+  k::embedding_forward(gTk, gW, vocab_start, gOut);
+  expect_bitwise(to_host<T>(gOut), out, what + " forward");
+
+  Tensor gDout = to_device(g, view(dout, {N, C})), gDw = to_device(g, view(dw, {Vs, C}));
+  k::embedding_backward(Tk, view(dout, {N, C}), vocab_start, view(dw, {Vs, C}));
+  k::embedding_backward(gTk, gDout, vocab_start, gDw);
+  expect_bitwise(to_host<T>(gDw), dw, what + " backward (accumulated, rows in order)");
+}
+
+TEST(CudaTwin, EmbeddingForwardBackwardMatchCpuBitwise) {
+  MT_REQUIRE_GPU();
+  embedding_case<float, int32_t>(37, 50, 129, 0);
+  embedding_case<float, int64_t>(37, 50, 129, 50);  // the second of three vocabulary shards
+  embedding_case<double, int32_t>(300, 17, 33, 34);
+  embedding_case<double, int64_t>(5, 11, 700, 0);
+  embedding_case<float, int32_t>(0, 11, 16, 0);
+}
+
+template <typename T>
+void position_case(int64_t Tn, int64_t B, int64_t C) {
+  const std::string what = fmt::format("position_add {} T={} B={} C={}", tname(dtype_of<T>()), Tn, B, C);
+  const int64_t N = Tn * B;
+  auto pos = randn<T>((Tn + 2) * C, 61), out = randn<T>(N * C, 62), dout = randn<T>(N * C, 63),
+       dpos = randn<T>((Tn + 2) * C, 64);
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor gPos = to_device(g, view(pos, {Tn + 2, C})), gOut = to_device(g, view(out, {N, C}));
+  k::position_add_forward(view(pos, {Tn + 2, C}), B, view(out, {N, C}));
+  k::position_add_forward(gPos, B, gOut);
+  expect_bitwise(to_host<T>(gOut), out, what + " forward");
+  Tensor gDout = to_device(g, view(dout, {N, C})), gDpos = to_device(g, view(dpos, {Tn + 2, C}));
+  k::position_add_backward(view(dout, {N, C}), B, view(dpos, {Tn + 2, C}));
+  k::position_add_backward(gDout, B, gDpos);
+  expect_bitwise(to_host<T>(gDpos), dpos, what + " backward (accumulated; rows past T untouched)");
+}
+
+TEST(CudaTwin, PositionAddMatchesCpuBitwise) {
+  MT_REQUIRE_GPU();
+  position_case<float>(37, 3, 129);
+  position_case<double>(37, 3, 129);
+  position_case<float>(5, 1, 1000);
+  position_case<float>(0, 2, 8);
+}
+
+// ---------------------------------------------------------------- elementwise
+
+template <typename T>
+void bias_and_add_case(int64_t N, int64_t C) {
+  const DType dt = dtype_of<T>();
+  const std::string what = fmt::format("{} N={} C={}", tname(dt), N, C);
+  auto y = randn<T>(N * C, 71), b = randn<T>(C, 72), db = randn<T>(C, 73), a2 = randn<T>(N * C, 74);
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor gY = to_device(g, view(y, {N, C})), gB = to_device(g, view(b, {C})), gDb = to_device(g, view(db, {C}));
+  Tensor gA2 = to_device(g, view(a2, {N, C}));
+
+  k::bias_add(view(y, {N, C}), view(b, {C}));
+  k::bias_add(gY, gB);
+  expect_bitwise(to_host<T>(gY), y, "bias_add " + what);
+
+  k::bias_grad(view(y, {N, C}), view(db, {C}));
+  k::bias_grad(gY, gDb);
+  expect_bitwise(to_host<T>(gDb), db, "bias_grad (accumulated, rows in order) " + what);
+
+  // add into a fresh output, then aliasing y = a and y = b, then add_inplace.
+  std::vector<T> sum(y.size());
+  Tensor gSum = g.alloc({N, C}, dt);
+  k::add(view(y, {N, C}), view(a2, {N, C}), view(sum, {N, C}));
+  k::add(gY, gA2, gSum);
+  expect_bitwise(to_host<T>(gSum), sum, "add " + what);
+  k::add(view(y, {N, C}), view(a2, {N, C}), view(y, {N, C}));
+  k::add(gY, gA2, gY);
+  expect_bitwise(to_host<T>(gY), y, "add with y aliasing a " + what);
+  k::add(view(y, {N, C}), view(a2, {N, C}), view(a2, {N, C}));
+  k::add(gY, gA2, gA2);
+  expect_bitwise(to_host<T>(gA2), a2, "add with y aliasing b " + what);
+  k::add_inplace(view(y, {N, C}), view(a2, {N, C}));
+  k::add_inplace(gY, gA2);
+  expect_bitwise(to_host<T>(gY), y, "add_inplace " + what);
+
+  k::scale_inplace(view(y, {N, C}), 0.37);
+  k::scale_inplace(gY, 0.37);
+  expect_bitwise(to_host<T>(gY), y, "scale_inplace " + what);
+}
+
+TEST(CudaTwin, BiasAddGradAddScaleMatchCpuBitwise) {
+  MT_REQUIRE_GPU();
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {1000, 3}, {1, 1}, {0, 5}}) {
+    bias_and_add_case<float>(N, C);
+    bias_and_add_case<double>(N, C);
+  }
+}
+
+// Values that stress bf16 rounding: ties to even both ways, the largest
+// finite, infinities, subnormals, signed zeros, then random values.
+std::vector<float> cast_inputs() {
+  const uint32_t bits[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x7f800000u, 0xff800000u,
+                           0x00000001u, 0x00008000u, 0x80018000u, 0x00000000u, 0x80000000u, 0x3f7fffffu};
+  std::vector<float> v;
+  for (uint32_t b : bits) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    v.push_back(f);
+  }
+  std::vector<float> r = randn<float>(1001, 81, 100.0);
+  v.insert(v.end(), r.begin(), r.end());
+  return v;
+}
+
+template <typename S, typename D>
+void cast_case() {
+  const std::string what = fmt::format("cast {} -> {}", tname(dtype_of<S>()), tname(dtype_of<D>()));
+  std::vector<float> base = cast_inputs();
+  std::vector<S> src(base.size());
+  for (size_t i = 0; i < base.size(); ++i) {
+    if constexpr (std::is_same_v<S, bf16>) src[i] = float_to_bf16(base[i]);
+    else if constexpr (std::is_same_v<S, double>) src[i] = static_cast<double>(base[i]) * (1.0 + 1e-9);  // bits below fp32
+    else src[i] = base[i];
+  }
+  const int64_t n = static_cast<int64_t>(src.size());
+  std::vector<D> dst(src.size());
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor gSrc = to_device(g, view(src, {n})), gDst = g.alloc({n}, dtype_of<D>());
+  k::cast(gSrc, gDst);
+  if constexpr (std::is_same_v<S, bf16> && std::is_same_v<D, bf16>) {
+    // The CPU twin's bf16 -> bf16 path converts the float VALUE to the 16-bit
+    // payload (static_cast<bf16>(float) aggregate-initialises bits); the CUDA
+    // twin copies the bits, which is what a cast means. Check the identity.
+    expect_bitwise(to_host<D>(gDst), src, what + " (identity)");
+  } else {
+    k::cast(view(src, {n}), view(dst, {n}));
+    expect_bitwise(to_host<D>(gDst), dst, what);
+  }
+}
+
+TEST(CudaTwin, CastAllDtypePairsMatchCpuBitwise) {
+  MT_REQUIRE_GPU();
+  cast_case<float, float>();
+  cast_case<float, double>();
+  cast_case<float, bf16>();
+  cast_case<double, float>();
+  cast_case<double, double>();
+  cast_case<double, bf16>();
+  cast_case<bf16, float>();
+  cast_case<bf16, double>();
+  // Under the simulated device the "CUDA" cast is the CPU twin, whose bf16 ->
+  // bf16 path is not an identity (see cast_case).
+  if (!simdev::enabled()) cast_case<bf16, bf16>();
+  // Empty.
+  Arena g = gpu_arena(kArenaBytes);
+  k::cast(g.alloc({0}, DType::kF32), g.alloc({0}, DType::kBF16));
+}
+
+template <typename T>
+void dropout_case(int64_t n, double p, uint64_t offset) {
+  const std::string what = fmt::format("dropout {} n={} p={} offset={}", tname(dtype_of<T>()), n, p, offset);
+  auto x = randn<T>(n, 91);
+  std::vector<T> y(x.size(), T(5));
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor gX = to_device(g, view(x, {n})), gY = to_device(g, view(y, {n}));
+  k::dropout_forward(view(x, {n}), view(y, {n}), p, 1234, 77, offset);
+  k::dropout_forward(gX, gY, p, 1234, 77, offset);
+  expect_bitwise(to_host<T>(gY), y, what);
+  // In place (y aliasing x), as the model calls it.
+  k::dropout_forward(view(x, {n}), view(x, {n}), p, 99, 3, offset);
+  k::dropout_forward(gX, gX, p, 99, 3, offset);
+  expect_bitwise(to_host<T>(gX), x, what + " in place");
+}
+
+TEST(CudaTwin, DropoutMatchesCpuMaskBitwise) {
+  MT_REQUIRE_GPU();
+  for (int64_t n : {10007, 3, 0}) {
+    dropout_case<float>(n, 0.3, 0);
+    dropout_case<float>(n, 0.1, 1001);  // a sequence-parallel shard: odd index_offset
+    dropout_case<double>(n, 0.5, (uint64_t{1} << 33) + 5);
+    dropout_case<float>(n, 0.0, 0);  // p = 0: copy
+  }
+}
+
+template <typename T>
+void sum_squares_case(int64_t n) {
+  const std::string what = fmt::format("sum_squares {} n={}", tname(dtype_of<T>()), n);
+  auto x = randn<T>(n, 101 + n, 1.0, 0.1);
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor gX = to_device(g, view(x, {n}));
+  const double want = k::sum_squares(view(x, {n}));
+  const double got = k::sum_squares(gX), again = k::sum_squares(gX);
+  EXPECT_NEAR(got, want, 1e-12 * (1.0 + std::abs(want))) << what;
+  EXPECT_EQ(std::memcmp(&got, &again, sizeof(double)), 0) << what << ": not deterministic";
+}
+
+TEST(CudaTwin, SumSquaresMatchesCpuAndRepeats) {
+  MT_REQUIRE_GPU();
+  // 3'000'001 > 1024 blocks x 256 threads: the capped grid strides.
+  for (int64_t n : {0, 1, 1000, 3000001}) {
+    sum_squares_case<float>(n);
+    sum_squares_case<double>(n);
+  }
+}
+
+// ---------------------------------------------------------------- adamw
+
+template <typename T>
+void adamw_case(int64_t n, double grad_scale, bool lowp) {
+  const std::string what =
+      fmt::format("adamw {} n={} grad_scale={}{}", tname(dtype_of<T>()), n, grad_scale, lowp ? " lowp" : "");
+  auto p = randn<T>(n, 111), m = randn<T>(n, 112, 0.01), v = randn<T>(n, 113, 0.01);
+  for (T& x : v) x = x * x;  // v >= 0
+  std::vector<bf16> lp(static_cast<size_t>(n));
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor gP = to_device(g, view(p, {n})), gM = to_device(g, view(m, {n})), gV = to_device(g, view(v, {n}));
+  Tensor gLp = lowp ? g.alloc({n}, DType::kBF16) : Tensor();
+  k::AdamWOptions o;
+  o.lr = 3e-4;
+  o.weight_decay = 0.1;
+  o.beta2 = 0.95;
+  o.grad_scale = grad_scale;
+  for (int64_t step = 1; step <= 3; ++step) {
+    o.step = step;
+    auto grad = randn<T>(n, 120 + step, 0.5);
+    Tensor gG = to_device(g, view(grad, {n}));
+    k::adamw_step(view(p, {n}), view(grad, {n}), view(m, {n}), view(v, {n}), o,
+                  lowp ? view(lp, {n}) : Tensor());
+    k::adamw_step(gP, gG, gM, gV, o, gLp);
+    const std::string at = fmt::format("{} step {}", what, step);
+    expect_bitwise(to_host<T>(gP), p, at + " param");
+    expect_bitwise(to_host<T>(gM), m, at + " m");
+    expect_bitwise(to_host<T>(gV), v, at + " v");
+    if (lowp) expect_bitwise(to_host<bf16>(gLp), lp, at + " bf16 copy");
+  }
+}
+
+TEST(CudaTwin, AdamWMatchesCpuBitwise) {
+  MT_REQUIRE_GPU();
+  for (int64_t n : {10007, 1, 0}) {
+    adamw_case<float>(n, 1.0, false);
+    adamw_case<float>(n, 0.37, false);
+    adamw_case<float>(n, 1.0, true);
+    adamw_case<float>(n, 0.37, true);
+    adamw_case<double>(n, 1.0, false);
+    adamw_case<double>(n, 0.37, false);
+  }
+}
+
+// ---------------------------------------------------------------- cross entropy
+
+template <typename T, typename Tok>
+void xent_case(int64_t N, int64_t V, int64_t vocab_start) {
+  const DType dt = dtype_of<T>();
+  const std::string what = fmt::format("xent {} targets {} N={} V={} vocab_start={}", tname(dt),
+                                       tname(dtype_of<Tok>()), N, V, vocab_start);
+  auto logits = randn<T>(N * V, 131 + N, 3.0);
+  // Targets: inside the shard, outside it on both sides, and one ignored (-1).
+  std::vector<Tok> tg(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t t = vocab_start + (i * 7919) % V;
+    if (i % 4 == 1) t = vocab_start + V + i;                 // a later shard
+    if (i % 4 == 2 && vocab_start > 0) t = vocab_start - 1;  // an earlier shard
+    if (i % 4 == 3) t = -1;                                  // ignored
+    tg[static_cast<size_t>(i)] = static_cast<Tok>(t);
+  }
+  std::vector<T> mx(static_cast<size_t>(N)), se(mx.size()), tl(mx.size()), loss(mx.size());
+  Arena g = gpu_arena(size_t{256} << 20);
+  Tensor L = view(logits, {N, V}), Tg = view(tg, {N});
+  Tensor gL = to_device(g, L), gTg = to_device(g, Tg);
+  Tensor gMx = g.alloc({N}, dt), gSe = g.alloc({N}, dt), gTl = g.alloc({N}, dt), gLoss = g.alloc({N}, dt);
+
+  // 1. partials
+  k::xent_partials(L, Tg, vocab_start, view(mx, {N}), view(se, {N}), view(tl, {N}));
+  k::xent_partials(gL, gTg, vocab_start, gMx, gSe, gTl);
+  expect_bitwise(to_host<T>(gMx), mx, what + " max");
+  expect_bitwise(to_host<T>(gTl), tl, what + " target logit");
+  expect_close(to_host<T>(gSe), se, Tol<T>::wide, 0, what + " sumexp");
+
+  // 2. rescale to a larger "global" max (as after the TP all-reduce), from the CPU's sums.
+  std::vector<T> gmax(mx.size());
+  for (size_t i = 0; i < mx.size(); ++i) gmax[i] = mx[i] + T(0.75);
+  Tensor gSe2 = to_device(g, view(se, {N})), gMx2 = to_device(g, view(mx, {N})), gGmax = to_device(g, view(gmax, {N}));
+  k::xent_rescale(view(se, {N}), view(mx, {N}), view(gmax, {N}));
+  k::xent_rescale(gSe2, gMx2, gGmax);
+  expect_close(to_host<T>(gSe2), se, Tol<T>::tight, 0, what + " rescale");
+
+  // 3. loss from identical (CPU) partials.
+  Tensor gTl2 = to_device(g, view(tl, {N})), gGmax2 = to_device(g, view(gmax, {N}));
+  Tensor gSe3 = to_device(g, view(se, {N}));
+  k::xent_loss(view(gmax, {N}), view(se, {N}), view(tl, {N}), Tg, view(loss, {N}));
+  k::xent_loss(gGmax2, gSe3, gTl2, gTg, gLoss);
+  expect_close(to_host<T>(gLoss), loss, Tol<T>::tight, Tol<T>::tight, what + " loss");
+
+  // 4. backward from identical partials, into a separate buffer and in place.
+  auto dloss = randn<T>(N, 141, 1.0, 1.0);
+  Tensor gDloss = to_device(g, view(dloss, {N}));
+  std::vector<T> dl(logits.size());
+  Tensor gD = g.alloc({N, V}, dt);
+  k::xent_backward(L, Tg, vocab_start, view(gmax, {N}), view(se, {N}), view(dloss, {N}), view(dl, {N, V}));
+  k::xent_backward(gL, gTg, vocab_start, gGmax2, gSe3, gDloss, gD);
+  const std::vector<T> gd = to_host<T>(gD);
+  expect_close(gd, dl, Tol<T>::tight, 1e-30, what + " dlogits");
+  if constexpr (std::is_same_v<T, float>) {
+    // bf16 gradient: bitwise the device fp32 gradient cast to bf16 ...
+    Tensor gDb = g.alloc({N, V}, DType::kBF16), gCast = g.alloc({N, V}, DType::kBF16);
+    k::xent_backward_bf16(gL, gTg, vocab_start, gGmax2, gSe3, gDloss, gDb);
+    k::cast(gD, gCast);
+    const std::vector<bf16> db = to_host<bf16>(gDb);
+    expect_bitwise(db, to_host<bf16>(gCast), what + " bf16 dlogits vs fp32 + cast");
+    // ... and the CPU's bf16 gradient within one bf16 rounding.
+    std::vector<bf16> cdb(logits.size());
+    k::xent_backward_bf16(L, Tg, vocab_start, view(gmax, {N}), view(se, {N}), view(dloss, {N}), view(cdb, {N, V}));
+    expect_close(widen(db), widen(cdb), 1.0 / 64, 1e-30, what + " bf16 dlogits vs CPU");
+  }
+  k::xent_backward(gL, gTg, vocab_start, gGmax2, gSe3, gDloss, gL);  // dlogits aliasing logits
+  expect_bitwise(to_host<T>(gL), gd, what + " dlogits in place");
+}
+
+TEST(CudaTwin, CrossEntropyMatchesCpu) {
+  MT_REQUIRE_GPU();
+  xent_case<float, int32_t>(37, 129, 0);
+  xent_case<float, int64_t>(8, 50257, 0);  // a GPT-2-wide row
+  xent_case<double, int32_t>(37, 129, 129);
+  xent_case<double, int64_t>(5, 50257, 50257);
+  xent_case<float, int64_t>(13, 1000, 1000);  // the second of several vocabulary shards
+}
+
+TEST(CudaTwin, CrossEntropyEmptyBatch) {
+  MT_REQUIRE_GPU();
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor L = g.alloc({0, 129}, DType::kF32), Tg = g.alloc({0}, DType::kI32), R = g.alloc({0}, DType::kF32);
+  k::xent_partials(L, Tg, 0, R, R, R);
+  k::xent_rescale(R, R, R);
+  k::xent_loss(R, R, R, Tg, R);
+  k::xent_backward(L, Tg, 0, R, R, R, L);
+  k::xent_backward_bf16(L, Tg, 0, R, R, R, g.alloc({0, 129}, DType::kBF16));
+}
+
+}  // namespace
+}  // namespace mt::test
