@@ -1,0 +1,217 @@
+#pragma once
+// The CUDA emulator: runs the real kernel code of src/kernels/cuda/*.cu on the
+// host, so that the CUDA twin tests (tests/kernels/cuda_*_test.cc) check the
+// kernels' logic against the CPU twins on every build, without a GPU or nvcc.
+//
+// How a .cu becomes host C++: translate.py rewrites each launch
+// `k<<<grid, block, shared, stream>>>(args)` into an emu::launch call, each
+// `__shared__` declaration into a static array that emu::shared_block
+// poisons per block, and `__launch_bounds__(n)` into a check at the kernel's
+// entry; it prepends `#include "emu.h"` and keeps every line where it was
+// (compiler errors and __LINE__ point at the .cu). The result is compiled by
+// g++ against this header, fake/cuda_runtime.h (the runtime API, see there)
+// and fake/cublasLt.h (a validating cuBLASLt fake, see cublaslt.cc).
+//
+// What is emulated, as CUDA defines it:
+//  - the grid: blocks run one after another; every CUDA thread of a block is
+//    a fiber with its own stack (emu.cc) on the launching host thread, so
+//    threadIdx, blockIdx, blockDim and gridDim have their CUDA values and
+//    block-local state (registers, local arrays) is per thread;
+//  - __syncthreads: a real block barrier; every thread of the block must
+//    reach it at the same call site, and a barrier that can never complete
+//    (a thread exited or waits elsewhere) aborts as a deadlock;
+//  - __shared__ memory: one copy per block, filled with 0xFF bytes (NaN in
+//    every float type) when the block starts, at most 48 KiB per block;
+//  - warp shuffles (__shfl_down_sync, __shfl_xor_sync): lanes exchange
+//    through the warp's registers at a warp barrier; the mask must name
+//    exactly the warp's lanes, and every lane must take part;
+//  - the math the kernels call: expf/exp, logf/log, erff/erf, tanhf/tanh,
+//    fmaxf/fmax, sqrt, min/max, the CUDA overloads of exp/log/... for float,
+//    and the intrinsics __fadd_rn ... __dsqrt_rn (correctly rounded, never
+//    fused into an FMA), __float_as_uint, __uint_as_float;
+//  - launches: the configuration is checked as a GPU checks it (block at most
+//    1024 threads, 1024 x 1024 x 64; grid x below 2^31, y and z at most
+//    65535; __launch_bounds__), an invalid one sets cudaErrorInvalidConfiguration
+//    and runs nothing; every pointer argument must be null or device memory;
+//    kernels run to completion before the launch returns (synchronous streams);
+//  - the scheduling order: within a block, each thread runs until it
+//    finishes or waits (at a barrier or shuffle), the threads taken in
+//    ascending order where blockIdx.x + y + z is even and descending order
+//    where it is odd, so a missing __syncthreads between one thread's write
+//    and another's read shows up (stale or poisoned data) in one of the two;
+//  - the runtime (fake/cuda_runtime.h): one device; cudaMalloc is poisoned,
+//    registered host memory; copies check their cudaMemcpyKind against it;
+//    streams are synchronous.
+// Not emulated: atomics, warp votes, __syncwarp, dynamic shared memory,
+// cooperative groups, textures, device-side printf (no kernel uses them; a
+// kernel that does fails to compile or to launch here until this grows).
+//
+// What it cannot catch:
+//  - races between blocks (blocks never overlap), races inside a block that
+//    neither scheduling order exposes (a thread is never interrupted between
+//    two waits), the GPU's memory model and memory fences; host code reading
+//    device memory directly (it is host memory here: tests under
+//    MT_SIMULATE_CUDA catch that instead);
+//  - warp-divergence hazards beyond the checks above (lanes of a warp run one
+//    after another, never in lockstep), out-of-bounds accesses that stay
+//    inside an allocation;
+//  - resource limits other than the ones listed: registers, occupancy, the
+//    shared memory of __shared__ declarations a block never reaches;
+//  - speed, and device math: CUDA's expf/erff/tanhf differ from glibc's by
+//    up to 2 ulp, and nvcc fuses a * b + c into an FMA where this build does
+//    not (-ffp-contract=off), so tolerances are only checked against the
+//    host's rounding;
+//  - cuBLASLt's real heuristics, algorithms and rounding (see cublaslt.cc).
+
+#include <cuda_runtime.h>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <source_location>
+#include <tuple>
+#include <type_traits>
+
+// Function qualifiers: plain host functions.
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+
+// The current thread's coordinates (set by the scheduler before it resumes a thread).
+extern uint3 threadIdx;
+extern uint3 blockIdx;
+extern dim3 blockDim;
+extern dim3 gridDim;
+
+namespace emu {
+
+// A launch's configuration, checked by launch(): <<<grid, block, shared_bytes, stream>>>.
+struct Config {
+  dim3 grid, block;
+  size_t shared_bytes;
+  cudaStream_t stream;
+  std::source_location where;
+};
+inline Config config(dim3 grid, dim3 block, size_t shared_bytes = 0, cudaStream_t stream = nullptr,
+                     std::source_location where = std::source_location::current()) {
+  return {grid, block, shared_bytes, stream, where};
+}
+
+// Runs body(ctx) once per CUDA thread of every block of c, or records
+// cudaErrorInvalidConfiguration and returns. `kernel` names it in messages.
+void run_grid(const char* kernel, const Config& c, void (*body)(void*), void* ctx);
+// Aborts unless p is null or inside device memory (kernel argument `index`).
+void check_pointer_argument(const char* kernel, const Config& c, int index, const void* p);
+
+template <typename A>
+void check_argument(const char* kernel, const Config& c, int index, const A& a) {
+  if constexpr (std::is_pointer_v<A>) check_pointer_argument(kernel, c, index, a);
+}
+
+// kernel<<<c>>>(args...): the arguments are evaluated once, before the
+// launch, and each thread calls `call` with its own copies of them (a
+// kernel's parameters are by value).
+template <typename Call, typename... Args>
+void launch(const char* kernel, const Config& c, Call call, Args... args) {
+  [[maybe_unused]] int index = 0;
+  (check_argument(kernel, c, index++, args), ...);
+  struct Ctx {
+    Call* call;
+    std::tuple<Args...>* args;
+  };
+  std::tuple<Args...> stored(args...);
+  Ctx ctx{&call, &stored};
+  run_grid(
+      kernel, c,
+      [](void* p) {
+        Ctx* x = static_cast<Ctx*>(p);
+        std::apply(*x->call, *x->args);
+      },
+      &ctx);
+}
+
+// At a __global__ function's entry (translate.py, from __launch_bounds__):
+// aborts if the block has more threads than the kernel was compiled for.
+void launch_bounds(int max_threads, int min_blocks_per_sm = 0);
+
+// At each __shared__ declaration (translate.py): the first thread of a block
+// to reach it fills the array with 0xFF bytes; the block's distinct
+// __shared__ arrays must fit the 48 KiB of static shared memory.
+void shared_block(void* array, size_t bytes);
+
+// Block barrier; `site` is the __syncthreads call.
+void syncthreads(const std::source_location& site);
+
+// `bits` as lane src of the calling warp passes it, src = lane + arg (kDown)
+// or lane ^ arg (kXor); a src past the warp's 32 lanes gives the caller's own
+// value, as in CUDA. Every lane of `mask`, which must be the whole warp,
+// calls it together.
+enum class Shuffle { kDown, kXor };
+uint64_t shuffle(unsigned mask, uint64_t bits, Shuffle kind, int arg);
+
+template <typename T>
+T shuffle_as(unsigned mask, T v, Shuffle kind, int arg) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= sizeof(uint64_t), "shuffle of a register value");
+  uint64_t bits = 0;
+  __builtin_memcpy(&bits, &v, sizeof(T));
+  bits = shuffle(mask, bits, kind, arg);
+  T r;
+  __builtin_memcpy(&r, &bits, sizeof(T));
+  return r;
+}
+
+// Between emu.cc and cuda_runtime.cc.
+bool is_valid_stream(cudaStream_t stream);
+void set_last_error(cudaError_t error);
+
+}  // namespace emu
+
+inline void __syncthreads(const std::source_location site = std::source_location::current()) { emu::syncthreads(site); }
+
+template <typename T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta) {
+  return emu::shuffle_as(mask, v, emu::Shuffle::kDown, static_cast<int>(delta));
+}
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  return emu::shuffle_as(mask, v, emu::Shuffle::kXor, lane_mask);
+}
+
+// Correctly rounded arithmetic (IEEE, round to nearest even). The translated
+// sources are compiled with -ffp-contract=off, so none of these is fused
+// with a neighbouring operation, as nvcc promises for the _rn intrinsics.
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline double __dsqrt_rn(double a) { return std::sqrt(a); }
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
+
+// CUDA's math library overloads these names for float in the global
+// namespace (expf etc. come from <cmath>).
+using std::erf;
+using std::exp;
+using std::fmax;
+using std::log;
+using std::sqrt;
+using std::tanh;
+
+// CUDA's integer min and max (its float ones are fminf/fmaxf; no kernel uses them).
+template <typename T>
+T min(T a, T b) {
+  static_assert(std::is_integral_v<T>, "emu.h has CUDA's integer min only");
+  return b < a ? b : a;
+}
+template <typename T>
+T max(T a, T b) {
+  static_assert(std::is_integral_v<T>, "emu.h has CUDA's integer max only");
+  return a < b ? b : a;
+}
