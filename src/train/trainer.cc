@@ -102,7 +102,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   if (cfg.device == "auto") cfg.device = backend.cuda_devices > 0 && comm::world_size() == 1 ? "cuda" : "cpu";
   if (cfg.device == "cuda") {
     if (backend.cuda_devices == 0)
-      problems.push_back(fmt::format("[--device] cuda was asked for, but the CUDA backend is {} (fix: --device cpu)",
+      problems.push_back(fmt::format("[--device] cuda was asked for, but the CUDA backend reports: {} (fix: --device cpu)",
                                      backend.cuda_status));
     else if (comm::world_size() > 1)
       problems.push_back(fmt::format("[--device] {} ranks on CUDA need NCCL communicators, which megatron train does "
