@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "../support/comm_values.h"
 #include "../support/mpi_test.h"
 #include "parallel/process_groups.h"
 #include "parallel/rank_grid.h"
@@ -25,66 +26,10 @@
 namespace mt::comm {
 namespace {
 
+using namespace ::mt::comm::test;  // NOLINT: the shared value helpers
+
 int g_expect_world = -1;  // -1: not checked
 int g_expect_mpi = -1;
-
-// ---- values ----
-
-template <typename T>
-T val(double x) {
-  return static_cast<T>(x);
-}
-template <>
-bf16 val<bf16>(double x) {
-  return float_to_bf16(static_cast<float>(x));
-}
-template <typename T>
-double num(T v) {
-  return static_cast<double>(v);
-}
-template <>
-double num<bf16>(bf16 v) {
-  return bf16_to_float(v);
-}
-
-// Element i of rank r is r*A + i (and r*A + j*B + i in block j). bf16 keeps
-// every value and sum a small integer (exact below 256).
-struct Pattern {
-  double A, B;
-  int n;  // elements per block
-};
-template <typename T>
-Pattern pattern() {
-  return {1000, 100, 37};
-}
-template <>
-Pattern pattern<bf16>() {
-  return {16, 4, 4};
-}
-
-template <typename T>
-Tensor tensor(std::vector<T>& v) {
-  return Tensor(v.data(), Shape{static_cast<int64_t>(v.size())}, dtype_of<T>());
-}
-
-const char* op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : op == ReduceOp::kMax ? "max" : "min"; }
-
-// op over ranks 0..N-1 of r*A + c.
-double reduce_closed_form(ReduceOp op, int N, double A, double c) {
-  switch (op) {
-    case ReduceOp::kSum: return A * N * (N - 1) / 2 + N * c;
-    case ReduceOp::kMax: return (N - 1) * A + c;
-    case ReduceOp::kMin: return c;
-  }
-  return 0;
-}
-
-struct TypeNames {
-  template <typename T>
-  static std::string GetName(int) {
-    return dtype_name(dtype_of<T>());
-  }
-};
 
 // ---- the runtime ----
 
@@ -125,7 +70,7 @@ TYPED_TEST(Collective, AllReduceSumMaxMin) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
     std::vector<T> v(p.n);
     for (int i = 0; i < p.n; ++i) v[i] = val<T>(r * p.A + i);
-    w->all_reduce(tensor(v), op);
+    w->all_reduce(host_view(v), op);
     for (int i = 0; i < p.n; ++i)
       EXPECT_EQ(num(v[i]), reduce_closed_form(op, N, p.A, i)) << op_name(op) << " element " << i;
   }
@@ -138,7 +83,7 @@ TYPED_TEST(Collective, AllGather) {
   const Pattern p = pattern<T>();
   std::vector<T> in(p.n), out(static_cast<size_t>(N) * p.n, val<T>(-1));
   for (int i = 0; i < p.n; ++i) in[i] = val<T>(r * p.A + i);
-  w->all_gather(tensor(in), tensor(out));
+  w->all_gather(host_view(in), host_view(out));
   for (int j = 0; j < N; ++j)
     for (int i = 0; i < p.n; ++i) EXPECT_EQ(num(out[j * p.n + i]), j * p.A + i) << "block " << j << " element " << i;
   for (int i = 0; i < p.n; ++i) EXPECT_EQ(num(in[i]), r * p.A + i) << "in must be untouched";
@@ -166,7 +111,7 @@ TYPED_TEST(Collective, ReduceScatter) {
     std::vector<T> in(static_cast<size_t>(N) * p.n), out(p.n, val<T>(-1));
     for (int j = 0; j < N; ++j)
       for (int i = 0; i < p.n; ++i) in[j * p.n + i] = val<T>(r * p.A + j * p.B + i);
-    w->reduce_scatter(tensor(in), tensor(out), op);
+    w->reduce_scatter(host_view(in), host_view(out), op);
     // Block r of every rank s: s*A + r*B + i.
     for (int i = 0; i < p.n; ++i)
       EXPECT_EQ(num(out[i]), reduce_closed_form(op, N, p.A, r * p.B + i)) << op_name(op) << " element " << i;
@@ -181,7 +126,7 @@ TYPED_TEST(Collective, BroadcastFromLastAndFirstRank) {
   for (int root : {N - 1, 0}) {
     std::vector<T> v(p.n);
     for (int i = 0; i < p.n; ++i) v[i] = val<T>(r * p.A + i);
-    w->broadcast(tensor(v), root);
+    w->broadcast(host_view(v), root);
     for (int i = 0; i < p.n; ++i) EXPECT_EQ(num(v[i]), root * p.A + i) << "root " << root << " element " << i;
   }
 }
@@ -194,12 +139,12 @@ TYPED_TEST(Collective, AllToAll) {
   std::vector<T> in(static_cast<size_t>(N) * p.n), out(in.size(), val<T>(-1));
   for (int j = 0; j < N; ++j)
     for (int i = 0; i < p.n; ++i) in[j * p.n + i] = val<T>(r * p.A + j * p.B + i);
-  w->all_to_all(tensor(in), tensor(out));
+  w->all_to_all(host_view(in), host_view(out));
   // Block s of out is block r of rank s's in.
   for (int s = 0; s < N; ++s)
     for (int i = 0; i < p.n; ++i) EXPECT_EQ(num(out[s * p.n + i]), s * p.A + r * p.B + i) << "block " << s;
   // In place (in == out): the result is as if in was read first.
-  w->all_to_all(tensor(in), tensor(in));
+  w->all_to_all(host_view(in), host_view(in));
   for (int s = 0; s < N; ++s)
     for (int i = 0; i < p.n; ++i) EXPECT_EQ(num(in[s * p.n + i]), s * p.A + r * p.B + i) << "in place, block " << s;
 }
@@ -216,11 +161,11 @@ TYPED_TEST(Collective, SendRecvRing) {
   std::vector<T> out(n), in(n, val<T>(-1));
   for (int i = 0; i < n; ++i) out[i] = val<T>(r * p.A + i % p.n);
   if (r % 2 == 0) {
-    w->send(tensor(out), right, 1);
-    w->recv(tensor(in), left, 1);
+    w->send(host_view(out), right, 1);
+    w->recv(host_view(in), left, 1);
   } else {
-    w->recv(tensor(in), left, 1);
-    w->send(tensor(out), right, 1);
+    w->recv(host_view(in), left, 1);
+    w->send(host_view(out), right, 1);
   }
   for (int i = 0; i < n; ++i) ASSERT_EQ(num(in[i]), left * p.A + i % p.n) << "element " << i;
 }
@@ -240,14 +185,14 @@ TYPED_TEST(Collective, IsendIrecvTagsAndOrder) {
   std::vector<T> s7(n), s3(n), s9a(n), s9b(n), r7(n), r3(n), r9a(n), r9b(n);
   fill(s7, r, 0), fill(s3, r, 1), fill(s9a, r, 2), fill(s9b, r, 3);
   std::vector<std::unique_ptr<Work>> works;
-  works.push_back(w->irecv(tensor(r7), left, 7));
-  works.push_back(w->irecv(tensor(r3), left, 3));
-  works.push_back(w->irecv(tensor(r9a), left, 9));
-  works.push_back(w->irecv(tensor(r9b), left, 9));
-  works.push_back(w->isend(tensor(s3), right, 3));
-  works.push_back(w->isend(tensor(s9a), right, 9));
-  works.push_back(w->isend(tensor(s9b), right, 9));
-  works.push_back(w->isend(tensor(s7), right, 7));
+  works.push_back(w->irecv(host_view(r7), left, 7));
+  works.push_back(w->irecv(host_view(r3), left, 3));
+  works.push_back(w->irecv(host_view(r9a), left, 9));
+  works.push_back(w->irecv(host_view(r9b), left, 9));
+  works.push_back(w->isend(host_view(s3), right, 3));
+  works.push_back(w->isend(host_view(s9a), right, 9));
+  works.push_back(w->isend(host_view(s9b), right, 9));
+  works.push_back(w->isend(host_view(s7), right, 7));
   while (!works[0]->test()) {
   }
   EXPECT_TRUE(works[0]->test());  // stays completed
@@ -277,8 +222,8 @@ TEST(Bf16, SumInFp32RoundedOnce) {
   auto value = [](int rank, int i) { return rank == 0 ? 1.0f : std::ldexp(static_cast<float>(i % 3 + 1), -8); };
   std::vector<bf16> a(n), b(n);
   for (int i = 0; i < n; ++i) a[i] = b[i] = float_to_bf16(value(r, i));
-  w->all_reduce(tensor(a));
-  w->iall_reduce(tensor(b))->wait();
+  w->all_reduce(host_view(a));
+  w->iall_reduce(host_view(b))->wait();
   for (int i = 0; i < n; ++i) {
     float sum = 0;
     for (int s = 0; s < N; ++s) sum += value(s, i);
@@ -300,9 +245,9 @@ TEST(Async, AllReduceBucketsOverlap) {
   for (size_t i = 0; i < b1.size(); ++i) b1[i] = static_cast<float>(r * 1000 + i);
   for (size_t i = 0; i < b2.size(); ++i) b2[i] = float_to_bf16(static_cast<float>(r * 16 + i % 16));
   for (size_t i = 0; i < b3.size(); ++i) b3[i] = static_cast<float>(r + 1);
-  auto w1 = w->iall_reduce(tensor(b1));
-  auto w2 = w->iall_reduce(tensor(b2), ReduceOp::kMax);
-  { auto w3 = w->iall_reduce(tensor(b3)); }
+  auto w1 = w->iall_reduce(host_view(b1));
+  auto w2 = w->iall_reduce(host_view(b2), ReduceOp::kMax);
+  { auto w3 = w->iall_reduce(host_view(b3)); }
   while (!w2->test()) {
   }
   w1->wait();
@@ -323,8 +268,8 @@ TEST(Async, ReduceScatterAndAllGather) {
     for (int i = 0; i < n; ++i) in[j * n + i] = r * 1000 + j * 100 + i;
     for (int i = 0; i < 4; ++i) hin[j * 4 + i] = float_to_bf16(static_cast<float>(r * 16 + j * 4 + i));
   }
-  auto wa = w->ireduce_scatter(tensor(in), tensor(out));
-  auto wb = w->ireduce_scatter(tensor(hin), tensor(hout), ReduceOp::kSum);
+  auto wa = w->ireduce_scatter(host_view(in), host_view(out));
+  auto wb = w->ireduce_scatter(host_view(hin), host_view(hout), ReduceOp::kSum);
   // iall_gather: in place (int64) and out of place (fp32).
   std::vector<int64_t> g(static_cast<size_t>(N) * n, -1);
   for (int i = 0; i < n; ++i) g[r * n + i] = r * 1000 + i;
@@ -332,7 +277,7 @@ TEST(Async, ReduceScatterAndAllGather) {
   std::vector<float> gin(n), gout(static_cast<size_t>(N) * n, -1);
   for (int i = 0; i < n; ++i) gin[i] = static_cast<float>(r * 1000 + i);
   auto wc = w->iall_gather(gt.slice(r, r + 1), gt);
-  auto wd = w->iall_gather(tensor(gin), tensor(gout));
+  auto wd = w->iall_gather(host_view(gin), host_view(gout));
   wd->wait(), wc->wait(), wb->wait(), wa->wait();
   for (int i = 0; i < n; ++i) EXPECT_EQ(out[i], reduce_closed_form(ReduceOp::kSum, N, 1000, r * 100 + i)) << i;
   for (int i = 0; i < 4; ++i) EXPECT_EQ(bf16_to_float(hout[i]), reduce_closed_form(ReduceOp::kSum, N, 16, r * 4 + i));
@@ -355,20 +300,20 @@ TEST(Stats, ByteCountsAsTheHeaderDefines) {
   EXPECT_EQ(w->stats().bytes, 0u);
 
   std::vector<float> a(10, 1.0f);
-  w->all_reduce(tensor(a));                                       // 40
+  w->all_reduce(host_view(a));                                       // 40
   std::vector<int32_t> gi(3), go(3 * N);
-  w->all_gather(tensor(gi), tensor(go));                          // out: 12 N
+  w->all_gather(host_view(gi), host_view(go));                          // out: 12 N
   std::vector<double> ri(2 * N), ro(2);
-  w->reduce_scatter(tensor(ri), tensor(ro));                      // in: 16 N
+  w->reduce_scatter(host_view(ri), host_view(ro));                      // in: 16 N
   std::vector<int64_t> bc(5);
-  w->broadcast(tensor(bc), n - 1);                                // 40
+  w->broadcast(host_view(bc), n - 1);                                // 40
   std::vector<int32_t> ti(2 * N), to(2 * N);
-  w->all_to_all(tensor(ti), tensor(to));                          // in: 8 N
-  w->iall_reduce(tensor(a))->wait();                              // 40
+  w->all_to_all(host_view(ti), host_view(to));                          // in: 8 N
+  w->iall_reduce(host_view(a))->wait();                              // 40
   std::vector<bf16> hi(6), ho(6 * N);
-  w->iall_gather(tensor(hi), tensor(ho))->wait();                 // out: 12 N
+  w->iall_gather(host_view(hi), host_view(ho))->wait();                 // out: 12 N
   std::vector<float> si(3 * N), so(3);
-  w->ireduce_scatter(tensor(si), tensor(so))->wait();             // in: 12 N
+  w->ireduce_scatter(host_view(si), host_view(so))->wait();             // in: 12 N
   w->barrier();                                                   // nothing
   w->all_reduce_scalar(2.0);                                      // 8
 
@@ -387,15 +332,15 @@ TEST(Stats, ByteCountsAsTheHeaderDefines) {
   const int r = w->rank(), right = (r + 1) % n, left = (r + n - 1) % n;
   std::vector<float> f(4), g(4);
   if (r % 2 == 0) {
-    w->send(tensor(f), right);
-    w->recv(tensor(g), left);
+    w->send(host_view(f), right);
+    w->recv(host_view(g), left);
   } else {
-    w->recv(tensor(g), left);
-    w->send(tensor(f), right);
+    w->recv(host_view(g), left);
+    w->send(host_view(f), right);
   }
   std::vector<double> d(3), e(3);
-  auto rw = w->irecv(tensor(e), left, 2);
-  auto sw = w->isend(tensor(d), right, 2);
+  auto rw = w->irecv(host_view(e), left, 2);
+  auto sw = w->isend(host_view(d), right, 2);
   sw->wait(), rw->wait();
   EXPECT_EQ(w->stats().calls, 4u);
   EXPECT_EQ(w->stats().p2p_bytes, 16u + 16u + 24u + 24u);
@@ -483,7 +428,7 @@ void check_groups(const parallel::RankGrid& grid) {
     if (!c) continue;
     std::vector<int32_t> v(5);
     for (int i = 0; i < 5; ++i) v[i] = r * 1000 + i;
-    c->all_reduce(tensor(v));
+    c->all_reduce(host_view(v));
     for (int i = 0; i < 5; ++i) {
       int32_t expect = 0;
       for (int m : c->members()) expect += m * 1000 + i;
@@ -544,25 +489,25 @@ TEST(Self, CopiesAndCounts) {
   EXPECT_EQ(s->members(), std::vector<int>{3});
   EXPECT_EQ(s->name(), "self[3]");
   std::vector<float> in = {1, 2, 3, 4}, out(4, -1);
-  s->all_gather(tensor(in), tensor(out));
+  s->all_gather(host_view(in), host_view(out));
   EXPECT_EQ(out, in);
   std::fill(out.begin(), out.end(), -1.0f);
-  s->reduce_scatter(tensor(in), tensor(out), ReduceOp::kMax);
+  s->reduce_scatter(host_view(in), host_view(out), ReduceOp::kMax);
   EXPECT_EQ(out, in);
   std::fill(out.begin(), out.end(), -1.0f);
-  s->all_to_all(tensor(in), tensor(out));
+  s->all_to_all(host_view(in), host_view(out));
   EXPECT_EQ(out, in);
-  s->all_reduce(tensor(in));
-  s->broadcast(tensor(in), 0);
+  s->all_reduce(host_view(in));
+  s->broadcast(host_view(in), 0);
   EXPECT_EQ(in, (std::vector<float>{1, 2, 3, 4}));
   // Overlapping in and out: as if in was read first (memmove).
   std::vector<int32_t> buf = {1, 2, 3, 4, 5};
   Tensor b(buf.data(), Shape{5}, DType::kI32);
   s->all_to_all(b.slice(0, 4), b.slice(1, 5));
   EXPECT_EQ(buf, (std::vector<int32_t>{1, 1, 2, 3, 4}));
-  EXPECT_TRUE(s->iall_reduce(tensor(in))->test());
-  EXPECT_TRUE(s->ireduce_scatter(tensor(in), tensor(out))->test());
-  EXPECT_TRUE(s->iall_gather(tensor(in), tensor(out))->test());
+  EXPECT_TRUE(s->iall_reduce(host_view(in))->test());
+  EXPECT_TRUE(s->ireduce_scatter(host_view(in), host_view(out))->test());
+  EXPECT_TRUE(s->iall_gather(host_view(in), host_view(out))->test());
   s->barrier();
   EXPECT_EQ(s->all_reduce_scalar(2.5), 2.5);
   // 16 bytes each: all_gather, reduce_scatter, all_to_all (twice),
@@ -582,12 +527,12 @@ TEST(SelfDeathTest, MisuseFailsWithAMessage) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto s = make_self_communicator(0);
   std::vector<float> v(4), small(3);
-  EXPECT_DEATH(s->send(tensor(v), 0), "a pipeline with one stage never sends");
-  EXPECT_DEATH(s->irecv(tensor(v), 0), "group of one has no peer");
-  EXPECT_DEATH(s->all_gather(tensor(v), tensor(small)), "expected out to have 4 elements, got 3");
-  EXPECT_DEATH(s->broadcast(tensor(v), 1), "expected root 0");
+  EXPECT_DEATH(s->send(host_view(v), 0), "a pipeline with one stage never sends");
+  EXPECT_DEATH(s->irecv(host_view(v), 0), "group of one has no peer");
+  EXPECT_DEATH(s->all_gather(host_view(v), host_view(small)), "expected out to have 4 elements, got 3");
+  EXPECT_DEATH(s->broadcast(host_view(v), 1), "expected root 0");
   std::vector<double> d(4);
-  EXPECT_DEATH(s->all_to_all(tensor(v), tensor(d)), "expected in and out of the same dtype, got fp32 and fp64");
+  EXPECT_DEATH(s->all_to_all(host_view(v), host_view(d)), "expected in and out of the same dtype, got fp32 and fp64");
   EXPECT_DEATH(make_group({0, 1}, "tp"), "expected members \\[0\\] or none");
   // Without MPI, abort_job is a flushed exit with the code.
   EXPECT_EXIT(abort_job(3), ::testing::ExitedWithCode(3), "");

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/comm_values.h"
 #include "../support/mpi_test.h"
 #include "comm/communicator.h"
 #include "core/arena.h"
@@ -32,6 +33,8 @@
 
 namespace mt::comm {
 namespace {
+
+using namespace ::mt::comm::test;  // NOLINT: the shared value helpers
 
 int g_expect_world = -1;  // -1: not checked
 std::unique_ptr<Communicator> g_world;  // the NCCL world, when every rank started NCCL
@@ -64,66 +67,9 @@ class NcclEnvironment : public ::testing::Environment {
   void TearDown() override { g_world.reset(); }
 };
 
-// ---- values ----
-
-template <typename T>
-T val(double x) {
-  return static_cast<T>(x);
-}
-template <>
-bf16 val<bf16>(double x) {
-  return float_to_bf16(static_cast<float>(x));
-}
-template <typename T>
-double num(T v) {
-  return static_cast<double>(v);
-}
-template <>
-double num<bf16>(bf16 v) {
-  return bf16_to_float(v);
-}
-
-// bf16 keeps every value and sum a small integer (exact below 256).
-struct Pattern {
-  double A, B;
-  int n;  // elements per block (odd, so no block is a round size)
-};
-template <typename T>
-Pattern pattern() {
-  return {1000, 100, 37};
-}
-template <>
-Pattern pattern<bf16>() {
-  return {16, 4, 4};
-}
-
-const char* op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : op == ReduceOp::kMax ? "max" : "min"; }
-
-// op over ranks 0..N-1 of r*A + c.
-double reduce_closed_form(ReduceOp op, int N, double A, double c) {
-  switch (op) {
-    case ReduceOp::kSum: return A * N * (N - 1) / 2 + N * c;
-    case ReduceOp::kMax: return (N - 1) * A + c;
-    case ReduceOp::kMin: return c;
-  }
-  return 0;
-}
-
-struct TypeNames {
-  template <typename T>
-  static std::string GetName(int) {
-    return dtype_name(dtype_of<T>());
-  }
-};
-
 // ---- device buffers ----
 
 Arena gpu_arena() { return Arena(size_t{32} << 20, "nccl test", Device::kCuda); }
-
-template <typename T>
-Tensor host_view(std::vector<T>& v) {
-  return Tensor(v.data(), Shape{static_cast<int64_t>(v.size())}, dtype_of<T>());
-}
 
 // A device copy of v, shaped [rows, v.size() / rows].
 template <typename T>
