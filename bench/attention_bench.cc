@@ -7,6 +7,14 @@
 // (causal FLOPs: fwd 2 GEMMs, bwd 5, over the lower triangle) and the ratio.
 //
 //   attention_bench [--threads 2] [--seq 256] [--batch 4] [--heads 12] [--groups 12] [--reps 20] [--no-torch]
+//
+// --device cuda (a CUDA build on a GPU): our SIMT fp32 kernels and our bf16
+// tensor-core kernels (AttentionOptions::bf16_matmul) on the GPU, against
+// PyTorch's fused scaled_dot_product_attention in bf16 (flash attention,
+// is_causal, GQA) from the `python3` on PATH (bench/attention_torch_bench.py
+// --device cuda; --torch-cmd replaces "python3 <source>/bench/attention_torch_bench.py",
+// e.g. where the source tree has moved). The benchmark model's shape, for example:
+//   attention_bench --device cuda --seq 2048 --batch 4 --heads 16 --groups 4 --head-dim 128
 #include <omp.h>
 
 #include <algorithm>
@@ -18,7 +26,12 @@
 #include <string>
 #include <vector>
 
+#include "core/arena.h"
+#include "core/device.h"
 #include "core/threads.h"
+#ifdef MT_HAVE_CUDA
+#include "core/cuda/runtime.h"
+#endif
 #include "kernels/attention.h"
 
 using namespace mt;
@@ -42,12 +55,95 @@ double time_ms(int reps, F&& f) {
   return median(t);
 }
 
+// Causal FLOPs: each of the GEMM-like products over the T(T+1)/2 lower
+// triangle; forward 2 products, backward 5 (S and dP recomputed, dV, dK, dQ).
+struct Flops {
+  double fwd, bwd;
+};
+Flops causal_flops(int64_t T, int64_t B, int64_t H, int64_t D) {
+  const double tri = static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T + 1) / 2;
+  return {2 * 2 * tri * static_cast<double>(D), 5 * 2 * tri * static_cast<double>(D)};
+}
+
+int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bool torch, const std::string& torch_cmd) {
+#ifndef MT_HAVE_CUDA
+  (void)T, (void)B, (void)H, (void)G, (void)D, (void)reps, (void)torch, (void)torch_cmd;
+  std::fprintf(stderr, "attention_bench: --device cuda needs a CUDA build (this one has no CUDA backend)\n");
+  return 2;
+#else
+  const BackendInfo info = backend_info();
+  if (info.cuda_devices < 1) {
+    std::fprintf(stderr, "attention_bench: --device cuda: %s\n", info.cuda_status.c_str());
+    return 2;
+  }
+  kernels::QkvLayout L{T, B, H, G, D};
+  const int64_t N = T * B;
+  std::vector<float> qkv(static_cast<size_t>(N * L.row())), dout(static_cast<size_t>(N * H * D));
+  uint64_t s = 1;
+  auto rnd = [&] {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<float>((s >> 40) & 0xffff) / 65536.0f - 0.5f;
+  };
+  for (float& x : qkv) x = rnd();
+  for (float& x : dout) x = rnd();
+  const size_t bytes = (2 * qkv.size() + 2 * dout.size() + static_cast<size_t>(B * H * T)) * sizeof(float) + (1 << 20);
+  Arena g(bytes, "attention_bench", Device::kCuda);
+  const Tensor tq = g.alloc({N, L.row()}, DType::kF32), to = g.alloc({N, H * D}, DType::kF32),
+               tdo = g.alloc({N, H * D}, DType::kF32), tl = g.alloc({B, H, T}, DType::kF32),
+               tdq = g.alloc({N, L.row()}, DType::kF32);
+  copy_tensor(Tensor(qkv.data(), tq.shape(), DType::kF32), tq);
+  copy_tensor(Tensor(dout.data(), tdo.shape(), DType::kF32), tdo);
+  const Flops f = causal_flops(T, B, H, D);
+  std::printf("causal attention B=%lld T=%lld heads=%lld groups=%lld d=%lld on %s, median of %d\n",
+              static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
+              static_cast<long long>(G), static_cast<long long>(D), info.cuda_name.c_str(), reps);
+  double ours_fwd = 0, ours_bwd = 0;
+  for (bool tc : {false, true}) {
+    kernels::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(D))};
+    o.bf16_matmul = tc;
+    const bool used = kernels::cuda::attention_uses_tensor_cores(tq, L, o);
+    const double fwd = time_ms(reps, [&] {
+      kernels::attention_forward(tq, L, o, to, tl);
+      cuda::synchronize();
+    });
+    const double bwd = time_ms(reps, [&] {
+      kernels::attention_backward(tq, to, tdo, tl, L, o, tdq);
+      cuda::synchronize();
+    });
+    std::printf("  ours %-16s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
+                used ? "bf16 tensor core" : "fp32 SIMT", fwd, f.fwd / fwd * 1e-9, bwd, f.bwd / bwd * 1e-9, fwd + bwd);
+    ours_fwd = fwd, ours_bwd = bwd;  // the last (tensor-core) one is compared with PyTorch
+  }
+  if (!torch) return 0;
+  const std::string base =
+      torch_cmd.empty() ? std::string("python3 ") + MT_SOURCE_DIR + "/bench/attention_torch_bench.py" : torch_cmd;
+  const std::string cmd = base + " --device cuda --seq " +
+                          std::to_string(T) + " --batch " + std::to_string(B) + " --heads " + std::to_string(H) +
+                          " --groups " + std::to_string(G) + " --head-dim " + std::to_string(D) + " --reps " +
+                          std::to_string(reps);
+  FILE* p = popen(cmd.c_str(), "r");
+  double tf = 0, tb = 0;
+  if (!p || std::fscanf(p, "%lf %lf", &tf, &tb) != 2) {
+    std::printf("  PyTorch: failed to run %s\n", cmd.c_str());
+    if (p) pclose(p);
+    return 1;
+  }
+  pclose(p);
+  std::printf("  PyTorch sdpa bf16      fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
+              tf, f.fwd / tf * 1e-9, tb, f.bwd / tb * 1e-9, tf + tb);
+  std::printf("  ratio (PyTorch time / ours, tensor cores): fwd %.2fx  bwd %.2fx  fwd+bwd %.2fx\n", tf / ours_fwd,
+              tb / ours_bwd, (tf + tb) / (ours_fwd + ours_bwd));
+  return 0;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 20;
   int64_t T = 256, B = 4, H = 12, G = 12, D = 64;
   bool torch = true;
+  std::string device = "cpu", torch_cmd;
   for (int i = 1; i < argc; ++i) {
     auto arg = [&](const char* n) { return !std::strcmp(argv[i], n) && i + 1 < argc; };
     if (arg("--threads")) threads = std::atoi(argv[++i]);
@@ -57,11 +153,18 @@ int main(int argc, char** argv) {
     else if (arg("--groups")) G = std::atoll(argv[++i]);
     else if (arg("--head-dim")) D = std::atoll(argv[++i]);
     else if (arg("--reps")) reps = std::atoi(argv[++i]);
+    else if (arg("--device")) device = argv[++i];
+    else if (arg("--torch-cmd")) torch_cmd = argv[++i];
     else if (!std::strcmp(argv[i], "--no-torch")) torch = false;
     else {
       std::fprintf(stderr, "attention_bench: unknown argument %s\n", argv[i]);
       return 2;
     }
+  }
+  if (device == "cuda") return run_cuda(T, B, H, G, D, reps, torch, torch_cmd);
+  if (device != "cpu") {
+    std::fprintf(stderr, "attention_bench: --device must be cpu or cuda, not %s\n", device.c_str());
+    return 2;
   }
   set_num_threads(threads);
   kernels::QkvLayout L{T, B, H, G, D};
@@ -81,9 +184,8 @@ int main(int argc, char** argv) {
       tdq(dqkv.data(), {N, L.row()}, DType::kF32);
   const double fwd = time_ms(reps, [&] { kernels::attention_forward(tq, L, o, to, tl); });
   const double bwd = time_ms(reps, [&] { kernels::attention_backward(tq, to, tdo, tl, L, o, tdq); });
-  // Causal FLOPs: each of the GEMM-like products over the T(T+1)/2 lower triangle.
-  const double tri = static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T + 1) / 2;
-  const double f_fwd = 2 * 2 * tri * static_cast<double>(D), f_bwd = 5 * 2 * tri * static_cast<double>(D);
+  const Flops f = causal_flops(T, B, H, D);
+  const double f_fwd = f.fwd, f_bwd = f.bwd;
   std::printf("causal attention B=%lld T=%lld heads=%lld groups=%lld d=%lld fp32, %d threads, median of %d\n",
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
               static_cast<long long>(G), static_cast<long long>(D), threads, reps);

@@ -36,6 +36,9 @@
 #                    also reports whether a GPU rerun is bitwise identical (determinism).
 #                    LLaMA fp32 and bf16, GPT fp32 (with dropout: the RNG state crosses devices)
 #   bench_gemm       torch bf16 8192^3 matmul: the GEMM ceiling of this GPU
+#   bench_attention  attention_bench --device cuda on the benchmark model's attention (B4 T2048
+#                    a16 g4 d128): our fp32 SIMT and bf16 tensor-core kernels, fwd and bwd
+#                    TFLOP/s, vs PyTorch's bf16 scaled_dot_product_attention
 #   bench_ours       `megatron train --device cuda`, ~1B LLaMA-style (L16 h2048 a16 g4 F5632
 #                    SwiGLU, s2048, V32000, bf16, micro-batch BENCH_MBS=4), BENCH_WARMUP=3 +
 #                    BENCH_ITERS=10 iterations on the kit's random-token dataset
@@ -100,6 +103,7 @@ resume_llama_fp32    45  15  LLaMA fp32: GPU ckpt@5 -> CPU to 10, and CPU -> GPU
 resume_llama_bf16    45  15  LLaMA bf16: GPU ckpt@5 -> CPU to 10, and CPU -> GPU
 resume_gpt_fp32      45  15  GPT fp32 (dropout: RNG state): GPU ckpt@5 -> CPU, CPU -> GPU
 bench_gemm           30  15  torch bf16 8192^3 GEMM ceiling
+bench_attention      25  10  attention_bench: our SIMT and tensor-core kernels vs torch sdpa
 bench_ours          100  45  megatron train --device cuda, ~1B LLaMA bf16
 bench_torch_eager    60  30  PyTorch eager, same model
 bench_torch_compile 150  60  PyTorch torch.compile, same model
@@ -385,6 +389,18 @@ step_bench_gemm() {
   out=$(t $HELPER gemm --out "$BENCH/gemm.json" 2>&1); rc=$?
   echo "$out" | tail -5
   fig "$(echo "$out" | tail -1)"
+  return $rc
+}
+
+step_bench_attention() {
+  have_kit || return 1
+  [ -x "$KIT/bin/attention_bench" ] || { fig "no attention_bench in the kit"; return 77; }
+  [ "$GPU_DEVICE" = cuda ] || { fig "GPU_DEVICE=$GPU_DEVICE: a GPU-only benchmark"; return 77; }
+  local out rc
+  out=$(kitbin attention_bench --device cuda --seq 2048 --batch 4 --heads 16 --groups 4 --head-dim 128 --reps 10 \
+          --torch-cmd "env -u LD_LIBRARY_PATH python3 $ROOT/bench/attention_torch_bench.py" 2>&1); rc=$?
+  echo "$out" | tail -6
+  fig "$(echo "$out" | grep -E 'ours|sdpa|ratio' | sed -E 's/ +/ /g' | paste -sd ';' | cut -c1-400)"
   return $rc
 }
 

@@ -20,7 +20,8 @@
 // communication inside. CPU: parallel over (b, head, query tile) forward and
 // (b, group) backward, so dK/dV of a group never race. CUDA: the same forward
 // grid; backward as three atomic-free kernels (D = rowsum(dO*O); dK/dV per
-// (key tile, group, b); dQ per (query tile, head, b)), see kernels/cuda/attention.cu.
+// (key tile, group, b); dQ per (query tile, head, b)), see kernels/cuda/attention.cu;
+// bf16 tensor cores there when AttentionOptions::bf16_matmul allows them.
 
 #include <cstdint>
 
@@ -39,6 +40,13 @@ struct AttentionOptions {
   uint64_t seed = 0;         // dropout key
   uint64_t stream = 0;       // dropout stream (layer, step)
   int64_t head_offset = 0;   // global index of this rank's first head
+  // Permission, not a demand: a backend with bf16 matrix units may round Q,
+  // K, V, dO (as loaded) and P, dS (as they enter their products) to bf16,
+  // accumulating in fp32, as Megatron's bf16 attention does. The CUDA twin
+  // then runs its tensor-core kernels (head_dim 64 or 128, fp32 or bf16 qkv);
+  // the CPU twin always computes in the input's precision. GPTModel sets it
+  // under --bf16.
+  bool bf16_matmul = false;
 };
 
 namespace cpu {
@@ -54,6 +62,9 @@ void attention_forward(const Tensor& qkv, const QkvLayout& layout, const Attenti
                        const Tensor& out, const Tensor& lse);
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
                         const QkvLayout& layout, const AttentionOptions& opt, const Tensor& dqkv);
+// Whether calls with this qkv (and 16-byte aligned out, dout, dqkv) run the
+// bf16 tensor-core kernels rather than the fp32 SIMT ones.
+bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt);
 }  // namespace cuda
 #endif
 

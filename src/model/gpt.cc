@@ -774,6 +774,7 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_);
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
                          dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
+  ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
   k::attention_forward(a.qkv, L, ao, ctx, lse);
   row_linear_fwd(ctx, p.proj_w, p.proj_b, tmp);
   if (hd > 0) k::dropout_forward(tmp, tmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 1), row_offset);
@@ -803,6 +804,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
                          dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
+  ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
   Tensor ctx = a.ctx, lse = a.lse;
   if (!ctx.defined()) {
     // Selective recomputation: core attention again from the saved (roped)

@@ -1,6 +1,6 @@
 // The emulator's CUDA runtime (fake/cuda_runtime.h has the contract): one
 // device, device memory as registered host memory, synchronous streams, a
-// sticky last error.
+// sticky last error, kernels' dynamic shared memory maxima.
 
 #include <cuda_runtime.h>
 #include <sys/mman.h>
@@ -30,6 +30,14 @@ std::set<cudaStream_t> g_streams;
 size_t g_allocated = 0;
 cudaError_t g_last_error = cudaSuccess;
 int g_current_device = 0;
+// cudaFuncAttributeMaxDynamicSharedMemorySize by kernel address; a kernel
+// not here has the default.
+std::map<const void*, size_t> g_max_dynamic_shared;
+
+// sm_90 (H100, H200): 48 KiB of dynamic shared memory by default, and at
+// most 227 KiB (cudaDevAttrMaxSharedMemoryPerBlockOptin) when opted in.
+constexpr size_t kDefaultMaxDynamicShared = size_t{48} << 10;
+constexpr int kOptinMaxDynamicShared = 232448;
 
 // The device allocation holding [p, p + bytes) (bytes == 0: p may be its end), or end().
 std::map<const char*, Region>::const_iterator find_device(const void* p, size_t bytes) {
@@ -68,6 +76,12 @@ bool is_valid_stream(cudaStream_t stream) {
 void set_last_error(cudaError_t error) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_last_error = error;
+}
+
+size_t max_dynamic_shared_bytes(const void* func) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_max_dynamic_shared.find(func);
+  return it == g_max_dynamic_shared.end() ? kDefaultMaxDynamicShared : it->second;
 }
 
 bool trace() {
@@ -238,4 +252,21 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return emu::is_valid_stream(stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (!func) return emu::invalid("cudaFuncSetAttribute", "no kernel", func);
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
+    return emu::invalid("cudaFuncSetAttribute", "only cudaFuncAttributeMaxDynamicSharedMemorySize is emulated", func);
+  // The GPU also counts the kernel's static shared memory against the 227
+  // KiB here; the emulator only learns it when a block declares it, and
+  // checks the sum then (emu::shared_block).
+  if (value < 0 || value > emu::kOptinMaxDynamicShared) {
+    std::fprintf(stderr, "emu: cudaFuncSetAttribute: %d bytes of dynamic shared memory, outside 0..%d (%p)\n", value,
+                 emu::kOptinMaxDynamicShared, func);
+    return cudaErrorInvalidValue;
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  emu::g_max_dynamic_shared[func] = static_cast<size_t>(value);
+  return cudaSuccess;
 }

@@ -1,6 +1,6 @@
 // The emulator's execution model (emu.h): launches, the per-thread fibers of
-// a block and their scheduler, __syncthreads, warp shuffles, __shared__
-// arrays and the launch checks.
+// a block and their scheduler, __syncthreads, warp shuffles and mmas,
+// __shared__ arrays, dynamic shared memory and the launch checks.
 //
 // Every CUDA thread of a block is a fiber: its own stack, switched to and
 // from by emu_switch_stack below (x86-64: callee-saved registers, MXCSR and
@@ -69,6 +69,10 @@ namespace {
 
 constexpr size_t kStackBytes = size_t{256} << 10;  // per CUDA thread, plus a guard page below
 constexpr size_t kStaticSharedBytes = size_t{48} << 10;
+// sm_90 (H100, H200): a block's shared memory, static plus dynamic, is at
+// most 227 KiB (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+constexpr size_t kMaxSharedBytesPerBlock = 232448;
+constexpr size_t kDynamicSharedAlign = 128;
 constexpr unsigned kMaxThreadsPerBlock = 1024;
 
 struct Barrier {
@@ -84,13 +88,30 @@ struct Fiber {
   bool done = false;
   const Barrier* waiting = nullptr;  // blocked until waiting->generation != wait_generation
   uint64_t wait_generation = 0;
-  unsigned shuffles = 0;  // shuffles so far; the parity picks the exchange buffer
+  unsigned collectives = 0;  // warp shuffles and mmas so far; the parity picks the exchange buffer
+};
+
+// What a lane contributed to a warp collective, so that an mma can tell a
+// lane that reached the same warp barrier from a shuffle.
+enum class Collective : uint8_t { kShuffle, kMma };
+
+// A lane's mma operands, as its registers hold them.
+struct MmaFragments {
+  unsigned a[4], b[2];
+  float c[4];
 };
 
 struct Warp {
   Barrier barrier;
   unsigned lanes = 0;
-  uint64_t value[2][32] = {};  // double-buffered: a lane's next shuffle cannot overwrite an unread value
+  // Double-buffered by the parity of Fiber::collectives: a lane that leaves
+  // a warp barrier early and reaches the next collective cannot overwrite
+  // what a slower lane has yet to read, and it cannot reach the one after
+  // that until every lane has arrived at (so finished reading before) it.
+  Collective kind[2][32] = {};
+  uint64_t value[2][32] = {};  // shuffles
+  MmaFragments mma[2][32] = {};
+  float mma_d[2][16][8] = {};  // the warp's D, computed by the lane that opens the barrier
 };
 
 struct Block {
@@ -112,6 +133,12 @@ std::vector<Fiber> g_fibers;
 Fiber* g_current = nullptr;
 void* g_scheduler_sp = nullptr;
 std::vector<char*> g_stacks;  // stack tops, reused by every launch
+// Dynamic shared memory, reused by every block and launch: the most a block
+// may have, mapped once, followed by a PROT_NONE guard page. The running
+// launch's buffer is its last Config.shared_bytes, rounded up to 128, so that
+// an access past its end faults.
+char* g_dynamic_end = nullptr;
+char* g_dynamic = nullptr;
 
 [[noreturn]] void fail(const char* fmt, ...) {
   std::fprintf(stderr, "emu: ");
@@ -194,22 +221,41 @@ void* initial_frame(char* top) {
     fail("block (%u,%u,%u) deadlocks: %u of %u threads wait at __syncthreads (%s:%u), %u threads exited%s", blockIdx.x,
          blockIdx.y, blockIdx.z, at_block, nt, g_block.barrier.site.file_name(),
          static_cast<unsigned>(g_block.barrier.site.line()), exited,
-         warp_barrier ? " and the others wait in warp shuffles" : "");
-  fail("block (%u,%u,%u) deadlocks: lanes of warp %u wait in a shuffle for lanes that exited (%u threads exited)",
+         warp_barrier ? " and the others wait in warp shuffles or mmas" : "");
+  fail("block (%u,%u,%u) deadlocks: lanes of warp %u wait in a shuffle or mma for lanes that exited "
+       "(%u threads exited)",
        blockIdx.x, blockIdx.y, blockIdx.z, warp, exited);
+}
+
+// Points g_dynamic at `bytes` (at most kMaxSharedBytesPerBlock, rounded up
+// to 128) that end at the guard page.
+void ensure_dynamic_shared(size_t bytes) {
+  if (!g_dynamic_end) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t mapped = (kMaxSharedBytesPerBlock + page - 1) / page * page;
+    void* base = mmap(nullptr, mapped + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) fail("cannot map %zu bytes of dynamic shared memory", mapped);
+    g_dynamic_end = static_cast<char*>(base) + mapped;
+    if (mprotect(g_dynamic_end, page, PROT_NONE) != 0) fail("cannot protect the dynamic shared memory's guard page");
+  }
+  g_dynamic = g_dynamic_end - (bytes + kDynamicSharedAlign - 1) / kDynamicSharedAlign * kDynamicSharedAlign;
 }
 
 void run_block(const dim3& block, bool reverse) {
   const unsigned nt = block.x * block.y * block.z;
   g_block.barrier = Barrier{};
   g_block.barrier.expected = nt;
-  g_block.warps.assign((nt + 31) / 32, Warp{});
+  // Only the barriers are reset: the exchange buffers (4 KiB a warp) are
+  // always written before they are read.
+  g_block.warps.resize((nt + 31) / 32);
   for (unsigned w = 0; w < g_block.warps.size(); ++w) {
+    g_block.warps[w].barrier = Barrier{};
     g_block.warps[w].lanes = std::min(32u, nt - 32 * w);
     g_block.warps[w].barrier.expected = g_block.warps[w].lanes;
   }
   g_block.shared.clear();
   g_block.shared_bytes = 0;
+  std::memset(g_dynamic, 0xFF, g_config->shared_bytes);
   g_fibers.assign(nt, Fiber{});
   for (unsigned t = 0; t < nt; ++t) {
     Fiber& f = g_fibers[t];
@@ -242,15 +288,64 @@ bool valid_config(const Config& c) {
          g.z <= 65535;
 }
 
+float bf16_lo(unsigned r) { return std::bit_cast<float>(r << 16); }
+float bf16_hi(unsigned r) { return std::bit_cast<float>(r & 0xffff0000u); }
+
+// D = A B + C of the warp whose fragments are `lanes` (emu.h has the layouts).
+void mma_warp(const MmaFragments (&lanes)[32], float (&d)[16][8]) {
+  float A[16][16], B[16][8], C[16][8];
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    const unsigned g = lane >> 2, t = lane & 3;
+    const MmaFragments& f = lanes[lane];
+    for (unsigned h = 0; h < 2; ++h) {  // h: rows g + 8 h of A and C, rows 2t + 8 h of B
+      for (unsigned kh = 0; kh < 2; ++kh) {  // kh: columns 2t + 8 kh of A
+        const unsigned r = f.a[h + 2 * kh];
+        A[g + 8 * h][2 * t + 8 * kh] = bf16_lo(r);
+        A[g + 8 * h][2 * t + 8 * kh + 1] = bf16_hi(r);
+      }
+      B[2 * t + 8 * h][g] = bf16_lo(f.b[h]);
+      B[2 * t + 8 * h + 1][g] = bf16_hi(f.b[h]);
+      C[g + 8 * h][2 * t] = f.c[2 * h];
+      C[g + 8 * h][2 * t + 1] = f.c[2 * h + 1];
+    }
+  }
+  for (unsigned m = 0; m < 16; ++m)
+    for (unsigned n = 0; n < 8; ++n) {
+      // Each product of two bf16 values is exact in fp32 (8 + 8 significant
+      // bits); the sum is rounded after every addition, in ascending k, and
+      // c comes last. (This file is built with -ffp-contract=off: no FMA.)
+      float s = 0.0f;
+      for (unsigned k = 0; k < 16; ++k) s += A[m][k] * B[k][n];
+      d[m][n] = s + C[m][n];
+    }
+}
+
 }  // namespace
 
-void run_grid(const char* kernel, const Config& c, void (*body)(void*), void* ctx) {
+void run_grid(const char* kernel, const Config& c, const void* func, void (*body)(void*), void* ctx) {
   if (t_in_launch) fail("%s launched from a kernel: dynamic parallelism is not emulated", kernel);
   if (trace())
-    std::fprintf(stderr, "[emu] %s at %s:%u grid (%u,%u,%u) block (%u,%u,%u)\n", kernel, c.where.file_name(),
-                 static_cast<unsigned>(c.where.line()), c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y, c.block.z);
+    std::fprintf(stderr, "[emu] %s at %s:%u grid (%u,%u,%u) block (%u,%u,%u) dynamic shared %zu\n", kernel,
+                 c.where.file_name(), static_cast<unsigned>(c.where.line()), c.grid.x, c.grid.y, c.grid.z, c.block.x,
+                 c.block.y, c.block.z, c.shared_bytes);
   if (!valid_config(c)) {
     set_last_error(cudaErrorInvalidConfiguration);
+    return;
+  }
+  // Above 48 KiB only after cudaFuncSetAttribute raised the kernel's maximum
+  // (which is at most 227 KiB): the GPU refuses the launch with an invalid value.
+  if (c.shared_bytes > max_dynamic_shared_bytes(func)) {
+    if (!func) {
+      g_kernel = kernel;
+      g_config = &c;
+      fail("%zu bytes of dynamic shared memory, and the launch leaves the kernel's template arguments to deduction, "
+           "so its cudaFuncSetAttribute maximum is unknown here: name every template argument at the launch",
+           c.shared_bytes);
+    }
+    if (trace())
+      std::fprintf(stderr, "[emu] %s: %zu bytes of dynamic shared memory, above its maximum of %zu\n", kernel,
+                   c.shared_bytes, max_dynamic_shared_bytes(func));
+    set_last_error(cudaErrorInvalidValue);
     return;
   }
   if (!is_valid_stream(c.stream)) {
@@ -261,7 +356,7 @@ void run_grid(const char* kernel, const Config& c, void (*body)(void*), void* ct
   t_in_launch = true;
   g_kernel = kernel;
   g_config = &c;
-  if (c.shared_bytes != 0) fail("%zu bytes of dynamic shared memory: not emulated", c.shared_bytes);
+  ensure_dynamic_shared(c.shared_bytes);
   g_body = body;
   g_ctx = ctx;
   gridDim = c.grid;
@@ -275,6 +370,7 @@ void run_grid(const char* kernel, const Config& c, void (*body)(void*), void* ct
       }
   g_kernel = nullptr;
   g_config = nullptr;
+  g_dynamic = nullptr;
   t_in_launch = false;
 }
 
@@ -301,7 +397,17 @@ void shared_block(void* array, size_t bytes) {
   if (g_block.shared_bytes > kStaticSharedBytes)
     fail("its __shared__ arrays take %zu bytes, above the %zu bytes of static shared memory", g_block.shared_bytes,
          kStaticSharedBytes);
+  if (g_block.shared_bytes + g_config->shared_bytes > kMaxSharedBytesPerBlock)
+    fail("its __shared__ arrays take %zu bytes and it was launched with %zu bytes of dynamic shared memory: "
+         "%zu in all, above the %zu bytes of shared memory a block may have",
+         g_block.shared_bytes, g_config->shared_bytes, g_block.shared_bytes + g_config->shared_bytes,
+         kMaxSharedBytesPerBlock);
   std::memset(array, 0xFF, bytes);
+}
+
+void* dynamic_shared() {
+  if (!g_current) fail("dynamic shared memory used outside a kernel");
+  return g_dynamic;
 }
 
 void syncthreads(const std::source_location& site) {
@@ -324,12 +430,42 @@ uint64_t shuffle(unsigned mask, uint64_t bits, Shuffle kind, int arg) {
     fail("shuffle with mask 0x%08x in a warp whose lanes are 0x%08x (only whole-warp shuffles are emulated)", mask,
          lanes_mask);
   const unsigned src = kind == Shuffle::kDown ? lane + static_cast<unsigned>(arg) : lane ^ static_cast<unsigned>(arg);
-  const unsigned parity = f.shuffles++ & 1;
+  const unsigned parity = f.collectives++ & 1;
+  w.kind[parity][lane] = Collective::kShuffle;
   w.value[parity][lane] = bits;
   wait(w.barrier);
   if (src >= 32) return bits;  // beyond the warp: CUDA returns the caller's own value
   if (src >= w.lanes) fail("shuffle reads lane %u of a warp of %u lanes", src, w.lanes);
   return w.value[parity][src];
+}
+
+
+void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]) {
+  if (!g_current) fail("mma_m16n8k16_bf16 called outside a kernel");
+  Fiber& f = *g_current;
+  const unsigned lane = f.linear % 32, warp = f.linear / 32;
+  Warp& w = g_block.warps[warp];
+  if (w.lanes != 32)
+    fail("mma.m16n8k16 in warp %u, which has %u lanes: it needs a whole 32-lane warp", warp, w.lanes);
+  const unsigned parity = f.collectives++ & 1;
+  w.kind[parity][lane] = Collective::kMma;
+  MmaFragments& mine = w.mma[parity][lane];
+  for (int i = 0; i < 4; ++i) mine.a[i] = a[i], mine.c[i] = c[i];
+  mine.b[0] = b[0], mine.b[1] = b[1];
+  // The last lane to arrive opens the barrier and runs on before any other
+  // lane resumes (fibers are cooperative): it computes the warp's D once.
+  const bool opens = w.barrier.arrived + 1 == w.barrier.expected;
+  wait(w.barrier);
+  for (unsigned l = 0; l < 32; ++l)
+    if (w.kind[parity][l] != Collective::kMma)
+      fail("mma.m16n8k16 in warp %u while its lane %u shuffles (every lane must take part in the same mma)", warp, l);
+  if (opens) mma_warp(w.mma[parity], w.mma_d[parity]);
+  const unsigned g = lane >> 2, t = lane & 3;
+  const float(&D)[16][8] = w.mma_d[parity];
+  d[0] = D[g][2 * t];
+  d[1] = D[g][2 * t + 1];
+  d[2] = D[g + 8][2 * t];
+  d[3] = D[g + 8][2 * t + 1];
 }
 
 }  // namespace emu

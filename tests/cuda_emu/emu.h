@@ -4,13 +4,16 @@
 // kernels' logic against the CPU twins on every build, without a GPU or nvcc.
 //
 // How a .cu becomes host C++: translate.py rewrites each launch
-// `k<<<grid, block, shared, stream>>>(args)` into an emu::launch call, each
+// `k<<<grid, block, shared, stream>>>(args)` into an emu::launch call (with
+// the kernel's address, which cudaFuncSetAttribute knows it by), each
 // `__shared__` declaration into a static array that emu::shared_block
-// poisons per block, and `__launch_bounds__(n)` into a check at the kernel's
-// entry; it prepends `#include "emu.h"` and keeps every line where it was
-// (compiler errors and __LINE__ point at the .cu). The result is compiled by
-// g++ against this header, fake/cuda_runtime.h (the runtime API, see there)
-// and fake/cublasLt.h (a validating cuBLASLt fake, see cublaslt.cc).
+// poisons per block, each `extern __shared__ T name[];` into a pointer to the
+// block's dynamic shared memory (emu::dynamic_shared), and
+// `__launch_bounds__(n)` into a check at the kernel's entry; it prepends
+// `#include "emu.h"` and keeps every line where it was (compiler errors and
+// __LINE__ point at the .cu). The result is compiled by g++ against this
+// header, fake/cuda_runtime.h (the runtime API, see there) and
+// fake/cublasLt.h (a validating cuBLASLt fake, see cublaslt.cc).
 //
 // What is emulated, as CUDA defines it:
 //  - the grid: blocks run one after another; every CUDA thread of a block is
@@ -22,9 +25,21 @@
 //    (a thread exited or waits elsewhere) aborts as a deadlock;
 //  - __shared__ memory: one copy per block, filled with 0xFF bytes (NaN in
 //    every float type) when the block starts, at most 48 KiB per block;
+//  - dynamic shared memory (extern __shared__, the third <<<>>> argument):
+//    one 128-byte aligned buffer per block, filled with 0xFF bytes when the
+//    block starts, with sm_90's limits: up to 48 KiB unless the host raised
+//    the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize (at most
+//    227 KiB); a launch above the kernel's maximum sets cudaErrorInvalidValue
+//    and runs nothing; static plus dynamic bytes of a block at most 227 KiB;
+//    the buffer ends at a guard page, so running past its end (rounded up to
+//    128 bytes) faults;
 //  - warp shuffles (__shfl_down_sync, __shfl_xor_sync): lanes exchange
 //    through the warp's registers at a warp barrier; the mask must name
 //    exactly the warp's lanes, and every lane must take part;
+//  - the bf16 tensor-core mma (mma.sync.aligned.m16n8k16.row.col.f32.bf16.
+//    bf16.f32, as emu::mma_m16n8k16_bf16): a warp barrier like the shuffles,
+//    with PTX's fragment layouts, in a whole 32-lane warp only; kernel
+//    headers pick it over their inline asm under MT_CUDA_EMULATOR;
 //  - the math the kernels call: expf/exp, logf/log, erff/erf, tanhf/tanh,
 //    fmaxf/fmax, sqrt, min/max, the CUDA overloads of exp/log/... for float,
 //    and the intrinsics __fadd_rn ... __dsqrt_rn (correctly rounded, never
@@ -42,9 +57,10 @@
 //  - the runtime (fake/cuda_runtime.h): one device; cudaMalloc is poisoned,
 //    registered host memory; copies check their cudaMemcpyKind against it;
 //    streams are synchronous.
-// Not emulated: atomics, warp votes, __syncwarp, dynamic shared memory,
-// cooperative groups, textures, device-side printf (no kernel uses them; a
-// kernel that does fails to compile or to launch here until this grows).
+// Not emulated: atomics, warp votes, __syncwarp, other mma shapes and types,
+// ldmatrix, cp.async and other inline PTX, cooperative groups, textures,
+// device-side printf (no kernel uses them; a kernel that does fails to
+// compile or to launch here until this grows).
 //
 // What it cannot catch:
 //  - races between blocks (blocks never overlap), races inside a block that
@@ -60,8 +76,13 @@
 //  - speed, and device math: CUDA's expf/erff/tanhf differ from glibc's by
 //    up to 2 ulp, and nvcc fuses a * b + c into an FMA where this build does
 //    not (-ffp-contract=off), so tolerances are only checked against the
-//    host's rounding;
+//    host's rounding; the tensor cores' order of summation (unspecified by
+//    PTX) is one fixed order here (see mma_m16n8k16_bf16);
 //  - cuBLASLt's real heuristics, algorithms and rounding (see cublaslt.cc).
+
+// Kernel headers test this to call the emulated warp-collective operations
+// (emu::mma_m16n8k16_bf16) where the GPU build has inline PTX.
+#define MT_CUDA_EMULATOR 1
 
 #include <cuda_runtime.h>
 
@@ -100,8 +121,10 @@ inline Config config(dim3 grid, dim3 block, size_t shared_bytes = 0, cudaStream_
 }
 
 // Runs body(ctx) once per CUDA thread of every block of c, or records
-// cudaErrorInvalidConfiguration and returns. `kernel` names it in messages.
-void run_grid(const char* kernel, const Config& c, void (*body)(void*), void* ctx);
+// cudaErrorInvalidConfiguration (cudaErrorInvalidValue: more dynamic shared
+// memory than the kernel's maximum) and returns. `kernel` names it in
+// messages; `func` is its address, for its cudaFuncSetAttribute settings.
+void run_grid(const char* kernel, const Config& c, const void* func, void (*body)(void*), void* ctx);
 // Aborts unless p is null or inside device memory (kernel argument `index`).
 void check_pointer_argument(const char* kernel, const Config& c, int index, const void* p);
 
@@ -110,11 +133,26 @@ void check_argument(const char* kernel, const Config& c, int index, const A& a) 
   if constexpr (std::is_pointer_v<A>) check_pointer_argument(kernel, c, index, a);
 }
 
+// The address of the kernel that translate.py's launch names (what
+// cudaFuncSetAttribute knows it by), or null where the launch leaves template
+// arguments to be deduced from the call's arguments (`k<float><<<...>>>(x,
+// tokens)` for k<T, Tok>): `&k<float>` names no single function then. A
+// requires-expression in a generic lambda turns that into `false` rather than
+// an error (g++; the emulator is g++-only). A null address gets the default
+// 48 KiB maximum of dynamic shared memory (run_grid).
+#define EMU_KERNEL_ADDRESS(...)                                          \
+  ([](auto) -> const void* {                                             \
+    if constexpr (requires { &__VA_ARGS__; })                            \
+      return reinterpret_cast<const void*>(&__VA_ARGS__);                \
+    else                                                                 \
+      return nullptr;                                                    \
+  }(0))
+
 // kernel<<<c>>>(args...): the arguments are evaluated once, before the
 // launch, and each thread calls `call` with its own copies of them (a
-// kernel's parameters are by value).
+// kernel's parameters are by value). `func` is EMU_KERNEL_ADDRESS(kernel).
 template <typename Call, typename... Args>
-void launch(const char* kernel, const Config& c, Call call, Args... args) {
+void launch(const char* kernel, const Config& c, const void* func, Call call, Args... args) {
   [[maybe_unused]] int index = 0;
   (check_argument(kernel, c, index++, args), ...);
   struct Ctx {
@@ -124,7 +162,7 @@ void launch(const char* kernel, const Config& c, Call call, Args... args) {
   std::tuple<Args...> stored(args...);
   Ctx ctx{&call, &stored};
   run_grid(
-      kernel, c,
+      kernel, c, func,
       [](void* p) {
         Ctx* x = static_cast<Ctx*>(p);
         std::apply(*x->call, *x->args);
@@ -140,6 +178,11 @@ void launch_bounds(int max_threads, int min_blocks_per_sm = 0);
 // to reach it fills the array with 0xFF bytes; the block's distinct
 // __shared__ arrays must fit the 48 KiB of static shared memory.
 void shared_block(void* array, size_t bytes);
+
+// The block's dynamic shared memory (extern __shared__, translate.py): the
+// launch's Config.shared_bytes, 128-byte aligned, filled with 0xFF bytes when
+// the block starts; every extern __shared__ array of a kernel starts there.
+void* dynamic_shared();
 
 // Block barrier; `site` is the __syncthreads call.
 void syncthreads(const std::source_location& site);
@@ -162,9 +205,28 @@ T shuffle_as(unsigned mask, T v, Shuffle kind, int arg) {
   return r;
 }
 
+// PTX mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0..d3},
+// {a0..a3}, {b0, b1}, {c0..c3}: D = A B + C for the 16 x 16 bf16 A (M x K),
+// the 16 x 8 bf16 B (K x N) and the 16 x 8 fp32 C and D, each spread over the
+// warp's registers as PTX lays them out. With lane = 4 g + t (g in 0..7,
+// t in 0..3), a register holds two bf16 values, the smaller index in its low
+// 16 bits:
+//   a0 = A[g][2t, 2t+1]  a1 = A[g+8][2t, 2t+1]  a2 = A[g][2t+8, 2t+9]  a3 = A[g+8][2t+8, 2t+9]
+//   b0 = B[2t, 2t+1][g]  b1 = B[2t+8, 2t+9][g]
+//   c0 = C[g][2t]  c1 = C[g][2t+1]  c2 = C[g+8][2t]  c3 = C[g+8][2t+1]  (d likewise)
+// All 32 lanes of a whole warp call it together (a warp barrier, like the
+// shuffles). Each element of D is computed in fp32: the 16 products (exact:
+// a bf16 product fits a float's significand) summed in ascending k from 0,
+// then c added. The hardware's order is unspecified; tests allow for that.
+// d may alias c.
+void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]);
+
 // Between emu.cc and cuda_runtime.cc.
 bool is_valid_stream(cudaStream_t stream);
 void set_last_error(cudaError_t error);
+// The dynamic shared memory a launch of the kernel at `func` may ask for
+// (cudaFuncAttributeMaxDynamicSharedMemorySize; 48 KiB until set).
+size_t max_dynamic_shared_bytes(const void* func);
 
 }  // namespace emu
 

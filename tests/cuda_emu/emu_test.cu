@@ -1,15 +1,20 @@
 // The emulator itself (emu.h), on small kernels written for it: block
-// barriers, __shared__ memory and warp shuffles give CUDA's results, and each
-// check emu.h promises fires (poisoned shared memory, the scheduling order
-// exposing a missing barrier, deadlocks, divergent barriers, host pointers,
-// launch configurations, __launch_bounds__, the 48 KiB of static shared
-// memory, memcpy kinds). Compiled only through translate.py, like the
-// kernels it vouches for; never by nvcc.
+// barriers, __shared__ and dynamic shared memory, warp shuffles and the bf16
+// mma give CUDA's results, and each check emu.h promises fires (poisoned
+// shared memory, the scheduling order exposing a missing barrier, deadlocks,
+// divergent barriers, host pointers, launch configurations,
+// __launch_bounds__, the 48 KiB of static shared memory, the dynamic shared
+// memory limits and cudaFuncSetAttribute, whole-warp mmas, memcpy kinds).
+// Compiled only through translate.py, like the kernels it vouches for; never
+// by nvcc.
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
 #include <vector>
 
 namespace {
@@ -28,6 +33,15 @@ std::vector<float> host_floats(const float* d, size_t n) {
   std::vector<float> v(n);
   EXPECT_EQ(cudaMemcpyAsync(v.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost, nullptr), cudaSuccess);
   return v;
+}
+
+// n bf16 values (as bits) of device memory holding `init`.
+uint16_t* device_bf16(const std::vector<uint16_t>& init) {
+  void* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, init.size() * sizeof(uint16_t)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpyAsync(p, init.data(), init.size() * sizeof(uint16_t), cudaMemcpyHostToDevice, nullptr),
+            cudaSuccess);
+  return static_cast<uint16_t*>(p);
 }
 
 std::vector<float> iota(size_t n) {
@@ -97,6 +111,126 @@ __global__ void too_much_shared(float* y) {
   y[threadIdx.x] = static_cast<float>(big[threadIdx.x]);
 }
 
+// Each block stores its `per_thread` elements per thread in dynamic shared
+// memory, then every thread reads back those of the next thread (a barrier
+// between): y is x with each block's runs of per_thread rotated by one run.
+__global__ void rotate_through_dynamic_shared(const float* x, float* y, unsigned per_thread) {
+  extern __shared__ float buf[];
+  const unsigned t = threadIdx.x, base = blockIdx.x * blockDim.x * per_thread;
+  for (unsigned i = 0; i < per_thread; ++i) buf[t * per_thread + i] = x[base + t * per_thread + i];
+  __syncthreads();
+  const unsigned next = (t + 1) % blockDim.x;
+  for (unsigned i = 0; i < per_thread; ++i) y[base + t * per_thread + i] = buf[next * per_thread + i];
+}
+
+// Reads dynamic shared memory before anything wrote it, then writes it (so
+// that a buffer carried over from the previous block would show).
+__global__ void read_unwritten_dynamic_shared(float* y) {
+  extern __shared__ float buf[];
+  y[blockIdx.x * blockDim.x + threadIdx.x] = buf[threadIdx.x];
+  __syncthreads();
+  buf[threadIdx.x] = 1;
+}
+
+// y[0]: the dynamic shared memory is 128-byte aligned; y[1]: two extern
+// __shared__ arrays of a kernel start at the same address (as in CUDA).
+__global__ void dynamic_shared_layout(float* y) {
+  extern __shared__ unsigned char raw[];
+  extern __shared__ float as_float[];
+  if (threadIdx.x == 0) {
+    y[0] = reinterpret_cast<uintptr_t>(raw) % 128 == 0 ? 1.0f : 0.0f;
+    y[1] = static_cast<void*>(raw) == static_cast<void*>(as_float) ? 1.0f : 0.0f;
+  }
+}
+
+// Launched without cudaFuncSetAttribute: 48 KiB of dynamic shared memory at most.
+__global__ void default_dynamic_limit(float* y) {
+  extern __shared__ float buf[];
+  buf[threadIdx.x] = 2;
+  y[threadIdx.x] = buf[threadIdx.x];
+}
+
+// 8 KiB of static shared memory beside the dynamic.
+__global__ void static_and_dynamic_shared(float* y) {
+  extern __shared__ float buf[];
+  __shared__ float fixed[2048];
+  fixed[threadIdx.x] = 1;
+  buf[threadIdx.x] = fixed[threadIdx.x];
+  y[threadIdx.x] = buf[threadIdx.x];
+}
+
+// Writes one float past the end of a dynamic shared memory of 128 bytes.
+__global__ void past_dynamic_shared(float* y) {
+  extern __shared__ float buf[];
+  buf[32 + threadIdx.x] = 1;
+  y[threadIdx.x] = buf[threadIdx.x];
+}
+
+// Template kernels: launched with every template argument named (the
+// emulator finds the kernel's cudaFuncSetAttribute maximum by its address),
+// or with U left to deduction (the address is unknown: 48 KiB at most).
+namespace templated {
+template <typename T, int N>
+__global__ void fill_through_dynamic_shared(T* y) {
+  extern __shared__ T cells[];
+  cells[threadIdx.x] = static_cast<T>(N);
+  __syncthreads();
+  y[threadIdx.x] = cells[blockDim.x - 1 - threadIdx.x];
+}
+template <typename T, typename U>
+__global__ void copy_through_dynamic_shared(T* y, const U* x) {
+  extern __shared__ unsigned char bytes[];
+  T* cells = reinterpret_cast<T*>(bytes);
+  cells[threadIdx.x] = static_cast<T>(x[threadIdx.x]);
+  y[threadIdx.x] = cells[threadIdx.x];
+}
+}  // namespace templated
+
+// Two bf16 values as one mma operand register, lo in the low half.
+__device__ unsigned bf16x2(uint16_t lo, uint16_t hi) { return unsigned{lo} | unsigned{hi} << 16; }
+
+// One warp per block, on the block's A (16 x 16, row-major), B (16 x 8,
+// row-major: B[k][n] at 8 k + n) and C (16 x 8, row-major): d1 = A B + C,
+// then (after a shuffle, which shares the warp barrier) d2 = A B + d1
+// computed in place (d aliasing c). Fragments as PTX lays them out (emu.h).
+__global__ void mma_twice(const uint16_t* A, const uint16_t* B, const float* C, float* D1, float* D2, float* S) {
+  A += blockIdx.x * 256, B += blockIdx.x * 128, C += blockIdx.x * 128;
+  D1 += blockIdx.x * 128, D2 += blockIdx.x * 128, S += blockIdx.x * 32;
+  const unsigned lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+  const unsigned a[4] = {bf16x2(A[g * 16 + 2 * t], A[g * 16 + 2 * t + 1]),
+                         bf16x2(A[(g + 8) * 16 + 2 * t], A[(g + 8) * 16 + 2 * t + 1]),
+                         bf16x2(A[g * 16 + 2 * t + 8], A[g * 16 + 2 * t + 9]),
+                         bf16x2(A[(g + 8) * 16 + 2 * t + 8], A[(g + 8) * 16 + 2 * t + 9])};
+  const unsigned b[2] = {bf16x2(B[2 * t * 8 + g], B[(2 * t + 1) * 8 + g]),
+                         bf16x2(B[(2 * t + 8) * 8 + g], B[(2 * t + 9) * 8 + g])};
+  const unsigned at[4] = {g * 8 + 2 * t, g * 8 + 2 * t + 1, (g + 8) * 8 + 2 * t, (g + 8) * 8 + 2 * t + 1};
+  float c[4], d[4];
+  for (int i = 0; i < 4; ++i) c[i] = C[at[i]];
+  emu::mma_m16n8k16_bf16(d, a, b, c);
+  for (int i = 0; i < 4; ++i) D1[at[i]] = d[i];
+  S[lane] = __shfl_xor_sync(0xffffffffu, d[0], 1);
+  emu::mma_m16n8k16_bf16(d, a, b, d);
+  for (int i = 0; i < 4; ++i) D2[at[i]] = d[i];
+}
+
+__global__ void mma_in_half_warp(float* y) {
+  const unsigned a[4] = {}, b[2] = {};
+  float d[4] = {};
+  emu::mma_m16n8k16_bf16(d, a, b, d);
+  y[threadIdx.x] = d[0];
+}
+
+// Lanes 0..15 shuffle while lanes 16..31 mma at the same warp barrier.
+__global__ void mma_beside_shuffle(float* y) {
+  const unsigned a[4] = {}, b[2] = {};
+  float d[4] = {};
+  if (threadIdx.x < 16)
+    d[0] = __shfl_xor_sync(0xffffffffu, d[0], 1);
+  else
+    emu::mma_m16n8k16_bf16(d, a, b, d);
+  y[threadIdx.x] = d[0];
+}
+
 TEST(CudaEmu, OneDevice) {
   int n = 0;
   ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
@@ -155,6 +289,163 @@ TEST(CudaEmu, InvalidConfigurationsRunNothingAndSetTheLastError) {
   cudaFree(y);
 }
 
+TEST(CudaEmu, DynamicSharedMemoryIsPerBlockAndBarriersOrderIt) {
+  constexpr unsigned kThreads = 256, kPerThread = 64, kBytes = kThreads * kPerThread * sizeof(float);  // 64 KiB
+  constexpr unsigned kN = 2 * kThreads * kPerThread;
+  float* x = device_floats(kN, iota(kN));
+  float* y = device_floats(kN);
+  ASSERT_EQ(cudaFuncSetAttribute(rotate_through_dynamic_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
+            cudaSuccess);
+  rotate_through_dynamic_shared<<<2, kThreads, kBytes>>>(x, y, kPerThread);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> got = host_floats(y, kN);
+  for (unsigned i = 0; i < kN; ++i) {
+    const unsigned block = i / (kThreads * kPerThread), t = i / kPerThread % kThreads, k = i % kPerThread;
+    ASSERT_EQ(got[i], static_cast<float>((block * kThreads + (t + 1) % kThreads) * kPerThread + k)) << i;
+  }
+  cudaFree(x);
+  cudaFree(y);
+}
+
+TEST(CudaEmu, UnwrittenDynamicSharedMemoryReadsNaNInEveryBlock) {
+  float* y = device_floats(64, std::vector<float>(64, 0.0f));
+  read_unwritten_dynamic_shared<<<2, 32, 32 * sizeof(float)>>>(y);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> got = host_floats(y, 64);
+  for (unsigned i = 0; i < 64; ++i) EXPECT_TRUE(std::isnan(got[i])) << "block " << i / 32 << " thread " << i % 32;
+  cudaFree(y);
+}
+
+TEST(CudaEmu, DynamicSharedMemoryIsAlignedAndSharedByItsArrays) {
+  float* y = device_floats(2, std::vector<float>(2, 0.0f));
+  dynamic_shared_layout<<<1, 32, 100>>>(y);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> got = host_floats(y, 2);
+  EXPECT_EQ(got[0], 1.0f) << "128-byte aligned";
+  EXPECT_EQ(got[1], 1.0f) << "both extern __shared__ arrays at one address";
+  cudaFree(y);
+}
+
+TEST(CudaEmu, DynamicSharedMemoryAbove48KiBNeedsTheAttribute) {
+  float* y = device_floats(32, std::vector<float>(32, 0.0f));
+  default_dynamic_limit<<<1, 32, (48 << 10) + 4>>>(y);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  for (float v : host_floats(y, 32)) EXPECT_EQ(v, 0.0f) << "the refused launch ran";
+  default_dynamic_limit<<<1, 32, 48 << 10>>>(y);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  for (float v : host_floats(y, 32)) EXPECT_EQ(v, 2.0f);
+
+  EXPECT_EQ(cudaFuncSetAttribute(default_dynamic_limit, cudaFuncAttributeMaxDynamicSharedMemorySize, 300000),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFuncSetAttribute(default_dynamic_limit, cudaFuncAttributeMaxDynamicSharedMemorySize, 232449),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFuncSetAttribute(default_dynamic_limit, cudaFuncAttributeMaxDynamicSharedMemorySize, -1),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaFuncSetAttribute(default_dynamic_limit, static_cast<cudaFuncAttribute>(9), 0), cudaErrorInvalidValue)
+      << "only the dynamic shared memory maximum is emulated";
+  default_dynamic_limit<<<1, 32, (48 << 10) + 4>>>(y);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "the failed calls left the default in place";
+
+  // The whole 227 KiB of an sm_90 block, through the const void* overload.
+  ASSERT_EQ(cudaFuncSetAttribute(reinterpret_cast<const void*>(&default_dynamic_limit),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 232448),
+            cudaSuccess);
+  cudaMemsetAsync(y, 0, 32 * sizeof(float), nullptr);
+  default_dynamic_limit<<<1, 32, 232448>>>(y);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  for (float v : host_floats(y, 32)) EXPECT_EQ(v, 2.0f);
+  default_dynamic_limit<<<1, 32, 232448 + 4>>>(y);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+
+  // Lowering the maximum applies to the next launch.
+  ASSERT_EQ(cudaFuncSetAttribute(default_dynamic_limit, cudaFuncAttributeMaxDynamicSharedMemorySize, 1024),
+            cudaSuccess);
+  default_dynamic_limit<<<1, 32, 2048>>>(y);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue);
+  cudaFree(y);
+}
+
+TEST(CudaEmu, TemplateKernelsFindTheirDynamicSharedMaximum) {
+  float* y = device_floats(32, std::vector<float>(32, 0.0f));
+  ASSERT_EQ(cudaFuncSetAttribute(templated::fill_through_dynamic_shared<float, 7>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 100000),
+            cudaSuccess);
+  ::templated::fill_through_dynamic_shared<float, 7><<<1, 32, 100000>>>(y);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (float v : host_floats(y, 32)) EXPECT_EQ(v, 7.0f);
+  templated::fill_through_dynamic_shared<float, 8><<<1, 32, 100000>>>(y);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidValue) << "another instance keeps the default maximum";
+
+  float* x = device_floats(32, iota(32));
+  templated::copy_through_dynamic_shared<float><<<1, 32, 48 << 10>>>(y, x);  // U deduced
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(host_floats(y, 32), iota(32));
+  cudaFree(x);
+  cudaFree(y);
+}
+
+// A = bf16 values in [-1, 1) for a 16 x 16 and a 16 x 8 matrix per block, C
+// in fp32; D compared with a double-precision reference, and with the
+// emulator's documented order of summation (emu.h) exactly.
+TEST(CudaEmu, MmaM16n8k16Bf16MatchesTheMatrixProduct) {
+  constexpr unsigned kBlocks = 2;  // ascending and descending scheduling orders
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto bf16 = [&] {
+    uint32_t bits;
+    const float f = uniform(rng);
+    std::memcpy(&bits, &f, 4);
+    return static_cast<uint16_t>(bits >> 16);  // truncated: any bf16 value will do
+  };
+  auto value = [](uint16_t h) {
+    const uint32_t bits = uint32_t{h} << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  std::vector<uint16_t> a(kBlocks * 256), b(kBlocks * 128);
+  std::vector<float> c(kBlocks * 128);
+  for (auto& v : a) v = bf16();
+  for (auto& v : b) v = bf16();
+  for (auto& v : c) v = uniform(rng);
+  uint16_t* da = device_bf16(a);
+  uint16_t* db = device_bf16(b);
+  float* dc = device_floats(c.size(), c);
+  float* d1 = device_floats(c.size());
+  float* d2 = device_floats(c.size());
+  float* s = device_floats(kBlocks * 32);
+  mma_twice<<<kBlocks, 32>>>(da, db, dc, d1, d2, s);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  const std::vector<float> got1 = host_floats(d1, c.size()), got2 = host_floats(d2, c.size());
+  const std::vector<float> got_s = host_floats(s, kBlocks * 32);
+  for (unsigned blk = 0; blk < kBlocks; ++blk) {
+    for (unsigned m = 0; m < 16; ++m)
+      for (unsigned n = 0; n < 8; ++n) {
+        const unsigned i = blk * 128 + m * 8 + n;
+        double ref = c[i], scale = std::fabs(c[i]);
+        float ordered = 0.0f;
+        for (unsigned k = 0; k < 16; ++k) {
+          const float p = value(a[blk * 256 + m * 16 + k]) * value(b[blk * 128 + k * 8 + n]);
+          ref += p, scale += std::fabs(p), ordered += p;
+        }
+        EXPECT_NEAR(got1[i], ref, 1e-6 * scale) << "block " << blk << " D[" << m << "][" << n << "]";
+        EXPECT_EQ(got1[i], ordered + c[i]) << "block " << blk << " D[" << m << "][" << n << "]";
+        EXPECT_NEAR(got2[i], ref + (ref - c[i]), 2e-6 * (scale + std::fabs(ref)))
+            << "in place: block " << blk << " D[" << m << "][" << n << "]";
+      }
+    for (unsigned lane = 0; lane < 32; ++lane) {  // the shuffle between the mmas: lane ^ 1's d0 = D[g][2t]
+      const unsigned src = lane ^ 1;
+      EXPECT_EQ(got_s[blk * 32 + lane], got1[blk * 128 + (src >> 2) * 8 + 2 * (src & 3)]) << "lane " << lane;
+    }
+  }
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dc);
+  cudaFree(d1);
+  cudaFree(d2);
+  cudaFree(s);
+}
+
 TEST(CudaEmu, CopiesCheckTheirKind) {
   float* d = device_floats(4, std::vector<float>(4, 0.0f));
   std::vector<float> h(4, 1.0f), h2(4);
@@ -176,6 +467,27 @@ TEST(CudaEmuDeathTest, ChecksAbortWithTheReason) {
   EXPECT_DEATH(at_most_64_threads<<<1, 128>>>(y), "above its __launch_bounds__ of 64");
   EXPECT_DEATH(too_much_shared<<<1, 32>>>(y), "above the 49152 bytes of static shared memory");
   EXPECT_DEATH(at_most_64_threads<<<1, 32>>>(host.data()), "argument 0 .* is not device memory");
+  ASSERT_EQ(cudaFuncSetAttribute(static_and_dynamic_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448),
+            cudaSuccess);
+  EXPECT_DEATH(static_and_dynamic_shared<<<1, 32, 232448>>>(y),
+               "__shared__ arrays take 8192 bytes and it was launched with 232448 bytes of dynamic shared memory: "
+               "240640 in all, above the 232448 bytes");
+  EXPECT_DEATH(past_dynamic_shared<<<1, 32, 128>>>(y), "");  // the guard page: SIGSEGV
+  EXPECT_DEATH(templated::copy_through_dynamic_shared<float><<<1, 32, (48 << 10) + 4>>>(y, y),
+               "leaves the kernel's template arguments to deduction");
+  EXPECT_DEATH(mma_in_half_warp<<<1, 16>>>(y), "which has 16 lanes: it needs a whole 32-lane warp");
+  EXPECT_DEATH(mma_in_half_warp<<<1, 48>>>(y), "warp 1, which has 16 lanes");
+  EXPECT_DEATH(mma_beside_shuffle<<<1, 32>>>(y), "while its lane 0 shuffles");
+  cudaFree(y);
+}
+
+TEST(CudaEmu, StaticAndDynamicSharedMemoryFitTogether) {
+  float* y = device_floats(32, std::vector<float>(32, 0.0f));
+  ASSERT_EQ(cudaFuncSetAttribute(static_and_dynamic_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448),
+            cudaSuccess);
+  static_and_dynamic_shared<<<1, 32, 232448 - 8192>>>(y);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  for (float v : host_floats(y, 32)) EXPECT_EQ(v, 1.0f);
   cudaFree(y);
 }
 

@@ -3,19 +3,26 @@
 
 Usage: translate.py INPUT OUTPUT
 
-Three rewrites, outside comments and string literals:
+Four rewrites, outside comments and string literals:
   kernel<<<config>>>(args)
-      -> ::emu::launch("kernel", ::emu::config(config),
+      -> ::emu::launch("kernel", ::emu::config(config), EMU_KERNEL_ADDRESS(kernel),
                        [&](auto&... emu_args_) { kernel(emu_args_...); }, args)
+     (the address is what cudaFuncSetAttribute knows the kernel by; null
+     where `kernel` is a template-id that leaves arguments to deduction,
+     see emu.h)
   __shared__ T name[N]...;
       -> static T name[N]...; ::emu::shared_block(&name, sizeof(name));
+  extern __shared__ T name[];
+      -> T* name = static_cast<T*>(::emu::dynamic_shared());
+     (dynamic shared memory; T one or more words of a type name, such as
+     float, uint4 or unsigned char, without qualifiers or attributes)
   __launch_bounds__(n[, m]) ... {
       -> ... { ::emu::launch_bounds(n[, m]);
 The output starts with `#include "emu.h"` and a #line directive naming INPUT,
 and every rewrite keeps its text on the lines it came from, so compiler
 messages, __LINE__ and std::source_location point into INPUT. Anything of the
-three left over (a form this script does not know) is an error. Standard
-library only: CMake runs it with /usr/bin/python3 at build time.
+three tokens left over (a form this script does not know) is an error.
+Standard library only: CMake runs it with /usr/bin/python3 at build time.
 """
 
 import re
@@ -118,22 +125,38 @@ def launches(src, mask, name):
             raise TranslateError("%s: no argument list after >>>" % where)
         close = matching_paren(src, mask, p, where)
         args = src[p + 1 : close]
-        text = '::emu::launch("%s", ::emu::config(%s), [&](auto&... emu_args_) { %s(emu_args_...); }%s%s)' % (
-            kernel, config, kernel, ", " if args.strip() else "", args)
+        text = ('::emu::launch("%s", ::emu::config(%s), EMU_KERNEL_ADDRESS(%s), '
+                '[&](auto&... emu_args_) { %s(emu_args_...); }%s%s)') % (
+                    kernel, config, kernel, kernel, ", " if args.strip() else "", args)
         yield start, close + 1, text
 
 
 SHARED = re.compile(r"__shared__\s+(?P<decl>[^;{}()]*?(?P<name>[A-Za-z_]\w*)\s*(?:\[[^\];]*\]\s*)*);")
+EXTERN = re.compile(r"\bextern\s+$")
+DYNAMIC = re.compile(r"extern\s+__shared__\s+(?P<type>[A-Za-z_:][\w:]*(?:\s+[A-Za-z_:][\w:]*)*?)\s+"
+                     r"(?P<name>[A-Za-z_]\w*)\s*\[\s*\]\s*;")
 
 
 def shared_arrays(src, mask, name):
     for i in occurrences(src, mask, "__shared__"):
+        where = "%s:%d" % (name, line_of(src, i))
+        extern = EXTERN.search(src, 0, i)
+        if extern and mask[extern.start()]:
+            m = DYNAMIC.match(src, extern.start())
+            if not m:
+                raise TranslateError("%s: unsupported dynamic shared memory declaration (the form is "
+                                     "`extern __shared__ T name[];`)" % where)
+            # On one line, followed by the newlines the declaration spanned:
+            # the lines below keep their numbers.
+            t = " ".join(m.group("type").split())
+            yield extern.start(), m.end(), "%s* %s = static_cast<%s*>(::emu::dynamic_shared());%s" % (
+                t, m.group("name"), t, "\n" * m.group(0).count("\n"))
+            continue
         m = SHARED.match(src, i)
-        if src[:i].rstrip().endswith("extern") or (m and "[]" in m.group("decl").replace(" ", "")):
-            raise TranslateError("%s:%d: dynamic shared memory (extern __shared__) is not emulated" % (
-                name, line_of(src, i)))
         if not m:
-            raise TranslateError("%s:%d: unsupported __shared__ declaration" % (name, line_of(src, i)))
+            raise TranslateError("%s: unsupported __shared__ declaration" % where)
+        if "[]" in re.sub(r"\s", "", m.group("decl")):
+            raise TranslateError("%s: __shared__ array without a size that is not extern" % where)
         yield i, m.end(), "static %s; ::emu::shared_block(&%s, sizeof(%s));" % (
             m.group("decl"), m.group("name"), m.group("name"))
 

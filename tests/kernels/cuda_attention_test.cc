@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -184,6 +185,90 @@ TEST(CudaTwin, AttentionIsDeterministic) {
   expect_close(out[1], out[0], 0, 0, "attention out run to run");
   expect_close(lse[1], lse[0], 0, 0, "attention lse run to run");
   expect_close(dqkv[1], dqkv[0], 0, 0, "attention dqkv run to run");
+}
+
+// The tensor-core kernels (AttentionOptions::bf16_matmul). The reference is
+// the CPU twin on the same bf16-rounded qkv (an fp32 In holds bf16 values),
+// so Q, K and V agree exactly; the GPU also rounds dO, P and dS to bf16 for
+// their products (fp32 accumulation), so out and dqkv agree to bf16
+// precision (measured on the emulator: about 1e-3 for out, 2.5e-3 for dqkv):
+// relative Frobenius error, and every element within a fraction
+// of the output's largest magnitude. lse comes from exact bf16 products summed
+// in fp32: fp32 rounding only. Outputs start as NaN (all must be written),
+// and a second run must give the same bits.
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+
+template <typename In>
+void run_tc_case(const k::QkvLayout& L, double dropout, int64_t head_offset) {
+  const std::string what = describe(L, dtype_name(dtype_of<In>()), dropout, head_offset) + " (tensor cores)";
+  k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 4321, 19, head_offset};
+  o.bf16_matmul = true;
+  const Shape qs{L.tokens(), L.row()}, os{L.tokens(), L.heads * L.head_dim}, ls{L.batch, L.heads, L.seq};
+  std::vector<double> qkv_d(static_cast<size_t>(qs.numel())), dout_d(static_cast<size_t>(os.numel()));
+  fill_normal(qkv_d, 400 + static_cast<uint64_t>(L.seq * 3 + L.head_dim), 1.0);
+  fill_normal(dout_d, 500 + static_cast<uint64_t>(L.heads * 11 + L.head_dim), 1.0);
+  for (double& x : qkv_d) x = bf16_to_float(float_to_bf16(static_cast<float>(x)));
+  std::vector<In> qkv = convert<In>(qkv_d);
+  std::vector<float> dout = convert<float>(dout_d), out(static_cast<size_t>(os.numel())),
+      lse(static_cast<size_t>(ls.numel())), dqkv(static_cast<size_t>(qs.numel()));
+  const Tensor t_qkv(qkv.data(), qs, dtype_of<In>()), t_dout(dout.data(), os, DType::kF32),
+      t_out(out.data(), os, DType::kF32), t_lse(lse.data(), ls, DType::kF32), t_dqkv(dqkv.data(), qs, DType::kF32);
+  k::attention_forward(t_qkv, L, o, t_out, t_lse);
+  k::attention_backward(t_qkv, t_out, t_dout, t_lse, L, o, t_dqkv);
+
+  Arena g = gpu_arena();
+  const Tensor d_qkv = to_device(g, t_qkv), d_dout = to_device(g, t_dout);
+  ASSERT_TRUE(k::cuda::attention_uses_tensor_cores(d_qkv, L, o)) << what;
+  const Tensor d_out_cpu = to_device(g, t_out), d_lse_cpu = to_device(g, t_lse);
+  std::vector<float> got_out[2], got_lse[2], got_dqkv[2];
+  for (int run = 0; run < 2; ++run) {
+    const Tensor d_out = nan_device<float>(g, os), d_lse = nan_device<float>(g, ls), d_dqkv = nan_device<float>(g, qs);
+    k::attention_forward(d_qkv, L, o, d_out, d_lse);
+    k::attention_backward(d_qkv, d_out_cpu, d_dout, d_lse_cpu, L, o, d_dqkv);
+    got_out[run] = to_host<float>(d_out), got_lse[run] = to_host<float>(d_lse), got_dqkv[run] = to_host<float>(d_dqkv);
+  }
+  expect_close(got_lse[0], lse, 1e-5, 1e-4, what + ": lse");
+  EXPECT_LT(rel_err(got_out[0], out), 5e-3) << what << ": out";
+  EXPECT_LT(rel_err(got_dqkv[0], dqkv), 8e-3) << what << ": dqkv";
+  expect_close(got_out[0], out, 0, 3e-2 * max_abs(out), what + ": out, elementwise");
+  expect_close(got_dqkv[0], dqkv, 0, 3e-2 * max_abs(dqkv), what + ": dqkv, elementwise");
+  expect_close(got_out[1], got_out[0], 0, 0, what + ": out run to run");
+  expect_close(got_lse[1], got_lse[0], 0, 0, what + ": lse run to run");
+  expect_close(got_dqkv[1], got_dqkv[0], 0, 0, what + ": dqkv run to run");
+}
+
+TEST(CudaTwin, AttentionTensorCoresMatchCpu) {
+  MT_REQUIRE_GPU();
+  // {seq, batch, heads, groups, head_dim}: partial and whole tiles, GQA and
+  // MHA, a single token, both head sizes; fp32 and bf16 qkv.
+  run_tc_case<float>({77, 2, 4, 2, 64}, 0.0, 0);
+  run_tc_case<float>({130, 2, 4, 1, 128}, 0.0, 0);
+  run_tc_case<float>({64, 1, 2, 2, 128}, 0.0, 0);
+  run_tc_case<float>({1, 3, 2, 1, 64}, 0.0, 0);
+  run_tc_case<bf16>({200, 1, 4, 2, 64}, 0.0, 0);
+  run_tc_case<bf16>({45, 2, 2, 1, 128}, 0.0, 0);
+  // Dropout with a head offset: the same Philox masks as the CPU twin.
+  run_tc_case<float>({130, 2, 4, 2, 64}, 0.2, 3);
+  run_tc_case<bf16>({77, 1, 4, 1, 128}, 0.1, 8);
+}
+
+TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {
+  MT_REQUIRE_GPU();
+  // Without the permission, at another head size, or for fp64 the SIMT
+  // kernels run (the tests above hold them to the CPU twin at fp32/fp64).
+  Arena g = gpu_arena(size_t{1} << 20);
+  k::AttentionOptions o{0.125, 0, 0, 0, 0};
+  const Tensor f32 = g.alloc({8, 64 * 3}, DType::kF32), f64 = g.alloc({8, 64 * 3}, DType::kF64);
+  EXPECT_FALSE(k::cuda::attention_uses_tensor_cores(f32, {8, 1, 1, 1, 64}, o));
+  o.bf16_matmul = true;
+  EXPECT_TRUE(k::cuda::attention_uses_tensor_cores(f32, {8, 1, 1, 1, 64}, o));
+  EXPECT_FALSE(k::cuda::attention_uses_tensor_cores(f64, {8, 1, 1, 1, 64}, o));
+  const Tensor d96 = g.alloc({8, 96 * 3}, DType::kF32);
+  EXPECT_FALSE(k::cuda::attention_uses_tensor_cores(d96, {8, 1, 1, 1, 96}, o));
 }
 
 // Prefill then decode: chunks of new tokens appended to the caches, each chunk

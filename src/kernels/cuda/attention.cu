@@ -2,12 +2,16 @@
 // over Megatron's fused QKV rows, flash-attention style (kernels/attention.h
 // has the contract; kernels/qkv_layout.h the layout).
 //
-// THIS IS THE CORRECTNESS-FIRST KERNEL: plain SIMT arithmetic (fp32, or fp64
-// for the fp64 reference path) from shared memory, no tensor cores. Every
-// inner product over the head dimension goes through dot_rows() and every
-// P V / dS K style product through the accumulate loops marked "tile
-// product", so an mma (tensor-core) path can later replace exactly those with
-// the tile loads, masks, softmax and dropout left as they are.
+// Two implementations of the same algorithm (masks, dropout, outputs):
+//  - the SIMT kernels (first below): fp32 arithmetic (fp64 for the fp64
+//    reference path) from shared memory, any head_dim; they match the CPU
+//    twin to fp32 rounding and serve fp32 training and fp64 tests;
+//  - the tensor-core kernels ("Tensor-core path" below): bf16 mma.sync with
+//    fp32 accumulation, head_dim 64 or 128, taken when the caller allows bf16
+//    products (AttentionOptions::bf16_matmul, set under --bf16).
+// The SIMT kernels' inner products over the head dimension go through
+// dot_rows() and their P V / dS K style products through the loops marked
+// "tile product".
 //
 // Tiles: q rows [BQ][d] and k/v rows [BK][d] in static shared memory (rows
 // padded to DM + 1 against bank conflicts), DM = 64, 128 or 256 the smallest
@@ -53,11 +57,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "core/cuda/check.cuh"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "kernels/attention.h"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/pointwise_common.cuh"
 
 namespace mt::kernels::cuda {
 namespace {
@@ -493,6 +501,460 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
 }
 
 // ---------------------------------------------------------------------------
+// Tensor-core path (AttentionOptions::bf16_matmul, head_dim 64 or 128, fp32 or
+// bf16 qkv, 16-byte aligned tensors): the same three-pass algorithm, masks,
+// dropout and outputs as the kernels above, with every tile product on bf16
+// mma.sync (kernels/cuda/mma.cuh) and fp32 accumulation. Q, K, V and dO are
+// rounded to bf16 as they are loaded, and P and dS as they enter their
+// products (Megatron's bf16 attention rounds the same operands); scores,
+// the softmax statistics, dP and all accumulators stay fp32.
+//
+// Each block has 4 warps and each warp owns 16 rows of the block's tile (the
+// M of m16n8k16), so a row's softmax statistics live in the 4 lanes of one
+// quad (lane / 4 = the row's g) and are reduced with two xor shuffles; no
+// block-wide reduction and no shared score tile. Shared tiles hold bf16 with
+// rows padded by kTcPad elements (row pitches of 4 mod 32 words keep the
+// fragment loads of mma.cuh conflict-free).
+//   forward  grid (query tile of 64, head, batch): Q fragments in registers,
+//            K (row-major) and V (transposed) tiles of 64 keys in shared
+//            memory; S, P and the output accumulator in registers (P feeds
+//            the P V product straight from the S accumulators).
+//   dK/dV    grid (key tile of 64, group, batch): K and V of the tile in
+//            shared memory, dK, dV accumulators in registers; per head of the
+//            group and query tile of 32 from the key tile on: Q and dO tiles
+//            row-major (for S^T = K Q^T, dP^T = V dO^T) and transposed (for
+//            dV += P^T dO, dK += dS^T Q). Dynamic shared memory (73 KB at
+//            head_dim 128).
+//   dQ       grid (query tile of 64, head, batch): Q and dO fragments, lse
+//            and D in registers; K tiles of 32 keys row-major and transposed,
+//            V row-major; dQ += dS K.
+// Query-tile grids run the last (longest, causal) tiles first.
+
+constexpr int kTcThreads = 128;  // 4 warps of 16 rows
+constexpr int kTcPad = 8;        // bf16 elements of padding per shared row
+constexpr int kTcFwdBQ = 64, kTcFwdBK = 64;
+constexpr int kTcDkvBK = 64, kTcDkvBQ = 32;
+constexpr int kTcDqBQ = 64, kTcDqBK = 32;
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+using SmemWord = tc::F4;  // dynamic shared memory in 16-byte units
+
+// Rows t0 .. t0 + n of a D-wide column block (rows `ld` elements apart) as
+// bf16 into shared memory: row-major (dst[r * (D + kTcPad) + c]) and/or
+// transposed (dstT[c * (ROWS + kTcPad) + r]); rows n .. ROWS are zeros.
+// Threads walk columns fastest for a row-major-only tile (coalesced reads,
+// conflict-free stores) and rows fastest when a transposed copy is made
+// (conflict-free transposed stores).
+template <int ROWS, int D, typename Tin>
+__device__ __forceinline__ void tc_load(const Tin* __restrict__ src, int64_t ld, int64_t t0, int n, uint16_t* dst,
+                                        uint16_t* dstT) {
+  constexpr int C4 = D / 4, LD = D + kTcPad, LDT = ROWS + kTcPad;
+  for (int e = threadIdx.x; e < ROWS * C4; e += kTcThreads) {
+    int r, c;
+    if (dstT) r = e % ROWS, c = e / ROWS * 4;
+    else r = e / C4, c = e % C4 * 4;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (r < n) tc::load4(src + (t0 + r) * ld + c, v);
+    if (dst) {
+      uint32_t* d = reinterpret_cast<uint32_t*>(dst + r * LD + c);
+      d[0] = tc::pack_bf16x2(v[0], v[1]);
+      d[1] = tc::pack_bf16x2(v[2], v[3]);
+    }
+    if (dstT)
+      for (int k = 0; k < 4; ++k) dstT[(c + k) * LDT + r] = pointwise::bf16_bits_from_float(v[k]);
+  }
+}
+
+// The A fragments (16 rows from `row0`, all D columns) of a row-major fp32 or
+// bf16 matrix in global memory, rows `ld` apart; rows at or past n are zeros.
+template <int D, typename Tin>
+__device__ __forceinline__ void tc_fragments_a(const Tin* __restrict__ src, int64_t ld, int row0, int n,
+                                               uint32_t (&a)[D / 16][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int r0 = row0 + g, r1 = r0 + 8;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    float x0[2] = {0.f, 0.f}, x1[2] = {0.f, 0.f}, x2[2] = {0.f, 0.f}, x3[2] = {0.f, 0.f};
+    const int c = kk * 16 + 2 * t;
+    if (r0 < n) tc::load2(src + r0 * ld + c, x0), tc::load2(src + r0 * ld + c + 8, x2);
+    if (r1 < n) tc::load2(src + r1 * ld + c, x1), tc::load2(src + r1 * ld + c + 8, x3);
+    a[kk][0] = tc::pack_bf16x2(x0[0], x0[1]);
+    a[kk][1] = tc::pack_bf16x2(x1[0], x1[1]);
+    a[kk][2] = tc::pack_bf16x2(x2[0], x2[1]);
+    a[kk][3] = tc::pack_bf16x2(x3[0], x3[1]);
+  }
+}
+
+// The A fragments of 16 rows x 16 columns taken from shared memory (row-major, pitch LD).
+template <int LD>
+__device__ __forceinline__ void tc_smem_a(const uint16_t* tile, int row0, int col0, uint32_t (&a)[4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint16_t* p0 = tile + (row0 + g) * LD + col0 + 2 * t;
+  const uint16_t* p1 = p0 + 8 * LD;
+  a[0] = tc::ld_pair(p0), a[1] = tc::ld_pair(p1), a[2] = tc::ld_pair(p0 + 8), a[3] = tc::ld_pair(p1 + 8);
+}
+
+// The B fragment (16 x 8) whose column n is row n0 + n of a row-major shared
+// tile (pitch LD), k from col0: B = tile[n0 .. n0+8)[col0 .. col0+16)^T.
+template <int LD>
+__device__ __forceinline__ void tc_smem_b(const uint16_t* tile, int n0, int col0, uint32_t (&b)[2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const uint16_t* p = tile + (n0 + g) * LD + col0 + 2 * t;
+  b[0] = tc::ld_pair(p), b[1] = tc::ld_pair(p + 8);
+}
+
+// The accumulators of n-blocks 2 kb and 2 kb + 1 as the A fragment of k-block kb.
+__device__ __forceinline__ void tc_c_to_a(const float (&c0)[4], const float (&c1)[4], uint32_t (&a)[4]) {
+  a[0] = tc::pack_bf16x2(c0[0], c0[1]);
+  a[1] = tc::pack_bf16x2(c0[2], c0[3]);
+  a[2] = tc::pack_bf16x2(c1[0], c1[1]);
+  a[3] = tc::pack_bf16x2(c1[2], c1[3]);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFullWarp, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(kFullWarp, v, 1);
+  return v + __shfl_xor_sync(kFullWarp, v, 2);
+}
+
+// Forward. Grid (ceil(T / 64), H, B), 128 threads.
+template <typename Tin, int D>
+__global__ void __launch_bounds__(kTcThreads)
+    attn_fwd_tc(const Tin* __restrict__ qkv, float* __restrict__ out, float* __restrict__ lse, const Params<float> p) {
+  constexpr int BQ = kTcFwdBQ, BK = kTcFwdBK, LD = D + kTcPad, LDT = BK + kTcPad, KB = D / 16, NB = BK / 8,
+                DN = D / 8;
+  __shared__ uint16_t sk[BK * LD];   // K tile, row-major
+  __shared__ uint16_t svt[D * LDT];  // V tile, transposed
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z;
+  const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+  const int64_t ldq = p.B * p.row;
+  const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
+  const Tin* qkv_b = qkv + b * p.row;
+  const int r0 = warp * 16 + g, r1 = r0 + 8;  // this lane's rows of the tile
+
+  uint32_t qa[KB][4];
+  tc_fragments_a<D>(qkv_b + i0 * ldq + qc, ldq, warp * 16, nq, qa);
+  float o[DN][4];
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // l: this lane's part of the row sums
+
+  const int64_t last = i0 + nq - 1;
+  for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+    const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
+    __syncthreads();  // the previous tile's readers of sk, svt are done
+    tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk, static_cast<uint16_t*>(nullptr));
+    tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, static_cast<uint16_t*>(nullptr), svt);
+    __syncthreads();
+    float s[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        uint32_t bb[2];
+        tc_smem_b<LD>(sk, nb * 8, kk * 16, bb);
+        tc::mma_bf16(s[nb], qa[kk], bb);
+      }
+    // Scale and mask (causal, sequence end), then the online softmax per row.
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
+        const bool vis = r < nq && j < nk && j0 + j <= i0 + r;
+        const float v = vis ? s[nb][e] * p.scale : -INFINITY;
+        s[nb][e] = v;
+        if (e < 2) mx0 = fmaxf(mx0, v);
+        else mx1 = fmaxf(mx1, v);
+      }
+    const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
+    const float base0 = mn0 == -INFINITY ? 0.f : mn0, base1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float c0 = expf(m0 - base0), c1 = expf(m1 - base1);  // 0 on a row's first tile
+    m0 = mn0, m1 = mn1;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pe = expf(s[nb][e] - (e < 2 ? base0 : base1));  // masked: exp(-inf) = 0
+        s[nb][e] = pe;
+        if (e < 2) sum0 += pe;
+        else sum1 += pe;
+      }
+    l0 = l0 * c0 + sum0, l1 = l1 * c1 + sum1;  // before dropout, as the CPU twin
+    if (p.drop) {
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (s[nb][e] != 0.f) {
+            const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
+            s[nb][e] = keep(p, b, h, i0 + r, j0 + j) ? s[nb][e] * p.inv_keep : 0.f;
+          }
+    }
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) o[dn][0] *= c0, o[dn][1] *= c0, o[dn][2] *= c1, o[dn][3] *= c1;
+#pragma unroll
+    for (int kb = 0; kb < BK / 16; ++kb) {
+      uint32_t pa[4];
+      tc_c_to_a(s[2 * kb], s[2 * kb + 1], pa);
+#pragma unroll
+      for (int dn = 0; dn < DN; ++dn) {
+        uint32_t bb[2];
+        tc_smem_b<LDT>(svt, dn * 8, kb * 16, bb);
+        tc::mma_bf16(o[dn], pa, bb);
+      }
+    }
+  }
+  l0 = quad_sum(l0), l1 = quad_sum(l1);
+  const int64_t ldo = p.B * p.H * p.D;
+  float* out_b = out + b * p.H * p.D + h * p.D;
+  if (r0 < nq) {
+    const float inv = 1.f / l0;
+    float* row = out_b + (i0 + r0) * ldo;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) row[dn * 8 + 2 * t] = o[dn][0] * inv, row[dn * 8 + 2 * t + 1] = o[dn][1] * inv;
+    if (t == 0) lse[(b * p.H + h) * p.T + i0 + r0] = m0 + logf(l0);
+  }
+  if (r1 < nq) {
+    const float inv = 1.f / l1;
+    float* row = out_b + (i0 + r1) * ldo;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) row[dn * 8 + 2 * t] = o[dn][2] * inv, row[dn * 8 + 2 * t + 1] = o[dn][3] * inv;
+    if (t == 0) lse[(b * p.H + h) * p.T + i0 + r1] = m1 + logf(l1);
+  }
+}
+
+// dK/dV: shared memory bytes (K, V row-major; Q, dO row-major and transposed; lse, D).
+template <int D>
+constexpr size_t dkv_tc_smem() {
+  return sizeof(uint16_t) * (2 * kTcDkvBK * (D + kTcPad) + 2 * kTcDkvBQ * (D + kTcPad) + 2 * D * (kTcDkvBQ + kTcPad)) +
+         2 * kTcDkvBQ * sizeof(float);
+}
+
+// Backward 2 on tensor cores: dK, dV. Grid (ceil(T / 64), G, B), 128 threads.
+template <typename Tin, int D>
+__global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restrict__ qkv, const float* __restrict__ dout,
+                                                              const float* __restrict__ lse, float* dqkv,
+                                                              const Params<float> p) {
+  constexpr int BK = kTcDkvBK, BQ = kTcDkvBQ, LD = D + kTcPad, LDT = BQ + kTcPad, KB = D / 16, NB = BQ / 8,
+                DN = D / 8;
+  static_assert(BK % BQ == 0, "query tiles start at the key tile's first row");
+  extern __shared__ SmemWord tc_smem[];
+  uint16_t* sk = reinterpret_cast<uint16_t*>(tc_smem);
+  uint16_t* sv = sk + BK * LD;
+  uint16_t* sq = sv + BK * LD;
+  uint16_t* sdo = sq + BQ * LD;
+  uint16_t* sqt = sdo + BQ * LD;
+  uint16_t* sdot = sqt + D * LDT;
+  float* slse = reinterpret_cast<float*>(sdot + D * LDT);
+  float* sdi = slse + BQ;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * BK, grp = blockIdx.y, b = blockIdx.z;
+  const int nk = static_cast<int>(min(static_cast<int64_t>(BK), p.T - j0));
+  const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
+  const int64_t kc = k_col(p, grp), vc = kc + p.D;
+  const Tin* qkv_b = qkv + b * p.row;
+  float* dqkv_b = dqkv + b * p.row;
+  const int k0 = warp * 16 + g, k1 = k0 + 8;  // this lane's key rows of the tile
+
+  tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk, static_cast<uint16_t*>(nullptr));
+  tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, sv, static_cast<uint16_t*>(nullptr));
+  float dk[DN][4], dv[DN][4];
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dn][e] = 0.f, dv[dn][e] = 0.f;
+
+  for (int64_t h = grp * p.qpg; h < (grp + 1) * p.qpg; ++h) {
+    const int64_t qc = q_col(p, h);
+    const float* dout_bh = dout + b * p.H * p.D + h * p.D;
+    for (int64_t i0 = j0; i0 < p.T; i0 += BQ) {
+      const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+      __syncthreads();  // the previous query tile's readers are done (and sk, sv are written)
+      tc_load<BQ, D>(qkv_b + qc, ldq, i0, nq, sq, sqt);
+      tc_load<BQ, D>(dout_bh, ldo, i0, nq, sdo, sdot);
+      if (threadIdx.x < BQ) {
+        const int r = threadIdx.x;
+        float li = 0.f, di = 0.f;
+        if (r < nq) {
+          li = lse[(b * p.H + h) * p.T + i0 + r];
+          di = dqkv_b[(i0 + r) * ldq + qc];  // parked by attn_bwd_di
+        }
+        slse[r] = li;
+        sdi[r] = di;
+      }
+      __syncthreads();
+      // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x 32 queries.
+      float st[NB][4], dpt[NB][4];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[nb][e] = 0.f, dpt[nb][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+        uint32_t ka[4], va[4];
+        tc_smem_a<LD>(sk, warp * 16, kk * 16, ka);
+        tc_smem_a<LD>(sv, warp * 16, kk * 16, va);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          uint32_t bq[2], bo[2];
+          tc_smem_b<LD>(sq, nb * 8, kk * 16, bq);
+          tc_smem_b<LD>(sdo, nb * 8, kk * 16, bo);
+          tc::mma_bf16(st[nb], ka, bq);
+          tc::mma_bf16(dpt[nb], va, bo);
+        }
+      }
+      // P (dropped, for dV) into st, dS into dpt; rows are keys, columns queries.
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kl = e < 2 ? k0 : k1, il = nb * 8 + 2 * t + (e & 1);
+          const bool vis = il < nq && kl < nk && j0 + kl <= i0 + il;
+          const float pr = vis ? expf(st[nb][e] * p.scale - slse[il]) : 0.f;
+          float pd = pr, dp = dpt[nb][e];
+          if (p.drop && vis) {
+            const bool kp = keep(p, b, h, i0 + il, j0 + kl);
+            pd = kp ? pr * p.inv_keep : 0.f;
+            dp = kp ? dp * p.inv_keep : 0.f;
+          }
+          st[nb][e] = pd;
+          dpt[nb][e] = pr * (dp - sdi[il]) * p.scale;
+        }
+      // dV += P^T dO, dK += dS^T Q.
+#pragma unroll
+      for (int qb = 0; qb < BQ / 16; ++qb) {
+        uint32_t pa[4], dsa[4];
+        tc_c_to_a(st[2 * qb], st[2 * qb + 1], pa);
+        tc_c_to_a(dpt[2 * qb], dpt[2 * qb + 1], dsa);
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn) {
+          uint32_t bo[2], bq[2];
+          tc_smem_b<LDT>(sdot, dn * 8, qb * 16, bo);
+          tc_smem_b<LDT>(sqt, dn * 8, qb * 16, bq);
+          tc::mma_bf16(dv[dn], pa, bo);
+          tc::mma_bf16(dk[dn], dsa, bq);
+        }
+      }
+    }
+  }
+  if (k0 < nk) {
+    float* r = dqkv_b + (j0 + k0) * ldq + kc;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+      r[dn * 8 + 2 * t] = dk[dn][0], r[dn * 8 + 2 * t + 1] = dk[dn][1];
+      r[p.D + dn * 8 + 2 * t] = dv[dn][0], r[p.D + dn * 8 + 2 * t + 1] = dv[dn][1];
+    }
+  }
+  if (k1 < nk) {
+    float* r = dqkv_b + (j0 + k1) * ldq + kc;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+      r[dn * 8 + 2 * t] = dk[dn][2], r[dn * 8 + 2 * t + 1] = dk[dn][3];
+      r[p.D + dn * 8 + 2 * t] = dv[dn][2], r[p.D + dn * 8 + 2 * t + 1] = dv[dn][3];
+    }
+  }
+}
+
+// Backward 3 on tensor cores: dQ. Grid (ceil(T / 64), H, B), 128 threads.
+template <typename Tin, int D>
+__global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restrict__ qkv, const float* __restrict__ dout,
+                                                             const float* __restrict__ lse, float* dqkv,
+                                                             const Params<float> p) {
+  constexpr int BQ = kTcDqBQ, BK = kTcDqBK, LD = D + kTcPad, LDT = BK + kTcPad, KB = D / 16, NB = BK / 8,
+                DN = D / 8;
+  __shared__ uint16_t sk[BK * LD];   // K tile, row-major (S = Q K^T)
+  __shared__ uint16_t skt[D * LDT];  // K tile, transposed (dQ += dS K)
+  __shared__ uint16_t sv[BK * LD];   // V tile, row-major (dP = dO V^T)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z;
+  const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+  const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
+  const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
+  const Tin* qkv_b = qkv + b * p.row;
+  float* dqkv_b = dqkv + b * p.row;
+  const int r0 = warp * 16 + g, r1 = r0 + 8;
+
+  uint32_t qa[KB][4], da[KB][4];
+  tc_fragments_a<D>(qkv_b + i0 * ldq + qc, ldq, warp * 16, nq, qa);
+  tc_fragments_a<D>(dout + b * p.H * p.D + h * p.D + i0 * ldo, ldo, warp * 16, nq, da);
+  // lse and D of the lane's rows; D is parked in the row's q slot, which this
+  // warp alone overwrites, after the loop.
+  float lse0 = 0.f, lse1 = 0.f, di0 = 0.f, di1 = 0.f;
+  if (r0 < nq) lse0 = lse[(b * p.H + h) * p.T + i0 + r0], di0 = dqkv_b[(i0 + r0) * ldq + qc];
+  if (r1 < nq) lse1 = lse[(b * p.H + h) * p.T + i0 + r1], di1 = dqkv_b[(i0 + r1) * ldq + qc];
+  float dq[DN][4];
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0.f;
+
+  const int64_t last = i0 + nq - 1;
+  for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+    const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
+    __syncthreads();  // the previous key tile's readers are done
+    tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk, skt);
+    tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, sv, static_cast<uint16_t*>(nullptr));
+    __syncthreads();
+    float s[NB][4], dp[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nb][e] = 0.f, dp[nb][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        uint32_t bk[2], bv[2];
+        tc_smem_b<LD>(sk, nb * 8, kk * 16, bk);
+        tc_smem_b<LD>(sv, nb * 8, kk * 16, bv);
+        tc::mma_bf16(s[nb], qa[kk], bk);
+        tc::mma_bf16(dp[nb], da[kk], bv);
+      }
+    // dS into s.
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
+        const bool vis = r < nq && j < nk && j0 + j <= i0 + r;
+        const float pr = vis ? expf(s[nb][e] * p.scale - (e < 2 ? lse0 : lse1)) : 0.f;
+        float d = dp[nb][e];
+        if (p.drop && vis) d = keep(p, b, h, i0 + r, j0 + j) ? d * p.inv_keep : 0.f;
+        s[nb][e] = pr * (d - (e < 2 ? di0 : di1)) * p.scale;
+      }
+#pragma unroll
+    for (int jb = 0; jb < BK / 16; ++jb) {
+      uint32_t dsa[4];
+      tc_c_to_a(s[2 * jb], s[2 * jb + 1], dsa);
+#pragma unroll
+      for (int dn = 0; dn < DN; ++dn) {
+        uint32_t bk[2];
+        tc_smem_b<LDT>(skt, dn * 8, jb * 16, bk);
+        tc::mma_bf16(dq[dn], dsa, bk);
+      }
+    }
+  }
+  if (r0 < nq) {
+    float* row = dqkv_b + (i0 + r0) * ldq + qc;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) row[dn * 8 + 2 * t] = dq[dn][0], row[dn * 8 + 2 * t + 1] = dq[dn][1];
+  }
+  if (r1 < nq) {
+    float* row = dqkv_b + (i0 + r1) * ldq + qc;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) row[dn * 8 + 2 * t] = dq[dn][2], row[dn * 8 + 2 * t + 1] = dq[dn][3];
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Host side.
 
 unsigned tiles(int64_t n, int tile) { return static_cast<unsigned>((n + tile - 1) / tile); }
@@ -518,9 +980,59 @@ void launch_bwd(const Tin* qkv, const A* dout, const A* lse, A* dqkv, const Para
   MT_CUDA_CHECK_LAUNCH();
 }
 
+// Whether the tensor-core kernels take a call: allowed by the options, a
+// head_dim they are built for, fp32 accumulation, and 16-byte aligned
+// tensors (their vector loads; every row pitch and column offset is then a
+// multiple of 16 bytes, since head_dim is).
+template <typename Tin, typename A>
+bool use_tc(const QkvLayout& L, const AttentionOptions& o, std::initializer_list<const void*> ptrs) {
+  if constexpr (!std::is_same_v<A, float>) {
+    return false;
+  } else {
+    if (!o.bf16_matmul || (L.head_dim != 64 && L.head_dim != 128)) return false;
+    for (const void* ptr : ptrs)
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+    return true;
+  }
+}
+
+template <typename Tin, int D>
+void launch_fwd_tc(const Tin* qkv, float* out, float* lse, const Params<float>& p) {
+  const dim3 grid(tiles(p.T, kTcFwdBQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  attn_fwd_tc<Tin, D><<<grid, kTcThreads, 0, ::mt::cuda::stream()>>>(qkv, out, lse, p);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+// Backward 2 and 3 on tensor cores (after attn_bwd_di).
+template <typename Tin, int D>
+void launch_bwd_tc(const Tin* qkv, const float* dout, const float* lse, float* dqkv, const Params<float>& p) {
+  constexpr size_t smem = dkv_tc_smem<D>();
+  // Above 48 KB a kernel's dynamic shared memory must be allowed first (once per process).
+  static const bool allowed = [] {
+    MT_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkv_tc<Tin, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+    return true;
+  }();
+  (void)allowed;
+  const unsigned G = static_cast<unsigned>(p.H / p.qpg);
+  const dim3 gkv(tiles(p.T, kTcDkvBK), G, static_cast<unsigned>(p.B));
+  attn_bwd_dkv_tc<Tin, D><<<gkv, kTcThreads, smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
+  MT_CUDA_CHECK_LAUNCH();
+  const dim3 gq(tiles(p.T, kTcDqBQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  attn_bwd_dq_tc<Tin, D><<<gq, kTcThreads, 0, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 template <typename Tin, typename A>
 void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, A* out, A* lse) {
   const Params<A> p = make_params<A>(L, o);
+  if constexpr (std::is_same_v<A, float>) {
+    if (use_tc<Tin, A>(L, o, {qkv, out})) {
+      if (p.D == 64) launch_fwd_tc<Tin, 64>(qkv, out, lse, p);
+      else launch_fwd_tc<Tin, 128>(qkv, out, lse, p);
+      return;
+    }
+  }
   if (p.D <= 64) launch_fwd<Tin, A, 64>(qkv, out, lse, p);
   else if (p.D <= 128) launch_fwd<Tin, A, 128>(qkv, out, lse, p);
   else launch_fwd<Tin, A, 256>(qkv, out, lse, p);
@@ -534,6 +1046,13 @@ void bwd(const Tin* qkv, const A* out, const A* dout, const A* lse, const QkvLay
   attn_bwd_di<A><<<::mt::cuda::blocks_for(rows, kDiThreads / 32), kDiThreads, 0, ::mt::cuda::stream()>>>(out, dout,
                                                                                                         dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
+  if constexpr (std::is_same_v<A, float>) {
+    if (use_tc<Tin, A>(L, o, {qkv, dout, dqkv})) {
+      if (p.D == 64) launch_bwd_tc<Tin, 64>(qkv, dout, lse, dqkv, p);
+      else launch_bwd_tc<Tin, 128>(qkv, dout, lse, dqkv, p);
+      return;
+    }
+  }
   if (p.D <= 64) launch_bwd<Tin, A, 64>(qkv, dout, lse, dqkv, p);
   else if (p.D <= 128) launch_bwd<Tin, A, 128>(qkv, dout, lse, dqkv, p);
   else launch_bwd<Tin, A, 256>(qkv, dout, lse, dqkv, p);
@@ -562,6 +1081,15 @@ void attention_forward(const Tensor& qkv, const QkvLayout& L, const AttentionOpt
     case DType::kBF16: fwd<bf16, float>(qkv.ptr<bf16>(), L, o, out.ptr<float>(), lse.ptr<float>()); break;
     case DType::kF64: fwd<double, double>(qkv.ptr<double>(), L, o, out.ptr<double>(), lse.ptr<double>()); break;
     default: MT_CHECK(false, "attention_forward: unsupported dtype");
+  }
+}
+
+bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o) {
+  const void* p = qkv.data();
+  switch (qkv.dtype()) {
+    case DType::kF32: return use_tc<float, float>(L, o, {p});
+    case DType::kBF16: return use_tc<bf16, float>(L, o, {p});
+    default: return false;
   }
 }
 

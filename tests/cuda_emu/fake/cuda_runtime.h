@@ -15,6 +15,10 @@
 //             is due is cudaErrorInvalidValue, with the reason on stderr).
 //   streams   handles from cudaStreamCreateWithFlags, or 0; every operation
 //             completes before the call returns (streams are synchronous).
+//   kernels   cudaFuncSetAttribute with cudaFuncAttributeMaxDynamicSharedMemorySize
+//             only: a kernel's dynamic shared memory may go up to the value
+//             set (at most 232448 bytes, sm_90's 227 KiB) instead of 48 KiB;
+//             a launch above its maximum sets cudaErrorInvalidValue (../emu.h).
 //   errors    one sticky "last error" per process (launch configuration
 //             errors land there, as on a GPU); names and strings are CUDA's.
 // Anything else is missing on purpose: a .cu that calls it does not compile
@@ -54,6 +58,12 @@ enum cudaMemcpyKind {
 
 constexpr unsigned cudaStreamNonBlocking = 0x01;
 
+// CUDA's value (driver_types.h); the other attributes are left out, as
+// cudaFuncSetAttribute does not implement them.
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+
 struct cudaDeviceProp {
   char name[256];
 };
@@ -75,6 +85,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+
+// `func` is a kernel's address; any other attribute, a value out of range or
+// a null func is cudaErrorInvalidValue (with the reason on stderr).
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
+// The kernel itself (as CUDA's runtime offers it for C++): its address.
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
+}
 
 // Emulator extensions (not CUDA API).
 namespace emu {

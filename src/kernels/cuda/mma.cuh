@@ -1,0 +1,85 @@
+#pragma once
+// bf16 tensor-core building blocks for the CUDA twins (sm_80 and later):
+// the warp-wide mma.sync.m16n8k16 (bf16 inputs, fp32 accumulation) and the
+// packing of fp32 values into its bf16 operand registers.
+//
+// Fragment layouts (PTX ISA, "mma.m16n8k16" for .bf16). In a warp, lane =
+// 4 g + t (g = lane / 4 in 0..7, t = lane % 4 in 0..3). A register holds two
+// bf16 values, the one with the smaller column (A) or row (B) index in its low
+// 16 bits.
+//   A, 16 x 16 row-major (M x K): a0 = A[g][2t, 2t+1]     a1 = A[g+8][2t, 2t+1]
+//                                 a2 = A[g][2t+8, 2t+9]   a3 = A[g+8][2t+8, 2t+9]
+//   B, 16 x 8 (K x N):            b0 = B[2t, 2t+1][g]     b1 = B[2t+8, 2t+9][g]
+//   C, D, 16 x 8 fp32:            c0, c1 = C[g][2t, 2t+1] c2, c3 = C[g+8][2t, 2t+1]
+// Two consequences the attention kernels build on:
+//  - a row-major [n][k] tile in shared memory (k contiguous) gives B = tile^T
+//    with one 32-bit load per register (b0 = tile[g][2t, 2t+1]); a B that is
+//    the tile itself needs the tile stored transposed;
+//  - the accumulators of two adjacent n-blocks (columns 16 kb .. 16 kb + 15)
+//    are, packed to bf16, exactly the A fragment of the 16-column k-block kb
+//    (a0 = C_2kb[c0, c1], a1 = C_2kb[c2, c3], a2 = C_2kb+1[c0, c1],
+//    a3 = C_2kb+1[c2, c3]), so a product P V can take P straight from the
+//    registers that computed it.
+// The host emulator (tests/cuda_emu) runs the same code with an emulated,
+// warp-collective mma (emu::mma_m16n8k16_bf16).
+
+#include <cstdint>
+
+#include "kernels/cuda/pointwise_common.cuh"
+
+namespace mt::kernels::cuda::tc {
+
+// d += A B for one warp (every lane calls it with its fragments).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(MT_CUDA_EMULATOR)
+  ::emu::mma_m16n8k16_bf16(d, a, b, d);
+#elif defined(__CUDA_ARCH__)
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// Two fp32 values as one register of bf16 operands (round to nearest even,
+// as mt::float_to_bf16), lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return static_cast<uint32_t>(pointwise::bf16_bits_from_float(lo)) |
+         static_cast<uint32_t>(pointwise::bf16_bits_from_float(hi)) << 16;
+}
+
+// The 32-bit word at p (two consecutive bf16 in shared memory; p 4-byte aligned).
+__device__ __forceinline__ uint32_t ld_pair(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Two consecutive bf16 at p (any alignment of 2 bytes) as one register.
+__device__ __forceinline__ uint32_t ld_two(const uint16_t* p0, const uint16_t* p1) {
+  return static_cast<uint32_t>(*p0) | static_cast<uint32_t>(*p1) << 16;
+}
+
+// Four consecutive elements as fp32, from 16-byte (fp32) or 8-byte (bf16)
+// aligned memory in one vector load.
+struct alignas(16) F4 {
+  float x, y, z, w;
+};
+struct alignas(8) U2 {
+  uint32_t x, y;
+};
+__device__ __forceinline__ void load4(const float* p, float (&v)[4]) {
+  const F4 f = *reinterpret_cast<const F4*>(p);
+  v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+}
+__device__ __forceinline__ void load4(const bf16* p, float (&v)[4]) {
+  const U2 u = *reinterpret_cast<const U2*>(p);
+  v[0] = __uint_as_float(u.x << 16), v[1] = __uint_as_float(u.x & 0xffff0000u);
+  v[2] = __uint_as_float(u.y << 16), v[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+__device__ __forceinline__ void load2(const float* p, float (&v)[2]) {
+  v[0] = p[0], v[1] = p[1];
+}
+__device__ __forceinline__ void load2(const bf16* p, float (&v)[2]) {
+  const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
+  v[0] = __uint_as_float(u << 16), v[1] = __uint_as_float(u & 0xffff0000u);
+}
+
+}  // namespace mt::kernels::cuda::tc
