@@ -291,6 +291,10 @@ TEST(CudaTwin, EmbeddingForwardBackwardMatchCpuBitwise) {
   embedding_case<double, int32_t>(300, 17, 33, 34);
   embedding_case<double, int64_t>(5, 11, 700, 0);
   embedding_case<float, int32_t>(0, 11, 16, 0);
+  // More rows than one tile of the sort (1024), long runs of one token, and
+  // more columns than one block (256).
+  embedding_case<float, int32_t>(2500, 40, 300, 40);
+  embedding_case<double, int64_t>(1100, 7, 20, 0);
 }
 
 template <typename T>

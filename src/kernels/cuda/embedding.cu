@@ -5,12 +5,20 @@
 // embedding_forward: grid-stride loop over out [N, C]; element e is row
 //   i = e / C, column c = e % C; a token outside [vocab_start, vocab_start +
 //   Vs) yields 0.
-// embedding_backward (ACCUMULATES): one thread per column c, looping the rows
-//   i = 0..N-1 in order and doing dweight[tok_i - vocab_start, c] += dout[i, c]
-//   directly in memory, exactly the CPU twin's per-column order, so the result
-//   is bitwise the CPU's and deterministic. Parallelism is only C threads
-//   (a read-modify-write chain of N steps each); correct first, a sorted-
-//   token segmented version can replace it if it shows in profiles.
+// embedding_backward (ACCUMULATES): the CPU twin adds dout[i, :] onto row
+//   tok_i - vocab_start of dweight for i = 0..N-1 in order, so each dweight
+//   element receives its rows' gradients in ascending i. Two kernels keep
+//   exactly that order with parallelism over (distinct token, column):
+//   1. embed_rank: the stable sort of the rows by token, as ranks (rank_i =
+//      the rows with a smaller key, or the same key and a smaller index; key
+//      = the shard row, or Vs for a token outside the shard), one thread per
+//      row counting through the keys in shared-memory tiles (N^2 / threads
+//      comparisons: 8192 rows take microseconds); writes the permutation and
+//      the sorted keys into a scratch buffer kept for the process.
+//   2. embed_bwd_segments: grid (sorted position, column block); a block at
+//      the first position of a key's run walks the run in order (ascending i,
+//      by stability), summing onto the dweight element in a register, and
+//      stores it once. Bitwise the CPU's and deterministic.
 // position_add_forward: grid-stride loop, out[r, c] += pos[r / B, c].
 // position_add_backward (ACCUMULATES): one thread per (t, c), adding
 //   dout[t*B + b, c] for b = 0..B-1 in order onto dpos[t, c]: bitwise the CPU's.
@@ -33,17 +41,73 @@ __global__ void embed_fwd(int64_t n, int64_t C, int64_t Vs, int64_t v0, const To
   }
 }
 
-// One thread per column; rows in order (see the header comment).
-template <typename T, typename Tok>
-__global__ void embed_bwd(int64_t N, int64_t C, int64_t Vs, int64_t v0, const Tok* __restrict__ tokens,
-                          const T* __restrict__ dout, T* __restrict__ dw) {
-  const int64_t c = gs_begin();
-  if (c >= C) return;
-  for (int64_t i = 0; i < N; ++i) {
-    const int64_t t = static_cast<int64_t>(tokens[i]) - v0;
-    if (t < 0 || t >= Vs) continue;
-    dw[t * C + c] += dout[i * C + c];
+// The sort key of row i: its shard row, or Vs outside the shard.
+template <typename Tok>
+__device__ __forceinline__ int32_t embed_key(const Tok* tokens, int64_t i, int64_t Vs, int64_t v0) {
+  const int64_t t = static_cast<int64_t>(tokens[i]) - v0;
+  return static_cast<int32_t>(t >= 0 && t < Vs ? t : Vs);
+}
+
+constexpr int kRankTile = 1024;
+
+// 1. perm[rank_i] = i and skey[rank_i] = key_i, rank_i being row i's place in
+// the stable sort by key. One thread per row.
+template <typename Tok>
+__global__ void __launch_bounds__(kThreads) embed_rank(int64_t N, int64_t Vs, int64_t v0,
+                                                       const Tok* __restrict__ tokens, int32_t* __restrict__ perm,
+                                                       int32_t* __restrict__ skey) {
+  __shared__ int32_t tile[kRankTile];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int32_t key = i < N ? embed_key(tokens, i, Vs, v0) : 0;
+  int64_t rank = 0;
+  for (int64_t j0 = 0; j0 < N; j0 += kRankTile) {
+    const int n = static_cast<int>(min(static_cast<int64_t>(kRankTile), N - j0));
+    __syncthreads();  // the previous tile's readers are done
+    for (int k = threadIdx.x; k < n; k += blockDim.x) tile[k] = embed_key(tokens, j0 + k, Vs, v0);
+    __syncthreads();
+    for (int k = 0; k < n; ++k) {
+      const int32_t kj = tile[k];
+      rank += (kj < key || (kj == key && j0 + k < i)) ? 1 : 0;
+    }
   }
+  if (i < N) {
+    perm[rank] = static_cast<int32_t>(i);
+    skey[rank] = key;
+  }
+}
+
+// 2. Grid (N, ceil(C / kThreads)): the block at the first sorted position of
+// an in-shard key's run adds the run's dout rows, in order, onto its columns.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) embed_bwd_segments(int64_t N, int64_t C, int64_t Vs,
+                                                               const int32_t* __restrict__ perm,
+                                                               const int32_t* __restrict__ skey,
+                                                               const T* __restrict__ dout, T* __restrict__ dw) {
+  const int64_t r = blockIdx.x;
+  const int32_t key = skey[r];
+  if (key >= Vs || (r > 0 && skey[r - 1] == key)) return;  // outside the shard, or not a run's start
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  T* w = dw + static_cast<int64_t>(key) * C + c;
+  T acc = *w;
+  for (int64_t k = r; k < N && skey[k] == key; ++k) acc += dout[static_cast<int64_t>(perm[k]) * C + c];
+  *w = acc;
+}
+
+// The sort's scratch (perm and keys, 2 N int32) on the device: one buffer per
+// process, grown on demand; calls run in order on the rank's one stream.
+int32_t* sort_scratch(int64_t N) {
+  static void* buf = nullptr;
+  static int64_t cap = 0;
+  if (N > cap) {
+    if (buf) {
+      ::mt::cuda::synchronize();  // earlier calls' kernels may still read it
+      ::mt::cuda::device_free(buf);
+    }
+    buf = ::mt::cuda::device_malloc(static_cast<size_t>(2 * N) * sizeof(int32_t), "embedding_backward sort scratch");
+    cap = N;
+  }
+  return static_cast<int32_t*>(buf);
 }
 
 template <typename T>
@@ -102,10 +166,19 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t v0, co
     const T* d = dout.ptr<T>();
     T* dw = dweight.ptr<T>();
     if (N == 0 || C == 0) return;
+    MT_CHECK(N < (int64_t{1} << 31) && Vs < (int64_t{1} << 31),
+             fmt::format("embedding_backward (CUDA): {} tokens and {} shard rows must each be below 2^31", N, Vs));
+    MT_CHECK(C <= int64_t{65535} * kThreads, "embedding_backward (CUDA): embedding width above 65535 * 256");
+    int32_t* perm = sort_scratch(N);
+    int32_t* skey = perm + N;
     with_tokens(tokens, [&](auto tp) {
-      embed_bwd<<<::mt::cuda::blocks_for(C, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(N, C, Vs, v0, tp, d, dw);
+      embed_rank<<<::mt::cuda::blocks_for(N, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(N, Vs, v0, tp, perm,
+                                                                                            skey);
       MT_CUDA_CHECK_LAUNCH();
     });
+    const dim3 grid(static_cast<unsigned>(N), ::mt::cuda::blocks_for(C, kThreads));
+    embed_bwd_segments<T><<<grid, kThreads, 0, ::mt::cuda::stream()>>>(N, C, Vs, perm, skey, d, dw);
+    MT_CUDA_CHECK_LAUNCH();
   });
 }
 
