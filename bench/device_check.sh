@@ -45,6 +45,8 @@
 #   bench_torch_eager / bench_torch_compile
 #                    bench/llama_torch_train.py, the same model in PyTorch
 #   bench_report     tokens/s, MFU vs 989 TFLOP/s and vs the GEMM ceiling, ours/eager, ours/compile
+#   profile_ours     the benchmark model for 4 iterations with MT_PROFILE_OPS=1: GPU milliseconds
+#                    per op per iteration (core/op_profile.h), where the time goes
 #   cli_device       the repo's tests/train/device_cli_test.sh in "gpu" mode, if it exists, with
 #                    whatever time is left (its min is 0: it never takes time from the others)
 #
@@ -108,6 +110,7 @@ bench_ours          100  45  megatron train --device cuda, ~1B LLaMA bf16
 bench_torch_eager    60  30  PyTorch eager, same model
 bench_torch_compile 150  60  PyTorch torch.compile, same model
 bench_report         15   5  tokens/s, MFU, ratios
+profile_ours         45   0  MT_PROFILE_OPS=1, 4 iterations of the benchmark: GPU ms per op (time to spare)
 cli_device           90   0  tests/train/device_cli_test.sh gpu (only with time to spare)
 "
 mapfile -t STEP_LINES < <(grep -v '^[[:space:]]*$' <<<"$STEP_TABLE")
@@ -218,10 +221,10 @@ bench_model() {  # Megatron flags of the benchmark model (both trainers' sizes)
     --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights \
     --hidden-dropout 0 --attention-dropout 0 --bf16
 }
-bench_train() {
+bench_train() {  # [iterations]
   echo --tokenizer-type NullTokenizer --data-path "$KIT/data/random32k_text_document" --split 100,0,0 \
     --data-cache-path "$WORK/cache" --lr 1e-4 --lr-decay-style constant --weight-decay 0.1 --clip-grad 1.0 \
-    --seed 1234 --log-interval 1 --no-progress --train-iters $((BENCH_WARMUP + BENCH_ITERS))
+    --seed 1234 --log-interval 1 --no-progress --train-iters "${1:-$((BENCH_WARMUP + BENCH_ITERS))}"
 }
 torch_flags() {
   echo --num-layers $B_L --hidden-size $B_H --num-attention-heads $B_A --num-query-groups $B_G --ffn-hidden-size $B_F \
@@ -441,6 +444,17 @@ torch_bench() {
 }
 step_bench_torch_eager() { torch_bench eager; }
 step_bench_torch_compile() { torch_bench compile; }
+
+step_profile_ours() {
+  have_kit || return 1
+  local rc
+  export MT_PROFILE_OPS=1
+  train_run profile_ours gpu $(bench_model) $(bench_train 4); rc=$?
+  unset MT_PROFILE_OPS
+  sed -n '/^op profile/,$p' "$RUNS/profile_ours.log" | head -45
+  fig "$(grep -A6 '^op profile' "$RUNS/profile_ours.log" | sed -E 's/ +/ /g' | paste -sd ';' | cut -c1-500)"
+  return $rc
+}
 
 step_cli_device() {
   have_kit || return 1

@@ -10,6 +10,7 @@
 // (fp64 is the reference path the finite-difference tests use); GEMM and
 // attention also accept bf16 inputs with fp32 accumulation.
 
+#include "core/op_profile.h"
 #include "core/sim_device.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -22,8 +23,10 @@
 #define MT_DISPATCH_CUDA(op, ...) \
   MT_CHECK(false, #op ": a CUDA tensor in a build without the CUDA backend")
 #endif
+// Every call is one OpScope of the op profile (core/op_profile.h).
 #define MT_DISPATCH(op, dev, ...)                       \
   do {                                                  \
+    ::mt::profile::OpScope _op_scope(#op, (dev));       \
     if ((dev) == ::mt::Device::kCuda) {                 \
       if (::mt::simdev::enabled()) {                    \
         ::mt::simdev::HostScope _open_device_memory;    \

@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "core/device.h"
+#include "core/op_profile.h"
 #include "core/signals.h"
 #include "core/threads.h"
 #include "data/loader.h"
@@ -475,6 +476,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (fail_env) std::sscanf(fail_env, "%d:%lld", &fail_rank, reinterpret_cast<long long*>(&fail_iteration));
   const bool overlap_grads = buckets && job.parallel.overlap_grad_reduce;
   std::vector<char> gathered(static_cast<size_t>(mc.num_layers + 2), 0);  // stages -1..L waited this iteration
+  // MT_PROFILE_OPS: time per op from the end of the first iteration (core/op_profile.h).
+  const bool profiling = profile::enabled();
+  int64_t profiled_from = -1;
+  Clock::time_point profile_start;
   while (iteration < train_iters) {
     const int64_t it = iteration + 1;
     if (it == nan_at) {
@@ -577,6 +582,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     metrics.append({{"iteration", it}, {"lm_loss", loss}, {"grad_norm", last_norm}, {"learning_rate", sched.lr()},
                     {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes},
                     {"pp_bytes", pp_bytes}});
+    if (profiling && it == first_iteration + 1) {
+      profile::reset();
+      profile_start = Clock::now();
+      profiled_from = it;
+    }
     if (it == first_iteration + 1 && world > 1) {
       bar.clear();
       std::fprintf(out, "communication per rank per iteration: TP %.2f MB (planned %.2f MB), DP %.2f MB (planned %.2f MB), "
@@ -645,6 +655,17 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     }
   }
   bar.finish();
+  if (profiling && profiled_from >= 0 && iteration > profiled_from) {
+    const std::vector<profile::OpStat> stats = profile::collect();
+    const double wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - profile_start).count();
+    const int64_t n = iteration - profiled_from;
+    std::fprintf(out, "%s", profile::table(stats, n, wall_ms).c_str());
+    nlohmann::json ops = nlohmann::json::array();
+    for (const profile::OpStat& st : stats)
+      ops.push_back({{"op", st.op}, {"device", st.device == Device::kCuda ? "cuda" : "cpu"}, {"calls", st.calls},
+                     {"ms", st.ms}});
+    metrics.append({{"kind", "op_profile"}, {"iterations", n}, {"wall_ms", wall_ms}, {"ops", ops}});
+  }
   if (!cfg.save.empty() && (!cfg.save_interval || iteration % *cfg.save_interval != 0) && iteration > 0)
     MT_RETURN_IF_ERROR(save(iteration));
   wait_params();

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -252,6 +253,39 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return emu::is_valid_stream(stream) ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at;
+  bool recorded = false;
+};
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  if (!event) return cudaErrorInvalidValue;
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (!event) return cudaErrorInvalidResourceHandle;
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (!event || !emu::is_valid_stream(stream)) return cudaErrorInvalidResourceHandle;
+  event->at = std::chrono::steady_clock::now();
+  event->recorded = true;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) { return event ? cudaSuccess : cudaErrorInvalidResourceHandle; }
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms) return cudaErrorInvalidValue;
+  if (!start || !end || !start->recorded || !end->recorded) return cudaErrorInvalidResourceHandle;
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
 }
 
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/op_profile.h"
 #include "core/sim_device.h"
 #include "cuda_test_util.h"
 #include "kernels/activation.h"
@@ -295,6 +296,27 @@ TEST(CudaTwin, EmbeddingForwardBackwardMatchCpuBitwise) {
   // more columns than one block (256).
   embedding_case<float, int32_t>(2500, 40, 300, 40);
   embedding_case<double, int64_t>(1100, 7, 20, 0);
+}
+
+// The op profile times CUDA calls with events on the stream (core/op_profile.h).
+TEST(CudaTwin, OpProfileTimesGpuCallsWithEvents) {
+  MT_REQUIRE_GPU();
+  Arena g = gpu_arena(kArenaBytes);
+  const Tensor a = g.alloc({4096}, DType::kF32), b = g.alloc({4096}, DType::kF32);
+  a.zero();
+  b.zero();
+  profile::set_enabled(true);
+  profile::reset();
+  k::add_inplace(a, b);
+  k::add_inplace(a, b);
+  const std::vector<profile::OpStat> stats = profile::collect();
+  profile::set_enabled(false);
+  profile::reset();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].op, "add_inplace");
+  EXPECT_EQ(stats[0].device, Device::kCuda);
+  EXPECT_EQ(stats[0].calls, 2);
+  EXPECT_GE(stats[0].ms, 0.0);
 }
 
 template <typename T>

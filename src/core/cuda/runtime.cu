@@ -55,6 +55,21 @@ void* device_malloc(size_t bytes, const char* what) {
   return p;
 }
 
+void* event_create() {
+  cudaEvent_t e = nullptr;
+  MT_CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+
+void event_record(void* event) { MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream())); }
+
+float event_elapsed_ms(void* start, void* stop) {
+  MT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop)));
+  float ms = 0;
+  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)));
+  return ms;
+}
+
 void device_free(void* p) {
   if (p) MT_CUDA_CHECK(cudaFree(p));
 }

@@ -35,5 +35,11 @@ void copy_d2h(void* dst, const void* src, size_t bytes);
 void synchronize();
 // The rank's stream as an opaque handle (a cudaStream_t).
 void* stream_handle();
+// Timing events (core/op_profile.h): created once and reused, recorded on the
+// rank's stream; the milliseconds between two recorded events wait for the
+// second one.
+void* event_create();
+void event_record(void* event);
+float event_elapsed_ms(void* start, void* stop);
 
 }  // namespace mt::cuda

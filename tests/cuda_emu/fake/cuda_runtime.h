@@ -13,6 +13,9 @@
 //             cudaMemcpy*/cudaMemset* check each pointer against that
 //             registry for the copy kind (a host pointer where a device one
 //             is due is cudaErrorInvalidValue, with the reason on stderr).
+//   events    cudaEventCreate/Record/Synchronize/ElapsedTime/Destroy on the
+//             host clock (an event never recorded is cudaErrorInvalidResourceHandle
+//             in ElapsedTime, as CUDA's cudaErrorInvalidResourceHandle for it).
 //   streams   handles from cudaStreamCreateWithFlags, or 0; every operation
 //             completes before the call returns (streams are synchronous).
 //   kernels   cudaFuncSetAttribute with cudaFuncAttributeMaxDynamicSharedMemorySize
@@ -85,6 +88,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+
+// Events: a recorded event holds the host clock at its record (streams are
+// synchronous, so that is when the work before it finished).
+typedef struct CUevent_st* cudaEvent_t;
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 // `func` is a kernel's address; any other attribute, a value out of range or
 // a null func is cudaErrorInvalidValue (with the reason on stderr).
