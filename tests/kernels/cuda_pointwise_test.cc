@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -135,8 +136,12 @@ void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms) {
     k::layernorm_backward(view(dy, {N, C}), X, W, view(mean, {N}), view(rstd, {N}), view(dx, {N, C}), view(dw, {C}),
                           with_bias ? view(db, {C}) : Tensor());
   expect_close(gdx, dx, Tol<T>::wide, Tol<T>::sum, what + " dx");
-  expect_close(gdw, dw, Tol<T>::sum, Tol<T>::sum, what + " dw");
-  if (with_bias) expect_close(gdb, db, Tol<T>::sum, Tol<T>::sum, what + " db");
+  // dw and db add N rows per column in a different order on each side (the
+  // GPU in row chunks): their rounding grows with N, and cancellation leaves
+  // small sums, so the absolute bound scales with the row count.
+  const double col_atol = Tol<T>::sum * std::max(1.0, static_cast<double>(N) / 256.0);
+  expect_close(gdw, dw, Tol<T>::sum, col_atol, what + " dw");
+  if (with_bias) expect_close(gdb, db, Tol<T>::sum, col_atol, what + " db");
   expect_bitwise(gdx2, gdx, what + " dx, second run");
   expect_bitwise(gdw2, gdw, what + " dw, second run");
   if (with_bias) expect_bitwise(gdb2, gdb, what + " db, second run");
@@ -144,7 +149,8 @@ void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms) {
 
 TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1, 3}, {0, 64}}) {
+  // 1100 rows: 4 row chunks of the column sums (norm.cu), of uneven size.
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}}) {
     layernorm_case<float>(N, C, true, false);
     layernorm_case<float>(N, C, false, false);
     layernorm_case<double>(N, C, true, false);
@@ -154,7 +160,8 @@ TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
 
 TEST(CudaTwin, RmsNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1, 3}, {0, 64}}) {
+  // 1100 rows: 4 row chunks of the column sums (norm.cu), of uneven size.
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}}) {
     layernorm_case<float>(N, C, false, true);
     layernorm_case<double>(N, C, false, true);
   }

@@ -1,7 +1,9 @@
 // The CUDA side of core/cuda/runtime.h.
 #include <fmt/format.h>
 
+#include <map>
 #include <mutex>
+#include <string>
 
 #include "core/cuda/check.cuh"
 
@@ -53,6 +55,26 @@ void* device_malloc(size_t bytes, const char* what) {
                                    total_b / 1073741824.0, cudaGetErrorName(e)));
   }
   return p;
+}
+
+void* op_scratch(const char* owner, size_t bytes) {
+  struct Buffer {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  static std::mutex mu;
+  static std::map<std::string, Buffer> buffers;
+  std::lock_guard<std::mutex> lock(mu);
+  Buffer& b = buffers[owner];
+  if (bytes > b.bytes) {
+    if (b.p) {
+      synchronize();  // the op's earlier kernels may still use it
+      device_free(b.p);
+    }
+    b.p = device_malloc(bytes, owner);
+    b.bytes = bytes;
+  }
+  return b.p;
 }
 
 void* event_create() {

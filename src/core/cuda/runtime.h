@@ -35,6 +35,11 @@ void copy_d2h(void* dst, const void* src, size_t bytes);
 void synchronize();
 // The rank's stream as an opaque handle (a cudaStream_t).
 void* stream_handle();
+// A device buffer of at least `bytes` for an op's temporaries between its
+// own kernels (owner: a name for the op, used in the out-of-memory message),
+// one per owner, grown on demand and kept for the process. The op's calls
+// run in order on the rank's stream, so each call may reuse it.
+void* op_scratch(const char* owner, size_t bytes);
 // Timing events (core/op_profile.h): created once and reused, recorded on the
 // rank's stream; the milliseconds between two recorded events wait for the
 // second one.

@@ -14,7 +14,7 @@
 //      = the shard row, or Vs for a token outside the shard), one thread per
 //      row counting through the keys in shared-memory tiles (N^2 / threads
 //      comparisons: 8192 rows take microseconds); writes the permutation and
-//      the sorted keys into a scratch buffer kept for the process.
+//      the sorted keys into the op's scratch buffer (cuda::op_scratch).
 //   2. embed_bwd_segments: grid (sorted position, column block); a block at
 //      the first position of a key's run walks the run in order (ascending i,
 //      by stability), summing onto the dweight element in a register, and
@@ -94,21 +94,6 @@ __global__ void __launch_bounds__(kThreads) embed_bwd_segments(int64_t N, int64_
   *w = acc;
 }
 
-// The sort's scratch (perm and keys, 2 N int32) on the device: one buffer per
-// process, grown on demand; calls run in order on the rank's one stream.
-int32_t* sort_scratch(int64_t N) {
-  static void* buf = nullptr;
-  static int64_t cap = 0;
-  if (N > cap) {
-    if (buf) {
-      ::mt::cuda::synchronize();  // earlier calls' kernels may still read it
-      ::mt::cuda::device_free(buf);
-    }
-    buf = ::mt::cuda::device_malloc(static_cast<size_t>(2 * N) * sizeof(int32_t), "embedding_backward sort scratch");
-    cap = N;
-  }
-  return static_cast<int32_t*>(buf);
-}
 
 template <typename T>
 __global__ void pos_add_fwd(int64_t n, int64_t C, int64_t B, const T* __restrict__ pos, T* __restrict__ out) {
@@ -169,7 +154,8 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t v0, co
     MT_CHECK(N < (int64_t{1} << 31) && Vs < (int64_t{1} << 31),
              fmt::format("embedding_backward (CUDA): {} tokens and {} shard rows must each be below 2^31", N, Vs));
     MT_CHECK(C <= int64_t{65535} * kThreads, "embedding_backward (CUDA): embedding width above 65535 * 256");
-    int32_t* perm = sort_scratch(N);
+    int32_t* perm = static_cast<int32_t*>(
+        ::mt::cuda::op_scratch("embedding_backward sort scratch", static_cast<size_t>(2 * N) * sizeof(int32_t)));
     int32_t* skey = perm + N;
     with_tokens(tokens, [&](auto tp) {
       embed_rank<<<::mt::cuda::blocks_for(N, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(N, Vs, v0, tp, perm,

@@ -10,14 +10,21 @@
 // block's last barrier.
 //
 // Backward (dx += ..., dw += ..., db += ...), two kernels:
-//   1. norm_bwd_dwdb: the column sums dw[c] += sum_i dy*xhat, db[c] += sum_i dy.
-//      Block (32 columns) x (16 row lanes); lane ty sums rows ty, ty+16, ...
-//      in T, then thread ty == 0 adds the 16 lane partials in lane order and
-//      adds the total to dw/db. Fixed order: deterministic, no atomics.
+//   1. the column sums dw[c] += sum_i dy*xhat, db[c] += sum_i dy, in two
+//      kernels so that the N rows are spread over many blocks:
+//      norm_bwd_dwdb_part, grid (column tiles of 32, R row chunks), block
+//      (32 columns) x (16 row lanes): lane ty sums its chunk's rows ty, ty+16,
+//      ... in T, thread ty == 0 adds the 16 lane partials in lane order and
+//      stores the chunk's partial (op scratch, [R][C] for dw and for db);
+//      norm_bwd_dwdb_sum, one thread per column, adds the R partials in chunk
+//      order onto dw/db. R depends only on N, so the order is fixed:
+//      deterministic, no atomics.
 //   2. norm_bwd_dx: one block per row; sum(g) and sum(g * xhat) in T by
 //      block_sum, then dx[c] += rstd * (g - mean(g) - xhat * mean(g * xhat)).
 // dw/db run first, so dx may even alias dy (each dx element is read and
 // written by one thread after the row's sums are complete).
+#include <algorithm>
+
 #include "core/cuda/check.cuh"
 #include "kernels/cuda/pointwise_common.cuh"
 #include "kernels/norm.h"
@@ -63,18 +70,28 @@ __global__ void norm_fwd(int64_t C, const T* x, const T* __restrict__ w, const T
   }
 }
 
-// dw[c] += sum_i dy[i,c] * xhat[i,c]; db[c] += sum_i dy[i,c] (db may be null).
-// Block (kColTile, kRowLanes); grid ceil(C / kColTile).
+// Rows per chunk of the column sums: enough chunks to fill the GPU for
+// the token counts of training (8192 rows: 32 chunks of 256), at least 64 rows
+// per chunk (4 per row lane).
+constexpr int64_t kMaxRowChunks = 64;
+inline int64_t row_chunks(int64_t N) { return std::clamp<int64_t>(N / 256, 1, kMaxRowChunks); }
+
+// Partial column sums of rows [r0, r1) of chunk blockIdx.y:
+// pw[chunk][c] = sum dy[i,c] * xhat[i,c], pb[chunk][c] = sum dy[i,c] (pb may be null).
+// Block (kColTile, kRowLanes); grid (ceil(C / kColTile), R).
 template <typename T>
-__global__ void norm_bwd_dwdb(int64_t N, int64_t C, const T* __restrict__ dy, const T* __restrict__ x,
-                              const T* __restrict__ mean, const T* __restrict__ rstd, T* dw, T* db, bool rms) {
-  __shared__ T pw[kRowLanes][kColTile];
-  __shared__ T pb[kRowLanes][kColTile];
+__global__ void norm_bwd_dwdb_part(int64_t N, int64_t C, const T* __restrict__ dy, const T* __restrict__ x,
+                                   const T* __restrict__ mean, const T* __restrict__ rstd, T* __restrict__ pw,
+                                   T* __restrict__ pb, bool rms) {
+  __shared__ T lw[kRowLanes][kColTile];
+  __shared__ T lb[kRowLanes][kColTile];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
+  const int64_t R = gridDim.y, chunk = blockIdx.y;
+  const int64_t r0 = N * chunk / R, r1 = N * (chunk + 1) / R;
   T sw = 0, sb = 0;
   if (c < C) {
-    for (int64_t i = ty; i < N; i += kRowLanes) {
+    for (int64_t i = r0 + ty; i < r1; i += kRowLanes) {
       const T mu = rms ? T(0) : mean[i];
       const T d = dy[i * C + c];
       const T xh = (x[i * C + c] - mu) * rstd[i];
@@ -82,14 +99,29 @@ __global__ void norm_bwd_dwdb(int64_t N, int64_t C, const T* __restrict__ dy, co
       sb += d;
     }
   }
-  pw[ty][tx] = sw;
-  pb[ty][tx] = sb;
+  lw[ty][tx] = sw;
+  lb[ty][tx] = sb;
   __syncthreads();
   if (ty == 0 && c < C) {
     T tw = 0, tb = 0;
     for (int k = 0; k < kRowLanes; ++k) {
-      tw += pw[k][tx];
-      tb += pb[k][tx];
+      tw += lw[k][tx];
+      tb += lb[k][tx];
+    }
+    pw[chunk * C + c] = tw;
+    if (pb) pb[chunk * C + c] = tb;
+  }
+}
+
+// dw[c] += sum over chunks of pw[chunk][c] in chunk order; likewise db.
+template <typename T>
+__global__ void norm_bwd_dwdb_sum(int64_t C, int64_t R, const T* __restrict__ pw, const T* __restrict__ pb, T* dw,
+                                  T* db) {
+  for (int64_t c = gs_begin(); c < C; c += gs_stride()) {
+    T tw = 0, tb = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      tw += pw[r * C + c];
+      if (db) tb += pb[r * C + c];
     }
     dw[c] += tw;
     if (db) db[c] += tb;
@@ -134,9 +166,14 @@ template <typename T>
 void launch_bwd(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
                 T* dw, T* db, bool rms) {
   if (N == 0 || C == 0) return;  // nothing to add (the CPU twin adds zeros)
-  dim3 block(kColTile, kRowLanes);
-  norm_bwd_dwdb<T><<<::mt::cuda::blocks_for(C, kColTile), block, 0, ::mt::cuda::stream()>>>(N, C, dy, x, mean, rstd,
-                                                                                            dw, db, rms);
+  const int64_t R = row_chunks(N);
+  T* pw = static_cast<T*>(::mt::cuda::op_scratch("norm backward column partials",
+                                                  static_cast<size_t>(2 * R * C) * sizeof(T)));
+  T* pb = db ? pw + R * C : nullptr;
+  const dim3 block(kColTile, kRowLanes), grid(::mt::cuda::blocks_for(C, kColTile), static_cast<unsigned>(R));
+  norm_bwd_dwdb_part<T><<<grid, block, 0, ::mt::cuda::stream()>>>(N, C, dy, x, mean, rstd, pw, pb, rms);
+  MT_CUDA_CHECK_LAUNCH();
+  norm_bwd_dwdb_sum<T><<<grid_for(C), kThreads, 0, ::mt::cuda::stream()>>>(C, R, pw, pb, dw, db);
   MT_CUDA_CHECK_LAUNCH();
   norm_bwd_dx<T><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(C, dy, x, w, mean, rstd, dx, rms);
   MT_CUDA_CHECK_LAUNCH();
