@@ -5,7 +5,9 @@
 // Forward saves mean [N] (LayerNorm only) and rstd [N] for backward.
 // Backward ACCUMULATES: dx += ..., dw += ..., db += ... (the residual stream's
 // gradient is already in dx; weight gradients accumulate over micro-batches).
-// dtypes: fp32 or fp64, all tensors alike. Sequence parallel: norms act per
+// dtypes: fp32 or fp64, all tensors alike, except that the forward's y may be
+// bf16 for fp32 x (rounded once as stored: the bf16 GEMM input under --bf16,
+// bit for bit what casting an fp32 y would give). Sequence parallel: norms act per
 // token, so a sequence shard runs them unchanged (weight grads are then
 // all-reduced over the TP group by the caller).
 

@@ -63,6 +63,11 @@ struct Dims {
   int64_t N, Ns, B, T, h, a, ad, qkv, fc1, F, V;  // a..V: this TP rank's share
   DType dt;
   bool layernorm;
+  // Activations that only feed bf16 GEMMs are stored in bf16 under --bf16
+  // (the norm or activation kernel rounds them as it writes, as a cast would):
+  // act and the final norm output (gemm_in), and ln1/ln2 (ln) unless the
+  // residual is taken from them (apply_residual_connection_post_layernorm).
+  DType gemm_in = DType::kF32, ln = DType::kF32;
 };
 
 Shape field_shape(int f, const Dims& d) {
@@ -78,6 +83,12 @@ Shape field_shape(int f, const Dims& d) {
   }
 }
 
+DType field_dtype(int f, const Dims& d) {
+  if (f == kLn1 || f == kLn2) return d.ln;
+  if (f == kAct) return d.gemm_in;
+  return d.dt;
+}
+
 // Adds one layer's activations to `t`; keep_attention false drops ctx and lse.
 FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool keep_attention) {
   FieldIdx idx;
@@ -85,7 +96,7 @@ FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool 
   for (int f = 0; f < kLayerFields; ++f) {
     if ((f == kLn1Mean || f == kLn2Mean) && !d.layernorm) continue;  // RMSNorm keeps rstd only
     if ((f == kCtx || f == kLse) && !keep_attention) continue;
-    idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d), d.dt);
+    idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d), field_dtype(f, d));
   }
   return idx;
 }
@@ -281,6 +292,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   Dims& d = t.dims;
   d = Dims{N, Ns, B, T, h, al, ad, (al + 2 * gl) * cfg.head_dim(), (cfg.swiglu ? 2 : 1) * F, F,
            cfg.padded_vocab(tp) / tp, opt.dtype, cfg.normalization == Normalization::kLayerNorm};
+  d.gemm_in = opt.bf16_compute ? DType::kBF16 : opt.dtype;
+  d.ln = cfg.apply_residual_connection_post_layernorm ? opt.dtype : d.gemm_in;
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
   t.chunks = chunks;
@@ -342,7 +355,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     if (keep_layer[static_cast<size_t>(l)]) f = add_layer(at, fmt::format("layers.{}.", l), d, !selective);
   }
   if (opt.post_process) {
-    ai.lnf = at.add("final.ln", {N, h}, dt);
+    ai.lnf = at.add("final.ln", {N, h}, d.gemm_in);
     if (d.layernorm) ai.lnf_mean = at.add("final.mean", {Ns}, dt);
     ai.lnf_rstd = at.add("final.rstd", {Ns}, dt);
     ai.logits = at.add("logits", {N, d.V}, dt);
@@ -368,12 +381,14 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const bool bf = opt.bf16_compute;
   const DType hb = DType::kBF16;
   const size_t ws = t.workspace.total_bytes();
-  // linear_fwd casts its input; linear_bwd casts dy and x.
-  const size_t cast_fwd = bf ? std::max({abytes(N * h, hb), abytes(N * ad, hb), abytes(N * F, hb)}) : 0;
-  const size_t cast_bwd = bf ? std::max({abytes(N * h, hb) + abytes(N * F, hb),            // fc2
-                                         abytes(N * d.fc1, hb) + abytes(N * h, hb),        // fc1
-                                         abytes(N * h, hb) + abytes(N * ad, hb),           // proj
-                                         abytes(N * d.qkv, hb) + abytes(N * h, hb)})       // qkv
+  // linear_fwd casts an fp32 input (ctx; ln1/ln2 when the residual is taken
+  // from them); linear_bwd casts dy and an fp32 x.
+  const size_t ln_cast = d.ln == hb ? 0 : abytes(N * h, hb);
+  const size_t cast_fwd = bf ? std::max(ln_cast, abytes(N * ad, hb)) : 0;
+  const size_t cast_bwd = bf ? std::max({abytes(N * h, hb),                               // fc2 (act is bf16)
+                                         abytes(N * d.fc1, hb) + ln_cast,                 // fc1
+                                         abytes(N * h, hb) + abytes(N * ad, hb),          // proj
+                                         abytes(N * d.qkv, hb) + ln_cast})                // qkv
                              : 0;
   const size_t attn_tmp = selective ? abytes(N * ad, dt) + abytes(B * d.a * T, dt) : 0;  // ctx, lse
   // With sequence parallelism: one full-sequence [N, h] buffer for the
@@ -386,9 +401,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   bool any_kept = false;
   for (char k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
-  const size_t fwd_out = std::max(full, (tp > 1 ? abytes(N, dt) : 0) + (bf ? abytes(N * h, hb) : 0));
+  const size_t fwd_out = std::max(full, tp > 1 ? abytes(N, dt) : 0);  // the final norm output is bf16 already
   const size_t bwd_base = abytes(N, dt) + 2 * abytes(Ns * h, dt);  // dloss, dlnf, dresid
-  const size_t bwd_out = full + (bf ? abytes(N * d.V, hb) + abytes(N * h, hb) : 0);
+  const size_t bwd_out = full + (bf ? abytes(N * d.V, hb) : 0);  // bf16 dlogits
   const size_t bwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, layer_bwd);
   const size_t forward_peak = std::max(fwd_layers, fwd_out);
   const size_t backward_peak = bwd_base + std::max({bwd_out, bwd_layers, full});
@@ -424,10 +439,14 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   const Dims& d = t->dims;
   const double act = static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.dt));  // one [N, h]
   const double row = static_cast<double>(d.N) * static_cast<double>(dtype_size(d.dt));        // one [N]
+  // The norm outputs a column-parallel layer all-gathers (bf16 under --bf16).
+  const double act_ln = static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.ln));
+  const double act_lnf = static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.gemm_in));
   // Per layer forward: two row-parallel outputs (all-reduce, or SP reduce-
-  // scatter) and, with SP, two all-gathered norm outputs. Backward mirrors it.
+  // scatter) and, with SP, two all-gathered norm outputs. Backward: the
+  // same collectives on the gradients (all-gathered dy, reduce-scattered dx).
   const bool sp = opt.sequence_parallel;
-  const double layer_fwd = (sp ? 4 : 2) * act, layer_bwd = (sp ? 4 : 2) * act;
+  const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0), layer_bwd = (sp ? 4 : 2) * act;
   // A recomputed group re-runs its layers' forward in backward, the last
   // layer stopping before linear_fc2 (one row-parallel collective fewer).
   // Per micro-batch of every chunk this rank holds.
@@ -440,7 +459,7 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   // Embedding: all-reduce (SP: reduce-scatter); output layer input: SP
   // all-gather; cross-entropy: max, sum of exp, target logit over [N].
   const double pre = opt.pre_process ? 1 : 0, post = opt.post_process ? 1 : 0;
-  c.tp_forward_bytes = layers * layer_fwd + pre * act + post * ((sp ? act : 0) + 3 * row);
+  c.tp_forward_bytes = layers * layer_fwd + pre * act + post * ((sp ? act_lnf : 0) + 3 * row);
   // Output layer dx: all-reduce (SP: reduce-scatter); embedding dy: SP all-gather.
   c.tp_backward_bytes = layers * layer_bwd + post * act + pre * (sp ? act : 0) + recompute;
   if (sp)
@@ -635,6 +654,14 @@ void GPTModel::zero_grads() {
   if (grads_arena_.base()) flat_grads().zero();  // the whole arena: capacity is a multiple of the dtype size
 }
 
+// x itself when it is bf16, else a bf16 copy in scratch (the caller holds an ArenaScope).
+Tensor GPTModel::as_bf16(const Tensor& x) {
+  if (x.dtype() == DType::kBF16) return x;
+  Tensor xh = scratch(x.shape(), DType::kBF16);
+  k::cast(x, xh);
+  return xh;
+}
+
 // y [N,out] = x [N,in] W^T + b on this rank's shard, no communication (the
 // tensor-parallel wrappers below add it).
 void GPTModel::linear_fwd(const Tensor& x, int w, int b, const Tensor& y) {
@@ -642,8 +669,7 @@ void GPTModel::linear_fwd(const Tensor& x, int w, int b, const Tensor& y) {
   const int64_t out = W.dim(0), in = W.dim(1), n = x.numel() / in;
   if (opt_.bf16_compute) {
     ArenaScope scope(scratch_);
-    Tensor xh = scratch(x.shape(), DType::kBF16);
-    k::cast(x, xh);
+    const Tensor xh = as_bf16(x);
     k::gemm(false, true, n, out, in, 1.0f, xh, lowp_[w], 0.0f, y);
   } else {
     k::gemm(false, true, n, out, in, 1.0f, x, W, 0.0f, y);
@@ -657,9 +683,7 @@ void GPTModel::linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const
   const int64_t out = W.dim(0), in = W.dim(1), n = x.numel() / in;
   if (opt_.bf16_compute) {
     ArenaScope scope(scratch_);
-    Tensor dyh = scratch(dy.shape(), DType::kBF16), xh = scratch(x.shape(), DType::kBF16);
-    k::cast(dy, dyh);
-    k::cast(x, xh);
+    const Tensor dyh = as_bf16(dy), xh = as_bf16(x);
     if (dx.defined()) k::gemm(false, false, n, in, out, 1.0f, dyh, lowp_[w], 0.0f, dx);
     k::gemm(true, false, out, in, n, 1.0f, dyh, xh, 1.0f, grads_[w]);
   } else {
@@ -953,9 +977,7 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   column_fwd_input(own_rows(s.lnf), s.lnf);
   if (opt_.bf16_compute) {
     ArenaScope scope(scratch_);
-    Tensor xh = scratch(s.lnf.shape(), DType::kBF16);
-    k::cast(s.lnf, xh);
-    k::gemm(false, true, N_, V_, h_, 1.0f, xh, lowp_[out_], 0.0f, s.logits);
+    k::gemm(false, true, N_, V_, h_, 1.0f, as_bf16(s.lnf), lowp_[out_], 0.0f, s.logits);
   } else {
     k::gemm(false, true, N_, V_, h_, 1.0f, s.lnf, params_[out_], 0.0f, s.logits);
   }
@@ -1018,9 +1040,9 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
     Tensor dx = sp() ? scratch({N_, h_}, dt) : dlnf;
     if (opt_.bf16_compute) {
       // dlogits in bf16 straight from the softmax (no fp32 [N, V] pass).
-      Tensor dh = scratch({N_, V_}, DType::kBF16), xh = scratch(s.lnf.shape(), DType::kBF16);
+      Tensor dh = scratch({N_, V_}, DType::kBF16);
       k::xent_backward_bf16(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, dh);
-      k::cast(s.lnf, xh);
+      const Tensor xh = as_bf16(s.lnf);
       k::gemm(false, false, N_, h_, V_, 1.0f, dh, lowp_[out_], 0.0f, dx);
       k::gemm(true, false, V_, h_, N_, 1.0f, dh, xh, 1.0f, grads_[out_]);
     } else {

@@ -308,6 +308,7 @@ class GPTModel {
   struct LayerActs;
   struct Slot;
   struct Workspace;
+  Tensor as_bf16(const Tensor& x);
   void linear_fwd(const Tensor& x, int w, int b, const Tensor& y);
   void linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const Tensor& dx);
   // Tensor-parallel wrappers (see the table above). x_own: this rank's rows of

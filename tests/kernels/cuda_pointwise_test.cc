@@ -167,6 +167,52 @@ TEST(CudaTwin, RmsNormForwardBackwardMatchCpu) {
   }
 }
 
+// bf16 outputs (the GEMM inputs under --bf16): the GPU's value rounded once,
+// so within one bf16 rounding of the CPU twin's bf16 (their fp32 values
+// differ by fp32 rounding at most; the stored bits may then differ by 1 ulp).
+void expect_bf16_close(const std::vector<bf16>& got, const std::vector<bf16>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
+    ASSERT_LE(std::abs(g - w), 1e-6 + std::abs(w) * (1.0 / 128)) << what << " element " << i;
+  }
+}
+
+TEST(CudaTwin, NormAndActivationBf16OutputsMatchCpu) {
+  MT_REQUIRE_GPU();
+  const int64_t N = 37, C = 129, F = 64;
+  auto x = randn<float>(N * C, 81, 1.0, 0.2), w = randn<float>(C, 82, 0.5, 1.0), b = randn<float>(C, 83, 0.2);
+  Arena g = gpu_arena(kArenaBytes);
+  const Tensor X = view(x, {N, C}), W = view(w, {C}), B = view(b, {C});
+  const Tensor gX = to_device(g, X), gW = to_device(g, W), gB = to_device(g, B);
+  for (bool rms : {false, true}) {
+    std::vector<bf16> y(static_cast<size_t>(N * C));
+    std::vector<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+    Tensor gY = g.alloc({N, C}, DType::kBF16), gMean = g.alloc({N}, DType::kF32), gRstd = g.alloc({N}, DType::kF32);
+    if (rms) {
+      k::rmsnorm_forward(X, W, 1e-5, view(y, {N, C}), view(rstd, {N}));
+      k::rmsnorm_forward(gX, gW, 1e-5, gY, gRstd);
+    } else {
+      k::layernorm_forward(X, W, B, 1e-5, view(y, {N, C}), view(mean, {N}), view(rstd, {N}));
+      k::layernorm_forward(gX, gW, gB, 1e-5, gY, gMean, gRstd);
+    }
+    expect_bf16_close(to_host<bf16>(gY), y, rms ? "rmsnorm bf16 y" : "layernorm bf16 y");
+  }
+  for (k::GeluKind kind : {k::GeluKind::kExact, k::GeluKind::kTanh}) {
+    std::vector<bf16> y(static_cast<size_t>(N * C));
+    Tensor gY = g.alloc({N, C}, DType::kBF16);
+    k::gelu_forward(kind, X, view(y, {N, C}));
+    k::gelu_forward(kind, gX, gY);
+    expect_bf16_close(to_host<bf16>(gY), y, "gelu bf16 y");
+  }
+  auto x2 = randn<float>(N * 2 * F, 84);
+  std::vector<bf16> y(static_cast<size_t>(N * F));
+  Tensor gX2 = to_device(g, view(x2, {N, 2 * F})), gY = g.alloc({N, F}, DType::kBF16);
+  k::swiglu_forward(view(x2, {N, 2 * F}), view(y, {N, F}));
+  k::swiglu_forward(gX2, gY);
+  expect_bf16_close(to_host<bf16>(gY), y, "swiglu bf16 y");
+}
+
 // ---------------------------------------------------------------- activations
 
 template <typename T>

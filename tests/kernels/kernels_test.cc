@@ -564,5 +564,57 @@ TEST(Cast, SameDtypeIsABitCopy) {
   EXPECT_EQ(g, f);
 }
 
+// Under --bf16 the norms and MLP activations write the GEMM's bf16 input
+// directly: each stored value is the fp32 result rounded once (float_to_bf16),
+// bit for bit what the fp32 output followed by a cast gives; the statistics
+// are the fp32 call's. Other output dtypes are refused, naming the op.
+TEST(Bf16Outputs, NormsAndActivationsStoreTheRoundedFp32Result) {
+  const int64_t N = 7, C = 40, F = 20;
+  std::vector<double> xd(N * C), wd(C), bd(C);
+  fill_normal(xd, 91), fill_normal(wd, 92), fill_normal(bd, 93);
+  Buf<float> x({N, C}), w({C}), b({C});
+  for (int64_t i = 0; i < N * C; ++i) x[i] = static_cast<float>(xd[i]);
+  for (int64_t i = 0; i < C; ++i) w[i] = static_cast<float>(wd[i]), b[i] = static_cast<float>(bd[i]);
+  auto expect_rounded = [](Buf<float>& y, Buf<bf16>& yh, const char* what) {
+    ASSERT_EQ(y.size(), yh.size());
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_EQ(yh[i].bits, float_to_bf16(y[i]).bits) << what << " element " << i << " (fp32 " << y[i] << ")";
+  };
+  for (bool rms : {false, true}) {
+    Buf<float> y({N, C}), mean({N}), rstd({N}), mean2({N}), rstd2({N});
+    Buf<bf16> yh({N, C});
+    if (rms) {
+      k::rmsnorm_forward(x.t(), w.t(), 1e-5, y.t(), rstd.t());
+      k::rmsnorm_forward(x.t(), w.t(), 1e-5, yh.t(), rstd2.t());
+    } else {
+      k::layernorm_forward(x.t(), w.t(), b.t(), 1e-5, y.t(), mean.t(), rstd.t());
+      k::layernorm_forward(x.t(), w.t(), b.t(), 1e-5, yh.t(), mean2.t(), rstd2.t());
+    }
+    expect_rounded(y, yh, rms ? "rmsnorm" : "layernorm");
+    EXPECT_EQ(rstd.v, rstd2.v);
+    EXPECT_EQ(mean.v, mean2.v);
+  }
+  for (k::GeluKind kind : {k::GeluKind::kExact, k::GeluKind::kTanh}) {
+    Buf<float> y({N, C});
+    Buf<bf16> yh({N, C});
+    k::gelu_forward(kind, x.t(), y.t());
+    k::gelu_forward(kind, x.t(), yh.t());
+    expect_rounded(y, yh, "gelu");
+  }
+  {
+    const Tensor x2(x.v.data(), {N, 2 * F}, DType::kF32);  // [gate | up]
+    Buf<float> y({N, F});
+    Buf<bf16> yh({N, F});
+    k::swiglu_forward(x2, y.t());
+    k::swiglu_forward(x2, yh.t());
+    expect_rounded(y, yh, "swiglu");
+  }
+  Buf<double> xd64({N, C}), wd64({C});
+  Buf<bf16> yh({N, C});
+  Buf<double> r64({N});
+  EXPECT_DEATH(k::rmsnorm_forward(xd64.t(), wd64.t(), 1e-5, yh.t(), r64.t()),
+               "rmsnorm_forward: output dtype bf16 for fp64 input");
+}
+
 }  // namespace
 }  // namespace mt

@@ -12,16 +12,16 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kInvSqrt2 = 0.7071067811865476;
 constexpr double kInvSqrt2Pi = 0.3989422804014327;
 
-template <typename T>
-void gelu_fwd(GeluKind k, int64_t n, const T* x, T* y) {
+template <typename T, typename Y>
+void gelu_fwd(GeluKind k, int64_t n, const T* x, Y* y) {
   if (k == GeluKind::kExact) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + verf(x[i] * T(kInvSqrt2)));
+    for (int64_t i = 0; i < n; ++i) y[i] = to_out<Y>(T(0.5) * x[i] * (T(1) + verf(x[i] * T(kInvSqrt2))));
   } else {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       T u = T(kSqrt2OverPi) * (x[i] + T(0.044715) * x[i] * x[i] * x[i]);
-      y[i] = T(0.5) * x[i] * (T(1) + std::tanh(u));
+      y[i] = to_out<Y>(T(0.5) * x[i] * (T(1) + std::tanh(u)));
     }
   }
 }
@@ -47,15 +47,15 @@ void gelu_bwd(GeluKind k, int64_t n, const T* x, const T* dy, T* dx) {
   }
 }
 
-template <typename T>
-void swiglu_fwd(int64_t N, int64_t F, const T* x, T* y) {
+template <typename T, typename Y>
+void swiglu_fwd(int64_t N, int64_t F, const T* x, Y* y) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const T* g = x + i * 2 * F;
     const T* u = g + F;
-    T* yi = y + i * F;
+    Y* yi = y + i * F;
 #pragma omp simd
-    for (int64_t j = 0; j < F; ++j) yi[j] = g[j] / (T(1) + std::exp(-g[j])) * u[j];
+    for (int64_t j = 0; j < F; ++j) yi[j] = to_out<Y>(g[j] / (T(1) + std::exp(-g[j])) * u[j]);
   }
 }
 
@@ -82,7 +82,13 @@ void swiglu_bwd(int64_t N, int64_t F, const T* x, const T* dy, T* dx) {
 
 void gelu_forward(GeluKind k, const Tensor& x, const Tensor& y) {
   MT_CHECK(x.numel() == y.numel(), "gelu_forward: sizes");
-  MT_FLOAT_TYPES(x.dtype(), T, gelu_fwd<T>(k, x.numel(), x.ptr<T>(), y.ptr<T>()));
+  float_types(x.dtype(), [&](auto t_) {
+    using T = decltype(t_);
+    out_types<T>(y.dtype(), "gelu_forward", [&](auto y_) {
+      using Y = decltype(y_);
+      gelu_fwd<T, Y>(k, x.numel(), x.ptr<T>(), y.ptr<Y>());
+    });
+  });
 }
 void gelu_backward(GeluKind k, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   MT_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes");
@@ -91,7 +97,13 @@ void gelu_backward(GeluKind k, const Tensor& x, const Tensor& dy, const Tensor& 
 void swiglu_forward(const Tensor& x, const Tensor& y) {
   int64_t F = y.dim(-1), N = y.numel() / F;
   MT_CHECK(x.numel() == 2 * y.numel() && x.dim(-1) == 2 * F, "swiglu_forward: x must be [N, 2F], y [N, F]");
-  MT_FLOAT_TYPES(x.dtype(), T, swiglu_fwd<T>(N, F, x.ptr<T>(), y.ptr<T>()));
+  float_types(x.dtype(), [&](auto t_) {
+    using T = decltype(t_);
+    out_types<T>(y.dtype(), "swiglu_forward", [&](auto y_) {
+      using Y = decltype(y_);
+      swiglu_fwd<T, Y>(N, F, x.ptr<T>(), y.ptr<Y>());
+    });
+  });
 }
 void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   int64_t F = dy.dim(-1), N = dy.numel() / F;

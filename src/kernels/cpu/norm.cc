@@ -10,13 +10,13 @@
 namespace mt::kernels::cpu {
 namespace {
 
-template <typename T>
-void ln_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, T* y, T* mean, T* rstd,
+template <typename T, typename Y>
+void ln_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, Y* y, T* mean, T* rstd,
             bool rms) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const T* xi = x + i * C;
-    T* yi = y + i * C;
+    Y* yi = y + i * C;
     // Accumulate in double for fp32 too: a cheap guard for wide rows.
     double m = 0;
     if (!rms) {
@@ -32,10 +32,10 @@ void ln_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, T* 
     T mu = static_cast<T>(m), r = static_cast<T>(1.0 / std::sqrt(v + static_cast<double>(eps)));
     if (b) {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yi[c] = (xi[c] - mu) * r * w[c] + b[c];
+      for (int64_t c = 0; c < C; ++c) yi[c] = to_out<Y>((xi[c] - mu) * r * w[c] + b[c]);
     } else {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yi[c] = (xi[c] - mu) * r * w[c];
+      for (int64_t c = 0; c < C; ++c) yi[c] = to_out<Y>((xi[c] - mu) * r * w[c]);
     }
     if (mean) mean[i] = mu;
     rstd[i] = r;
@@ -93,9 +93,14 @@ void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N && mean.numel() >= N,
            "layernorm_forward: shapes");
-  MT_FLOAT_TYPES(x.dtype(), T,
-                 ln_fwd<T>(N, C, x.ptr<T>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<T>(),
-                           mean.ptr<T>(), rstd.ptr<T>(), false));
+  float_types(x.dtype(), [&](auto t_) {
+    using T = decltype(t_);
+    out_types<T>(y.dtype(), "layernorm_forward", [&](auto y_) {
+      using Y = decltype(y_);
+      ln_fwd<T, Y>(N, C, x.ptr<T>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<Y>(), mean.ptr<T>(),
+                   rstd.ptr<T>(), false);
+    });
+  });
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
@@ -110,9 +115,14 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N, "rmsnorm_forward: shapes");
-  MT_FLOAT_TYPES(x.dtype(), T,
-                 ln_fwd<T>(N, C, x.ptr<T>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<T>(), nullptr,
-                           rstd.ptr<T>(), true));
+  float_types(x.dtype(), [&](auto t_) {
+    using T = decltype(t_);
+    out_types<T>(y.dtype(), "rmsnorm_forward", [&](auto y_) {
+      using Y = decltype(y_);
+      ln_fwd<T, Y>(N, C, x.ptr<T>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<Y>(), nullptr, rstd.ptr<T>(),
+                   true);
+    });
+  });
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,

@@ -27,15 +27,15 @@ __device__ __forceinline__ double erf_t(double x) { return erf(x); }
 __device__ __forceinline__ float tanh_t(float x) { return tanhf(x); }
 __device__ __forceinline__ double tanh_t(double x) { return tanh(x); }
 
-template <typename T>
-__global__ void gelu_fwd(bool exact, int64_t n, const T* x, T* y) {
+template <typename T, typename Y>
+__global__ void gelu_fwd(bool exact, int64_t n, const T* x, Y* y) {
   for (int64_t i = gs_begin(); i < n; i += gs_stride()) {
     const T xi = x[i];
     if (exact) {
-      y[i] = T(0.5) * xi * (T(1) + erf_t(xi * T(kInvSqrt2)));
+      y[i] = to_out<Y>(T(0.5) * xi * (T(1) + erf_t(xi * T(kInvSqrt2))));
     } else {
       const T u = T(kSqrt2OverPi) * (xi + T(0.044715) * xi * xi * xi);
-      y[i] = T(0.5) * xi * (T(1) + tanh_t(u));
+      y[i] = to_out<Y>(T(0.5) * xi * (T(1) + tanh_t(u)));
     }
   }
 }
@@ -59,12 +59,12 @@ __global__ void gelu_bwd(bool exact, int64_t n, const T* x, const T* dy, T* dx) 
 }
 
 // y [N, F] = silu(gate) * up, x [N, 2F] = [gate | up]; n = N * F.
-template <typename T>
-__global__ void swiglu_fwd(int64_t n, int64_t F, const T* x, T* y) {
+template <typename T, typename Y>
+__global__ void swiglu_fwd(int64_t n, int64_t F, const T* x, Y* y) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
     const int64_t i = e / F, j = e - i * F;
     const T g = x[i * 2 * F + j], u = x[i * 2 * F + F + j];
-    y[e] = g / (T(1) + exp_t(-g)) * u;
+    y[e] = to_out<Y>(g / (T(1) + exp_t(-g)) * u);
   }
 }
 
@@ -90,12 +90,15 @@ void gelu_forward(GeluKind k, const Tensor& x, const Tensor& y) {
   check_on_gpu({&x, &y}, "gelu_forward");
   float_types(x.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
-    const T* xp = x.ptr<T>();
-    T* yp = y.ptr<T>();
-    const int64_t n = x.numel();
-    if (n == 0) return;
-    gelu_fwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, yp);
-    MT_CUDA_CHECK_LAUNCH();
+    out_types<T>(y.dtype(), "gelu_forward", [&](auto ytag_) {
+      using Y = decltype(ytag_);
+      const T* xp = x.ptr<T>();
+      Y* yp = y.ptr<Y>();
+      const int64_t n = x.numel();
+      if (n == 0) return;
+      gelu_fwd<T, Y><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, yp);
+      MT_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
@@ -119,12 +122,15 @@ void swiglu_forward(const Tensor& x, const Tensor& y) {
   check_on_gpu({&x, &y}, "swiglu_forward");
   float_types(x.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
-    const T* xp = x.ptr<T>();
-    T* yp = y.ptr<T>();
-    const int64_t n = N * F;
-    if (n == 0) return;
-    swiglu_fwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, F, xp, yp);
-    MT_CUDA_CHECK_LAUNCH();
+    out_types<T>(y.dtype(), "swiglu_forward", [&](auto ytag_) {
+      using Y = decltype(ytag_);
+      const T* xp = x.ptr<T>();
+      Y* yp = y.ptr<Y>();
+      const int64_t n = N * F;
+      if (n == 0) return;
+      swiglu_fwd<T, Y><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, F, xp, yp);
+      MT_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 

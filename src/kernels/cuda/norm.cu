@@ -6,7 +6,8 @@
 // a strided subset of the row, then block_sum (fixed-shape tree). The row is
 // read again for the variance (two-pass, like the CPU) and for y; it stays in
 // L1/L2. mean/rstd are rounded to T exactly where the CPU twin rounds them.
-// y may alias x: each thread writes only the elements it read, after the
+// y (x's dtype, or bf16 for fp32 x: a GEMM input under --bf16) may alias x
+// when it has x's dtype: each thread writes only the elements it read, after the
 // block's last barrier.
 //
 // Backward (dx += ..., dw += ..., db += ...), two kernels:
@@ -39,12 +40,12 @@ constexpr int kRowLanes = 16;  // row lanes per dw/db block
 
 // One block per row i. mean may be null (RMSNorm, or LayerNorm called
 // without it), b may be null.
-template <typename T>
+template <typename T, typename Y>
 __global__ void norm_fwd(int64_t C, const T* x, const T* __restrict__ w, const T* __restrict__ b,
-                         double eps, T* y, T* mean, T* rstd, bool rms) {
+                         double eps, Y* y, T* mean, T* rstd, bool rms) {
   const int64_t i = blockIdx.x;
   const T* xi = x + i * C;
-  T* yi = y + i * C;
+  Y* yi = y + i * C;
   double m = 0;
   if (!rms) {
     double s = 0;
@@ -62,7 +63,7 @@ __global__ void norm_fwd(int64_t C, const T* x, const T* __restrict__ w, const T
   // aliasing x) cannot race with the reads above.
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     T o = (xi[c] - mu) * r * w[c];
-    yi[c] = b ? o + b[c] : o;
+    yi[c] = to_out<Y>(b ? o + b[c] : o);
   }
   if (threadIdx.x == 0) {
     if (mean) mean[i] = mu;
@@ -153,11 +154,11 @@ __global__ void norm_bwd_dx(int64_t C, const T* dy, const T* __restrict__ x, con
   }
 }
 
-template <typename T>
-void launch_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, T* y, T* mean, T* rstd, bool rms) {
+template <typename T, typename Y>
+void launch_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, Y* y, T* mean, T* rstd, bool rms) {
   if (N == 0) return;
   // eps goes through T first, as in the CPU twin (static_cast<T>(eps) then back to double).
-  norm_fwd<T><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(
+  norm_fwd<T, Y><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(
       C, x, w, b, static_cast<double>(eps), y, mean, rstd, rms);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -189,8 +190,11 @@ void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double
   check_on_gpu({&x, &w, &b, &y, &mean, &rstd}, "layernorm_forward");
   float_types(x.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
-    launch_fwd<T>(N, C, x.ptr<T>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<T>(), mean.ptr<T>(),
-                  rstd.ptr<T>(), false);
+    out_types<T>(y.dtype(), "layernorm_forward", [&](auto ytag_) {
+      using Y = decltype(ytag_);
+      launch_fwd<T, Y>(N, C, x.ptr<T>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<Y>(), mean.ptr<T>(),
+                       rstd.ptr<T>(), false);
+    });
   });
 }
 
@@ -212,8 +216,11 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor&
   check_on_gpu({&x, &w, &y, &rstd}, "rmsnorm_forward");
   float_types(x.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
-    launch_fwd<T>(N, C, x.ptr<T>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<T>(), nullptr, rstd.ptr<T>(),
-                  true);
+    out_types<T>(y.dtype(), "rmsnorm_forward", [&](auto ytag_) {
+      using Y = decltype(ytag_);
+      launch_fwd<T, Y>(N, C, x.ptr<T>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<Y>(), nullptr, rstd.ptr<T>(),
+                       true);
+    });
   });
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 #include "core/cuda/check.cuh"
 #include "core/tensor.h"
@@ -49,6 +50,18 @@ void float_types(DType dt, F&& f) {
     case DType::kF64: f(double{}); break;
     default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
   }
+}
+
+// out_types<T>(y_dtype, op, [&](auto tag) { using Y = decltype(tag); ... }):
+// a forward op's output element type for compute type T, as the CPU twins
+// accept it (kernels/cpu/common.h): T, or bf16 for fp32.
+template <typename T, typename F>
+void out_types(DType y, const char* op, F&& f) {
+  if (y == dtype_of<T>()) return f(T{});
+  if constexpr (std::is_same_v<T, float>)
+    if (y == DType::kBF16) return f(bf16{});
+  MT_CHECK(false, fmt::format("{}: output dtype {} for {} input (expected the input's dtype, or bf16 for fp32)", op,
+                              dtype_name(y), dtype_name(dtype_of<T>())));
 }
 
 // Pointer of type T, or nullptr for an undefined (optional) tensor.
@@ -100,6 +113,13 @@ __device__ __forceinline__ uint16_t bf16_bits_from_float(float f) {
 }
 __device__ __forceinline__ float float_from_bf16_bits(uint16_t h) {
   return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+
+// v rounded to the output type Y (bf16: as bf16_bits_from_float).
+template <typename Y, typename T>
+__device__ __forceinline__ Y to_out(T v) {
+  if constexpr (std::is_same_v<Y, bf16>) return bf16{bf16_bits_from_float(static_cast<float>(v))};
+  else return static_cast<Y>(v);
 }
 
 // Sum over the 32 lanes of a warp; the total is valid in lane 0 only
