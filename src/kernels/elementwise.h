@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include "kernels/dispatch.h"
 
 namespace mt::kernels {
@@ -24,6 +26,7 @@ void cast(const Tensor& src, const Tensor& dst);
 void scale_inplace(const Tensor& y, double s);
 void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t index_offset);
 double sum_squares(const Tensor& x);
+std::vector<double> sum_squares_each(const std::vector<Tensor>& xs);
 }  // namespace cpu
 #ifdef MT_HAVE_CUDA
 // The CUDA twins (kernels/cuda/elementwise.cu), on the rank's stream.
@@ -36,6 +39,7 @@ void cast(const Tensor& src, const Tensor& dst);
 void scale_inplace(const Tensor& y, double s);
 void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t index_offset);
 double sum_squares(const Tensor& x);
+std::vector<double> sum_squares_each(const std::vector<Tensor>& xs);
 }  // namespace cuda
 #endif
 
@@ -61,5 +65,12 @@ inline void dropout_backward(const Tensor& dy, const Tensor& dx, double p, uint6
 }
 // Sum of squares in double (for the global gradient norm).
 inline double sum_squares(const Tensor& x) { MT_DISPATCH(sum_squares, x.device(), x); }
+// sum_squares of every tensor of xs (all on one device), each bitwise its own
+// sum_squares(), with one wait for a device at the end instead of one per
+// tensor (the gradient norm and the finiteness check of a whole model).
+inline std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return {};
+  MT_DISPATCH(sum_squares_each, xs[0].device(), xs);
+}
 
 }  // namespace mt::kernels

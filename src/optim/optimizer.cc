@@ -66,10 +66,19 @@ double sum_squares_of(const Tensor& t) {
   if (t.device() != Device::kCpu) return kernels::sum_squares(t);
   return t.dtype() == DType::kF64 ? sum_squares_fixed_order<double>(t) : sum_squares_fixed_order<float>(t);
 }
+// sum_squares_of for each tensor of ts (all on one device), in one pass:
+// on a device one wait for all of them (kernels::sum_squares_each).
+std::vector<double> sums_of_squares(const std::vector<Tensor>& ts) {
+  if (ts.empty() || ts[0].device() == Device::kCpu) {
+    std::vector<double> r;
+    r.reserve(ts.size());
+    for (const Tensor& t : ts) r.push_back(sum_squares_of(t));
+    return r;
+  }
+  return kernels::sum_squares_each(ts);
+}
+// A host tensor without inf or NaN (device tensors: grads_finite's batched check).
 bool finite_of(const Tensor& t) {
-  // On a device, one reduction: any inf or NaN makes the double sum of
-  // squares non-finite, and no finite fp32/fp64 gradient overflows it.
-  if (t.device() != Device::kCpu) return std::isfinite(kernels::sum_squares(t));
   return t.dtype() == DType::kF64 ? all_finite(t.ptr<double>(), t.numel()) : all_finite(t.ptr<float>(), t.numel());
 }
 
@@ -200,16 +209,18 @@ double AdamWOptimizer::grad_norm() const {
     return (par_.tp_rank == 0 || specs[i].shard != model::ShardKind::kReplicated) &&
            !model_.is_shared_copy(static_cast<int>(i));
   };
-  double s = 0;
+  std::vector<Tensor> parts;
   if (distributed()) {
     for (const StateRange& r : ranges_) {
       const size_t i = static_cast<size_t>(r.param);
-      if (counted(i)) s += sum_squares_of(flat_slice(grads[i], r.begin, r.end));
+      if (counted(i)) parts.push_back(flat_slice(grads[i], r.begin, r.end));
     }
   } else {
     for (size_t i = 0; i < grads.size(); ++i)
-      if (counted(i)) s += sum_squares_of(grads[i]);
+      if (counted(i)) parts.push_back(grads[i]);
   }
+  double s = 0;
+  for (double v : sums_of_squares(parts)) s += v;  // in parameter order
   s = sum_over(par_.tp, s);
   if (distributed()) s = sum_over(par_.dp, s);
   s = sum_over(par_.pp, s);
@@ -228,12 +239,19 @@ double AdamWOptimizer::clip_grad_norm(double max_norm) {
 
 bool AdamWOptimizer::grads_finite() const {
   bool ok = true;
+  std::vector<Tensor> parts;
   if (distributed()) {
     const auto& grads = model_.grads();
-    for (const StateRange& r : ranges_)
-      if (ok) ok = finite_of(flat_slice(grads[static_cast<size_t>(r.param)], r.begin, r.end));
+    for (const StateRange& r : ranges_) parts.push_back(flat_slice(grads[static_cast<size_t>(r.param)], r.begin, r.end));
   } else {
-    for (const Tensor& g : model_.grads())
+    parts = model_.grads();
+  }
+  if (!parts.empty() && parts[0].device() != Device::kCpu) {
+    // On a device, one batched reduction: any inf or NaN makes the double
+    // sum of squares non-finite, and no finite fp32 gradient overflows it.
+    for (double v : kernels::sum_squares_each(parts)) ok = ok && std::isfinite(v);
+  } else {
+    for (const Tensor& g : parts)
       if (ok) ok = finite_of(g);
   }
   // Without the distributed optimizer the DP ranks hold identical gradients.

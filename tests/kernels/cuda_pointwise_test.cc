@@ -552,6 +552,32 @@ TEST(CudaTwin, SumSquaresMatchesCpuAndRepeats) {
   }
 }
 
+// The batched form: each total bitwise the single-tensor call's (and the
+// CPU twin's batched form equals its own single calls), empty tensors 0, a
+// NaN shows in its own slot only.
+TEST(CudaTwin, SumSquaresEachMatchesSingleCalls) {
+  MT_REQUIRE_GPU();
+  Arena g = gpu_arena(kArenaBytes);
+  auto a = randn<float>(1000, 121), c = randn<float>(70000, 123);
+  auto b = randn<double>(333, 122);
+  c[5] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<Tensor> host = {view(a, {1000}), view(b, {333}), Tensor(a.data(), {0}, DType::kF32),
+                                    view(c, {70000})};
+  std::vector<Tensor> dev;
+  for (const Tensor& t : host) dev.push_back(t.numel() ? to_device(g, t) : g.alloc({0}, DType::kF32));
+  const std::vector<double> each = k::sum_squares_each(dev), cpu_each = k::sum_squares_each(host);
+  ASSERT_EQ(each.size(), 4u);
+  ASSERT_EQ(cpu_each.size(), 4u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(each[i], k::sum_squares(dev[i])) << "tensor " << i;
+    EXPECT_EQ(cpu_each[i], k::sum_squares(host[i])) << "tensor " << i;
+    EXPECT_NEAR(each[i], cpu_each[i], 1e-12 * cpu_each[i]) << "tensor " << i;
+  }
+  EXPECT_EQ(each[2], 0.0);
+  EXPECT_TRUE(std::isnan(each[3]));
+  EXPECT_TRUE(k::sum_squares_each({}).empty());
+}
+
 // ---------------------------------------------------------------- adamw
 
 template <typename T>

@@ -141,4 +141,11 @@ double sum_squares(const Tensor& x) {
   return total;
 }
 
+std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
+  std::vector<double> out;
+  out.reserve(xs.size());
+  for (const Tensor& x : xs) out.push_back(sum_squares(x));
+  return out;
+}
+
 }  // namespace mt::kernels::cpu

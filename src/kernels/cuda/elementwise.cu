@@ -18,6 +18,9 @@
 //   fixed order. The block count depends only on n, so the result does not
 //   change from run to run. The partials live in a __device__ array of this
 //   file (per device); a mutex keeps two host threads from sharing it.
+// sum_squares_each: the same two passes per tensor, each total into its slot
+//   of an op-scratch array, then one copy of all totals to the host (one wait
+//   for the stream instead of one per tensor).
 #include <algorithm>
 #include <mutex>
 #include <type_traits>
@@ -213,25 +216,49 @@ void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t
   });
 }
 
-double sum_squares(const Tensor& x) {
-  check_on_gpu({&x}, "sum_squares");
-  double total = 0;
+namespace {
+// Queues the two passes of x's sum of squares, the total into *out (device);
+// the caller holds g_sumsq_mu (pass 1's partials are one buffer).
+void queue_sum_squares(const Tensor& x, double* out) {
+  double* partial = nullptr;
+  MT_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&partial), g_sumsq_partials));
   float_types(x.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
     const T* p = x.ptr<T>();
     const int64_t n = x.numel();
-    if (n == 0) return;
     const unsigned blocks = std::min<unsigned>(::mt::cuda::blocks_for(n, kThreads), kMaxPartials);
-    std::lock_guard<std::mutex> lock(g_sumsq_mu);
-    double* partial = nullptr;
-    MT_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&partial), g_sumsq_partials));
     sumsq_pass1<T><<<blocks, kThreads, 0, ::mt::cuda::stream()>>>(n, p, partial);
     MT_CUDA_CHECK_LAUNCH();
-    sumsq_pass2<<<1, kThreads, 0, ::mt::cuda::stream()>>>(static_cast<int>(blocks), partial, partial + kMaxPartials);
+    sumsq_pass2<<<1, kThreads, 0, ::mt::cuda::stream()>>>(static_cast<int>(blocks), partial, out);
     MT_CUDA_CHECK_LAUNCH();
-    ::mt::cuda::copy_d2h(&total, partial + kMaxPartials, sizeof(double));  // waits for the stream
   });
+}
+}  // namespace
+
+double sum_squares(const Tensor& x) {
+  check_on_gpu({&x}, "sum_squares");
+  double total = 0;
+  if (x.numel() == 0) return total;
+  std::lock_guard<std::mutex> lock(g_sumsq_mu);
+  double* partial = nullptr;
+  MT_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&partial), g_sumsq_partials));
+  queue_sum_squares(x, partial + kMaxPartials);
+  ::mt::cuda::copy_d2h(&total, partial + kMaxPartials, sizeof(double));  // waits for the stream
   return total;
+}
+
+std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
+  for (const Tensor& x : xs) check_on_gpu({&x}, "sum_squares_each");
+  std::vector<double> out(xs.size(), 0.0);
+  if (xs.empty()) return out;
+  const size_t bytes = xs.size() * sizeof(double);
+  std::lock_guard<std::mutex> lock(g_sumsq_mu);
+  double* totals = static_cast<double*>(::mt::cuda::op_scratch("sum_squares_each totals", bytes));
+  ::mt::cuda::memset_zero(totals, bytes);  // empty tensors sum to 0
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (xs[i].numel() > 0) queue_sum_squares(xs[i], totals + i);
+  ::mt::cuda::copy_d2h(out.data(), totals, bytes);  // the one wait
+  return out;
 }
 
 }  // namespace mt::kernels::cuda
