@@ -17,13 +17,16 @@ constexpr double kMiB = 1024.0 * 1024.0, kGiB = kMiB * 1024.0;
 const std::vector<DeviceProfile>& profiles() {
   static const std::vector<DeviceProfile> p = {
       {"h100", 989.4, 494.7, 81559 * kMiB, 2 * kGiB,
-       "NVIDIA H100 SXM5 80GB datasheet (dense bf16 989.4 TFLOP/s, TF32 494.7); 81559 MiB as nvidia-smi reports"},
+       "NVIDIA H100 SXM5 80GB datasheet (dense bf16 989.4 TFLOP/s, TF32 494.7); 81559 MiB as nvidia-smi reports", 0,
+       ""},
       {"h200", 989.4, 494.7, 143771 * kMiB, 2 * kGiB,
-       "NVIDIA H200 SXM 141GB datasheet (same compute as H100); 143771 MiB as nvidia-smi reports"},
+       "NVIDIA H200 SXM 141GB datasheet (same compute as H100); 143771 MiB as nvidia-smi reports", 790.0,
+       "a bf16 8192^3 matmul in PyTorch on a lent H200, as the project's GPU issue reports it; "
+       "bench/device_check.sh's bench_gemm step measures it again"},
       {"a100", 312.0, 156.0, 81920 * kMiB, 2 * kGiB,
-       "NVIDIA A100 SXM4 80GB datasheet (dense bf16 312 TFLOP/s, TF32 156)"},
+       "NVIDIA A100 SXM4 80GB datasheet (dense bf16 312 TFLOP/s, TF32 156)", 0, ""},
       {"cpu", 1.054, 0.527, 24 * kGiB, 0.5 * kGiB,
-       "this project's 2-core AVX-512 machine: measured vdpbf16ps 1054 GFLOP/s, zmm FMA 527 GFLOP/s; 24 GiB"},
+       "this project's 2-core AVX-512 machine: measured vdpbf16ps 1054 GFLOP/s, zmm FMA 527 GFLOP/s; 24 GiB", 0, ""},
   };
   return p;
 }
@@ -120,6 +123,10 @@ void plan_throughput(PlanReport& r) {
   t.tokens_per_s = r.tokens_per_iteration / t.step_time_s;
   t.tflops_per_device = r.flops_per_iteration / (t.step_time_s * 1e12 * world);
   t.mfu = t.tflops_per_device / t.peak_tflops;
+  if (half && !r.options.peak_tflops && r.device.gemm_ceiling_tflops_16bit > 0) {
+    t.gemm_ceiling_tflops = r.device.gemm_ceiling_tflops_16bit;
+    t.of_gemm_ceiling = t.tflops_per_device / t.gemm_ceiling_tflops;
+  }
 }
 
 void plan_schedule(PlanReport& r) {

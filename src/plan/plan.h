@@ -26,6 +26,10 @@ struct DeviceProfile {
   double memory_bytes = 0;
   double reserve_bytes = 0;      // runtime context, library workspaces (estimate)
   std::string source;            // where the figures come from
+  // The dense bf16 GEMM rate measured on such a device (the MFU a step made
+  // only of large GEMMs reaches), 0 where none was measured; and its source.
+  double gemm_ceiling_tflops_16bit = 0;
+  std::string ceiling_source;
 };
 // h100, h200, a100, cpu. Returns nullptr for an unknown name.
 const DeviceProfile* find_device_profile(const std::string& name);
@@ -64,6 +68,8 @@ struct Throughput {
   double tflops_per_device = 0;   // Megatron's reported figure
   double mfu = 0;                 // against the profile's peak for the dtype
   double peak_tflops = 0;
+  double gemm_ceiling_tflops = 0;  // the profile's measured bf16 GEMM rate (16-bit runs), 0: none
+  double of_gemm_ceiling = 0;      // tflops_per_device / gemm_ceiling_tflops
 };
 
 struct FitOption {

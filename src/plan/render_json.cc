@@ -181,6 +181,11 @@ json to_json(const PlanReport& r) {
                   {"mfu", t.mfu},
                   {"peak_tflops", t.peak_tflops},
                   {"assumed_efficiency", r.options.assumed_efficiency}};
+  if (t.gemm_ceiling_tflops > 0) {
+    j["compute"]["gemm_ceiling_tflops"] = t.gemm_ceiling_tflops;
+    j["compute"]["of_gemm_ceiling"] = t.of_gemm_ceiling;
+    j["compute"]["gemm_ceiling_source"] = r.device.ceiling_source;
+  }
   return j;
 }
 

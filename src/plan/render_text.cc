@@ -147,6 +147,9 @@ std::string render_text(const PlanReport& r) {
   line(fmt::format("  {} step time {:.4g} s -> {} tokens/s, {:.1f} TFLOP/s per device, MFU {:.1f}% of {:.1f} TFLOP/s",
                    t.measured ? "given" : fmt::format("predicted (efficiency {:.0f}%)", r.options.assumed_efficiency * 100),
                    t.step_time_s, group_digits(std::round(t.tokens_per_s)), t.tflops_per_device, t.mfu * 100, t.peak_tflops));
+  if (t.gemm_ceiling_tflops > 0)
+    line(fmt::format("  {:.1f}% of the {:.0f} TFLOP/s bf16 GEMM ceiling measured on this device ({})",
+                     t.of_gemm_ceiling * 100, t.gemm_ceiling_tflops, r.device.ceiling_source));
 
   line("\nRank grid (rank: node/gpu  tp cp ep dp pp)");
   const int64_t shown = std::min<int64_t>(r.world, 64);

@@ -149,6 +149,28 @@ TEST(Throughput, PredictedAndMeasured) {
   EXPECT_DOUBLE_EQ(meas.throughput.mfu, meas.throughput.tflops_per_device / 100);
 }
 
+TEST(Throughput, H200ReportsTheShareOfItsMeasuredGemmCeiling) {
+  const std::string base =
+      "--world-size 1 --num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024 "
+      "--max-position-embeddings 1024 --vocab-size 32000 --micro-batch-size 1 --global-batch-size 8 --step-time 0.5 ";
+  PlanReport h200 = plan_from(base + "--bf16 --device h200");
+  ASSERT_TRUE(h200.valid());
+  EXPECT_DOUBLE_EQ(h200.throughput.peak_tflops, 989.4);
+  EXPECT_DOUBLE_EQ(h200.throughput.gemm_ceiling_tflops, 790);
+  EXPECT_DOUBLE_EQ(h200.throughput.of_gemm_ceiling, h200.throughput.tflops_per_device / 790);
+  nlohmann::json j = to_json(h200);
+  EXPECT_DOUBLE_EQ(j["compute"]["gemm_ceiling_tflops"].get<double>(), 790);
+  EXPECT_NE(render_text(h200).find("of the 790 TFLOP/s bf16 GEMM ceiling measured on this device"), std::string::npos);
+  // No ceiling where none was measured (h100), for fp32, or under --peak-tflops.
+  for (const std::string& extra : {std::string("--bf16 --device h100"), std::string("--device h200"),
+                                   std::string("--bf16 --device h200 --peak-tflops 500")}) {
+    PlanReport r = plan_from(base + extra);
+    ASSERT_TRUE(r.valid()) << extra;
+    EXPECT_EQ(r.throughput.gemm_ceiling_tflops, 0) << extra;
+    EXPECT_FALSE(to_json(r)["compute"].contains("gemm_ceiling_tflops")) << extra;
+  }
+}
+
 TEST(Render, JsonCarriesTheGridAndTimeline) {
   PlanReport r = plan_from(
       "--world-size 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 256 "
