@@ -94,7 +94,8 @@ void set_enabled(bool on) { g_enabled = on ? 1 : 0; }
 
 void OpScope::begin(const char* op, Device device) {
   State& s = state();
-  if (s.depth++ > 0) return;  // inside another timed call
+  active_ = true;
+  if (s.depth++ > 0) return;  // inside another timed call: counted there
   if (s.pending.size() >= kMaxPending) drain();
   Pending p{op, device, {}, {}, nullptr, nullptr};
   if (device == Device::kCuda && !simdev::enabled()) {  // simulated: CPU twins, host clock
@@ -113,6 +114,7 @@ void OpScope::begin(const char* op, Device device) {
 void OpScope::end() {
   State& s = state();
   --s.depth;
+  if (slot_ < 0) return;  // nested
   Pending& p = s.pending[static_cast<size_t>(slot_)];
   if (p.ev1) {
 #ifdef MT_HAVE_CUDA

@@ -31,7 +31,7 @@ class OpScope {
     if (enabled()) begin(op, device);
   }
   ~OpScope() {
-    if (slot_ >= 0) end();
+    if (active_) end();
   }
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
@@ -39,7 +39,8 @@ class OpScope {
  private:
   void begin(const char* op, Device device);
   void end();
-  int64_t slot_ = -1;
+  bool active_ = false;  // begin() ran: end() must undo its nesting depth
+  int64_t slot_ = -1;    // this call's pending entry; -1 when nested in another timed call
 };
 
 struct OpStat {

@@ -626,6 +626,10 @@ __global__ void __launch_bounds__(kTcThreads)
     attn_fwd_tc(const Tin* __restrict__ qkv, float* __restrict__ out, float* __restrict__ lse, const Params<float> p) {
   constexpr int BQ = kTcFwdBQ, BK = kTcFwdBK, LD = D + kTcPad, LDT = BK + kTcPad, KB = D / 16, NB = BK / 8,
                 DN = D / 8;
+  // Every shared tile is a multiple of 16 bytes, so each starts 16-byte
+  // aligned whatever order the compiler lays them out in (32-bit fragment
+  // loads and 8-byte row stores need 4 and 8).
+  static_assert((BK * LD * 2) % 16 == 0 && (D * LDT * 2) % 16 == 0, "shared tiles keep 16-byte alignment");
   __shared__ uint16_t sk[BK * LD];   // K tile, row-major
   __shared__ uint16_t svt[D * LDT];  // V tile, transposed
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -747,6 +751,8 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   constexpr int BK = kTcDkvBK, BQ = kTcDkvBQ, LD = D + kTcPad, LDT = BQ + kTcPad, KB = D / 16, NB = BQ / 8,
                 DN = D / 8;
   static_assert(BK % BQ == 0, "query tiles start at the key tile's first row");
+  static_assert((BK * LD * 2) % 16 == 0 && (BQ * LD * 2) % 16 == 0 && (D * LDT * 2) % 16 == 0,
+                "each sub-array of the dynamic shared memory starts 16-byte aligned");
   extern __shared__ SmemWord tc_smem[];
   uint16_t* sk = reinterpret_cast<uint16_t*>(tc_smem);
   uint16_t* sv = sk + BK * LD;
@@ -872,6 +878,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
                                                              const Params<float> p) {
   constexpr int BQ = kTcDqBQ, BK = kTcDqBK, LD = D + kTcPad, LDT = BK + kTcPad, KB = D / 16, NB = BK / 8,
                 DN = D / 8;
+  static_assert((BK * LD * 2) % 16 == 0 && (D * LDT * 2) % 16 == 0, "shared tiles keep 16-byte alignment");
   __shared__ uint16_t sk[BK * LD];   // K tile, row-major (S = Q K^T)
   __shared__ uint16_t skt[D * LDT];  // K tile, transposed (dQ += dS K)
   __shared__ uint16_t sv[BK * LD];   // V tile, row-major (dP = dO V^T)

@@ -33,12 +33,17 @@ namespace mt::kernels::cuda::tc {
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(MT_CUDA_EMULATOR)
   ::emu::mma_m16n8k16_bf16(d, a, b, d);
-#elif defined(__CUDA_ARCH__)
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+  // No bf16 mma before sm_80. The build targets sm_80 and sm_90a (CMake's
+  // default); a build for an older GPU compiles this, and the tensor-core
+  // kernels then stop with a trap instead of computing garbage.
+  __trap();
 #endif
 }
 
