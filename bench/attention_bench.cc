@@ -55,6 +55,16 @@ double time_ms(int reps, F&& f) {
   return median(t);
 }
 
+// Runs the PyTorch side (attention_torch_bench.py): its one output line holds
+// the median forward and backward milliseconds.
+bool run_peer(const std::string& cmd, double& fwd_ms, double& bwd_ms) {
+  FILE* p = popen(cmd.c_str(), "r");
+  const bool ok = p && std::fscanf(p, "%lf %lf", &fwd_ms, &bwd_ms) == 2;
+  if (p) pclose(p);
+  if (!ok) std::printf("  PyTorch: failed to run %s\n", cmd.c_str());
+  return ok;
+}
+
 // Causal FLOPs: each of the GEMM-like products over the T(T+1)/2 lower
 // triangle; forward 2 products, backward 5 (S and dP recomputed, dV, dK, dQ).
 struct Flops {
@@ -121,14 +131,8 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
                           std::to_string(T) + " --batch " + std::to_string(B) + " --heads " + std::to_string(H) +
                           " --groups " + std::to_string(G) + " --head-dim " + std::to_string(D) + " --reps " +
                           std::to_string(reps);
-  FILE* p = popen(cmd.c_str(), "r");
   double tf = 0, tb = 0;
-  if (!p || std::fscanf(p, "%lf %lf", &tf, &tb) != 2) {
-    std::printf("  PyTorch: failed to run %s\n", cmd.c_str());
-    if (p) pclose(p);
-    return 1;
-  }
-  pclose(p);
+  if (!run_peer(cmd, tf, tb)) return 1;
   std::printf("  PyTorch sdpa bf16      fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms\n",
               tf, f.fwd / tf * 1e-9, tb, f.bwd / tb * 1e-9, tf + tb);
   std::printf("  ratio (PyTorch time / ours, tensor cores): fwd %.2fx  bwd %.2fx  fwd+bwd %.2fx\n", tf / ours_fwd,
@@ -197,14 +201,8 @@ int main(int argc, char** argv) {
                             std::to_string(threads) + " --seq " + std::to_string(T) + " --batch " + std::to_string(B) +
                             " --heads " + std::to_string(H) + " --head-dim " + std::to_string(D) + " --reps " +
                             std::to_string(reps);
-    FILE* p = popen(cmd.c_str(), "r");
     double tf = 0, tb = 0;
-    if (!p || std::fscanf(p, "%lf %lf", &tf, &tb) != 2) {
-      std::printf("  PyTorch: failed to run %s\n", cmd.c_str());
-      if (p) pclose(p);
-      return 1;
-    }
-    pclose(p);
+    if (!run_peer(cmd, tf, tb)) return 1;
     std::printf("  PyTorch  fwd %8.2f ms (%6.1f GFLOP/s)  bwd %8.2f ms (%6.1f GFLOP/s)  fwd+bwd %8.2f ms\n", tf,
                 f_fwd / tf * 1e-6, tb, f_bwd / tb * 1e-6, tf + tb);
     std::printf("  ratio (PyTorch time / ours): fwd %.2fx  bwd %.2fx  fwd+bwd %.2fx\n", tf / fwd, tb / bwd,

@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "kernels/out_types.h"
 
 #define MT_FLOAT_TYPES(dtype, T, ...)                                                     \
   switch (dtype) {                                                                        \
@@ -36,19 +37,6 @@ void float_types(DType dt, F&& f) {
     case DType::kF64: f(double{}); break;
     default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
   }
-}
-
-// out_types<T>(y_dtype, op, [&](auto tag) { using Y = decltype(tag); ... }):
-// the element type of a forward op's output y for compute type T: T itself,
-// or bf16 for fp32 (an activation that only feeds bf16 GEMMs under --bf16,
-// rounded once as it is stored, bit for bit as a later cast would round it).
-template <typename T, typename F>
-void out_types(DType y, const char* op, F&& f) {
-  if (y == dtype_of<T>()) return f(T{});
-  if constexpr (std::is_same_v<T, float>)
-    if (y == DType::kBF16) return f(bf16{});
-  MT_CHECK(false, fmt::format("{}: output dtype {} for {} input (expected the input's dtype, or bf16 for fp32)", op,
-                              dtype_name(y), dtype_name(dtype_of<T>())));
 }
 
 // v rounded to the output type Y (float_to_bf16 for bf16).

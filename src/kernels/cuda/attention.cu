@@ -611,6 +611,23 @@ __device__ __forceinline__ void tc_c_to_a(const float (&c0)[4], const float (&c1
   a[3] = tc::pack_bf16x2(c1[2], c1[3]);
 }
 
+// acc[dn] += A X for dn < DN, where A is the A fragment made of the score-
+// shaped accumulators c0 | c1 (k-block at k0) and X the 16 x 8 DN block whose
+// column n is row n of the transposed shared tile (pitch LDT): one k-step of
+// P V, dS K, P^T dO and dS^T Q.
+template <int LDT, int DN>
+__device__ __forceinline__ void tc_accumulate(float (&acc)[DN][4], const float (&c0)[4], const float (&c1)[4],
+                                              const uint16_t* tile_t, int k0) {
+  uint32_t a[4];
+  tc_c_to_a(c0, c1, a);
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn) {
+    uint32_t b[2];
+    tc_smem_b<LDT>(tile_t, dn * 8, k0, b);
+    tc::mma_bf16(acc[dn], a, b);
+  }
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, 1));
   return fmaxf(v, __shfl_xor_sync(kFullWarp, v, 2));
@@ -706,16 +723,7 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) o[dn][0] *= c0, o[dn][1] *= c0, o[dn][2] *= c1, o[dn][3] *= c1;
 #pragma unroll
-    for (int kb = 0; kb < BK / 16; ++kb) {
-      uint32_t pa[4];
-      tc_c_to_a(s[2 * kb], s[2 * kb + 1], pa);
-#pragma unroll
-      for (int dn = 0; dn < DN; ++dn) {
-        uint32_t bb[2];
-        tc_smem_b<LDT>(svt, dn * 8, kb * 16, bb);
-        tc::mma_bf16(o[dn], pa, bb);
-      }
-    }
+    for (int kb = 0; kb < BK / 16; ++kb) tc_accumulate<LDT, DN>(o, s[2 * kb], s[2 * kb + 1], svt, kb * 16);
   }
   l0 = quad_sum(l0), l1 = quad_sum(l1);
   const int64_t ldo = p.B * p.H * p.D;
@@ -839,17 +847,8 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
       // dV += P^T dO, dK += dS^T Q.
 #pragma unroll
       for (int qb = 0; qb < BQ / 16; ++qb) {
-        uint32_t pa[4], dsa[4];
-        tc_c_to_a(st[2 * qb], st[2 * qb + 1], pa);
-        tc_c_to_a(dpt[2 * qb], dpt[2 * qb + 1], dsa);
-#pragma unroll
-        for (int dn = 0; dn < DN; ++dn) {
-          uint32_t bo[2], bq[2];
-          tc_smem_b<LDT>(sdot, dn * 8, qb * 16, bo);
-          tc_smem_b<LDT>(sqt, dn * 8, qb * 16, bq);
-          tc::mma_bf16(dv[dn], pa, bo);
-          tc::mma_bf16(dk[dn], dsa, bq);
-        }
+        tc_accumulate<LDT, DN>(dv, st[2 * qb], st[2 * qb + 1], sdot, qb * 16);
+        tc_accumulate<LDT, DN>(dk, dpt[2 * qb], dpt[2 * qb + 1], sqt, qb * 16);
       }
     }
   }
@@ -938,16 +937,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
         s[nb][e] = pr * (d - (e < 2 ? di0 : di1)) * p.scale;
       }
 #pragma unroll
-    for (int jb = 0; jb < BK / 16; ++jb) {
-      uint32_t dsa[4];
-      tc_c_to_a(s[2 * jb], s[2 * jb + 1], dsa);
-#pragma unroll
-      for (int dn = 0; dn < DN; ++dn) {
-        uint32_t bk[2];
-        tc_smem_b<LDT>(skt, dn * 8, jb * 16, bk);
-        tc::mma_bf16(dq[dn], dsa, bk);
-      }
-    }
+    for (int jb = 0; jb < BK / 16; ++jb) tc_accumulate<LDT, DN>(dq, s[2 * jb], s[2 * jb + 1], skt, jb * 16);
   }
   if (r0 < nq) {
     float* row = dqkv_b + (i0 + r0) * ldq + qc;

@@ -20,6 +20,7 @@
 
 #include "core/cuda/check.cuh"
 #include "core/tensor.h"
+#include "kernels/out_types.h"
 
 namespace mt::kernels::cuda::pointwise {
 
@@ -50,18 +51,6 @@ void float_types(DType dt, F&& f) {
     case DType::kF64: f(double{}); break;
     default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
   }
-}
-
-// out_types<T>(y_dtype, op, [&](auto tag) { using Y = decltype(tag); ... }):
-// a forward op's output element type for compute type T, as the CPU twins
-// accept it (kernels/cpu/common.h): T, or bf16 for fp32.
-template <typename T, typename F>
-void out_types(DType y, const char* op, F&& f) {
-  if (y == dtype_of<T>()) return f(T{});
-  if constexpr (std::is_same_v<T, float>)
-    if (y == DType::kBF16) return f(bf16{});
-  MT_CHECK(false, fmt::format("{}: output dtype {} for {} input (expected the input's dtype, or bf16 for fp32)", op,
-                              dtype_name(y), dtype_name(dtype_of<T>())));
 }
 
 // Pointer of type T, or nullptr for an undefined (optional) tensor.
