@@ -10,8 +10,15 @@
 //   out  [T*B, a*d]      context, heads in order (Megatron's [s, b, a*d])
 //   lse  [B, a, T]       log-sum-exp of the scaled, masked scores per row
 //   dqkv [T*B, (a+2g)d]  written (not accumulated)
-// dtypes: qkv fp32, fp64 or bf16 (bf16 inputs, fp32 accumulation); out, lse,
-// dout, dqkv fp32 (fp64 when qkv is fp64).
+// dtypes: qkv fp32, fp64 or bf16 (bf16 inputs, fp32 accumulation); lse fp32
+// (fp64 when qkv is fp64); out, dout, dqkv the same as lse, except that with
+// bf16 qkv each of them may also be bf16, independently (so that --bf16 can
+// keep ctx, dctx and dqkv in bf16; CUDA: a bf16 dqkv needs head_dim >= 2). A
+// bf16 out or dqkv is the fp32 result rounded once to nearest even as it is
+// stored, bit for bit the cast of an fp32 output; a bf16 out or dout is
+// widened exactly, so the results are bit for bit those for fp32 tensors
+// holding the same values. Other combinations fail an MT_CHECK naming the
+// tensor and the dtypes it may have (kernels/attention_types.h).
 // Attention dropout (Megatron's attention_dropout on the probabilities) uses
 // Philox keyed by (seed, stream) and the element's global (b, head, i, j), so
 // backward regenerates the mask and a tensor-parallel rank, passing its

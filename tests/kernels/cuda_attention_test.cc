@@ -5,13 +5,16 @@
 // fp32, fp64 and bf16 qkv; dropout with a nonzero head_offset (the masks come
 // from Philox on both sides, so they must agree element for element); the
 // GPU's outputs pre-filled with NaN (every element must be written, dqkv is
-// written, not accumulated); bitwise determinism run to run; and incremental
-// decoding (kv_cache_append + kv_attention) over several appended chunks.
+// written, not accumulated); bitwise determinism run to run; bf16 out, dout
+// and dqkv (bit for bit the rounded fp32 results, SIMT and tensor cores); and
+// incremental decoding (kv_cache_append + kv_attention) over several appended
+// chunks.
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -41,7 +44,10 @@ std::vector<T> convert(const std::vector<double>& v) {
 // A device tensor whose every element is NaN: outputs the kernel must overwrite.
 template <typename T>
 Tensor nan_device(Arena& g, Shape s) {
-  std::vector<T> nan(static_cast<size_t>(s.numel()), std::numeric_limits<T>::quiet_NaN());
+  T x;
+  if constexpr (std::is_same_v<T, bf16>) x = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  else x = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> nan(static_cast<size_t>(s.numel()), x);
   Tensor d = g.alloc(s, dtype_of<T>());
   copy_tensor(Tensor(nan.data(), s, dtype_of<T>()), d);
   return d;
@@ -269,6 +275,151 @@ TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {
   EXPECT_FALSE(k::cuda::attention_uses_tensor_cores(f64, {8, 1, 1, 1, 64}, o));
   const Tensor d96 = g.alloc({8, 96 * 3}, DType::kF32);
   EXPECT_FALSE(k::cuda::attention_uses_tensor_cores(d96, {8, 1, 1, 1, 96}, o));
+}
+
+// bf16 out, dout and dqkv with bf16 qkv (kernels/attention.h), on the SIMT
+// path (tc false) or the tensor-core path (tc true, bf16_matmul):
+//  - on the GPU itself, bit for bit: a bf16 out is the fp32 out rounded once,
+//    and every (out, dout, dqkv) combination of fp32 and bf16 gives the
+//    all-fp32 backward's dqkv (rounded once where dqkv is bf16), for out and
+//    dout holding the same bf16 values; lse is the same either way;
+//  - against the CPU twin given the same inputs: the tolerances of the tests
+//    above (SIMT: CudaTwin.AttentionBf16QkvMatchesCpu's, plus one bf16 ulp for
+//    outputs rounded on both sides; tensor cores: run_tc_case's, against the
+//    CPU's fp32 results).
+std::vector<float> widened(const std::vector<bf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_float(v[i]);
+  return f;
+}
+
+void expect_rounded_bits(const std::vector<float>& want, const std::vector<bf16>& got, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (float_to_bf16(want[i]).bits != got[i].bits && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements differ, first " << first << ": fp32 " << want[first]
+                     << " rounds to " << float_to_bf16(want[first]).bits << ", bf16 output " << got[first].bits;
+}
+
+void expect_same_bits(const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << what;
+}
+
+void run_bf16_io_case(const k::QkvLayout& L, double dropout, int64_t head_offset, bool tc) {
+  const std::string what = describe(L, "bf16", dropout, head_offset) + (tc ? " (tensor cores)" : " (SIMT)") +
+                           ", bf16 activations";
+  k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 2468, 13, head_offset};
+  o.bf16_matmul = tc;
+  const Shape qs{L.tokens(), L.row()}, os{L.tokens(), L.heads * L.head_dim}, ls{L.batch, L.heads, L.seq};
+  std::vector<double> qkv_d(static_cast<size_t>(qs.numel())), dout_d(static_cast<size_t>(os.numel()));
+  fill_normal(qkv_d, 600 + static_cast<uint64_t>(L.seq * 5 + L.head_dim), 1.0);
+  fill_normal(dout_d, 700 + static_cast<uint64_t>(L.heads * 3 + L.head_dim), 1.0);
+  std::vector<bf16> qkv = convert<bf16>(qkv_d), dout_h = convert<bf16>(dout_d);
+  std::vector<float> dout_f = widened(dout_h);
+  const Tensor t_qkv(qkv.data(), qs, DType::kBF16), t_dout_h(dout_h.data(), os, DType::kBF16),
+      t_dout_f(dout_f.data(), os, DType::kF32);
+
+  // CPU twin: fp32 and bf16 out; backward all-fp32 (on fp32 copies of the
+  // bf16 out) and all-bf16.
+  std::vector<float> out_c(static_cast<size_t>(os.numel())), lse_c(static_cast<size_t>(ls.numel())),
+      lse_c2(lse_c.size()), dq_c(static_cast<size_t>(qs.numel()));
+  std::vector<bf16> out_ch(out_c.size()), dq_ch(dq_c.size());
+  const Tensor t_out_c(out_c.data(), os, DType::kF32), t_out_ch(out_ch.data(), os, DType::kBF16),
+      t_lse_c(lse_c.data(), ls, DType::kF32);
+  k::attention_forward(t_qkv, L, o, t_out_c, t_lse_c);
+  k::attention_forward(t_qkv, L, o, t_out_ch, Tensor(lse_c2.data(), ls, DType::kF32));
+  std::vector<float> out_f = widened(out_ch);
+  const Tensor t_out_f(out_f.data(), os, DType::kF32);
+  k::attention_backward(t_qkv, t_out_f, t_dout_f, t_lse_c, L, o, Tensor(dq_c.data(), qs, DType::kF32));
+  k::attention_backward(t_qkv, t_out_ch, t_dout_h, t_lse_c, L, o, Tensor(dq_ch.data(), qs, DType::kBF16));
+
+  Arena g = gpu_arena();
+  const Tensor d_qkv = to_device(g, t_qkv);
+  ASSERT_EQ(k::cuda::attention_uses_tensor_cores(d_qkv, L, o), tc) << what;
+  // Forward: fp32 and bf16 out.
+  const Tensor d_out = nan_device<float>(g, os), d_lse = nan_device<float>(g, ls);
+  const Tensor d_out_h = nan_device<bf16>(g, os), d_lse2 = nan_device<float>(g, ls);
+  k::attention_forward(d_qkv, L, o, d_out, d_lse);
+  k::attention_forward(d_qkv, L, o, d_out_h, d_lse2);
+  const std::vector<float> g_out = to_host<float>(d_out), g_lse = to_host<float>(d_lse);
+  const std::vector<bf16> g_out_h = to_host<bf16>(d_out_h);
+  expect_rounded_bits(g_out, g_out_h, what + ": bf16 out vs fp32 out");
+  expect_same_bits(g_lse, to_host<float>(d_lse2), what + ": lse with bf16 out");
+
+  // Backward on the CPU's out (bf16 values) and lse: all fp32, then the other
+  // seven combinations.
+  const Tensor d_out_f = to_device(g, t_out_f), d_out_ch = to_device(g, t_out_ch), d_lse_c = to_device(g, t_lse_c);
+  const Tensor d_dout_f = to_device(g, t_dout_f), d_dout_h = to_device(g, t_dout_h);
+  const Tensor d_dq = nan_device<float>(g, qs);
+  k::attention_backward(d_qkv, d_out_f, d_dout_f, d_lse_c, L, o, d_dq);
+  const std::vector<float> g_dq = to_host<float>(d_dq);
+  std::vector<bf16> g_dq_h;  // all bf16
+  for (int mask = 1; mask < 8; ++mask) {
+    const bool o16 = mask & 1, d16 = mask & 2, g16 = mask & 4;
+    const std::string combo = what + fmt::format(": out {}, dout {}, dqkv {}", o16 ? "bf16" : "fp32",
+                                                 d16 ? "bf16" : "fp32", g16 ? "bf16" : "fp32");
+    const Tensor d_dq2 = g16 ? nan_device<bf16>(g, qs) : nan_device<float>(g, qs);
+    k::attention_backward(d_qkv, o16 ? d_out_ch : d_out_f, d16 ? d_dout_h : d_dout_f, d_lse_c, L, o, d_dq2);
+    if (g16) {
+      std::vector<bf16> got = to_host<bf16>(d_dq2);
+      expect_rounded_bits(g_dq, got, combo + " vs all fp32");
+      if (mask == 7) g_dq_h = std::move(got);
+    } else {
+      expect_same_bits(g_dq, to_host<float>(d_dq2), combo + " vs all fp32");
+    }
+  }
+
+  // Against the CPU twin.
+  const std::vector<float> g_out_hf = widened(g_out_h), g_dq_hf = widened(g_dq_h);
+  if (!tc) {
+    constexpr double kUlp = 1.0 / 128;  // one bf16 ulp, relative
+    const Tol t{1e-3, 1e-4, 1e-4, 1e-3};
+    expect_close(g_out, out_c, t.rtol, t.atol_out, what + ": out");
+    expect_close(g_lse, lse_c, t.rtol, t.atol_lse, what + ": lse");
+    expect_close(g_dq, dq_c, t.rtol, t.atol_grad, what + ": dqkv");
+    expect_close(g_out_hf, widened(out_ch), t.rtol + kUlp, t.atol_out, what + ": bf16 out");
+    expect_close(g_dq_hf, widened(dq_ch), t.rtol + kUlp, t.atol_grad, what + ": bf16 dqkv");
+  } else {
+    expect_close(g_lse, lse_c, 1e-5, 1e-4, what + ": lse");
+    EXPECT_LT(rel_err(g_out_hf, out_c), 5e-3) << what << ": bf16 out";
+    EXPECT_LT(rel_err(g_dq_hf, dq_c), 8e-3) << what << ": bf16 dqkv";
+    expect_close(g_out_hf, out_c, 0, 3e-2 * max_abs(out_c), what + ": bf16 out, elementwise");
+    expect_close(g_dq_hf, dq_c, 0, 3e-2 * max_abs(dq_c), what + ": bf16 dqkv, elementwise");
+  }
+}
+
+TEST(CudaTwin, AttentionBf16ActivationsAreRoundedFp32Results) {
+  MT_REQUIRE_GPU();
+  // {seq, batch, heads, groups, head_dim}: GQA, partial tiles, causal; SIMT at
+  // head_dim 40 (DM 64) and 96 (DM 128) with dropout; tensor cores at 64 and 128.
+  run_bf16_io_case({77, 1, 4, 2, 40}, 0.0, 0, false);
+  run_bf16_io_case({45, 2, 2, 1, 96}, 0.2, 3, false);
+  run_bf16_io_case({77, 1, 4, 2, 64}, 0.0, 0, true);
+  run_bf16_io_case({45, 2, 4, 2, 128}, 0.1, 5, true);
+}
+
+TEST(CudaTwin, AttentionActivationDtypesAreChecked) {
+  MT_REQUIRE_GPU();
+  // Each call fails its dtype check on the host, before any launch.
+  const k::QkvLayout L{8, 1, 2, 1, 64};
+  const k::AttentionOptions o{0.125, 0, 0, 0, 0};
+  Arena g = gpu_arena(size_t{1} << 20);
+  const Shape qs{L.tokens(), L.row()}, os{L.tokens(), L.heads * L.head_dim}, ls{L.batch, L.heads, L.seq};
+  const Tensor qkv = g.alloc(qs, DType::kF32), qkv_h = g.alloc(qs, DType::kBF16), out = g.alloc(os, DType::kF32),
+               out_h = g.alloc(os, DType::kBF16), out_d = g.alloc(os, DType::kF64), lse = g.alloc(ls, DType::kF32),
+               lse_h = g.alloc(ls, DType::kBF16), dqkv = g.alloc(qs, DType::kF32), dqkv_d = g.alloc(qs, DType::kF64);
+  EXPECT_DEATH(k::attention_forward(qkv, L, o, out_h, lse),
+               "attention_forward: out is bf16, expected fp32 for fp32 qkv");
+  EXPECT_DEATH(k::attention_forward(qkv_h, L, o, out_d, lse),
+               "attention_forward: out is fp64, expected fp32 or bf16 for bf16 qkv");
+  EXPECT_DEATH(k::attention_forward(qkv_h, L, o, out_h, lse_h),
+               "attention_forward: lse is bf16, expected fp32 for bf16 qkv");
+  EXPECT_DEATH(k::attention_backward(qkv, out, out_h, lse, L, o, dqkv),
+               "attention_backward: dout is bf16, expected fp32 for fp32 qkv");
+  EXPECT_DEATH(k::attention_backward(qkv_h, out, out, lse, L, o, dqkv_d),
+               "attention_backward: dqkv is fp64, expected fp32 or bf16 for bf16 qkv");
 }
 
 // Prefill then decode: chunks of new tokens appended to the caches, each chunk

@@ -2,11 +2,13 @@
 // precision; forwards against closed forms or naive references; bf16 paths
 // against fp32 within bf16 tolerance.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "core/arena.h"
 #include "core/rng.h"
@@ -373,6 +375,83 @@ TEST(Attention, Fp32MatchesFp64) {
     EXPECT_LT(rel(lse.v, lse_f.v), 1e-6) << "d " << L.head_dim << " dropout " << dropout;
     EXPECT_LT(rel(dq.v, dq_f.v), 5e-6) << "d " << L.head_dim << " dropout " << dropout;
   }
+}
+
+// With bf16 qkv, out, dout and dqkv may each be bf16 (under --bf16 the model
+// keeps ctx, dctx and dqkv so): a bf16 output is the fp32 result rounded once
+// as it is stored, bit for bit, and a bf16 input gives bit for bit the result
+// of an fp32 input holding the same values. All 2 x 2 x 2 backward
+// combinations against the all-fp32 call; GQA, causal with partial tiles
+// (T = 70 over 64-row tiles), with and without dropout; head_dim 32 takes the
+// fast path, 24 the generic one. Other combinations are refused, naming the
+// tensor.
+TEST(Attention, Bf16OutputsAreTheRoundedFp32Results_BitForBit) {
+  auto bits_equal = [](const std::vector<float>& want, const std::vector<bf16>& got, const std::string& what) {
+    ASSERT_EQ(want.size(), got.size()) << what;
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (float_to_bf16(want[i]).bits != got[i].bits && bad++ == 0) first = i;
+    EXPECT_EQ(bad, 0u) << what << ": first at " << first << ": " << want[first] << " rounds to "
+                       << float_to_bf16(want[first]).bits << ", got " << got[first].bits;
+  };
+  auto same_bits = [](const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
+    ASSERT_EQ(want.size(), got.size()) << what;
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << what;
+  };
+  for (k::QkvLayout L : {k::QkvLayout{70, 2, 4, 2, 32}, k::QkvLayout{70, 2, 4, 2, 24}})
+    for (double dropout : {0.0, 0.2}) {
+      const std::string what = "d " + std::to_string(L.head_dim) + " dropout " + std::to_string(dropout);
+      const k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 21, 4, 1};
+      const Shape qs{L.tokens(), L.row()}, os{L.tokens(), L.heads * L.head_dim}, ls{L.batch, L.heads, L.seq};
+      Buf<float> qkv_f(qs), dout_f(os);
+      fill_normal(qkv_f.v, 41, 1.5), fill_normal(dout_f.v, 42);
+      Buf<bf16> qkv(qs), dout_h(os);
+      k::cast(qkv_f.t(), qkv.t());
+      k::cast(dout_f.t(), dout_h.t());
+      k::cast(dout_h.t(), dout_f.t());  // dout_f now holds the bf16 values
+
+      Buf<float> out(os), lse(ls), lse2(ls);
+      Buf<bf16> out_h(os);
+      k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
+      k::attention_forward(qkv.t(), L, o, out_h.t(), lse2.t());
+      bits_equal(out.v, out_h.v, what + ": bf16 out");
+      same_bits(lse.v, lse2.v, what + ": lse with bf16 out");
+
+      // Reference: the all-fp32 backward on fp32 copies of the bf16 out and dout.
+      Buf<float> out_f(os), dq(qs);
+      k::cast(out_h.t(), out_f.t());
+      k::attention_backward(qkv.t(), out_f.t(), dout_f.t(), lse.t(), L, o, dq.t());
+      for (int mask = 1; mask < 8; ++mask) {
+        const bool o16 = mask & 1, d16 = mask & 2, g16 = mask & 4;
+        const std::string combo = what + fmt::format(": out {} dout {} dqkv {}", o16 ? "bf16" : "fp32",
+                                                     d16 ? "bf16" : "fp32", g16 ? "bf16" : "fp32");
+        Buf<float> dq_f(qs, NAN);
+        Buf<bf16> dq_h(qs, float_to_bf16(NAN));
+        k::attention_backward(qkv.t(), o16 ? out_h.t() : out_f.t(), d16 ? dout_h.t() : dout_f.t(), lse.t(), L, o,
+                              g16 ? dq_h.t() : dq_f.t());
+        if (g16) bits_equal(dq.v, dq_h.v, combo);
+        else same_bits(dq.v, dq_f.v, combo);
+      }
+    }
+  // fp32 qkv keeps fp32 activations; lse stays in the accumulation type.
+  const k::QkvLayout L{8, 1, 2, 1, 16};
+  const k::AttentionOptions o{0.25, 0, 0, 0, 0};
+  Buf<float> qkv({L.tokens(), L.row()}), out({L.tokens(), L.heads * L.head_dim}), lse({L.batch, L.heads, L.seq});
+  Buf<bf16> qkv_h({L.tokens(), L.row()}), out_h({L.tokens(), L.heads * L.head_dim}),
+      lse_h({L.batch, L.heads, L.seq});
+  Buf<double> out_d({L.tokens(), L.heads * L.head_dim});
+  EXPECT_DEATH(k::attention_forward(qkv.t(), L, o, out_h.t(), lse.t()),
+               "attention_forward: out is bf16, expected fp32 for fp32 qkv");
+  EXPECT_DEATH(k::attention_forward(qkv_h.t(), L, o, out_d.t(), lse.t()),
+               "attention_forward: out is fp64, expected fp32 or bf16 for bf16 qkv");
+  EXPECT_DEATH(k::attention_forward(qkv_h.t(), L, o, out_h.t(), lse_h.t()),
+               "attention_forward: lse is bf16, expected fp32 for bf16 qkv");
+  Buf<float> dqkv({L.tokens(), L.row()});
+  EXPECT_DEATH(k::attention_backward(qkv.t(), out.t(), out_h.t(), lse.t(), L, o, dqkv.t()),
+               "attention_backward: dout is bf16, expected fp32 for fp32 qkv");
+  Buf<double> dqkv_d({L.tokens(), L.row()});
+  EXPECT_DEATH(k::attention_backward(qkv_h.t(), out.t(), out.t(), lse.t(), L, o, dqkv_d.t()),
+               "attention_backward: dqkv is fp64, expected fp32 or bf16 for bf16 qkv");
 }
 
 TEST(Attention, SeqLen4096NeverAllocatesTxT) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "kernels/attention_types.h"
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -72,11 +73,19 @@ inline void axpy(int64_t D, A a, const A* x, A* y) {
   for (int64_t c = 0; c < D; ++c) y[c] += a * x[c];
 }
 
+// dst[c] = src[c] for c < D, copied, or rounded once to Y (bf16).
+template <typename Y, typename A>
+inline void store_row(Y* dst, const A* src, int64_t D) {
+  if constexpr (std::is_same_v<Y, A>) std::memcpy(dst, src, static_cast<size_t>(D) * sizeof(A));
+  else
+    for (int64_t c = 0; c < D; ++c) dst[c] = to_out<Y>(src[c]);
+}
+
 // Forward: per (sequence, head, query tile), stream key tiles with an online
 // softmax. Per query row and key tile: the score row (BK wide, against K^T),
-// its max, exp, then acc += P V.
-template <typename Tin, typename A>
-void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, A* out, A* lse) {
+// its max, exp, then acc += P V. out is stored as Y (A, or bf16 for bf16 qkv).
+template <typename Tin, typename A, typename Y>
+void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* out, A* lse) {
   const int64_t T = L.seq, B = L.batch, H = L.heads, D = L.head_dim, row = L.row(), qpg = L.heads_per_group();
   const int64_t nq = (T + BQ - 1) / BQ;
   const A scale = static_cast<A>(o.scale);
@@ -124,9 +133,9 @@ void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, A* out, 
           }
         }
         for (int64_t i = 0; i < nqr; ++i) {
-          A* dst = out + ((i0 + i) * B + b) * (H * D) + h * D;
+          Y* dst = out + ((i0 + i) * B + b) * (H * D) + h * D;
           A inv = A(1) / l[i];
-          for (int64_t c = 0; c < D; ++c) dst[c] = acc[i * D + c] * inv;
+          for (int64_t c = 0; c < D; ++c) dst[c] = to_out<Y>(acc[i * D + c] * inv);
           lse[(b * H + h) * T + i0 + i] = m[i] + std::log(l[i]);
         }
       }
@@ -134,13 +143,15 @@ void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, A* out, 
 
 // Backward: per (sequence, group), so dK and dV of the group are owned by one
 // unit. For each head of the group and query tile, key tiles in order; per
-// key tile the unit keeps dK/dV of the tile locally and adds them to dqkv
-// once. Per query row: S and dP rows BK wide (against K^T and V^T),
+// key tile the unit keeps dK/dV of the tile locally and adds them to the
+// group's dK/dV for the whole sequence (in A, stored to dqkv at the end).
+// Per query row: S and dP rows BK wide (against K^T and V^T),
 // P = exp(S scale - lse), dS = P (dP - Di) scale, then dq += dS K,
-// dK += dS q, dV += P dO.
-template <typename Tin, typename A>
-void bwd(const Tin* qkv, const A* out, const A* dout, const A* lse, const QkvLayout& L, const AttentionOptions& o,
-         A* dqkv) {
+// dK += dS q, dV += P dO. out and dout are read as Yo and Yd, dqkv stored as
+// Yg (each A, or bf16 for bf16 qkv).
+template <typename Tin, typename A, typename Yo, typename Yd, typename Yg>
+void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvLayout& L, const AttentionOptions& o,
+         Yg* dqkv) {
   const int64_t T = L.seq, B = L.batch, H = L.heads, G = L.groups, D = L.head_dim, row = L.row(),
                 qpg = L.heads_per_group();
   const A scale = static_cast<A>(o.scale);
@@ -151,24 +162,21 @@ void bwd(const Tin* qkv, const A* out, const A* dout, const A* lse, const QkvLay
     for (int64_t g = 0; g < G; ++g) {
       alignas(64) A q[BQ * kAttnMaxHeadDim], dO[BQ * kAttnMaxHeadDim], dq[BQ * kAttnMaxHeadDim],
           k[BK * kAttnMaxHeadDim], kT[kAttnMaxHeadDim * BK], vT[kAttnMaxHeadDim * BK], dk[BK * kAttnMaxHeadDim],
-          dv[BK * kAttnMaxHeadDim], p[BK], pd[BK], ds[BK], Di[BQ];
-      // This unit owns dK and dV of group g for sequence b: zero them first.
-      for (int64_t t = 0; t < T; ++t) {
-        A* r = dqkv + (t * B + b) * row;
-        std::fill(r + L.k_col(g), r + L.k_col(g) + 2 * D, A(0));
-      }
+          dv[BK * kAttnMaxHeadDim], orow[kAttnMaxHeadDim], p[BK], pd[BK], ds[BK], Di[BQ];
+      // This unit owns dK and dV of group g for sequence b: rows [T][2D]
+      // (dK | dV per token), zeroed first.
+      thread_local std::vector<A> dkv_buf;
+      dkv_buf.assign(static_cast<size_t>(T * 2 * D), A(0));
+      A* dkv = dkv_buf.data();
       for (int64_t h = g * qpg; h < (g + 1) * qpg; ++h)
         for (int64_t i0 = 0; i0 < T; i0 += BQ) {
           const int64_t nqr = std::min(BQ, T - i0);
           load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
+          load_tile(dout, H * D, B, b, h * D, i0, nqr, D, dO);
           for (int64_t i = 0; i < nqr; ++i) {
-            const A* dorow = dout + ((i0 + i) * B + b) * (H * D) + h * D;
-            const A* orow = out + ((i0 + i) * B + b) * (H * D) + h * D;
+            load_tile(out, H * D, B, b, h * D, i0 + i, 1, D, orow);
             A d = 0;
-            for (int64_t c = 0; c < D; ++c) {
-              dO[i * D + c] = dorow[c];
-              d += dorow[c] * orow[c];
-            }
+            for (int64_t c = 0; c < D; ++c) d += dO[i * D + c] * orow[c];
             Di[i] = d;
           }
           std::fill(dq, dq + nqr * D, A(0));
@@ -210,16 +218,14 @@ void bwd(const Tin* qkv, const A* out, const A* dout, const A* lse, const QkvLay
               }
             }
             for (int64_t j = 0; j < nk; ++j) {
-              A* dkr = dqkv + ((j0 + j) * B + b) * row + L.k_col(g);
+              A* dkr = dkv + (j0 + j) * 2 * D;
               axpy(D, A(1), dk + j * D, dkr);
               axpy(D, A(1), dv + j * D, dkr + D);
             }
           }
-          for (int64_t i = 0; i < nqr; ++i) {
-            A* dst = dqkv + ((i0 + i) * B + b) * row + L.q_col(h);
-            for (int64_t c = 0; c < D; ++c) dst[c] = dq[i * D + c];
-          }
+          for (int64_t i = 0; i < nqr; ++i) store_row(dqkv + ((i0 + i) * B + b) * row + L.q_col(h), dq + i * D, D);
         }
+      for (int64_t t = 0; t < T; ++t) store_row(dqkv + (t * B + b) * row + L.k_col(g), dkv + t * 2 * D, 2 * D);
     }
 }
 
@@ -403,8 +409,8 @@ class Scratch {
 // First query lane of key row jk that may see the key (causal: key j0+jk <= query i0+i).
 inline int64_t first_lane(int64_t i0, int64_t j0, int64_t jk) { return std::max<int64_t>(0, j0 + jk - i0); }
 
-template <typename Tin>
-void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, float* out, float* lse) {
+template <typename Tin, typename Y>
+void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* out, float* lse) {
   const int64_t T = L.seq, B = L.batch, H = L.heads, D = L.head_dim, row = L.row(), qpg = L.heads_per_group();
   const int64_t nq = (T + BQ - 1) / BQ;
   const float scale = static_cast<float>(o.scale);
@@ -472,34 +478,33 @@ void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, floa
           accumulate_px(st, 1, BQ, nqr, v.p, v.ld, D, nk, acc, D);  // acc += P V
         }
         for (int64_t i = 0; i < nqr; ++i) {
-          float* dst = out + ((i0 + i) * B + b) * (H * D) + h * D;
+          Y* dst = out + ((i0 + i) * B + b) * (H * D) + h * D;
           const float inv = 1.0f / l[i];
-          for (int64_t c = 0; c < D; ++c) dst[c] = acc[i * D + c] * inv;
+          for (int64_t c = 0; c < D; ++c) dst[c] = to_out<Y>(acc[i * D + c] * inv);
           lse[(b * H + h) * T + i0 + i] = m[i] + std::log(l[i]);
         }
       }
 }
 
-template <typename Tin>
-void bwd_f32(const Tin* qkv, const float* out, const float* dout, const float* lse, const QkvLayout& L,
-             const AttentionOptions& o, float* dqkv) {
+template <typename Tin, typename Yo, typename Yd, typename Yg>
+void bwd_f32(const Tin* qkv, const Yo* out, const Yd* dout, const float* lse, const QkvLayout& L,
+             const AttentionOptions& o, Yg* dqkv) {
   const int64_t T = L.seq, B = L.batch, H = L.heads, G = L.groups, D = L.head_dim, row = L.row(),
                 qpg = L.heads_per_group();
   const float scale = static_cast<float>(o.scale);
   const bool drop = o.dropout > 0;
   const float inv_keep = drop ? static_cast<float>(1.0 / (1.0 - o.dropout)) : 1.0f;
-  const int64_t ldo = B * H * D;  // out / dout rows of one sequence
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t g = 0; g < G; ++g) {
       // The unit's K, V (read by every query tile of the group's heads) and
       // its dK, dV (owned by this unit), contiguous for the whole sequence.
       const int64_t td = T * D;
-      Scratch sc(static_cast<size_t>(4 * td + 5 * BQ * D + 3 * BK * BQ + 2 * BQ));
+      Scratch sc(static_cast<size_t>(4 * td + 6 * BQ * D + 3 * BK * BQ + 2 * BQ));
       float *K = sc.take(td), *V = sc.take(td), *dK = sc.take(td), *dV = sc.take(td), *qT = sc.take(D * BQ),
             *doT = sc.take(D * BQ), *dq = sc.take(BQ * D), *q = sc.take(BQ * D), *dO = sc.take(BQ * D),
-            *st = sc.take(BK * BQ), *dpt = sc.take(BK * BQ), *pdt = sc.take(BK * BQ), *Di = sc.take(BQ),
-            *li = sc.take(BQ);
+            *obuf = sc.take(BQ * D), *st = sc.take(BK * BQ), *dpt = sc.take(BK * BQ), *pdt = sc.take(BK * BQ),
+            *Di = sc.take(BQ), *li = sc.take(BQ);
       load_tile(qkv, row, B, b, L.k_col(g), 0, T, D, K);
       load_tile(qkv, row, B, b, L.v_col(g), 0, T, D, V);
       std::fill(dK, dK + td, 0.0f);
@@ -511,12 +516,12 @@ void bwd_f32(const Tin* qkv, const float* out, const float* dout, const float* l
           load_tile(dout, H * D, B, b, h * D, i0, nqr, D, dO);
           transpose_rows(q, D, nqr, D, 1.0f, qT);
           transpose_rows(dO, D, nqr, D, 1.0f, doT);
-          const float* O = out + (i0 * B + b) * (H * D) + h * D;
+          const Rows O = rows_of(out, H * D, B, b, h * D, i0, nqr, D, obuf);  // fp32 in place, bf16 widened
           for (int64_t i = 0; i < BQ; ++i) {
             float d = 0;
             if (i < nqr) {
 #pragma omp simd reduction(+ : d)
-              for (int64_t c = 0; c < D; ++c) d += dO[i * D + c] * O[i * ldo + c];
+              for (int64_t c = 0; c < D; ++c) d += dO[i * D + c] * O.p[i * O.ld + c];
             }
             Di[i] = d;
             li[i] = i < nqr ? lse[(b * H + h) * T + i0 + i] : 0.0f;
@@ -549,15 +554,12 @@ void bwd_f32(const Tin* qkv, const float* out, const float* dout, const float* l
             accumulate_px(dpt, BQ, 1, nk, q, D, D, nqr, dK + j0 * D, D);  // dK += dS^T Q
             accumulate_px(pv, BQ, 1, nk, dO, D, D, nqr, dV + j0 * D, D);  // dV += P^T dO
           }
-          for (int64_t i = 0; i < nqr; ++i) {
-            float* dst = dqkv + ((i0 + i) * B + b) * row + L.q_col(h);
-            std::memcpy(dst, dq + i * D, static_cast<size_t>(D) * sizeof(float));
-          }
+          for (int64_t i = 0; i < nqr; ++i) store_row(dqkv + ((i0 + i) * B + b) * row + L.q_col(h), dq + i * D, D);
         }
       for (int64_t t = 0; t < T; ++t) {
-        float* r = dqkv + (t * B + b) * row + L.k_col(g);
-        std::memcpy(r, dK + t * D, static_cast<size_t>(D) * sizeof(float));
-        std::memcpy(r + D, dV + t * D, static_cast<size_t>(D) * sizeof(float));
+        Yg* r = dqkv + (t * B + b) * row + L.k_col(g);
+        store_row(r, dK + t * D, D);
+        store_row(r + D, dV + t * D, D);
       }
     }
 }
@@ -572,50 +574,49 @@ void check(const Tensor& qkv, const QkvLayout& L, const Tensor& out, const Tenso
 
 }  // namespace
 
+// The fast fp32 path takes fp32 and bf16 qkv at head_dim a multiple of 16;
+// fp64 and other head sizes take the generic one.
 void attention_forward(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, const Tensor& out,
                        const Tensor& lse) {
   check(qkv, L, out, lse);
-  const bool fast = L.head_dim % kW == 0;
-  switch (qkv.dtype()) {
-    case DType::kF32:
-      if (fast) fwd_f32<float>(qkv.ptr<float>(), L, o, out.ptr<float>(), lse.ptr<float>());
-      else fwd<float, float>(qkv.ptr<float>(), L, o, out.ptr<float>(), lse.ptr<float>());
-      break;
-    case DType::kBF16:
-      if (fast) fwd_f32<bf16>(qkv.ptr<bf16>(), L, o, out.ptr<float>(), lse.ptr<float>());
-      else fwd<bf16, float>(qkv.ptr<bf16>(), L, o, out.ptr<float>(), lse.ptr<float>());
-      break;
-    case DType::kF64: fwd<double, double>(qkv.ptr<double>(), L, o, out.ptr<double>(), lse.ptr<double>()); break;
-    default: MT_CHECK(false, "attention_forward: unsupported dtype");
-  }
+  constexpr const char* op = "attention_forward";
+  attention_qkv_types(qkv.dtype(), op, [&](auto tin) {
+    using Tin = decltype(tin);
+    using A = AttnAcc<Tin>;
+    attention_check_lse<Tin>(lse.dtype(), op);
+    attention_types<Tin>(out.dtype(), op, "out", [&](auto yo) {
+      using Y = decltype(yo);
+      if constexpr (std::is_same_v<A, float>)
+        if (L.head_dim % kW == 0) return fwd_f32<Tin, Y>(qkv.ptr<Tin>(), L, o, out.ptr<Y>(), lse.ptr<float>());
+      fwd<Tin, A, Y>(qkv.ptr<Tin>(), L, o, out.ptr<Y>(), lse.ptr<A>());
+    });
+  });
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
                         const QkvLayout& L, const AttentionOptions& o, const Tensor& dqkv) {
   check(qkv, L, out, lse);
   MT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel(), "attention_backward: sizes");
-  const bool fast = L.head_dim % kW == 0;
-  switch (qkv.dtype()) {
-    case DType::kF32:
-      if (fast)
-        bwd_f32<float>(qkv.ptr<float>(), out.ptr<float>(), dout.ptr<float>(), lse.ptr<float>(), L, o, dqkv.ptr<float>());
-      else
-        bwd<float, float>(qkv.ptr<float>(), out.ptr<float>(), dout.ptr<float>(), lse.ptr<float>(), L, o,
-                          dqkv.ptr<float>());
-      break;
-    case DType::kBF16:
-      if (fast)
-        bwd_f32<bf16>(qkv.ptr<bf16>(), out.ptr<float>(), dout.ptr<float>(), lse.ptr<float>(), L, o, dqkv.ptr<float>());
-      else
-        bwd<bf16, float>(qkv.ptr<bf16>(), out.ptr<float>(), dout.ptr<float>(), lse.ptr<float>(), L, o,
-                         dqkv.ptr<float>());
-      break;
-    case DType::kF64:
-      bwd<double, double>(qkv.ptr<double>(), out.ptr<double>(), dout.ptr<double>(), lse.ptr<double>(), L, o,
-                          dqkv.ptr<double>());
-      break;
-    default: MT_CHECK(false, "attention_backward: unsupported dtype");
-  }
+  constexpr const char* op = "attention_backward";
+  attention_qkv_types(qkv.dtype(), op, [&](auto tin) {
+    using Tin = decltype(tin);
+    using A = AttnAcc<Tin>;
+    attention_check_lse<Tin>(lse.dtype(), op);
+    attention_types<Tin>(out.dtype(), op, "out", [&](auto yo) {
+      attention_types<Tin>(dout.dtype(), op, "dout", [&](auto yd) {
+        attention_types<Tin>(dqkv.dtype(), op, "dqkv", [&](auto yg) {
+          using Yo = decltype(yo);
+          using Yd = decltype(yd);
+          using Yg = decltype(yg);
+          const Tin* q = qkv.ptr<Tin>();
+          if constexpr (std::is_same_v<A, float>)
+            if (L.head_dim % kW == 0)
+              return bwd_f32<Tin, Yo, Yd, Yg>(q, out.ptr<Yo>(), dout.ptr<Yd>(), lse.ptr<float>(), L, o, dqkv.ptr<Yg>());
+          bwd<Tin, A, Yo, Yd, Yg>(q, out.ptr<Yo>(), dout.ptr<Yd>(), lse.ptr<A>(), L, o, dqkv.ptr<Yg>());
+        });
+      });
+    });
+  });
 }
 
 }  // namespace mt::kernels::cpu

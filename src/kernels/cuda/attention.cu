@@ -18,7 +18,10 @@
 // supported size >= d; any d <= kAttnMaxHeadDim works (loops run to d, the
 // padding is unused). Tile sizes per (type, DM) are in Cfg below, each
 // checked to fit 48 KB. bf16 qkv is widened to fp32 as it is loaded; all
-// arithmetic is in the accumulation type A (fp32, fp64 for fp64 qkv).
+// arithmetic is in the accumulation type A (fp32, fp64 for fp64 qkv). With
+// bf16 qkv, out, dout and dqkv may each be bf16 as well (kernels/attention.h):
+// dout and out are widened as they are loaded, out and dqkv rounded once as
+// they are stored (Y, Yo, Yd, Yg below are their element types).
 //
 // Forward, grid (query tile, head, batch), one block per tile:
 //   Q tile (pre-scaled by `scale`, as the CPU twin does) stays in shared
@@ -36,7 +39,8 @@
 // Backward, three kernels on the stream, no atomics, deterministic:
 //   1. attn_bwd_di, one warp per (token, head): D_i = sum_c dO_i,c O_i,c with
 //      a fixed shuffle tree. D_i is parked in dqkv's q slot of that token and
-//      head (its first element): the q slots are not otherwise written until
+//      head (its first element; for a bf16 dqkv its fp32 bits over the first
+//      two, see park_di): the q slots are not otherwise written until
 //      kernel 3, and kernel 3's block for those rows is the only one that
 //      reads them back before overwriting them. No scratch memory needed.
 //   2. attn_bwd_dkv, grid (key tile, group, batch): one block owns the key
@@ -64,6 +68,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "kernels/attention.h"
+#include "kernels/attention_types.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/pointwise_common.cuh"
 
@@ -122,6 +127,22 @@ __device__ __forceinline__ float widen(float x) { return x; }
 __device__ __forceinline__ double widen(double x) { return x; }
 __device__ __forceinline__ float widen(bf16 x) { return __uint_as_float(static_cast<unsigned>(x.bits) << 16); }
 
+// D_i parked in dqkv's q slot of its row (see Backward above): the first
+// element, or for a bf16 dqkv the fp32 bits over the first two elements (low
+// half first), so D is never rounded. Needs head_dim >= 2 for bf16.
+__device__ __forceinline__ void park_di(float* slot, float d) { slot[0] = d; }
+__device__ __forceinline__ void park_di(double* slot, double d) { slot[0] = d; }
+__device__ __forceinline__ void park_di(bf16* slot, float d) {
+  const uint32_t u = __float_as_uint(d);
+  slot[0].bits = static_cast<uint16_t>(u & 0xffffu);
+  slot[1].bits = static_cast<uint16_t>(u >> 16);
+}
+__device__ __forceinline__ float parked_di(const float* slot) { return slot[0]; }
+__device__ __forceinline__ double parked_di(const double* slot) { return slot[0]; }
+__device__ __forceinline__ float parked_di(const bf16* slot) {
+  return __uint_as_float(static_cast<uint32_t>(slot[0].bits) | static_cast<uint32_t>(slot[1].bits) << 16);
+}
+
 __device__ __forceinline__ float exp_a(float x) { return expf(x); }
 __device__ __forceinline__ double exp_a(double x) { return exp(x); }
 __device__ __forceinline__ float log_a(float x) { return logf(x); }
@@ -178,10 +199,11 @@ template <typename A, int DM, int BQ, int BK>
 constexpr size_t dq_smem() { return sizeof(A) * (2 * (BQ + BK) * (DM + 1) + BQ * (BK + 1) + 2 * BQ); }
 
 // ---------------------------------------------------------------------------
-// Forward. Grid (ceil(T / BQ), H, B), NT threads.
-template <typename Tin, typename A, int DM, int BQ, int BK, int NT>
+// Forward. Grid (ceil(T / BQ), H, B), NT threads. out is stored as Y (A, or
+// bf16 rounded once).
+template <typename Tin, typename A, typename Y, int DM, int BQ, int BK, int NT>
 __global__ void __launch_bounds__(NT)
-    attn_fwd(const Tin* __restrict__ qkv, A* __restrict__ out, A* __restrict__ lse, const Params<A> p) {
+    attn_fwd(const Tin* __restrict__ qkv, Y* __restrict__ out, A* __restrict__ lse, const Params<A> p) {
   constexpr int LD = DM + 1, LS = BK + 1, NACC = (BQ * DM + NT - 1) / NT;
   static_assert(NT >= BQ, "one thread per query row for the softmax statistics");
   static_assert(fwd_smem<A, DM, BQ, BK>() <= kStaticSmem, "forward tiles exceed 48 KB of shared memory");
@@ -278,13 +300,13 @@ __global__ void __launch_bounds__(NT)
   }
   __syncthreads();
   const int64_t ldo = p.B * p.H * p.D;  // out rows of one sequence
-  A* out_b = out + b * p.H * p.D + h * p.D;
+  Y* out_b = out + b * p.H * p.D + h * p.D;
 #pragma unroll
   for (int k = 0; k < NACC; ++k) {
     const int e = tid + k * NT;
     if (e < BQ * D) {
       const int i = e / D, c = e - i * D;
-      if (i < nq) out_b[(i0 + i) * ldo + c] = acc[k] * srow[i];
+      if (i < nq) out_b[(i0 + i) * ldo + c] = pointwise::to_out<Y>(acc[k] * srow[i]);
     }
   }
 }
@@ -294,28 +316,29 @@ __global__ void __launch_bounds__(NT)
 // 8 warps per block, one warp per row r = (t B + b) H + h of out.
 constexpr int kDiThreads = 256;
 
-template <typename A>
+template <typename A, typename Yo, typename Yd, typename Yg>
 __global__ void __launch_bounds__(kDiThreads)
-    attn_bwd_di(const A* __restrict__ out, const A* __restrict__ dout, A* dqkv, const Params<A> p) {
+    attn_bwd_di(const Yo* __restrict__ out, const Yd* __restrict__ dout, Yg* dqkv, const Params<A> p) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kDiThreads / 32) + (threadIdx.x >> 5);
   if (r >= p.T * p.B * p.H) return;  // whole warps only; no block barrier below
-  const A* o = out + r * p.D;
-  const A* d = dout + r * p.D;
+  const Yo* o = out + r * p.D;
+  const Yd* d = dout + r * p.D;
   A s = 0;
-  for (int64_t c = lane; c < p.D; c += 32) s += d[c] * o[c];
+  for (int64_t c = lane; c < p.D; c += 32) s += static_cast<A>(widen(d[c])) * static_cast<A>(widen(o[c]));
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
   if (lane == 0) {
     const int64_t h = r % p.H, tb = r / p.H;  // tb = t B + b: the qkv row
-    dqkv[tb * p.row + q_col(p, h)] = s;
+    park_di(dqkv + tb * p.row + q_col(p, h), s);
   }
 }
 
-// Backward 2: dK, dV. Grid (ceil(T / BK), G, B), NT threads.
-template <typename Tin, typename A, int DM, int BQ, int BK, int NT>
-__global__ void __launch_bounds__(NT) attn_bwd_dkv(const Tin* __restrict__ qkv, const A* __restrict__ dout,
-                                                   const A* __restrict__ lse, A* dqkv, const Params<A> p) {
+// Backward 2: dK, dV. Grid (ceil(T / BK), G, B), NT threads. dout is read as
+// Yd, dqkv stored as Yg (each A, or bf16).
+template <typename Tin, typename A, typename Yd, typename Yg, int DM, int BQ, int BK, int NT>
+__global__ void __launch_bounds__(NT) attn_bwd_dkv(const Tin* __restrict__ qkv, const Yd* __restrict__ dout,
+                                                   const A* __restrict__ lse, Yg* dqkv, const Params<A> p) {
   constexpr int LD = DM + 1, LS = BK + 1, NACC = (BK * DM + NT - 1) / NT;
   static_assert(NT >= BQ, "one thread per query row for lse and D");
   static_assert(dkv_smem<A, DM, BQ, BK>() <= kStaticSmem, "dK/dV tiles exceed 48 KB of shared memory");
@@ -334,7 +357,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkv(const Tin* __restrict__ qkv, 
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t kc = k_col(p, g), vc = kc + p.D;
   const Tin* qkv_b = qkv + b * p.row;
-  A* dqkv_b = dqkv + b * p.row;
+  Yg* dqkv_b = dqkv + b * p.row;
 
   load_tile<BK, LD, NT>(qkv_b + kc, ldq, j0, nk, D, A(1), sk);
   load_tile<BK, LD, NT>(qkv_b + vc, ldq, j0, nk, D, A(1), sv);
@@ -345,7 +368,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkv(const Tin* __restrict__ qkv, 
 
   for (int64_t h = g * p.qpg; h < (g + 1) * p.qpg; ++h) {
     const int64_t qc = q_col(p, h);
-    const A* dout_bh = dout + b * p.H * p.D + h * p.D;
+    const Yd* dout_bh = dout + b * p.H * p.D + h * p.D;
     // Query tiles holding a row >= j0 (the first is the one containing j0).
     for (int64_t i0 = (j0 / BQ) * BQ; i0 < p.T; i0 += BQ) {
       const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
@@ -356,7 +379,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkv(const Tin* __restrict__ qkv, 
         A li = 0, di = 0;
         if (tid < nq) {
           li = lse[(b * p.H + h) * p.T + i0 + tid];
-          di = dqkv_b[(i0 + tid) * ldq + qc];  // parked by attn_bwd_di
+          di = parked_di(dqkv_b + (i0 + tid) * ldq + qc);  // parked by attn_bwd_di
         }
         slse[tid] = li;
         sdi[tid] = di;
@@ -405,18 +428,18 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkv(const Tin* __restrict__ qkv, 
     if (e < BK * D) {
       const int j = e / D, c = e - j * D;
       if (j < nk) {
-        A* r = dqkv_b + (j0 + j) * ldq + kc;
-        r[c] = dk[k];
-        r[p.D + c] = dv[k];
+        Yg* r = dqkv_b + (j0 + j) * ldq + kc;
+        r[c] = pointwise::to_out<Yg>(dk[k]);
+        r[p.D + c] = pointwise::to_out<Yg>(dv[k]);
       }
     }
   }
 }
 
-// Backward 3: dQ. Grid (ceil(T / BQ), H, B), NT threads.
-template <typename Tin, typename A, int DM, int BQ, int BK, int NT>
-__global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, const A* __restrict__ dout,
-                                                  const A* __restrict__ lse, A* dqkv, const Params<A> p) {
+// Backward 3: dQ. Grid (ceil(T / BQ), H, B), NT threads; dout as Yd, dqkv as Yg.
+template <typename Tin, typename A, typename Yd, typename Yg, int DM, int BQ, int BK, int NT>
+__global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, const Yd* __restrict__ dout,
+                                                  const A* __restrict__ lse, Yg* dqkv, const Params<A> p) {
   constexpr int LD = DM + 1, LS = BK + 1, NACC = (BQ * DM + NT - 1) / NT;
   static_assert(NT >= BQ, "one thread per query row for lse and D");
   static_assert(dq_smem<A, DM, BQ, BK>() <= kStaticSmem, "dQ tiles exceed 48 KB of shared memory");
@@ -434,7 +457,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
   const Tin* qkv_b = qkv + b * p.row;
-  A* dqkv_b = dqkv + b * p.row;
+  Yg* dqkv_b = dqkv + b * p.row;
 
   load_tile<BQ, LD, NT>(qkv_b + qc, ldq, i0, nq, D, A(1), sq);
   load_tile<BQ, LD, NT>(dout + b * p.H * p.D + h * p.D, ldo, i0, nq, D, A(1), sdo);
@@ -442,7 +465,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
     A li = 0, di = 0;
     if (tid < nq) {
       li = lse[(b * p.H + h) * p.T + i0 + tid];
-      di = dqkv_b[(i0 + tid) * ldq + qc];  // parked by attn_bwd_di; this block overwrites it below
+      di = parked_di(dqkv_b + (i0 + tid) * ldq + qc);  // parked by attn_bwd_di; this block overwrites it below
     }
     slse[tid] = li;
     sdi[tid] = di;
@@ -495,7 +518,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
     const int e = tid + k * NT;
     if (e < BQ * D) {
       const int i = e / D, c = e - i * D;
-      if (i < nq) dqkv_b[(i0 + i) * ldq + qc + c] = dq[k];
+      if (i < nq) dqkv_b[(i0 + i) * ldq + qc + c] = pointwise::to_out<Yg>(dq[k]);
     }
   }
 }
@@ -505,9 +528,10 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
 // bf16 qkv, 16-byte aligned tensors): the same three-pass algorithm, masks,
 // dropout and outputs as the kernels above, with every tile product on bf16
 // mma.sync (kernels/cuda/mma.cuh) and fp32 accumulation. Q, K, V and dO are
-// rounded to bf16 as they are loaded, and P and dS as they enter their
-// products (Megatron's bf16 attention rounds the same operands); scores,
-// the softmax statistics, dP and all accumulators stay fp32.
+// rounded to bf16 as they are loaded (bf16 ones are taken as they are), and
+// P and dS as they enter their products (Megatron's bf16 attention rounds the
+// same operands); scores, the softmax statistics, dP and all accumulators
+// stay fp32. out and dqkv (fp32 or bf16) are rounded only as they are stored.
 //
 // Each block has 4 warps and each warp owns 16 rows of the block's tile (the
 // M of m16n8k16), so a row's softmax statistics live in the 4 lanes of one
@@ -545,6 +569,9 @@ using SmemWord = tc::F4;  // dynamic shared memory in 16-byte units
 // Threads walk columns fastest for a row-major-only tile (coalesced reads,
 // conflict-free stores) and rows fastest when a transposed copy is made
 // (conflict-free transposed stores).
+// bf16 sources are widened and packed again, which is exact: copying their
+// bits straight through took the head_dim 64 forward from 168 to 233
+// registers (ptxas then keeps more loads in flight; sm_90a, nvcc 13).
 template <int ROWS, int D, typename Tin>
 __device__ __forceinline__ void tc_load(const Tin* __restrict__ src, int64_t ld, int64_t t0, int n, uint16_t* dst,
                                         uint16_t* dstT) {
@@ -567,6 +594,7 @@ __device__ __forceinline__ void tc_load(const Tin* __restrict__ src, int64_t ld,
 
 // The A fragments (16 rows from `row0`, all D columns) of a row-major fp32 or
 // bf16 matrix in global memory, rows `ld` apart; rows at or past n are zeros.
+// fp32 is rounded to bf16; bf16 (qkv, or dout under --bf16) is taken as it is.
 template <int D, typename Tin>
 __device__ __forceinline__ void tc_fragments_a(const Tin* __restrict__ src, int64_t ld, int row0, int n,
                                                uint32_t (&a)[D / 16][4]) {
@@ -574,14 +602,10 @@ __device__ __forceinline__ void tc_fragments_a(const Tin* __restrict__ src, int6
   const int r0 = row0 + g, r1 = r0 + 8;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    float x0[2] = {0.f, 0.f}, x1[2] = {0.f, 0.f}, x2[2] = {0.f, 0.f}, x3[2] = {0.f, 0.f};
     const int c = kk * 16 + 2 * t;
-    if (r0 < n) tc::load2(src + r0 * ld + c, x0), tc::load2(src + r0 * ld + c + 8, x2);
-    if (r1 < n) tc::load2(src + r1 * ld + c, x1), tc::load2(src + r1 * ld + c + 8, x3);
-    a[kk][0] = tc::pack_bf16x2(x0[0], x0[1]);
-    a[kk][1] = tc::pack_bf16x2(x1[0], x1[1]);
-    a[kk][2] = tc::pack_bf16x2(x2[0], x2[1]);
-    a[kk][3] = tc::pack_bf16x2(x3[0], x3[1]);
+    a[kk][0] = a[kk][1] = a[kk][2] = a[kk][3] = 0u;
+    if (r0 < n) a[kk][0] = tc::load2_bf16x2(src + r0 * ld + c), a[kk][2] = tc::load2_bf16x2(src + r0 * ld + c + 8);
+    if (r1 < n) a[kk][1] = tc::load2_bf16x2(src + r1 * ld + c), a[kk][3] = tc::load2_bf16x2(src + r1 * ld + c + 8);
   }
 }
 
@@ -637,10 +661,10 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullWarp, v, 2);
 }
 
-// Forward. Grid (ceil(T / 64), H, B), 128 threads.
-template <typename Tin, int D>
+// Forward. Grid (ceil(T / 64), H, B), 128 threads; out stored as Y (fp32 or bf16).
+template <typename Tin, typename Y, int D>
 __global__ void __launch_bounds__(kTcThreads)
-    attn_fwd_tc(const Tin* __restrict__ qkv, float* __restrict__ out, float* __restrict__ lse, const Params<float> p) {
+    attn_fwd_tc(const Tin* __restrict__ qkv, Y* __restrict__ out, float* __restrict__ lse, const Params<float> p) {
   constexpr int BQ = kTcFwdBQ, BK = kTcFwdBK, LD = D + kTcPad, LDT = BK + kTcPad, KB = D / 16, NB = BK / 8,
                 DN = D / 8;
   // Every shared tile is a multiple of 16 bytes, so each starts 16-byte
@@ -727,19 +751,19 @@ __global__ void __launch_bounds__(kTcThreads)
   }
   l0 = quad_sum(l0), l1 = quad_sum(l1);
   const int64_t ldo = p.B * p.H * p.D;
-  float* out_b = out + b * p.H * p.D + h * p.D;
+  Y* out_b = out + b * p.H * p.D + h * p.D;
   if (r0 < nq) {
     const float inv = 1.f / l0;
-    float* row = out_b + (i0 + r0) * ldo;
+    Y* row = out_b + (i0 + r0) * ldo;
 #pragma unroll
-    for (int dn = 0; dn < DN; ++dn) row[dn * 8 + 2 * t] = o[dn][0] * inv, row[dn * 8 + 2 * t + 1] = o[dn][1] * inv;
+    for (int dn = 0; dn < DN; ++dn) tc::store2(row + dn * 8 + 2 * t, o[dn][0] * inv, o[dn][1] * inv);
     if (t == 0) lse[(b * p.H + h) * p.T + i0 + r0] = m0 + logf(l0);
   }
   if (r1 < nq) {
     const float inv = 1.f / l1;
-    float* row = out_b + (i0 + r1) * ldo;
+    Y* row = out_b + (i0 + r1) * ldo;
 #pragma unroll
-    for (int dn = 0; dn < DN; ++dn) row[dn * 8 + 2 * t] = o[dn][2] * inv, row[dn * 8 + 2 * t + 1] = o[dn][3] * inv;
+    for (int dn = 0; dn < DN; ++dn) tc::store2(row + dn * 8 + 2 * t, o[dn][2] * inv, o[dn][3] * inv);
     if (t == 0) lse[(b * p.H + h) * p.T + i0 + r1] = m1 + logf(l1);
   }
 }
@@ -751,10 +775,11 @@ constexpr size_t dkv_tc_smem() {
          2 * kTcDkvBQ * sizeof(float);
 }
 
-// Backward 2 on tensor cores: dK, dV. Grid (ceil(T / 64), G, B), 128 threads.
-template <typename Tin, int D>
-__global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restrict__ qkv, const float* __restrict__ dout,
-                                                              const float* __restrict__ lse, float* dqkv,
+// Backward 2 on tensor cores: dK, dV. Grid (ceil(T / 64), G, B), 128 threads;
+// dout read as Yd, dqkv stored as Yg (each fp32 or bf16).
+template <typename Tin, typename Yd, typename Yg, int D>
+__global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restrict__ qkv, const Yd* __restrict__ dout,
+                                                              const float* __restrict__ lse, Yg* dqkv,
                                                               const Params<float> p) {
   constexpr int BK = kTcDkvBK, BQ = kTcDkvBQ, LD = D + kTcPad, LDT = BQ + kTcPad, KB = D / 16, NB = BQ / 8,
                 DN = D / 8;
@@ -777,7 +802,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t kc = k_col(p, grp), vc = kc + p.D;
   const Tin* qkv_b = qkv + b * p.row;
-  float* dqkv_b = dqkv + b * p.row;
+  Yg* dqkv_b = dqkv + b * p.row;
   const int k0 = warp * 16 + g, k1 = k0 + 8;  // this lane's key rows of the tile
 
   tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk, static_cast<uint16_t*>(nullptr));
@@ -790,7 +815,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
 
   for (int64_t h = grp * p.qpg; h < (grp + 1) * p.qpg; ++h) {
     const int64_t qc = q_col(p, h);
-    const float* dout_bh = dout + b * p.H * p.D + h * p.D;
+    const Yd* dout_bh = dout + b * p.H * p.D + h * p.D;
     for (int64_t i0 = j0; i0 < p.T; i0 += BQ) {
       const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
       __syncthreads();  // the previous query tile's readers are done (and sk, sv are written)
@@ -801,7 +826,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
         float li = 0.f, di = 0.f;
         if (r < nq) {
           li = lse[(b * p.H + h) * p.T + i0 + r];
-          di = dqkv_b[(i0 + r) * ldq + qc];  // parked by attn_bwd_di
+          di = parked_di(dqkv_b + (i0 + r) * ldq + qc);  // parked by attn_bwd_di
         }
         slse[r] = li;
         sdi[r] = di;
@@ -853,27 +878,28 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
     }
   }
   if (k0 < nk) {
-    float* r = dqkv_b + (j0 + k0) * ldq + kc;
+    Yg* r = dqkv_b + (j0 + k0) * ldq + kc;
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) {
-      r[dn * 8 + 2 * t] = dk[dn][0], r[dn * 8 + 2 * t + 1] = dk[dn][1];
-      r[p.D + dn * 8 + 2 * t] = dv[dn][0], r[p.D + dn * 8 + 2 * t + 1] = dv[dn][1];
+      tc::store2(r + dn * 8 + 2 * t, dk[dn][0], dk[dn][1]);
+      tc::store2(r + p.D + dn * 8 + 2 * t, dv[dn][0], dv[dn][1]);
     }
   }
   if (k1 < nk) {
-    float* r = dqkv_b + (j0 + k1) * ldq + kc;
+    Yg* r = dqkv_b + (j0 + k1) * ldq + kc;
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) {
-      r[dn * 8 + 2 * t] = dk[dn][2], r[dn * 8 + 2 * t + 1] = dk[dn][3];
-      r[p.D + dn * 8 + 2 * t] = dv[dn][2], r[p.D + dn * 8 + 2 * t + 1] = dv[dn][3];
+      tc::store2(r + dn * 8 + 2 * t, dk[dn][2], dk[dn][3]);
+      tc::store2(r + p.D + dn * 8 + 2 * t, dv[dn][2], dv[dn][3]);
     }
   }
 }
 
-// Backward 3 on tensor cores: dQ. Grid (ceil(T / 64), H, B), 128 threads.
-template <typename Tin, int D>
-__global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restrict__ qkv, const float* __restrict__ dout,
-                                                             const float* __restrict__ lse, float* dqkv,
+// Backward 3 on tensor cores: dQ. Grid (ceil(T / 64), H, B), 128 threads;
+// dout read as Yd, dqkv stored as Yg.
+template <typename Tin, typename Yd, typename Yg, int D>
+__global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restrict__ qkv, const Yd* __restrict__ dout,
+                                                             const float* __restrict__ lse, Yg* dqkv,
                                                              const Params<float> p) {
   constexpr int BQ = kTcDqBQ, BK = kTcDqBK, LD = D + kTcPad, LDT = BK + kTcPad, KB = D / 16, NB = BK / 8,
                 DN = D / 8;
@@ -887,7 +913,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
   const Tin* qkv_b = qkv + b * p.row;
-  float* dqkv_b = dqkv + b * p.row;
+  Yg* dqkv_b = dqkv + b * p.row;
   const int r0 = warp * 16 + g, r1 = r0 + 8;
 
   uint32_t qa[KB][4], da[KB][4];
@@ -896,8 +922,8 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   // lse and D of the lane's rows; D is parked in the row's q slot, which this
   // warp alone overwrites, after the loop.
   float lse0 = 0.f, lse1 = 0.f, di0 = 0.f, di1 = 0.f;
-  if (r0 < nq) lse0 = lse[(b * p.H + h) * p.T + i0 + r0], di0 = dqkv_b[(i0 + r0) * ldq + qc];
-  if (r1 < nq) lse1 = lse[(b * p.H + h) * p.T + i0 + r1], di1 = dqkv_b[(i0 + r1) * ldq + qc];
+  if (r0 < nq) lse0 = lse[(b * p.H + h) * p.T + i0 + r0], di0 = parked_di(dqkv_b + (i0 + r0) * ldq + qc);
+  if (r1 < nq) lse1 = lse[(b * p.H + h) * p.T + i0 + r1], di1 = parked_di(dqkv_b + (i0 + r1) * ldq + qc);
   float dq[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0.f;
@@ -940,14 +966,14 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
     for (int jb = 0; jb < BK / 16; ++jb) tc_accumulate<LDT, DN>(dq, s[2 * jb], s[2 * jb + 1], skt, jb * 16);
   }
   if (r0 < nq) {
-    float* row = dqkv_b + (i0 + r0) * ldq + qc;
+    Yg* row = dqkv_b + (i0 + r0) * ldq + qc;
 #pragma unroll
-    for (int dn = 0; dn < DN; ++dn) row[dn * 8 + 2 * t] = dq[dn][0], row[dn * 8 + 2 * t + 1] = dq[dn][1];
+    for (int dn = 0; dn < DN; ++dn) tc::store2(row + dn * 8 + 2 * t, dq[dn][0], dq[dn][1]);
   }
   if (r1 < nq) {
-    float* row = dqkv_b + (i0 + r1) * ldq + qc;
+    Yg* row = dqkv_b + (i0 + r1) * ldq + qc;
 #pragma unroll
-    for (int dn = 0; dn < DN; ++dn) row[dn * 8 + 2 * t] = dq[dn][2], row[dn * 8 + 2 * t + 1] = dq[dn][3];
+    for (int dn = 0; dn < DN; ++dn) tc::store2(row + dn * 8 + 2 * t, dq[dn][2], dq[dn][3]);
   }
 }
 
@@ -956,31 +982,34 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
 
 unsigned tiles(int64_t n, int tile) { return static_cast<unsigned>((n + tile - 1) / tile); }
 
-template <typename Tin, typename A, int DM>
-void launch_fwd(const Tin* qkv, A* out, A* lse, const Params<A>& p) {
+template <typename Tin, typename A, typename Y, int DM>
+void launch_fwd(const Tin* qkv, Y* out, A* lse, const Params<A>& p) {
   using C = typename Cfg<A, DM>::Fwd;
   const dim3 grid(tiles(p.T, C::BQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  attn_fwd<Tin, A, DM, C::BQ, C::BK, C::NT><<<grid, C::NT, 0, ::mt::cuda::stream()>>>(qkv, out, lse, p);
+  attn_fwd<Tin, A, Y, DM, C::BQ, C::BK, C::NT><<<grid, C::NT, 0, ::mt::cuda::stream()>>>(qkv, out, lse, p);
   MT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename Tin, typename A, int DM>
-void launch_bwd(const Tin* qkv, const A* dout, const A* lse, A* dqkv, const Params<A>& p) {
+template <typename Tin, typename A, typename Yd, typename Yg, int DM>
+void launch_bwd(const Tin* qkv, const Yd* dout, const A* lse, Yg* dqkv, const Params<A>& p) {
   using K = typename Cfg<A, DM>::Dkv;
   using Q = typename Cfg<A, DM>::Dq;
   const unsigned G = static_cast<unsigned>(p.H / p.qpg);
   const dim3 gkv(tiles(p.T, K::BK), G, static_cast<unsigned>(p.B));
-  attn_bwd_dkv<Tin, A, DM, K::BQ, K::BK, K::NT><<<gkv, K::NT, 0, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
+  attn_bwd_dkv<Tin, A, Yd, Yg, DM, K::BQ, K::BK, K::NT><<<gkv, K::NT, 0, ::mt::cuda::stream()>>>(qkv, dout, lse,
+                                                                                                 dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
   const dim3 gq(tiles(p.T, Q::BQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  attn_bwd_dq<Tin, A, DM, Q::BQ, Q::BK, Q::NT><<<gq, Q::NT, 0, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
+  attn_bwd_dq<Tin, A, Yd, Yg, DM, Q::BQ, Q::BK, Q::NT><<<gq, Q::NT, 0, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv,
+                                                                                              p);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 // Whether the tensor-core kernels take a call: allowed by the options, a
 // head_dim they are built for, fp32 accumulation, and 16-byte aligned
 // tensors (their vector loads; every row pitch and column offset is then a
-// multiple of 16 bytes, since head_dim is).
+// multiple of 16 bytes, since head_dim is). The same for fp32 and bf16 out,
+// dout and dqkv.
 template <typename Tin, typename A>
 bool use_tc(const QkvLayout& L, const AttentionOptions& o, std::initializer_list<const void*> ptrs) {
   if constexpr (!std::is_same_v<A, float>) {
@@ -993,66 +1022,66 @@ bool use_tc(const QkvLayout& L, const AttentionOptions& o, std::initializer_list
   }
 }
 
-template <typename Tin, int D>
-void launch_fwd_tc(const Tin* qkv, float* out, float* lse, const Params<float>& p) {
+template <typename Tin, typename Y, int D>
+void launch_fwd_tc(const Tin* qkv, Y* out, float* lse, const Params<float>& p) {
   const dim3 grid(tiles(p.T, kTcFwdBQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  attn_fwd_tc<Tin, D><<<grid, kTcThreads, 0, ::mt::cuda::stream()>>>(qkv, out, lse, p);
+  attn_fwd_tc<Tin, Y, D><<<grid, kTcThreads, 0, ::mt::cuda::stream()>>>(qkv, out, lse, p);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 // Backward 2 and 3 on tensor cores (after attn_bwd_di).
-template <typename Tin, int D>
-void launch_bwd_tc(const Tin* qkv, const float* dout, const float* lse, float* dqkv, const Params<float>& p) {
+template <typename Tin, typename Yd, typename Yg, int D>
+void launch_bwd_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, const Params<float>& p) {
   constexpr size_t smem = dkv_tc_smem<D>();
   // Above 48 KB a kernel's dynamic shared memory must be allowed first (once per process).
   static const bool allowed = [] {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkv_tc<Tin, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MT_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkv_tc<Tin, Yd, Yg, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
     return true;
   }();
   (void)allowed;
   const unsigned G = static_cast<unsigned>(p.H / p.qpg);
   const dim3 gkv(tiles(p.T, kTcDkvBK), G, static_cast<unsigned>(p.B));
-  attn_bwd_dkv_tc<Tin, D><<<gkv, kTcThreads, smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
+  attn_bwd_dkv_tc<Tin, Yd, Yg, D><<<gkv, kTcThreads, smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
   const dim3 gq(tiles(p.T, kTcDqBQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  attn_bwd_dq_tc<Tin, D><<<gq, kTcThreads, 0, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
+  attn_bwd_dq_tc<Tin, Yd, Yg, D><<<gq, kTcThreads, 0, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename Tin, typename A>
-void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, A* out, A* lse) {
+template <typename Tin, typename A, typename Y>
+void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* out, A* lse) {
   const Params<A> p = make_params<A>(L, o);
   if constexpr (std::is_same_v<A, float>) {
     if (use_tc<Tin, A>(L, o, {qkv, out})) {
-      if (p.D == 64) launch_fwd_tc<Tin, 64>(qkv, out, lse, p);
-      else launch_fwd_tc<Tin, 128>(qkv, out, lse, p);
+      if (p.D == 64) launch_fwd_tc<Tin, Y, 64>(qkv, out, lse, p);
+      else launch_fwd_tc<Tin, Y, 128>(qkv, out, lse, p);
       return;
     }
   }
-  if (p.D <= 64) launch_fwd<Tin, A, 64>(qkv, out, lse, p);
-  else if (p.D <= 128) launch_fwd<Tin, A, 128>(qkv, out, lse, p);
-  else launch_fwd<Tin, A, 256>(qkv, out, lse, p);
+  if (p.D <= 64) launch_fwd<Tin, A, Y, 64>(qkv, out, lse, p);
+  else if (p.D <= 128) launch_fwd<Tin, A, Y, 128>(qkv, out, lse, p);
+  else launch_fwd<Tin, A, Y, 256>(qkv, out, lse, p);
 }
 
-template <typename Tin, typename A>
-void bwd(const Tin* qkv, const A* out, const A* dout, const A* lse, const QkvLayout& L, const AttentionOptions& o,
-         A* dqkv) {
+template <typename Tin, typename A, typename Yo, typename Yd, typename Yg>
+void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvLayout& L, const AttentionOptions& o,
+         Yg* dqkv) {
   const Params<A> p = make_params<A>(L, o);
   const int64_t rows = p.T * p.B * p.H;
-  attn_bwd_di<A><<<::mt::cuda::blocks_for(rows, kDiThreads / 32), kDiThreads, 0, ::mt::cuda::stream()>>>(out, dout,
-                                                                                                        dqkv, p);
+  attn_bwd_di<A, Yo, Yd, Yg><<<::mt::cuda::blocks_for(rows, kDiThreads / 32), kDiThreads, 0, ::mt::cuda::stream()>>>(
+      out, dout, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
   if constexpr (std::is_same_v<A, float>) {
     if (use_tc<Tin, A>(L, o, {qkv, dout, dqkv})) {
-      if (p.D == 64) launch_bwd_tc<Tin, 64>(qkv, dout, lse, dqkv, p);
-      else launch_bwd_tc<Tin, 128>(qkv, dout, lse, dqkv, p);
+      if (p.D == 64) launch_bwd_tc<Tin, Yd, Yg, 64>(qkv, dout, lse, dqkv, p);
+      else launch_bwd_tc<Tin, Yd, Yg, 128>(qkv, dout, lse, dqkv, p);
       return;
     }
   }
-  if (p.D <= 64) launch_bwd<Tin, A, 64>(qkv, dout, lse, dqkv, p);
-  else if (p.D <= 128) launch_bwd<Tin, A, 128>(qkv, dout, lse, dqkv, p);
-  else launch_bwd<Tin, A, 256>(qkv, dout, lse, dqkv, p);
+  if (p.D <= 64) launch_bwd<Tin, A, Yd, Yg, 64>(qkv, dout, lse, dqkv, p);
+  else if (p.D <= 128) launch_bwd<Tin, A, Yd, Yg, 128>(qkv, dout, lse, dqkv, p);
+  else launch_bwd<Tin, A, Yd, Yg, 256>(qkv, dout, lse, dqkv, p);
 }
 
 // The CPU twin's checks (same messages), plus where the tensors live and the
@@ -1073,12 +1102,16 @@ void check(const Tensor& qkv, const QkvLayout& L, const Tensor& out, const Tenso
 void attention_forward(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, const Tensor& out,
                        const Tensor& lse) {
   check(qkv, L, out, lse);
-  switch (qkv.dtype()) {
-    case DType::kF32: fwd<float, float>(qkv.ptr<float>(), L, o, out.ptr<float>(), lse.ptr<float>()); break;
-    case DType::kBF16: fwd<bf16, float>(qkv.ptr<bf16>(), L, o, out.ptr<float>(), lse.ptr<float>()); break;
-    case DType::kF64: fwd<double, double>(qkv.ptr<double>(), L, o, out.ptr<double>(), lse.ptr<double>()); break;
-    default: MT_CHECK(false, "attention_forward: unsupported dtype");
-  }
+  constexpr const char* op = "attention_forward";
+  attention_qkv_types(qkv.dtype(), op, [&](auto tin) {
+    using Tin = decltype(tin);
+    using A = AttnAcc<Tin>;
+    attention_check_lse<Tin>(lse.dtype(), op);
+    attention_types<Tin>(out.dtype(), op, "out", [&](auto yo) {
+      using Y = decltype(yo);
+      fwd<Tin, A, Y>(qkv.ptr<Tin>(), L, o, out.ptr<Y>(), lse.ptr<A>());
+    });
+  });
 }
 
 bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o) {
@@ -1096,21 +1129,24 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout
   MT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel(), "attention_backward: sizes");
   MT_CHECK(dout.device() == Device::kCuda && dqkv.device() == Device::kCuda,
            "attention (CUDA): tensors must be on the GPU");
-  switch (qkv.dtype()) {
-    case DType::kF32:
-      bwd<float, float>(qkv.ptr<float>(), out.ptr<float>(), dout.ptr<float>(), lse.ptr<float>(), L, o,
-                        dqkv.ptr<float>());
-      break;
-    case DType::kBF16:
-      bwd<bf16, float>(qkv.ptr<bf16>(), out.ptr<float>(), dout.ptr<float>(), lse.ptr<float>(), L, o,
-                       dqkv.ptr<float>());
-      break;
-    case DType::kF64:
-      bwd<double, double>(qkv.ptr<double>(), out.ptr<double>(), dout.ptr<double>(), lse.ptr<double>(), L, o,
-                          dqkv.ptr<double>());
-      break;
-    default: MT_CHECK(false, "attention_backward: unsupported dtype");
-  }
+  MT_CHECK(dqkv.dtype() != DType::kBF16 || L.head_dim >= 2,
+           "attention_backward (CUDA): a bf16 dqkv needs head_dim >= 2 (D is parked in its q slot as fp32)");
+  constexpr const char* op = "attention_backward";
+  attention_qkv_types(qkv.dtype(), op, [&](auto tin) {
+    using Tin = decltype(tin);
+    using A = AttnAcc<Tin>;
+    attention_check_lse<Tin>(lse.dtype(), op);
+    attention_types<Tin>(out.dtype(), op, "out", [&](auto yo) {
+      attention_types<Tin>(dout.dtype(), op, "dout", [&](auto yd) {
+        attention_types<Tin>(dqkv.dtype(), op, "dqkv", [&](auto yg) {
+          using Yo = decltype(yo);
+          using Yd = decltype(yd);
+          using Yg = decltype(yg);
+          bwd<Tin, A, Yo, Yd, Yg>(qkv.ptr<Tin>(), out.ptr<Yo>(), dout.ptr<Yd>(), lse.ptr<A>(), L, o, dqkv.ptr<Yg>());
+        });
+      });
+    });
+  });
 }
 
 }  // namespace mt::kernels::cuda

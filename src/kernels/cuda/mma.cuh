@@ -79,12 +79,18 @@ __device__ __forceinline__ void load4(const bf16* p, float (&v)[4]) {
   v[0] = __uint_as_float(u.x << 16), v[1] = __uint_as_float(u.x & 0xffff0000u);
   v[2] = __uint_as_float(u.y << 16), v[3] = __uint_as_float(u.y & 0xffff0000u);
 }
-__device__ __forceinline__ void load2(const float* p, float (&v)[2]) {
-  v[0] = p[0], v[1] = p[1];
-}
-__device__ __forceinline__ void load2(const bf16* p, float (&v)[2]) {
-  const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
-  v[0] = __uint_as_float(u << 16), v[1] = __uint_as_float(u & 0xffff0000u);
+
+// Two consecutive elements (p 8-byte aligned for fp32, 4-byte for bf16) as
+// one register of bf16 operands: fp32 rounded to nearest even, bf16 bits as
+// they are (an A fragment straight from global memory).
+__device__ __forceinline__ uint32_t load2_bf16x2(const float* p) { return pack_bf16x2(p[0], p[1]); }
+__device__ __forceinline__ uint32_t load2_bf16x2(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// Two fp32 results stored to consecutive elements (p 8-byte aligned for fp32,
+// 4-byte for bf16): as they are, or rounded to nearest even into one word.
+__device__ __forceinline__ void store2(float* p, float lo, float hi) { p[0] = lo, p[1] = hi; }
+__device__ __forceinline__ void store2(bf16* p, float lo, float hi) {
+  *reinterpret_cast<uint32_t*>(p) = pack_bf16x2(lo, hi);
 }
 
 }  // namespace mt::kernels::cuda::tc
