@@ -40,7 +40,8 @@
 #                    a16 g4 d128): our fp32 SIMT and bf16 tensor-core kernels, fwd and bwd
 #                    TFLOP/s, vs PyTorch's bf16 scaled_dot_product_attention
 #   bench_ours       `megatron train --device cuda`, ~1B LLaMA-style (L16 h2048 a16 g4 F5632
-#                    SwiGLU, s2048, V32000, bf16, micro-batch BENCH_MBS=4), BENCH_WARMUP=3 +
+#                    SwiGLU, s2048, V32000, bf16, micro-batch BENCH_MBS=4, global batch
+#                    BENCH_GBS=32: 8 accumulated micro-batches per step), BENCH_WARMUP=3 +
 #                    BENCH_ITERS=10 iterations on the kit's random-token dataset
 #   bench_torch_eager / bench_torch_compile
 #                    bench/llama_torch_train.py, the same model in PyTorch
@@ -55,7 +56,7 @@
 # (the --device value of the "GPU" runs, default cuda; `cpu` exercises the
 # script without a GPU), TORCH_DEVICE (likewise for PyTorch), BENCH_SIZE=tiny
 # (a tiny benchmark model, for testing the script), CAP_SCALE (multiplies the
-# step budgets, for testing on a slow machine), BENCH_MBS, BENCH_WARMUP,
+# step budgets, for testing on a slow machine), BENCH_MBS, BENCH_GBS, BENCH_WARMUP,
 # BENCH_ITERS, TOL_FP32, TOL_BF16.
 #
 # Tested without a GPU as:
@@ -74,6 +75,7 @@ TORCH_DEVICE=${TORCH_DEVICE:-cuda}  # llama_torch_train.py's --device (cpu: to t
 TOL_FP32=${TOL_FP32:-1e-4}
 TOL_BF16=${TOL_BF16:-2e-2}
 BENCH_MBS=${BENCH_MBS:-4}
+BENCH_GBS=${BENCH_GBS:-$((8 * BENCH_MBS))}  # 8 micro-batches per step: the optimizer step amortised as in real runs
 BENCH_WARMUP=${BENCH_WARMUP:-3}
 BENCH_ITERS=${BENCH_ITERS:-10}
 BENCH_SIZE=${BENCH_SIZE:-1b}
@@ -217,7 +219,7 @@ fi
 bench_model() {  # Megatron flags of the benchmark model (both trainers' sizes)
   echo --num-layers $B_L --hidden-size $B_H --num-attention-heads $B_A --group-query-attention --num-query-groups $B_G \
     --ffn-hidden-size $B_F --seq-length $B_S --max-position-embeddings $B_S --vocab-size $B_V \
-    --micro-batch-size "$BENCH_MBS" --global-batch-size "$BENCH_MBS" --normalization RMSNorm --swiglu \
+    --micro-batch-size "$BENCH_MBS" --global-batch-size "$BENCH_GBS" --normalization RMSNorm --swiglu \
     --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights \
     --hidden-dropout 0 --attention-dropout 0 --bf16
 }
@@ -228,7 +230,8 @@ bench_train() {  # [iterations]
 }
 torch_flags() {
   echo --num-layers $B_L --hidden-size $B_H --num-attention-heads $B_A --num-query-groups $B_G --ffn-hidden-size $B_F \
-    --seq-length $B_S --vocab-size $B_V --micro-batch-size "$BENCH_MBS" --warmup "$BENCH_WARMUP" --iters "$BENCH_ITERS"
+    --seq-length $B_S --vocab-size $B_V --micro-batch-size "$BENCH_MBS" --global-batch-size "$BENCH_GBS" \
+    --warmup "$BENCH_WARMUP" --iters "$BENCH_ITERS"
 }
 
 # train_run NAME cpu|gpu FLAGS...: `megatron train` into $RUNS/NAME.{log,jsonl}; returns its exit code.
@@ -416,7 +419,7 @@ step_bench_ours() {
   grep -E "training|iteration +[0-9]+/" "$RUNS/bench_ours.log" | cut -c1-260 | head -20
   local out
   out=$(t $HELPER ours --metrics "$RUNS/bench_ours.jsonl" --plan "$BENCH/plan.json" --skip "$BENCH_WARMUP" \
-          --tokens $((BENCH_MBS * B_S)) --out "$BENCH/ours.json") || rc=1
+          --tokens $((BENCH_GBS * B_S)) --out "$BENCH/ours.json") || rc=1
   fig "$out"
   return $rc
 }

@@ -29,8 +29,10 @@ output is cast, as Megatron keeps activations in bf16), AdamW on the fp32
 parameters (fused=True on CUDA), global-norm clipping at 1.0, weight decay on
 2-D weights only. Batches are random token ids, new every step.
 
-One timed step = zero_grad + forward + loss + backward + clip + AdamW step +
-loss.item(); on CUDA each step is bracketed by torch.cuda.synchronize().
+One timed step = zero_grad + (forward + loss + backward) per micro-batch of
+the global batch (--global-batch-size / --micro-batch-size of them, the
+gradients accumulating) + clip + AdamW step + loss.item(); on CUDA each step
+is bracketed by torch.cuda.synchronize().
 Reported: median and mean step time over the timed steps, tokens/s, model
 TFLOP/s and MFU with Megatron's FLOPs formula (../shared/spec/
 megatron-reference.md section 5; the same function as src/plan/plan.cc's
@@ -203,6 +205,9 @@ def parse_args(argv):
     p.add_argument("--vocab-size", type=int, default=32000)
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--global-batch-size", type=int, default=0,
+                   help="sequences per step, a multiple of --micro-batch-size (gradient accumulation); "
+                        "default: one micro-batch")
     p.add_argument("--norm-epsilon", type=float, default=1e-5)
     p.add_argument("--rotary-base", type=float, default=10000.0)
     p.add_argument("--init-method-std", type=float, default=0.02)
@@ -227,6 +232,11 @@ def parse_args(argv):
         p.error("--hidden-size must divide by --num-attention-heads, and the heads by --num-query-groups")
     if (args.hidden_size // args.num_attention_heads) % 2:
         p.error("rope needs an even head dimension")
+    if not args.global_batch_size:
+        args.global_batch_size = args.micro_batch_size
+    if args.global_batch_size % args.micro_batch_size:
+        p.error(f"--global-batch-size {args.global_batch_size} is not a multiple of --micro-batch-size "
+                f"{args.micro_batch_size}")
     if (args.compile or args.compile_whole) and not hasattr(torch, "compile"):
         p.error(f"--compile needs torch.compile (torch >= 2.0; this is {torch.__version__})")
     return args
@@ -249,12 +259,15 @@ def main(argv):
     args = parse_args(argv)
     L, h, a, g = args.num_layers, args.hidden_size, args.num_attention_heads, args.num_query_groups
     B, s, V = args.micro_batch_size, args.seq_length, args.vocab_size
+    GBS = args.global_batch_size
+    accum = GBS // B  # micro-batches per step
     V_pad = padded_vocab(V, args.make_vocab_size_divisible_by)
     params = param_count(L, h, a, g, args.ffn_hidden_size, V_pad)
-    flops = megatron_flops_per_iteration(B, s, L, h, a, g, args.ffn_hidden_size, V_pad)
+    flops = megatron_flops_per_iteration(GBS, s, L, h, a, g, args.ffn_hidden_size, V_pad)
     result = {"config": {"num_layers": L, "hidden_size": h, "num_attention_heads": a, "num_query_groups": g,
                          "ffn_hidden_size": args.ffn_hidden_size, "seq_length": s, "vocab_size": V,
-                         "padded_vocab": V_pad, "micro_batch_size": B, "precision": args.precision},
+                         "padded_vocab": V_pad, "micro_batch_size": B, "global_batch_size": GBS,
+                         "precision": args.precision},
               "params": params, "flops_per_iteration": flops, "torch": torch.__version__}
     if args.dry_run:
         print(json.dumps(result))
@@ -294,18 +307,24 @@ def main(argv):
             torch.cuda.synchronize()
 
     def step():
-        text = torch.randint(0, V, (B, s + 1), device=dev, generator=gen)
+        # One global batch: `accum` micro-batches, each backward adding its
+        # loss / accum to the gradients (Megatron's gradient accumulation).
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(text[:, :-1], text[:, 1:])
-        loss.backward()
+        total = None
+        for _ in range(accum):
+            text = torch.randint(0, V, (B, s + 1), device=dev, generator=gen)
+            with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = model(text[:, :-1], text[:, 1:]) / accum
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
         if args.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(trainable, args.clip_grad)
         opt.step()
-        return loss.item()  # the host reads the loss each step, as `megatron train` does
+        return total.item()  # the host reads the loss each step, as `megatron train` does
 
     print(f"llama_torch_train: {mode} on {args.device}, torch {torch.__version__}, {params:,} parameters, "
-          f"batch {B} x {s}, {args.precision}, AdamW {opt_kind}", flush=True)
+          f"batch {GBS} x {s} ({accum} micro-batch{'es' if accum > 1 else ''} of {B}), {args.precision}, "
+          f"AdamW {opt_kind}", flush=True)
     losses, times = [], []
     first_step_s = None
     for i in range(args.warmup + args.iters):
@@ -333,13 +352,13 @@ def main(argv):
         "timed_iters": len(times), "warmup": args.warmup,
         "step_ms_median": med * 1000, "step_ms_mean": statistics.mean(times) * 1000,
         "step_ms_min": min(times) * 1000, "first_step_s": first_step_s,
-        "tokens_per_s": B * s / med, "tflops": tflops, "mfu_989": tflops / 989.0,
+        "tokens_per_s": GBS * s / med, "tflops": tflops, "mfu_989": tflops / 989.0,
         "mfu_peak": tflops / args.peak_tflops, "peak_tflops": args.peak_tflops,
         "loss_first": losses[0], "loss_last": losses[-1],
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if on_cuda else None,
         "wall_s": time.perf_counter() - t_start,
     })
-    print(f"llama_torch_train: median {med * 1000:.1f} ms/step, {B * s / med:,.0f} tokens/s, {tflops:.1f} TFLOP/s, "
+    print(f"llama_torch_train: median {med * 1000:.1f} ms/step, {GBS * s / med:,.0f} tokens/s, {tflops:.1f} TFLOP/s, "
           f"MFU {100 * tflops / 989.0:.1f}% of 989", flush=True)
     print(json.dumps(result), flush=True)
     return 0

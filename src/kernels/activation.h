@@ -4,9 +4,11 @@
 //   GELU tanh:   y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (--openai-gelu)
 //   SwiGLU:      x [N, 2F] = [gate | up] along the last dim (Megatron's
 //                torch.chunk(x, 2, -1)); y [N, F] = silu(gate) * up.
-// Backward WRITES dx (it does not accumulate). fp32 or fp64; the forward's y
-// may also be bf16 for fp32 x (rounded once as stored: the bf16 GEMM input
-// under --bf16).
+// Backward WRITES dx (it does not accumulate). x is stored in fp32, fp64 or
+// bf16 (bf16 computes in fp32: a bf16 x gives the bits an fp32 x holding the
+// same values gives); the forward's y has x's dtype, or bf16 for fp32 x
+// (rounded once as stored: the bf16 GEMM input under --bf16); backward's dy
+// and dx have x's dtype, bf16 dx rounded once as stored.
 // Tensor parallel: elementwise on the column-parallel fc1 output; with
 // SwiGLU each rank's fc1 shard holds [gate shard | up shard], so the op
 // runs unchanged on a shard.

@@ -1,7 +1,8 @@
 #pragma once
 // Elementwise and reduction ops the layers need: bias add and its gradient,
 // residual adds, dtype casts, seeded dropout, scaling, sum of squares.
-// fp32 or fp64 unless stated.
+// fp32 or fp64 unless stated. bias_add's y and bias_grad's dy may also be
+// bf16 (the bias and its gradient then fp32; bf16 y rounded once as stored).
 //
 // Dropout: keep element i when philox_uniform(seed, stream, i + index_offset)
 // >= p, and scale kept values by 1/(1-p) (PyTorch/Megatron semantics).

@@ -3,9 +3,10 @@
 //   op(A): [M,K] (A stored [M,K], or [K,M] when trans_a)
 //   op(B): [K,N] (B stored [K,N], or [N,K] when trans_b)
 //   C: [M,N]
-// dtypes: A,B,C fp32 (oneDNN sgemm); A,B bf16 with C fp32 (oneDNN matmul, fp32
-// accumulation; REQUIRES alpha == 1 and beta in {0, 1}); all fp64 (a plain
-// loop, for the finite-difference tests only).
+// dtypes: A,B,C fp32 (oneDNN sgemm); A,B bf16 with C fp32 or bf16 (oneDNN
+// matmul, fp32 accumulation, a bf16 C rounded once to nearest even as
+// stored; REQUIRES alpha == 1 and beta in {0, 1}); all fp64 (a plain loop, for
+// the finite-difference tests only).
 // Linear layers (y = x W^T + b, W [out,in] as in PyTorch/Megatron) use:
 //   forward  y  = x W^T      gemm(false, true , N, out, in)
 //   backward dx = dy W       gemm(false, false, N, in, out)

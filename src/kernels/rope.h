@@ -8,7 +8,9 @@
 //  emb = cat(freqs, freqs); x*cos + rotate_half(x)*sin, rotate_half = cat(-x2, x1)).
 // Applied in place on the fused QKV buffer (kernels/qkv_layout.h); v is left
 // alone. Backward is the inverse rotation applied in place to dQKV.
-// cos/sin tables: [T, d/2], same dtype as qkv (fp32 or fp64), made by rope_table.
+// qkv fp32, fp64 or bf16 (bf16 rotates in fp32 and rounds once as stored).
+// cos/sin tables: [T, d/2] in the compute dtype (fp32 for fp32 and bf16 qkv,
+// fp64 for fp64), made by rope_table.
 // Context parallel later passes the table rows of its own positions.
 
 #include "kernels/dispatch.h"

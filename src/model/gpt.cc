@@ -67,7 +67,13 @@ struct Dims {
   // (the norm or activation kernel rounds them as it writes, as a cast would):
   // act and the final norm output (gemm_in), and ln1/ln2 (ln) unless the
   // residual is taken from them (apply_residual_connection_post_layernorm).
-  DType gemm_in = DType::kF32, ln = DType::kF32;
+  // mid: what lies between two GEMMs, bf16 under --bf16: the qkv and fc1
+  // GEMM outputs, the attention output ctx, and their gradients (dqkv, dfc1,
+  // dctx, dact), each op computing in fp32 and rounding once as it stores.
+  // The residual stream, the norms' statistics, the row-parallel outputs
+  // and the logits stay in the model dtype (Megatron's --bf16 with
+  // --fp32-residual-connection keeps the residual in fp32 the same way).
+  DType gemm_in = DType::kF32, ln = DType::kF32, mid = DType::kF32;
 };
 
 Shape field_shape(int f, const Dims& d) {
@@ -86,6 +92,7 @@ Shape field_shape(int f, const Dims& d) {
 DType field_dtype(int f, const Dims& d) {
   if (f == kLn1 || f == kLn2) return d.ln;
   if (f == kAct) return d.gemm_in;
+  if (f == kQkv || f == kCtx || f == kFc1) return d.mid;
   return d.dt;
 }
 
@@ -294,6 +301,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
            cfg.padded_vocab(tp) / tp, opt.dtype, cfg.normalization == Normalization::kLayerNorm};
   d.gemm_in = opt.bf16_compute ? DType::kBF16 : opt.dtype;
   d.ln = cfg.apply_residual_connection_post_layernorm ? opt.dtype : d.gemm_in;
+  d.mid = d.gemm_in;
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
   t.chunks = chunks;
@@ -381,23 +389,20 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const bool bf = opt.bf16_compute;
   const DType hb = DType::kBF16;
   const size_t ws = t.workspace.total_bytes();
-  // linear_fwd casts an fp32 input (ctx; ln1/ln2 when the residual is taken
-  // from them); linear_bwd casts dy and an fp32 x.
+  // linear_fwd casts an fp32 input (ln1/ln2 when the residual is taken from
+  // them); linear_bwd casts an fp32 dy (the residual gradient into fc2 and
+  // proj) and an fp32 x (ln1/ln2 again). ctx, act, dqkv and dfc1 are bf16.
   const size_t ln_cast = d.ln == hb ? 0 : abytes(N * h, hb);
-  const size_t cast_fwd = bf ? std::max(ln_cast, abytes(N * ad, hb)) : 0;
-  const size_t cast_bwd = bf ? std::max({abytes(N * h, hb),                               // fc2 (act is bf16)
-                                         abytes(N * d.fc1, hb) + ln_cast,                 // fc1
-                                         abytes(N * h, hb) + abytes(N * ad, hb),          // proj
-                                         abytes(N * d.qkv, hb) + ln_cast})                // qkv
-                             : 0;
-  const size_t attn_tmp = selective ? abytes(N * ad, dt) + abytes(B * d.a * T, dt) : 0;  // ctx, lse
+  const size_t cast_fwd = bf ? ln_cast : 0;
+  const size_t cast_bwd = bf ? std::max(abytes(N * h, hb), ln_cast) : 0;
+  const size_t attn_tmp = selective ? abytes(N * ad, d.mid) + abytes(B * d.a * T, dt) : 0;  // ctx, lse
   // With sequence parallelism: one full-sequence [N, h] buffer for the
   // all-gathered / not yet reduce-scattered side of a collective.
   const size_t full = sp ? abytes(N * h, dt) : 0;
   const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + full + cast_fwd;  // tmp (+ ctx, lse) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + full + cast_fwd;
-  const size_t layer_bwd = 2 * abytes(Ns * h, dt) + abytes(N * F, dt) + abytes(N * d.fc1, dt) + abytes(N * ad, dt) +
-                           abytes(N * d.qkv, dt) + attn_tmp + full + cast_bwd;
+  const size_t layer_bwd = 2 * abytes(Ns * h, dt) + abytes(N * F, d.mid) + abytes(N * d.fc1, d.mid) +
+                           abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp + full + cast_bwd;
   bool any_kept = false;
   for (char k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
@@ -484,6 +489,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   const Dims& d = t.dims;
   B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1;
   Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
+  mid_ = d.mid;
   specs_ = std::move(t.specs);
   chunks_ = std::move(t.chunks);
   chunk_groups_ = std::move(t.groups);
@@ -786,7 +792,7 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   // Selective recomputation: the attention output and lse live only in scratch.
   Tensor ctx = a.ctx, lse = a.lse;
   if (!ctx.defined()) {
-    ctx = scratch({N_, a_ * cfg_.head_dim()}, opt_.dtype);
+    ctx = scratch({N_, a_ * cfg_.head_dim()}, mid_);
     lse = scratch({B_, a_, T_}, opt_.dtype);
   }
   // Attention block.
@@ -823,8 +829,8 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   const int64_t adim = a_ * cfg_.head_dim();
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
-  Tensor dtmp = scratch({Ns_, h_}, dt), dln = scratch({Ns_, h_}, dt), dact = scratch({N_, F_}, dt),
-         dfc1 = scratch({N_, fc1_}, dt), dctx = scratch({N_, adim}, dt), dqkv = scratch({N_, qkv_}, dt);
+  Tensor dtmp = scratch({Ns_, h_}, dt), dln = scratch({Ns_, h_}, dt), dact = scratch({N_, F_}, mid_),
+         dfc1 = scratch({N_, fc1_}, mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
                          dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
@@ -833,7 +839,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   if (!ctx.defined()) {
     // Selective recomputation: core attention again from the saved (roped)
     // Q/K/V, same dropout stream, so ctx and lse are bitwise the forward's.
-    ctx = scratch({N_, adim}, dt);
+    ctx = scratch({N_, adim}, mid_);
     lse = scratch({B_, a_, T_}, dt);
     k::attention_forward(a.qkv, L, ao, ctx, lse);
   }

@@ -134,7 +134,9 @@ struct GPTOptions {
   DType dtype = DType::kF32;     // parameters and activations: fp32, or fp64 (tests)
   Device device = Device::kCpu;  // where every arena of the model lives (kCuda: the current GPU);
                                  // forward() and backward() take host tokens/labels and return host losses
-  bool bf16_compute = false;     // GEMM inputs in bf16 with fp32 accumulation
+  bool bf16_compute = false;     // GEMM inputs in bf16 with fp32 accumulation; activations between
+                                 // two GEMMs (qkv, ctx, fc1, act, norm outputs) and their
+                                 // gradients stored in bf16, the residual stream in `dtype`
   int slots = 1;                 // activation slots (micro-batches in flight); 0: parameters
                                  // only (inference: no gradients, activations or scratch)
   int64_t tp = 1;                // tensor-parallel size
@@ -339,6 +341,10 @@ class GPTModel {
   ModelConfig cfg_;
   GPTOptions opt_;
   int64_t B_ = 0, T_ = 0, N_ = 0, h_ = 0, V_ = 0, qkv_ = 0, fc1_ = 0, F_ = 0;
+  // Stored dtype of qkv, ctx, fc1 and their gradients (and act's gradient):
+  // bf16 under --bf16 (they only meet GEMMs and the ops between two GEMMs),
+  // else the model dtype.
+  DType mid_ = DType::kF32;
   int64_t Ns_ = 0, Vg_ = 0, a_ = 0, g_ = 0;  // rows held (N or N/TP), global vocab, local heads/groups
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, int> index_;

@@ -67,6 +67,10 @@ void validate(PlanReport& r) {
   // ---- precision
   if (j.precision.bf16 && j.precision.fp16)
     c.error("precision", {"--bf16", "--fp16"}, "--bf16 and --fp16 are both set", "choose one of them");
+  if (j.precision.fp32_residual_connection && !j.precision.bf16 && !j.precision.fp16)
+    c.error("fp32-residual-needs-half", {"--fp32-residual-connection"},
+            "--fp32-residual-connection needs --bf16 or --fp16 (the residual is already fp32 otherwise)",
+            "add --bf16, or drop --fp32-residual-connection");
 
   // ---- world size and the dense grid
   const int64_t model_size = mul_sat(TP, PP, CP);

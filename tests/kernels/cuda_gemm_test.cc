@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -70,6 +71,40 @@ TEST(CudaTwin, GemmBf16InputsFp32OutputMatchCpu) {
   MT_REQUIRE_GPU();
   // Same bf16 inputs, both accumulate in fp32: differences are summation order only.
   for (const Case& c : kCases) run_case<bf16, float>(c, 1e-3, 1e-3);
+}
+
+// bf16 C (the qkv and fc1 outputs under --bf16): both twins round their
+// fp32-accumulated sums once; summation orders differ, so a value may land
+// one bf16 step apart. beta 1 adds the old bf16 C.
+TEST(CudaTwin, GemmBf16OutputMatchesCpu) {
+  MT_REQUIRE_GPU();
+  for (const Case& c : kCases) {
+    std::vector<float> af(static_cast<size_t>(c.M * c.K)), bf(static_cast<size_t>(c.K * c.N)),
+        cf(static_cast<size_t>(c.M * c.N));
+    fill_normal(af, 3 + c.M, 1.0);
+    fill_normal(bf, 5 + c.N, 1.0);
+    fill_normal(cf, 7 + c.K, 1.0);
+    std::vector<bf16> a(af.size()), b(bf.size()), cpu(cf.size());
+    for (size_t i = 0; i < af.size(); ++i) a[i] = float_to_bf16(af[i]);
+    for (size_t i = 0; i < bf.size(); ++i) b[i] = float_to_bf16(bf[i]);
+    for (size_t i = 0; i < cf.size(); ++i) cpu[i] = float_to_bf16(cf[i]);
+    Tensor A(a.data(), c.ta ? Shape{c.K, c.M} : Shape{c.M, c.K}, DType::kBF16);
+    Tensor B(b.data(), c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N}, DType::kBF16);
+    Tensor C(cpu.data(), Shape{c.M, c.N}, DType::kBF16);
+    Arena g = gpu_arena();
+    Tensor dA = to_device(g, A), dB = to_device(g, B), dC = to_device(g, C);
+    kernels::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.0f, A, B, c.beta, C);
+    kernels::gemm(c.ta, c.tb, c.M, c.N, c.K, 1.0f, dA, dB, c.beta, dC);
+    std::vector<bf16> gpu = to_host<bf16>(dC);
+    const double atol = 1e-3 * std::sqrt(static_cast<double>(c.K));  // fp32 order differences near zero
+    for (size_t i = 0; i < gpu.size(); ++i) {
+      const double w = bf16_to_float(cpu[i]), got = bf16_to_float(gpu[i]);
+      ASSERT_LE(std::abs(got - w), atol + std::abs(w) / 128)
+          << fmt::format("gemm bf16 C {}{} {}x{}x{} beta {}", c.ta ? "T" : "N", c.tb ? "T" : "N", c.M, c.N, c.K,
+                         c.beta)
+          << " element " << i << ": " << got << " vs CPU " << w;
+    }
+  }
 }
 
 TEST(CudaTwin, GemmFp64MatchesCpuReference) {

@@ -312,6 +312,75 @@ TEST(CudaTwin, RopeTableAndApplyMatchCpu) {
   rope_case<double>(gqa, 4096);
 }
 
+// ---------------------------------------------------------------- bf16 storage
+
+// Under --bf16 qkv, fc1 and their gradients are stored in bf16: the twins
+// widen, compute in fp32 and round once as they store. Against the CPU twin
+// on the same bf16 values: pointwise math within a bf16 step (libm and FMA
+// differences can move a rounding), bias_add and bias_grad bit for bit.
+TEST(CudaTwin, Bf16StorageOpsMatchCpu) {
+  MT_REQUIRE_GPU();
+  auto bf16_randn = [](int64_t n, uint64_t seed, double scale) {
+    std::vector<float> f = randn<float>(n, seed, scale);
+    std::vector<bf16> h(f.size());
+    for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_bf16(f[i]);
+    return h;
+  };
+  Arena g = gpu_arena(kArenaBytes);
+  const int64_t N = 37, F = 129;
+  {
+    auto x = bf16_randn(N * 2 * F, 91, 1.5), dy = bf16_randn(N * F, 92, 1.0);
+    std::vector<bf16> y(static_cast<size_t>(N * F)), dx(x.size());
+    Tensor X = view(x, {N, 2 * F}), Dy = view(dy, {N, F});
+    Tensor gX = to_device(g, X), gDy = to_device(g, Dy), gY = g.alloc({N, F}, DType::kBF16),
+           gDx = g.alloc({N, 2 * F}, DType::kBF16);
+    k::swiglu_forward(X, view(y, {N, F}));
+    k::swiglu_forward(gX, gY);
+    expect_bf16_close(to_host<bf16>(gY), y, "swiglu bf16 forward");
+    k::swiglu_backward(X, Dy, view(dx, {N, 2 * F}));
+    k::swiglu_backward(gX, gDy, gDx);
+    expect_bf16_close(to_host<bf16>(gDx), dx, "swiglu bf16 backward");
+    for (GeluKind kind : {GeluKind::kExact, GeluKind::kTanh}) {
+      const int64_t n = N * F;
+      Tensor X1 = X.view({2 * n}).slice(0, n), gX1 = gX.view({2 * n}).slice(0, n);
+      std::vector<bf16> y1(static_cast<size_t>(n)), dx1(static_cast<size_t>(n));
+      Tensor gY1 = g.alloc({n}, DType::kBF16), gDx1 = g.alloc({n}, DType::kBF16);
+      k::gelu_forward(kind, X1, view(y1, {n}));
+      k::gelu_forward(kind, gX1, gY1);
+      expect_bf16_close(to_host<bf16>(gY1), y1, "gelu bf16 forward");
+      k::gelu_backward(kind, X1, Dy.view({n}), view(dx1, {n}));
+      k::gelu_backward(kind, gX1, gDy.view({n}), gDx1);
+      expect_bf16_close(to_host<bf16>(gDx1), dx1, "gelu bf16 backward");
+    }
+  }
+  {
+    k::QkvLayout L{.seq = 7, .batch = 3, .heads = 6, .groups = 2, .head_dim = 16};
+    std::vector<float> cs(static_cast<size_t>(L.seq * 8)), sn(cs.size());
+    k::rope_table(10000.0, L.seq, L.head_dim, view(cs, {L.seq, 8}), view(sn, {L.seq, 8}));
+    Tensor gCos = to_device(g, view(cs, {L.seq, 8})), gSin = to_device(g, view(sn, {L.seq, 8}));
+    auto q = bf16_randn(L.tokens() * L.row(), 93, 1.0);
+    Tensor Q = view(q, {L.tokens(), L.row()}), gQ = to_device(g, Q);
+    k::rope_forward(Q, L, view(cs, {L.seq, 8}), view(sn, {L.seq, 8}));
+    k::rope_forward(gQ, L, gCos, gSin);
+    expect_bf16_close(to_host<bf16>(gQ), q, "rope bf16 forward");
+    k::rope_backward(Q, L, view(cs, {L.seq, 8}), view(sn, {L.seq, 8}));
+    k::rope_backward(gQ, L, gCos, gSin);
+    expect_bf16_close(to_host<bf16>(gQ), q, "rope bf16 backward");
+  }
+  {
+    auto y = bf16_randn(N * F, 94, 1.0), dy = bf16_randn(N * F, 95, 1.0);
+    auto b = randn<float>(F, 96), db = randn<float>(F, 97);
+    Tensor Y = view(y, {N, F}), gY = to_device(g, Y), gB = to_device(g, view(b, {F})),
+           gDy = to_device(g, view(dy, {N, F})), gDb = to_device(g, view(db, {F}));
+    k::bias_add(Y, view(b, {F}));
+    k::bias_add(gY, gB);
+    expect_bitwise(to_host<bf16>(gY), y, "bias_add bf16 y");
+    k::bias_grad(view(dy, {N, F}), view(db, {F}));
+    k::bias_grad(gDy, gDb);
+    expect_bitwise(to_host<float>(gDb), db, "bias_grad bf16 dy (accumulated, rows in order)");
+  }
+}
+
 // ---------------------------------------------------------------- embedding
 
 template <typename T, typename Tok>

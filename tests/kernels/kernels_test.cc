@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "core/arena.h"
 #include "core/rng.h"
@@ -693,6 +694,121 @@ TEST(Bf16Outputs, NormsAndActivationsStoreTheRoundedFp32Result) {
   Buf<double> r64({N});
   EXPECT_DEATH(k::rmsnorm_forward(xd64.t(), wd64.t(), 1e-5, yh.t(), r64.t()),
                "rmsnorm_forward: output dtype bf16 for fp64 input");
+}
+
+// Under --bf16 the GEMM-side activations (qkv, fc1 and their gradients) are
+// stored in bf16: each op widens a bf16 input exactly and computes in fp32,
+// so its result is bit for bit the fp32 call's on the same values, rounded
+// once as stored. Mixed dtypes and wrong table/bias dtypes are refused.
+TEST(Bf16Storage, PointwiseOpsOnBf16AreTheRoundedFp32Result) {
+  const int64_t N = 9, C = 24, F = 12;
+  auto rounded = [](uint64_t seed, int64_t n, double scale) {
+    std::vector<double> d(n);
+    fill_normal(d, seed, scale);
+    Buf<float> f({n});
+    Buf<bf16> h({n});
+    for (int64_t i = 0; i < n; ++i) h[i] = float_to_bf16(static_cast<float>(d[i])), f[i] = bf16_to_float(h[i]);
+    return std::make_pair(f, h);
+  };
+  auto expect_rounded = [](Buf<float>& y, Buf<bf16>& yh, const std::string& what) {
+    ASSERT_EQ(y.size(), yh.size());
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_EQ(yh[i].bits, float_to_bf16(y[i]).bits) << what << " element " << i << " (fp32 " << y[i] << ")";
+  };
+  auto [x, xh] = rounded(1, N * C, 2.0);
+  auto [dy, dyh] = rounded(2, N * C, 1.0);
+  for (k::GeluKind kind : {k::GeluKind::kExact, k::GeluKind::kTanh}) {
+    Buf<float> y({N * C}), dx({N * C});
+    Buf<bf16> yh({N * C}), dxh({N * C});
+    k::gelu_forward(kind, x.t(), y.t());
+    k::gelu_forward(kind, xh.t(), yh.t());
+    expect_rounded(y, yh, "gelu forward");
+    k::gelu_backward(kind, x.t(), dy.t(), dx.t());
+    k::gelu_backward(kind, xh.t(), dyh.t(), dxh.t());
+    expect_rounded(dx, dxh, "gelu backward");
+  }
+  {
+    auto [x2, x2h] = rounded(3, N * 2 * F, 1.5);
+    auto [d2, d2h] = rounded(4, N * F, 1.0);
+    const Shape xs{N, 2 * F}, ys{N, F};
+    Buf<float> y(ys), dx(xs);
+    Buf<bf16> yh(ys), dxh(xs);
+    Tensor X(x2.v.data(), xs, DType::kF32), Xh(x2h.v.data(), xs, DType::kBF16);
+    Tensor D(d2.v.data(), ys, DType::kF32), Dh(d2h.v.data(), ys, DType::kBF16);
+    k::swiglu_forward(X, y.t());
+    k::swiglu_forward(Xh, yh.t());
+    expect_rounded(y, yh, "swiglu forward");
+    Buf<float> yf(ys);
+    k::swiglu_forward(Xh, yf.t());  // bf16 in, fp32 out: the fp32 result itself
+    EXPECT_EQ(yf.v, y.v);
+    k::swiglu_backward(X, D, dx.t());
+    k::swiglu_backward(Xh, Dh, dxh.t());
+    expect_rounded(dx, dxh, "swiglu backward");
+    EXPECT_DEATH(k::swiglu_backward(Xh, D, dxh.t()), "swiglu_backward: x, dy and dx must share one dtype");
+  }
+  {
+    k::QkvLayout L{5, 2, 4, 2, 8};
+    Buf<float> cos({L.seq, 4}), sin({L.seq, 4});
+    k::rope_table(10000.0, L.seq, L.head_dim, cos.t(), sin.t());
+    auto [q, qh] = rounded(5, L.tokens() * L.row(), 1.0);
+    const Shape qs{L.tokens(), L.row()};
+    for (bool inverse : {false, true}) {
+      Buf<float> y = q;
+      Buf<bf16> yh = qh;
+      y.shape = yh.shape = qs;
+      if (inverse) k::rope_backward(y.t(), L, cos.t(), sin.t()), k::rope_backward(yh.t(), L, cos.t(), sin.t());
+      else k::rope_forward(y.t(), L, cos.t(), sin.t()), k::rope_forward(yh.t(), L, cos.t(), sin.t());
+      expect_rounded(y, yh, inverse ? "rope backward" : "rope forward");
+    }
+    Buf<bf16> ch({L.seq, 4}), sh({L.seq, 4});
+    Buf<bf16> y = qh;
+    y.shape = qs;
+    EXPECT_DEATH(k::rope_forward(y.t(), L, ch.t(), sh.t()), "rope: cos/sin tables must be fp32 for bf16 qkv");
+  }
+  {
+    auto [b, bh] = rounded(6, C, 1.0);
+    Buf<float> y = x, db({C}, 0.25f), db2({C}, 0.25f);
+    Buf<bf16> yh = xh;
+    y.shape = yh.shape = Shape{N, C};
+    k::bias_add(y.t(), b.t());
+    k::bias_add(yh.t(), b.t());
+    expect_rounded(y, yh, "bias_add");
+    Tensor D(dy.v.data(), {N, C}, DType::kF32), Dh(dyh.v.data(), {N, C}, DType::kBF16);
+    k::bias_grad(D, db.t());
+    k::bias_grad(Dh, db2.t());
+    EXPECT_EQ(db.v, db2.v);  // bf16 dy widened exactly, summed in the same order
+    EXPECT_DEATH(k::bias_add(yh.t(), bh.t()), "bias_add: the bias must be fp32 for bf16 activations");
+  }
+}
+
+// bf16 GEMM inputs with a bf16 C (the qkv and fc1 outputs under --bf16): the
+// fp32-accumulated product rounded once, so within one bf16 rounding of the
+// fp32-C result, for every transpose pair; beta 1 adds the old bf16 C.
+TEST(Bf16Storage, GemmBf16OutputIsTheRoundedFp32Product) {
+  const int64_t M = 33, N = 40, K = 70;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (float beta : {0.0f, 1.0f}) {
+        std::vector<double> A(M * K), B(K * N), C0(M * N);
+        fill_normal(A, 7 + ta), fill_normal(B, 8 + tb), fill_normal(C0, 9);
+        Buf<bf16> ah({M * K}), bh({K * N}), ch({M * N});
+        Buf<float> c({M * N});
+        for (int64_t i = 0; i < M * K; ++i) ah[i] = float_to_bf16(static_cast<float>(A[i]));
+        for (int64_t i = 0; i < K * N; ++i) bh[i] = float_to_bf16(static_cast<float>(B[i]));
+        for (int64_t i = 0; i < M * N; ++i) ch[i] = float_to_bf16(static_cast<float>(C0[i])), c[i] = bf16_to_float(ch[i]);
+        k::gemm(ta, tb, M, N, K, 1.0f, ah.t(), bh.t(), beta, c.t());
+        k::gemm(ta, tb, M, N, K, 1.0f, ah.t(), bh.t(), beta, ch.t());
+        for (int64_t i = 0; i < M * N; ++i) {
+          const float want = c[i], got = bf16_to_float(ch[i]);
+          // One rounding of the fp32 value: within half a bf16 ulp (2^-8 relative) of it.
+          ASSERT_LE(std::abs(got - want), std::abs(want) * (1.0 / 256) + 1e-30)
+              << "ta=" << ta << " tb=" << tb << " beta=" << beta << " element " << i;
+        }
+      }
+  Buf<bf16> a({4}), b({4});
+  Buf<double> c64({4});
+  EXPECT_DEATH(k::gemm(false, false, 2, 2, 2, 1.0f, a.t(), b.t(), 0.0f, c64.t()),
+               "gemm: bf16 A needs bf16 B and an fp32 or bf16 C");
 }
 
 }  // namespace

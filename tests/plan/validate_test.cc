@@ -78,6 +78,7 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--recompute-granularity full --recompute-method block --recompute-num-layers 5", "recompute-num-layers-range", "--recompute-num-layers"},
         RuleCase{"--recompute-method uniform", "recompute-granularity-missing", "--recompute-granularity"},
         RuleCase{"--bf16 --fp16", "precision", "--fp16"},
+        RuleCase{"--fp32-residual-connection", "fp32-residual-needs-half", "--fp32-residual-connection"},
         RuleCase{"--expert-model-parallel-size 2", "moe-experts-required", "--num-experts"},
         RuleCase{"--num-experts 6 --expert-model-parallel-size 4", "moe-experts-divisible", "--num-experts"},
         RuleCase{"--num-experts 4 --moe-router-topk 5", "moe-topk", "--moe-router-topk"},

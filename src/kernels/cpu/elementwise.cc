@@ -10,24 +10,34 @@
 
 namespace mt::kernels::cpu {
 
+// y's stored type S (fp32, fp64 or bf16) with the bias in compute_t<S>.
+template <typename S>
+void check_bias_dtype(const Tensor& y, const Tensor& b, const char* op) {
+  MT_CHECK(b.dtype() == dtype_of<compute_t<S>>(),
+           fmt::format("{}: the bias must be {} for {} activations (got {})", op, dtype_name(dtype_of<compute_t<S>>()),
+                       dtype_name(y.dtype()), dtype_name(b.dtype())));
+}
+
 void bias_add(const Tensor& y, const Tensor& b) {
   const int64_t C = b.numel(), N = y.numel() / C;
   MT_CHECK(y.numel() == N * C, "bias_add: shapes");
-  float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
-    T* yp = y.ptr<T>();
+  storage_types(y.dtype(), [&](auto tag_) { using S = decltype(tag_); using T = compute_t<S>;
+    check_bias_dtype<S>(y, b, "bias_add");
+    S* yp = y.ptr<S>();
     const T* bp = b.ptr<T>();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i)
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yp[i * C + c] += bp[c];
+      for (int64_t c = 0; c < C; ++c) yp[i * C + c] = to_out<S>(ld<T>(yp[i * C + c]) + bp[c]);
   });
 }
 
 void bias_grad(const Tensor& dy, const Tensor& db) {
   const int64_t C = db.numel(), N = dy.numel() / C;
   MT_CHECK(dy.numel() == N * C, "bias_grad: shapes");
-  float_types(dy.dtype(), [&](auto tag_) { using T = decltype(tag_);
-    const T* d = dy.ptr<T>();
+  storage_types(dy.dtype(), [&](auto tag_) { using S = decltype(tag_); using T = compute_t<S>;
+    check_bias_dtype<S>(dy, db, "bias_grad");
+    const S* d = dy.ptr<S>();
     T* o = db.ptr<T>();
     constexpr int64_t kChunk = 256;
 #pragma omp parallel for schedule(static)
@@ -35,7 +45,7 @@ void bias_grad(const Tensor& dy, const Tensor& db) {
       const int64_t c1 = std::min(C, c0 + kChunk);
       for (int64_t i = 0; i < N; ++i)
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) o[c] += d[i * C + c];
+        for (int64_t c = c0; c < c1; ++c) o[c] += ld<T>(d[i * C + c]);
     }
   });
 }

@@ -47,8 +47,9 @@ void gemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const 
 struct PrimKey {
   bool bf16, ta, tb, acc;
   int64_t M, N, K;
+  bool c_bf16;  // bf16 C (bf16 inputs only)
   bool operator<(const PrimKey& o) const {
-    return std::tie(bf16, ta, tb, acc, M, N, K) < std::tie(o.bf16, o.ta, o.tb, o.acc, o.M, o.N, o.K);
+    return std::tie(bf16, ta, tb, acc, M, N, K, c_bf16) < std::tie(o.bf16, o.ta, o.tb, o.acc, o.M, o.N, o.K, o.c_bf16);
   }
 };
 
@@ -74,7 +75,7 @@ const MatmulPrim& matmul_prim(const PrimKey& k) {
   const dt in = k.bf16 ? dt::bf16 : dt::f32;
   dnnl::memory::desc a({k.M, k.K}, in, k.ta ? dims{1, k.M} : dims{k.K, 1});
   dnnl::memory::desc b({k.K, k.N}, in, k.tb ? dims{1, k.K} : dims{k.N, 1});
-  dnnl::memory::desc c({k.M, k.N}, dt::f32, dims{k.N, 1});
+  dnnl::memory::desc c({k.M, k.N}, k.c_bf16 ? dt::bf16 : dt::f32, dims{k.N, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (k.acc) {
@@ -91,7 +92,7 @@ const MatmulPrim& matmul_prim(const PrimKey& k) {
 void gemm_matmul(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
                  float beta, const Tensor& C) {
   MT_CHECK(beta == 0.0f || beta == 1.0f, "gemm (matmul primitive): beta must be 0 or 1");
-  const MatmulPrim& p = matmul_prim(PrimKey{bf16, ta, tb, beta == 1.0f, M, N, K});
+  const MatmulPrim& p = matmul_prim(PrimKey{bf16, ta, tb, beta == 1.0f, M, N, K, C.dtype() == DType::kBF16});
   thread_local dnnl::stream stream(engine());
   thread_local std::vector<char> scratch;
   if (scratch.size() < p.scratch_bytes) scratch.resize(p.scratch_bytes);
@@ -125,7 +126,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
       return;
     }
     case DType::kBF16:
-      MT_CHECK(B.dtype() == DType::kBF16 && C.dtype() == DType::kF32, "gemm: bf16 A needs bf16 B, fp32 C");
+      MT_CHECK(B.dtype() == DType::kBF16 && (C.dtype() == DType::kF32 || C.dtype() == DType::kBF16),
+               fmt::format("gemm: bf16 A needs bf16 B and an fp32 or bf16 C (got B {}, C {})", dtype_name(B.dtype()),
+                           dtype_name(C.dtype())));
       MT_CHECK(alpha == 1.0f, "gemm bf16: alpha must be 1");
       gemm_matmul(true, ta, tb, M, N, K, A, B, beta, C);
       return;

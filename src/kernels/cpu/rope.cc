@@ -7,26 +7,27 @@
 namespace mt::kernels::cpu {
 namespace {
 
-template <typename T>
-void rotate(T* x, const T* c, const T* s, int64_t half, bool inverse) {
+// S: qkv's stored type; T = compute_t<S>, the tables' type.
+template <typename S, typename T>
+void rotate(S* x, const T* c, const T* s, int64_t half, bool inverse) {
   T sg = inverse ? T(-1) : T(1);
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) {
-    T x1 = x[i], x2 = x[i + half], sn = sg * s[i];
-    x[i] = x1 * c[i] - x2 * sn;
-    x[i + half] = x2 * c[i] + x1 * sn;
+    T x1 = ld<T>(x[i]), x2 = ld<T>(x[i + half]), sn = sg * s[i];
+    x[i] = to_out<S>(x1 * c[i] - x2 * sn);
+    x[i + half] = to_out<S>(x2 * c[i] + x1 * sn);
   }
 }
 
-template <typename T>
-void apply(T* qkv, const QkvLayout& L, const T* cos, const T* sin, bool inverse) {
+template <typename S, typename T = compute_t<S>>
+void apply(S* qkv, const QkvLayout& L, const T* cos, const T* sin, bool inverse) {
   const int64_t half = L.head_dim / 2, row = L.row();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < L.tokens(); ++r) {
     int64_t t = r / L.batch;
     const T* c = cos + t * half;
     const T* s = sin + t * half;
-    T* x = qkv + r * row;
+    S* x = qkv + r * row;
     for (int64_t h = 0; h < L.heads; ++h) rotate(x + L.q_col(h), c, s, half, inverse);
     for (int64_t g = 0; g < L.groups; ++g) rotate(x + L.k_col(g), c, s, half, inverse);
   }
@@ -53,7 +54,14 @@ void rope_apply(const Tensor& qkv, const QkvLayout& L, const Tensor& cos, const 
   L.check();
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "rope: qkv size does not match the layout");
   MT_CHECK(L.head_dim % 2 == 0 && cos.numel() >= L.seq * L.head_dim / 2, "rope: table too small");
-  MT_FLOAT_TYPES(qkv.dtype(), T, apply<T>(qkv.ptr<T>(), L, cos.ptr<T>(), sin.ptr<T>(), inverse));
+  storage_types(qkv.dtype(), [&](auto s_) {
+    using S = decltype(s_);
+    using T = compute_t<S>;
+    MT_CHECK(cos.dtype() == dtype_of<T>() && sin.dtype() == dtype_of<T>(),
+             fmt::format("rope: cos/sin tables must be {} for {} qkv (got {}, {})", dtype_name(dtype_of<T>()),
+                         dtype_name(qkv.dtype()), dtype_name(cos.dtype()), dtype_name(sin.dtype())));
+    apply<S>(qkv.ptr<S>(), L, cos.ptr<T>(), sin.ptr<T>(), inverse);
+  });
 }
 
 }  // namespace mt::kernels::cpu

@@ -1,6 +1,6 @@
 // CUDA twins of kernels/cpu/activation.cc: GELU (exact and tanh) and SwiGLU,
-// forward and backward, fp32 or fp64 (kernels/activation.h has the contract;
-// backward WRITES dx).
+// forward and backward, stored in fp32, fp64 or bf16 (bf16 computes in fp32;
+// kernels/activation.h has the contract; backward WRITES dx).
 //
 // Launch: elementwise grid-stride loops (kThreads per block, int64 indices),
 // no reductions. Each thread evaluates the CPU twin's formula for its
@@ -27,10 +27,12 @@ __device__ __forceinline__ double erf_t(double x) { return erf(x); }
 __device__ __forceinline__ float tanh_t(float x) { return tanhf(x); }
 __device__ __forceinline__ double tanh_t(double x) { return tanh(x); }
 
-template <typename T, typename Y>
-__global__ void gelu_fwd(bool exact, int64_t n, const T* x, Y* y) {
+// S: the stored type of x (and of dy, dx in backward); T = compute_t<S>.
+template <typename S, typename Y>
+__global__ void gelu_fwd(bool exact, int64_t n, const S* x, Y* y) {
+  using T = compute_t<S>;
   for (int64_t i = gs_begin(); i < n; i += gs_stride()) {
-    const T xi = x[i];
+    const T xi = ld<T>(x[i]);
     if (exact) {
       y[i] = to_out<Y>(T(0.5) * xi * (T(1) + erf_t(xi * T(kInvSqrt2))));
     } else {
@@ -40,47 +42,57 @@ __global__ void gelu_fwd(bool exact, int64_t n, const T* x, Y* y) {
   }
 }
 
-template <typename T>
-__global__ void gelu_bwd(bool exact, int64_t n, const T* x, const T* dy, T* dx) {
+template <typename S>
+__global__ void gelu_bwd(bool exact, int64_t n, const S* x, const S* dy, S* dx) {
+  using T = compute_t<S>;
   for (int64_t i = gs_begin(); i < n; i += gs_stride()) {
-    const T xi = x[i];
+    const T xi = ld<T>(x[i]), d = ld<T>(dy[i]);
     if (exact) {
       const T cdf = T(0.5) * (T(1) + erf_t(xi * T(kInvSqrt2)));
       const T pdf = T(kInvSqrt2Pi) * exp_t(T(-0.5) * xi * xi);
-      dx[i] = dy[i] * (cdf + xi * pdf);
+      dx[i] = to_out<S>(d * (cdf + xi * pdf));
     } else {
       const T x2 = xi * xi;
       const T u = T(kSqrt2OverPi) * (xi + T(0.044715) * x2 * xi);
       const T th = tanh_t(u);
       const T du = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x2);
-      dx[i] = dy[i] * (T(0.5) * (T(1) + th) + T(0.5) * xi * (T(1) - th * th) * du);
+      dx[i] = to_out<S>(d * (T(0.5) * (T(1) + th) + T(0.5) * xi * (T(1) - th * th) * du));
     }
   }
 }
 
 // y [N, F] = silu(gate) * up, x [N, 2F] = [gate | up]; n = N * F.
-template <typename T, typename Y>
-__global__ void swiglu_fwd(int64_t n, int64_t F, const T* x, Y* y) {
+template <typename S, typename Y>
+__global__ void swiglu_fwd(int64_t n, int64_t F, const S* x, Y* y) {
+  using T = compute_t<S>;
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
     const int64_t i = e / F, j = e - i * F;
-    const T g = x[i * 2 * F + j], u = x[i * 2 * F + F + j];
+    const T g = ld<T>(x[i * 2 * F + j]), u = ld<T>(x[i * 2 * F + F + j]);
     y[e] = to_out<Y>(g / (T(1) + exp_t(-g)) * u);
   }
 }
 
 // dx [N, 2F] = [d gate | d up]; one thread writes both halves of its (i, j).
-template <typename T>
-__global__ void swiglu_bwd(int64_t n, int64_t F, const T* x, const T* dy, T* dx) {
+template <typename S>
+__global__ void swiglu_bwd(int64_t n, int64_t F, const S* x, const S* dy, S* dx) {
+  using T = compute_t<S>;
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
     const int64_t i = e / F, j = e - i * F;
     const int64_t gi = i * 2 * F + j, ui = gi + F;
-    const T g = x[gi], u = x[ui], d = dy[e];
+    const T g = ld<T>(x[gi]), u = ld<T>(x[ui]), d = ld<T>(dy[e]);
     const T s = T(1) / (T(1) + exp_t(-g));
     const T silu = g * s;
     // Both reads above precede both writes: dx may alias x.
-    dx[ui] = d * silu;
-    dx[gi] = d * u * (s + silu * (T(1) - s));
+    dx[ui] = to_out<S>(d * silu);
+    dx[gi] = to_out<S>(d * u * (s + silu * (T(1) - s)));
   }
+}
+
+// Backward's x, dy and dx share one stored dtype.
+void check_bwd_dtypes(const Tensor& x, const Tensor& dy, const Tensor& dx, const char* op) {
+  MT_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype(),
+           fmt::format("{}: x, dy and dx must share one dtype (fp32, fp64 or bf16); got {}, {}, {}", op,
+                       dtype_name(x.dtype()), dtype_name(dy.dtype()), dtype_name(dx.dtype())));
 }
 
 }  // namespace
@@ -88,15 +100,15 @@ __global__ void swiglu_bwd(int64_t n, int64_t F, const T* x, const T* dy, T* dx)
 void gelu_forward(GeluKind k, const Tensor& x, const Tensor& y) {
   MT_CHECK(x.numel() == y.numel(), "gelu_forward: sizes");
   check_on_gpu({&x, &y}, "gelu_forward");
-  float_types(x.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    out_types<T>(y.dtype(), "gelu_forward", [&](auto ytag_) {
+  storage_types(x.dtype(), [&](auto stag_) {
+    using S = decltype(stag_);
+    out_types<compute_t<S>>(y.dtype(), "gelu_forward", [&](auto ytag_) {
       using Y = decltype(ytag_);
-      const T* xp = x.ptr<T>();
+      const S* xp = x.ptr<S>();
       Y* yp = y.ptr<Y>();
       const int64_t n = x.numel();
       if (n == 0) return;
-      gelu_fwd<T, Y><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, yp);
+      gelu_fwd<S, Y><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, yp);
       MT_CUDA_CHECK_LAUNCH();
     });
   });
@@ -105,13 +117,14 @@ void gelu_forward(GeluKind k, const Tensor& x, const Tensor& y) {
 void gelu_backward(GeluKind k, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   MT_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes");
   check_on_gpu({&x, &dy, &dx}, "gelu_backward");
-  float_types(x.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    const T *xp = x.ptr<T>(), *dyp = dy.ptr<T>();
-    T* dxp = dx.ptr<T>();
+  check_bwd_dtypes(x, dy, dx, "gelu_backward");
+  storage_types(x.dtype(), [&](auto stag_) {
+    using S = decltype(stag_);
+    const S *xp = x.ptr<S>(), *dyp = dy.ptr<S>();
+    S* dxp = dx.ptr<S>();
     const int64_t n = x.numel();
     if (n == 0) return;
-    gelu_bwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, dyp, dxp);
+    gelu_bwd<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, dyp, dxp);
     MT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -120,15 +133,15 @@ void swiglu_forward(const Tensor& x, const Tensor& y) {
   int64_t F = y.dim(-1), N = F == 0 ? 0 : y.numel() / F;
   MT_CHECK(x.numel() == 2 * y.numel() && x.dim(-1) == 2 * F, "swiglu_forward: x must be [N, 2F], y [N, F]");
   check_on_gpu({&x, &y}, "swiglu_forward");
-  float_types(x.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    out_types<T>(y.dtype(), "swiglu_forward", [&](auto ytag_) {
+  storage_types(x.dtype(), [&](auto stag_) {
+    using S = decltype(stag_);
+    out_types<compute_t<S>>(y.dtype(), "swiglu_forward", [&](auto ytag_) {
       using Y = decltype(ytag_);
-      const T* xp = x.ptr<T>();
+      const S* xp = x.ptr<S>();
       Y* yp = y.ptr<Y>();
       const int64_t n = N * F;
       if (n == 0) return;
-      swiglu_fwd<T, Y><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, F, xp, yp);
+      swiglu_fwd<S, Y><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, F, xp, yp);
       MT_CUDA_CHECK_LAUNCH();
     });
   });
@@ -138,13 +151,14 @@ void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   int64_t F = dy.dim(-1), N = F == 0 ? 0 : dy.numel() / F;
   MT_CHECK(x.numel() == 2 * dy.numel() && dx.numel() == x.numel(), "swiglu_backward: sizes");
   check_on_gpu({&x, &dy, &dx}, "swiglu_backward");
-  float_types(x.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    const T *xp = x.ptr<T>(), *dyp = dy.ptr<T>();
-    T* dxp = dx.ptr<T>();
+  check_bwd_dtypes(x, dy, dx, "swiglu_backward");
+  storage_types(x.dtype(), [&](auto stag_) {
+    using S = decltype(stag_);
+    const S *xp = x.ptr<S>(), *dyp = dy.ptr<S>();
+    S* dxp = dx.ptr<S>();
     const int64_t n = N * F;
     if (n == 0) return;
-    swiglu_bwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, F, xp, dyp, dxp);
+    swiglu_bwd<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, F, xp, dyp, dxp);
     MT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -40,19 +40,28 @@ constexpr int kMaxPartials = 1024;
 __device__ double g_sumsq_partials[kMaxPartials + 1];
 std::mutex g_sumsq_mu;
 
-template <typename T>
-__global__ void bias_add_k(int64_t n, int64_t C, T* y, const T* __restrict__ b) {
-  for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] += b[e % C];
+// y (dy) stored as S, the bias (gradient) in T = compute_t<S>.
+template <typename S, typename T = compute_t<S>>
+__global__ void bias_add_k(int64_t n, int64_t C, S* y, const T* __restrict__ b) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] = to_out<S>(ld<T>(y[e]) + b[e % C]);
 }
 
 // One thread per column; rows in order.
-template <typename T>
-__global__ void bias_grad_k(int64_t N, int64_t C, const T* __restrict__ dy, T* __restrict__ db) {
+template <typename S, typename T = compute_t<S>>
+__global__ void bias_grad_k(int64_t N, int64_t C, const S* __restrict__ dy, T* __restrict__ db) {
   const int64_t c = gs_begin();
   if (c >= C) return;
   T acc = db[c];
-  for (int64_t i = 0; i < N; ++i) acc += dy[i * C + c];
+  for (int64_t i = 0; i < N; ++i) acc += ld<T>(dy[i * C + c]);
   db[c] = acc;
+}
+
+// y's stored type S (fp32, fp64 or bf16) with the bias in compute_t<S>.
+template <typename S>
+void check_bias_dtype(const Tensor& y, const Tensor& b, const char* op) {
+  MT_CHECK(b.dtype() == dtype_of<compute_t<S>>(),
+           fmt::format("{}: the bias must be {} for {} activations (got {})", op, dtype_name(dtype_of<compute_t<S>>()),
+                       dtype_name(y.dtype()), dtype_name(b.dtype())));
 }
 
 template <typename T>
@@ -129,13 +138,15 @@ void bias_add(const Tensor& y, const Tensor& b) {
   const int64_t C = b.numel(), N = C == 0 ? 0 : y.numel() / C;
   MT_CHECK(y.numel() == N * C, "bias_add: shapes");
   check_on_gpu({&y, &b}, "bias_add");
-  float_types(y.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    T* yp = y.ptr<T>();
+  storage_types(y.dtype(), [&](auto tag_) {
+    using S = decltype(tag_);
+    using T = compute_t<S>;
+    check_bias_dtype<S>(y, b, "bias_add");
+    S* yp = y.ptr<S>();
     const T* bp = b.ptr<T>();
     const int64_t n = N * C;
     if (n == 0) return;
-    bias_add_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, yp, bp);
+    bias_add_k<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, yp, bp);
     MT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -144,12 +155,14 @@ void bias_grad(const Tensor& dy, const Tensor& db) {
   const int64_t C = db.numel(), N = C == 0 ? 0 : dy.numel() / C;
   MT_CHECK(dy.numel() == N * C, "bias_grad: shapes");
   check_on_gpu({&dy, &db}, "bias_grad");
-  float_types(dy.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    const T* d = dy.ptr<T>();
+  storage_types(dy.dtype(), [&](auto tag_) {
+    using S = decltype(tag_);
+    using T = compute_t<S>;
+    check_bias_dtype<S>(dy, db, "bias_grad");
+    const S* d = dy.ptr<S>();
     T* o = db.ptr<T>();
     if (N == 0 || C == 0) return;
-    bias_grad_k<T><<<::mt::cuda::blocks_for(C, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(N, C, d, o);
+    bias_grad_k<S><<<::mt::cuda::blocks_for(C, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(N, C, d, o);
     MT_CUDA_CHECK_LAUNCH();
   });
 }

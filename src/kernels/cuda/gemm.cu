@@ -11,7 +11,8 @@
 // dtypes (as on the CPU):
 //   fp32 x fp32 -> fp32   CUBLAS_COMPUTE_32F: true fp32 products, no TF32,
 //                          so fp32 runs match the CPU to rounding;
-//   bf16 x bf16 -> fp32   CUBLAS_COMPUTE_32F: bf16 tensor cores, fp32 accumulate;
+//   bf16 x bf16 -> fp32 or bf16   CUBLAS_COMPUTE_32F: bf16 tensor cores, fp32
+//                          accumulate (a bf16 C is the rounded fp32 result);
 //   fp64 x fp64 -> fp64   CUBLAS_COMPUTE_64F (the finite-difference reference).
 // A plan (descriptors + the heuristic's first algorithm) is cached per shape,
 // transposes, dtypes and beta, per device; the workspace is 32 MiB per device
@@ -48,8 +49,8 @@ struct DeviceState {
   void* workspace = nullptr;
 };
 
-// (device, trans_a, trans_b, M, N, K, input dtype, beta != 0, alignment of A, B, C)
-using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, bool, uint32_t, uint32_t, uint32_t>;
+// (device, trans_a, trans_b, M, N, K, input dtype, output dtype, beta != 0, alignment of A, B, C)
+using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int, int, bool, uint32_t, uint32_t, uint32_t>;
 
 // The largest power of two <= 256 dividing the address: cuBLASLt's heuristic
 // assumes 256-byte aligned operands unless told otherwise, and arena views
@@ -92,7 +93,7 @@ cudaDataType_t cuda_type(DType t) {
 
 const Plan& plan_for(const DeviceState& ds, int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, DType in,
                      DType out, bool beta_nonzero, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
-  PlanKey key{dev, ta, tb, M, N, K, static_cast<int>(in), beta_nonzero, align_a, align_b, align_c};
+  PlanKey key{dev, ta, tb, M, N, K, static_cast<int>(in), static_cast<int>(out), beta_nonzero, align_a, align_b, align_c};
   auto it = g_plans.find(key);
   if (it != g_plans.end()) return it->second;
 
@@ -158,7 +159,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
       MT_CHECK(B.dtype() == DType::kF32 && C.dtype() == DType::kF32, "gemm: fp32 A needs fp32 B and C");
       break;
     case DType::kBF16:
-      MT_CHECK(B.dtype() == DType::kBF16 && C.dtype() == DType::kF32, "gemm: bf16 A needs bf16 B, fp32 C");
+      MT_CHECK(B.dtype() == DType::kBF16 && (C.dtype() == DType::kF32 || C.dtype() == DType::kBF16),
+               fmt::format("gemm: bf16 A needs bf16 B and an fp32 or bf16 C (got B {}, C {})", dtype_name(B.dtype()),
+                           dtype_name(C.dtype())));
       MT_CHECK(alpha == 1.0f, "gemm bf16: alpha must be 1");
       MT_CHECK(beta == 0.0f || beta == 1.0f, "gemm (matmul primitive): beta must be 0 or 1");
       break;

@@ -53,6 +53,20 @@ void float_types(DType dt, F&& f) {
   }
 }
 
+// storage_types / compute_t: kernels/cpu/common.h's dispatch on the stored
+// element type (fp32, fp64, bf16; bf16 computes in float), same message.
+template <typename F>
+void storage_types(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kF32: f(float{}); break;
+    case DType::kF64: f(double{}); break;
+    case DType::kBF16: f(bf16{}); break;
+    default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
+  }
+}
+template <typename S>
+using compute_t = std::conditional_t<std::is_same_v<S, bf16>, float, S>;
+
 // Pointer of type T, or nullptr for an undefined (optional) tensor.
 template <typename T>
 T* opt_ptr(const Tensor& t) {
@@ -102,6 +116,13 @@ __device__ __forceinline__ uint16_t bf16_bits_from_float(float f) {
 }
 __device__ __forceinline__ float float_from_bf16_bits(uint16_t h) {
   return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
+
+// A stored value widened to the compute type T (exact).
+template <typename T, typename S>
+__device__ __forceinline__ T ld(S v) {
+  if constexpr (std::is_same_v<S, bf16>) return static_cast<T>(float_from_bf16_bits(v.bits));
+  else return static_cast<T>(v);
 }
 
 // v rounded to the output type Y (bf16: as bf16_bits_from_float).

@@ -1,5 +1,5 @@
 // CUDA twins of kernels/cpu/rope.cc: rotary position embedding on the fused
-// QKV buffer (kernels/rope.h, kernels/qkv_layout.h), fp32 or fp64.
+// QKV buffer (kernels/rope.h, kernels/qkv_layout.h), fp32, fp64 or bf16.
 //
 // rope_table: computed on the HOST with the CPU twin's exact double
 // arithmetic (std::pow, std::cos, std::sin of the same glibc), then copied to
@@ -24,9 +24,10 @@ namespace {
 
 using namespace ::mt::kernels::cuda::pointwise;
 
-template <typename T>
+// S: qkv's stored type; T = compute_t<S>, the tables' type.
+template <typename S, typename T = compute_t<S>>
 __global__ void rope_rotate(int64_t n, int64_t half, int64_t nrot, int64_t heads, int64_t hpg, int64_t d,
-                            int64_t row, int64_t batch, T* qkv, const T* __restrict__ cos, const T* __restrict__ sin,
+                            int64_t row, int64_t batch, S* qkv, const T* __restrict__ cos, const T* __restrict__ sin,
                             T sg) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
     const int64_t i = e % half, rest = e / half;
@@ -34,11 +35,11 @@ __global__ void rope_rotate(int64_t n, int64_t half, int64_t nrot, int64_t heads
     // Column of the head within the row (QkvLayout::q_col / k_col).
     const int64_t col = h < heads ? ((h / hpg) * (hpg + 2) + h % hpg) * d : ((h - heads) * (hpg + 2) + hpg) * d;
     const int64_t t = r / batch;
-    T* x = qkv + r * row + col;
+    S* x = qkv + r * row + col;
     const T c = cos[t * half + i], sn = sg * sin[t * half + i];
-    const T x1 = x[i], x2 = x[i + half];
-    x[i] = x1 * c - x2 * sn;
-    x[i + half] = x2 * c + x1 * sn;
+    const T x1 = ld<T>(x[i]), x2 = ld<T>(x[i + half]);
+    x[i] = to_out<S>(x1 * c - x2 * sn);
+    x[i + half] = to_out<S>(x2 * c + x1 * sn);
   }
 }
 
@@ -74,15 +75,19 @@ void rope_apply(const Tensor& qkv, const QkvLayout& L, const Tensor& cos, const 
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "rope: qkv size does not match the layout");
   MT_CHECK(L.head_dim % 2 == 0 && cos.numel() >= L.seq * L.head_dim / 2, "rope: table too small");
   check_on_gpu({&qkv, &cos, &sin}, "rope_apply");
-  float_types(qkv.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    T* x = qkv.ptr<T>();
+  storage_types(qkv.dtype(), [&](auto tag_) {
+    using S = decltype(tag_);
+    using T = compute_t<S>;
+    MT_CHECK(cos.dtype() == dtype_of<T>() && sin.dtype() == dtype_of<T>(),
+             fmt::format("rope: cos/sin tables must be {} for {} qkv (got {}, {})", dtype_name(dtype_of<T>()),
+                         dtype_name(qkv.dtype()), dtype_name(cos.dtype()), dtype_name(sin.dtype())));
+    S* x = qkv.ptr<S>();
     const T* cp = cos.ptr<T>();
     const T* sp = sin.ptr<T>();
     const int64_t half = L.head_dim / 2, nrot = L.heads + L.groups;
     const int64_t n = L.tokens() * nrot * half;
     if (n == 0) return;
-    rope_rotate<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
+    rope_rotate<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
         n, half, nrot, L.heads, L.heads_per_group(), L.head_dim, L.row(), L.batch, x, cp, sp,
         inverse ? T(-1) : T(1));
     MT_CUDA_CHECK_LAUNCH();
