@@ -31,6 +31,18 @@ namespace {
 
 namespace k = ::mt::kernels;
 
+// Whether the CUDA twin takes its tensor-core kernels for these tensors
+// (kernels/attention.h). A build without the CUDA backend has no such
+// function; every test here skips there (MT_REQUIRE_GPU) before asking.
+bool uses_tensor_cores(const Tensor& qkv, const k::QkvLayout& L, const k::AttentionOptions& o) {
+#ifdef MT_HAVE_CUDA
+  return k::cuda::attention_uses_tensor_cores(qkv, L, o);
+#else
+  (void)qkv, (void)L, (void)o;
+  return false;
+#endif
+}
+
 template <typename T>
 std::vector<T> convert(const std::vector<double>& v) {
   std::vector<T> out(v.size());
@@ -228,7 +240,7 @@ void run_tc_case(const k::QkvLayout& L, double dropout, int64_t head_offset) {
 
   Arena g = gpu_arena();
   const Tensor d_qkv = to_device(g, t_qkv), d_dout = to_device(g, t_dout);
-  ASSERT_TRUE(k::cuda::attention_uses_tensor_cores(d_qkv, L, o)) << what;
+  ASSERT_TRUE(uses_tensor_cores(d_qkv, L, o)) << what;
   const Tensor d_out_cpu = to_device(g, t_out), d_lse_cpu = to_device(g, t_lse);
   std::vector<float> got_out[2], got_lse[2], got_dqkv[2];
   for (int run = 0; run < 2; ++run) {
@@ -269,12 +281,12 @@ TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {
   Arena g = gpu_arena(size_t{1} << 20);
   k::AttentionOptions o{0.125, 0, 0, 0, 0};
   const Tensor f32 = g.alloc({8, 64 * 3}, DType::kF32), f64 = g.alloc({8, 64 * 3}, DType::kF64);
-  EXPECT_FALSE(k::cuda::attention_uses_tensor_cores(f32, {8, 1, 1, 1, 64}, o));
+  EXPECT_FALSE(uses_tensor_cores(f32, {8, 1, 1, 1, 64}, o));
   o.bf16_matmul = true;
-  EXPECT_TRUE(k::cuda::attention_uses_tensor_cores(f32, {8, 1, 1, 1, 64}, o));
-  EXPECT_FALSE(k::cuda::attention_uses_tensor_cores(f64, {8, 1, 1, 1, 64}, o));
+  EXPECT_TRUE(uses_tensor_cores(f32, {8, 1, 1, 1, 64}, o));
+  EXPECT_FALSE(uses_tensor_cores(f64, {8, 1, 1, 1, 64}, o));
   const Tensor d96 = g.alloc({8, 96 * 3}, DType::kF32);
-  EXPECT_FALSE(k::cuda::attention_uses_tensor_cores(d96, {8, 1, 1, 1, 96}, o));
+  EXPECT_FALSE(uses_tensor_cores(d96, {8, 1, 1, 1, 96}, o));
 }
 
 // bf16 out, dout and dqkv with bf16 qkv (kernels/attention.h), on the SIMT
@@ -337,7 +349,7 @@ void run_bf16_io_case(const k::QkvLayout& L, double dropout, int64_t head_offset
 
   Arena g = gpu_arena();
   const Tensor d_qkv = to_device(g, t_qkv);
-  ASSERT_EQ(k::cuda::attention_uses_tensor_cores(d_qkv, L, o), tc) << what;
+  ASSERT_EQ(uses_tensor_cores(d_qkv, L, o), tc) << what;
   // Forward: fp32 and bf16 out.
   const Tensor d_out = nan_device<float>(g, os), d_lse = nan_device<float>(g, ls);
   const Tensor d_out_h = nan_device<bf16>(g, os), d_lse2 = nan_device<float>(g, ls);
