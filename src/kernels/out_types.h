@@ -3,7 +3,8 @@
 // the element type of a forward op's output y for compute type T, shared by
 // the CPU twins and the CUDA twins' host code: T itself, or bf16 for fp32 (an
 // activation that only feeds bf16 GEMMs under --bf16, rounded once as it is
-// stored, bit for bit as a later cast would round it).
+// stored, bit for bit as a later cast would round it). Also the storage-type
+// dispatch and dtype checks the bf16-storing twins share.
 
 #include <fmt/format.h>
 
@@ -21,6 +22,30 @@ void out_types(DType y, const char* op, F&& f) {
     if (y == DType::kBF16) return f(bf16{});
   MT_CHECK(false, fmt::format("{}: output dtype {} for {} input (expected the input's dtype, or bf16 for fp32)", op,
                               dtype_name(y), dtype_name(dtype_of<T>())));
+}
+
+// storage_types(dtype, [&](auto tag) { using S = decltype(tag); ... }): the
+// element type a tensor stores, fp32, fp64 or bf16. A kernel computes in
+// compute_t<S> (float for bf16) and widens each stored value exactly (ld<T>
+// of kernels/cpu/common.h and kernels/cuda/pointwise_common.cuh), so a bf16
+// input gives the bits an fp32 input holding the same values gives; bf16
+// results are rounded once as they are stored (to_out).
+template <typename F>
+void storage_types(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kF32: f(float{}); break;
+    case DType::kF64: f(double{}); break;
+    case DType::kBF16: f(bf16{}); break;
+    default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
+  }
+}
+template <typename S>
+using compute_t = std::conditional_t<std::is_same_v<S, bf16>, float, S>;
+
+// A backward's x, dy and dx share one stored dtype.
+inline void check_bwd_dtypes(const DType x, const DType dy, const DType dx, const char* op) {
+  MT_CHECK(dy == x && dx == x, fmt::format("{}: x, dy and dx must share one dtype (fp32, fp64 or bf16); got {}, {}, {}",
+                                           op, dtype_name(x), dtype_name(dy), dtype_name(dx)));
 }
 
 }  // namespace mt::kernels

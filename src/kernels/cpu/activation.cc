@@ -93,13 +93,6 @@ void swiglu_bwd(int64_t N, int64_t F, const S* x, const S* dy, S* dx) {
   }
 }
 
-// Backward's x, dy and dx share one stored dtype.
-void check_bwd_dtypes(const Tensor& x, const Tensor& dy, const Tensor& dx, const char* op) {
-  MT_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype(),
-           fmt::format("{}: x, dy and dx must share one dtype (fp32, fp64 or bf16); got {}, {}, {}", op,
-                       dtype_name(x.dtype()), dtype_name(dy.dtype()), dtype_name(dx.dtype())));
-}
-
 }  // namespace
 
 void gelu_forward(GeluKind k, const Tensor& x, const Tensor& y) {
@@ -114,7 +107,7 @@ void gelu_forward(GeluKind k, const Tensor& x, const Tensor& y) {
 }
 void gelu_backward(GeluKind k, const Tensor& x, const Tensor& dy, const Tensor& dx) {
   MT_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes");
-  check_bwd_dtypes(x, dy, dx, "gelu_backward");
+  check_bwd_dtypes(x.dtype(), dy.dtype(), dx.dtype(), "gelu_backward");
   storage_types(x.dtype(), [&](auto s_) {
     using S = decltype(s_);
     gelu_bwd<S>(k, x.numel(), x.ptr<S>(), dy.ptr<S>(), dx.ptr<S>());
@@ -134,7 +127,7 @@ void swiglu_forward(const Tensor& x, const Tensor& y) {
 void swiglu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   int64_t F = dy.dim(-1), N = dy.numel() / F;
   MT_CHECK(x.numel() == 2 * dy.numel() && dx.numel() == x.numel(), "swiglu_backward: sizes");
-  check_bwd_dtypes(x, dy, dx, "swiglu_backward");
+  check_bwd_dtypes(x.dtype(), dy.dtype(), dx.dtype(), "swiglu_backward");
   storage_types(x.dtype(), [&](auto s_) {
     using S = decltype(s_);
     swiglu_bwd<S>(N, F, x.ptr<S>(), dy.ptr<S>(), dx.ptr<S>());

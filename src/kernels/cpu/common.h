@@ -39,22 +39,8 @@ void float_types(DType dt, F&& f) {
   }
 }
 
-// storage_types(dtype, [&](auto tag) { using S = decltype(tag); ... }): the
-// element type a tensor stores, fp32, fp64 or bf16. A kernel computes in
-// compute_t<S> (float for bf16) and widens each stored value with ld<T>():
-// exactly, so a bf16 input gives the bits an fp32 input holding the same
-// values gives; bf16 results are rounded once as they are stored (to_out).
-template <typename F>
-void storage_types(DType dt, F&& f) {
-  switch (dt) {
-    case DType::kF32: f(float{}); break;
-    case DType::kF64: f(double{}); break;
-    case DType::kBF16: f(bf16{}); break;
-    default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
-  }
-}
-template <typename S>
-using compute_t = std::conditional_t<std::is_same_v<S, bf16>, float, S>;
+// ld<T>(v): a stored value (storage_types, kernels/out_types.h) widened to
+// the compute type T, exactly.
 template <typename T, typename S>
 inline T ld(S v) {
   if constexpr (std::is_same_v<S, bf16>) return static_cast<T>(bf16_to_float(v));

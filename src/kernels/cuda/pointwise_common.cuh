@@ -53,20 +53,6 @@ void float_types(DType dt, F&& f) {
   }
 }
 
-// storage_types / compute_t: kernels/cpu/common.h's dispatch on the stored
-// element type (fp32, fp64, bf16; bf16 computes in float), same message.
-template <typename F>
-void storage_types(DType dt, F&& f) {
-  switch (dt) {
-    case DType::kF32: f(float{}); break;
-    case DType::kF64: f(double{}); break;
-    case DType::kBF16: f(bf16{}); break;
-    default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
-  }
-}
-template <typename S>
-using compute_t = std::conditional_t<std::is_same_v<S, bf16>, float, S>;
-
 // Pointer of type T, or nullptr for an undefined (optional) tensor.
 template <typename T>
 T* opt_ptr(const Tensor& t) {
