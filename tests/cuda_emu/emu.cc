@@ -88,12 +88,21 @@ struct Fiber {
   bool done = false;
   const Barrier* waiting = nullptr;  // blocked until waiting->generation != wait_generation
   uint64_t wait_generation = 0;
-  unsigned collectives = 0;  // warp shuffles and mmas so far; the parity picks the exchange buffer
+  unsigned collectives = 0;  // warp shuffles, mmas and ldmatrix so far; the parity picks the exchange buffer
+  // cp.async copies not landed yet, oldest first, and where each committed
+  // group ends in that list (copies past the last end are uncommitted).
+  struct AsyncCopy {
+    void* dst;
+    const void* src;
+    unsigned src_bytes;
+  };
+  std::vector<AsyncCopy> copies;
+  std::vector<size_t> group_ends;
 };
 
 // What a lane contributed to a warp collective, so that an mma can tell a
 // lane that reached the same warp barrier from a shuffle.
-enum class Collective : uint8_t { kShuffle, kMma };
+enum class Collective : uint8_t { kShuffle, kMma, kLdmatrix };
 
 // A lane's mma operands, as its registers hold them.
 struct MmaFragments {
@@ -112,6 +121,8 @@ struct Warp {
   uint64_t value[2][32] = {};  // shuffles
   MmaFragments mma[2][32] = {};
   float mma_d[2][16][8] = {};  // the warp's D, computed by the lane that opens the barrier
+  const void* ld_row[2][32] = {};  // ldmatrix: each lane's row address
+  unsigned ld_out[2][32][4] = {};  // and each lane's registers, read by the lane that opens the barrier
 };
 
 struct Block {
@@ -171,8 +182,11 @@ void wait(Barrier& b) {
   yield();
 }
 
+void land_copies(Fiber& f, size_t n);
+
 [[noreturn]] void fiber_main() {
   g_body(g_ctx);
+  land_copies(*g_current, g_current->copies.size());  // a thread's copies land by its exit at the latest
   g_current->done = true;
   yield();
   __builtin_unreachable();
@@ -320,6 +334,27 @@ void mma_warp(const MmaFragments (&lanes)[32], float (&d)[16][8]) {
     }
 }
 
+// Lands the first n pending cp.async copies of f.
+void land_copies(Fiber& f, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const Fiber::AsyncCopy& c = f.copies[i];
+    if (c.src_bytes) std::memcpy(c.dst, c.src, 16);
+    else std::memset(c.dst, 0, 16);
+  }
+  f.copies.erase(f.copies.begin(), f.copies.begin() + static_cast<std::ptrdiff_t>(n));
+  for (size_t& e : f.group_ends) e -= n;
+}
+
+// Whether [p, p + bytes) lies inside one of the block's shared arrays or its dynamic shared memory.
+bool in_shared(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (const auto& s : g_block.shared) {
+    const char* a = static_cast<const char*>(s.first);
+    if (c >= a && c + bytes <= a + s.second) return true;
+  }
+  return g_dynamic && c >= g_dynamic && c + bytes <= g_dynamic + g_config->shared_bytes;
+}
+
 }  // namespace
 
 void run_grid(const char* kernel, const Config& c, const void* func, void (*body)(void*), void* ctx) {
@@ -458,7 +493,8 @@ void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], con
   wait(w.barrier);
   for (unsigned l = 0; l < 32; ++l)
     if (w.kind[parity][l] != Collective::kMma)
-      fail("mma.m16n8k16 in warp %u while its lane %u shuffles (every lane must take part in the same mma)", warp, l);
+      fail("mma.m16n8k16 in warp %u while its lane %u %s (every lane must take part in the same mma)", warp, l,
+           w.kind[parity][l] == Collective::kShuffle ? "shuffles" : "runs an ldmatrix");
   if (opens) mma_warp(w.mma[parity], w.mma_d[parity]);
   const unsigned g = lane >> 2, t = lane & 3;
   const float(&D)[16][8] = w.mma_d[parity];
@@ -466,6 +502,68 @@ void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], con
   d[1] = D[g][2 * t + 1];
   d[2] = D[g + 8][2 * t];
   d[3] = D[g + 8][2 * t + 1];
+}
+
+void ldmatrix(unsigned* r, int count, bool trans, const void* row) {
+  if (!g_current) fail("ldmatrix called outside a kernel");
+  if (count != 1 && count != 2 && count != 4) fail("ldmatrix.x%d: only .x1, .x2 and .x4 exist", count);
+  Fiber& f = *g_current;
+  const unsigned lane = f.linear % 32, warp = f.linear / 32;
+  Warp& w = g_block.warps[warp];
+  if (w.lanes != 32) fail("ldmatrix in warp %u, which has %u lanes: it needs a whole 32-lane warp", warp, w.lanes);
+  if (lane < 8u * static_cast<unsigned>(count)) {
+    if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
+      fail("ldmatrix row address %p (lane %u) is not 16-byte aligned", row, lane);
+    if (!in_shared(row, 16))
+      fail("ldmatrix row address %p (lane %u) is not 16 bytes inside the block's shared memory", row, lane);
+  }
+  const unsigned parity = f.collectives++ & 1;
+  w.kind[parity][lane] = Collective::kLdmatrix;
+  w.ld_row[parity][lane] = row;
+  const bool opens = w.barrier.arrived + 1 == w.barrier.expected;
+  wait(w.barrier);
+  for (unsigned l = 0; l < 32; ++l)
+    if (w.kind[parity][l] != Collective::kLdmatrix)
+      fail("ldmatrix in warp %u while its lane %u takes part in another collective (every lane must take part in "
+           "the same ldmatrix)",
+           warp, l);
+  if (opens) {  // every lane's registers, read before any lane runs on (and writes shared memory)
+    for (unsigned m = 0; m < static_cast<unsigned>(count); ++m) {
+      uint16_t M[8][8];
+      for (unsigned i = 0; i < 8; ++i) std::memcpy(M[i], w.ld_row[parity][8 * m + i], 16);
+      for (unsigned l = 0; l < 32; ++l) {
+        const unsigned i = l / 4, j = l % 4;
+        const uint16_t lo = trans ? M[2 * j][i] : M[i][2 * j], hi = trans ? M[2 * j + 1][i] : M[i][2 * j + 1];
+        w.ld_out[parity][l][m] = lo | static_cast<unsigned>(hi) << 16;
+      }
+    }
+  }
+  for (int m = 0; m < count; ++m) r[m] = w.ld_out[parity][lane][m];
+}
+
+void cp_async(void* dst, const void* src, unsigned src_bytes) {
+  if (!g_current) fail("cp.async called outside a kernel");
+  if (src_bytes != 0 && src_bytes != 16) fail("cp.async with src-size %u: only 16 (a copy) or 0 (zeros) are emulated", src_bytes);
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    fail("cp.async of 16 bytes from %p to %p: both addresses must be 16-byte aligned", src, dst);
+  if (!in_shared(dst, 16)) fail("cp.async destination %p is not 16 bytes inside the block's shared memory", dst);
+  if (src_bytes && !is_device_memory(src)) fail("cp.async source %p is not device memory", src);
+  g_current->copies.push_back({dst, src, src_bytes});
+}
+
+void cp_async_commit() {
+  if (!g_current) fail("cp.async.commit_group called outside a kernel");
+  g_current->group_ends.push_back(g_current->copies.size());
+}
+
+void cp_async_wait(int n) {
+  if (!g_current) fail("cp.async.wait_group called outside a kernel");
+  if (n < 0) fail("cp.async.wait_group %d", n);
+  Fiber& f = *g_current;
+  const size_t groups = f.group_ends.size(), keep = static_cast<size_t>(n);
+  if (groups <= keep) return;
+  land_copies(f, f.group_ends[groups - keep - 1]);
+  f.group_ends.erase(f.group_ends.begin(), f.group_ends.begin() + static_cast<std::ptrdiff_t>(groups - keep));
 }
 
 }  // namespace emu

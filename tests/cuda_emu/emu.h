@@ -57,10 +57,19 @@
 //  - the runtime (fake/cuda_runtime.h): one device; cudaMalloc is poisoned,
 //    registered host memory; copies check their cudaMemcpyKind against it;
 //    streams are synchronous.
+//  - ldmatrix (emu::ldmatrix: .m8n8.x1/.x2/.x4, with or without .trans, of
+//    b16 from shared memory): a warp barrier like the mma; every row address
+//    must lie in the block's shared memory, 16-byte aligned;
+//  - cp.async (emu::cp_async, cp_async_commit, cp_async_wait: .cg, 16 bytes,
+//    global to shared, with zero fill), as late as PTX allows: a copy lands
+//    only when its thread waits for its group with cp.async.wait_group (or
+//    exits), so a read of the destination before that wait, or after a wait
+//    that leaves the copy's group pending, sees the bytes that were there
+//    before (poison, or the previous tile), as the slowest GPU would.
 // Not emulated: atomics, warp votes, __syncwarp, other mma shapes and types,
-// ldmatrix, cp.async and other inline PTX, cooperative groups, textures,
-// device-side printf (no kernel uses them; a kernel that does fails to
-// compile or to launch here until this grows).
+// other inline PTX, cooperative groups, textures, device-side printf (no
+// kernel uses them; a kernel that does fails to compile or to launch here
+// until this grows).
 //
 // What it cannot catch:
 //  - races between blocks (blocks never overlap), races inside a block that
@@ -220,6 +229,23 @@ T shuffle_as(unsigned mask, T v, Shuffle kind, int arg) {
 // then c added. The hardware's order is unspecified; tests allow for that.
 // d may alias c.
 void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]);
+
+// PTX ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16 {r[0..count)},
+// [row]: `count` (1, 2 or 4) 8 x 8 matrices of 16-bit elements; row i of
+// matrix m is the 16 bytes at the shared address `row` of lane 8 m + i (the
+// other lanes' addresses are ignored, as in PTX). Lane 4 i + j receives in
+// r[m] the elements (i, 2j) and (i, 2j + 1) of matrix m, or with trans
+// (2j, i) and (2j + 1, i): the matrix transposed; the first element in the
+// low 16 bits. All 32 lanes of a whole warp call it together.
+void ldmatrix(unsigned* r, int count, bool trans, const void* row);
+
+// PTX cp.async.cg.shared.global [dst], [src], 16, src_bytes (src_bytes 16
+// or 0: 16 bytes copied, or 16 zeros written); cp.async.commit_group;
+// cp.async.wait_group n (the calling thread's copies of all but its newest n
+// committed groups land now). Copies land no earlier than that (emu.h, above).
+void cp_async(void* dst, const void* src, unsigned src_bytes);
+void cp_async_commit();
+void cp_async_wait(int n);
 
 // Between emu.cc and cuda_runtime.cc.
 bool is_valid_stream(cudaStream_t stream);

@@ -4,7 +4,8 @@
 // shared memory, the scheduling order exposing a missing barrier, deadlocks,
 // divergent barriers, host pointers, launch configurations,
 // __launch_bounds__, the 48 KiB of static shared memory, the dynamic shared
-// memory limits and cudaFuncSetAttribute, whole-warp mmas, memcpy kinds).
+// memory limits and cudaFuncSetAttribute, whole-warp mmas, memcpy kinds);
+// ldmatrix gives PTX's fragments and cp.async lands as late as PTX allows.
 // Compiled only through translate.py, like the kernels it vouches for; never
 // by nvcc.
 
@@ -231,6 +232,85 @@ __global__ void mma_beside_shuffle(float* y) {
   y[threadIdx.x] = d[0];
 }
 
+// ldmatrix: a 16 x 16 tile of distinct values (tile[r][c] = 256 r + c + 1)
+// in shared memory with rows 24 elements (48 bytes) apart; the four 8 x 8
+// quarters are matrices 0..3 (rows 0-7 | 8-15, columns 0-7 | 8-15, in the
+// order (0,0) (8,0) (0,8) (8,8)). Each lane writes what .x4, .x4.trans, .x2
+// and .x1 give it: out[lane * 11 + k].
+// (Dynamic shared memory: 128-byte aligned, so its rows are 16-byte aligned.)
+__global__ void ldmatrix_quarters(unsigned* out) {
+  extern __shared__ uint16_t tile[];  // 16 * 24
+  const unsigned lane = threadIdx.x;
+  for (unsigned e = lane; e < 16 * 24; e += 32) tile[e] = static_cast<uint16_t>(e / 24 * 256 + e % 24 + 1);
+  __syncthreads();
+  const unsigned m = lane / 8, i = lane % 8;
+  const uint16_t* row = tile + ((m & 1) * 8 + i) * 24 + (m >> 1) * 8;
+  unsigned r[4], rt[4], r2[2], r1[1];
+  emu::ldmatrix(r, 4, false, row);
+  emu::ldmatrix(rt, 4, true, row);
+  emu::ldmatrix(r2, 2, false, lane < 16 ? row : nullptr);  // lanes 16..31: ignored
+  emu::ldmatrix(r1, 1, true, lane < 8 ? row : tile + 1);   // misaligned, but ignored
+  unsigned* o = out + lane * 11;
+  for (int k = 0; k < 4; ++k) o[k] = r[k], o[4 + k] = rt[k];
+  o[8] = r2[0], o[9] = r2[1], o[10] = r1[0];
+}
+
+__global__ void ldmatrix_misaligned(unsigned* out) {
+  extern __shared__ uint16_t tile[];  // 8 * 16
+  for (unsigned e = threadIdx.x; e < 8 * 16; e += 32) tile[e] = 0;
+  __syncthreads();
+  unsigned r[1];
+  emu::ldmatrix(r, 1, false, tile + threadIdx.x % 8 * 16 + (threadIdx.x == 3 ? 4 : 0));
+  out[threadIdx.x] = r[0];
+}
+
+__global__ void ldmatrix_from_global(unsigned* out) {
+  unsigned r[1];
+  emu::ldmatrix(r, 1, false, out + threadIdx.x % 8 * 4);
+  out[threadIdx.x] = r[0];
+}
+
+// cp.async: each of 4 threads copies its 16 bytes of src (and, for group 2,
+// writes zeros) into a poisoned shared array and records what it reads at
+// each step: out[t * 12 + k] = word 0 of its chunks (A, B) at (before any
+// wait, after wait_group 1, after wait_group 0).
+__global__ void cp_async_groups(const unsigned* src, unsigned* out) {
+  extern __shared__ unsigned a[];  // 4 * 4, then b
+  unsigned* b = a + 16;
+  const unsigned t = threadIdx.x;
+  for (unsigned e = t; e < 32; e += blockDim.x) (e < 16 ? a[e] : b[e - 16]) = 0xAAAAAAAAu;
+  __syncthreads();
+  emu::cp_async(a + 4 * t, src + 4 * t, 16);
+  emu::cp_async_commit();
+  emu::cp_async(b + 4 * t, src, 0);  // zero fill
+  emu::cp_async_commit();
+  unsigned* o = out + t * 12;
+  o[0] = a[4 * t], o[1] = b[4 * t];
+  emu::cp_async_wait(1);
+  o[2] = a[4 * t], o[3] = b[4 * t];
+  emu::cp_async_wait(0);
+  o[4] = a[4 * t], o[5] = b[4 * t];
+  // Uncommitted copies are not waited for; they land when the thread exits.
+  emu::cp_async(a + 4 * t, src + 16 + 4 * t, 16);
+  emu::cp_async_wait(0);
+  o[6] = a[4 * t];
+  emu::cp_async_commit();
+  emu::cp_async_wait(0);
+  o[7] = a[4 * t + 3];
+}
+
+__global__ void cp_async_to_global(const unsigned* src, unsigned* out) {
+  emu::cp_async(out + 4 * threadIdx.x, src, 16);
+  emu::cp_async_commit();
+  emu::cp_async_wait(0);
+}
+
+__global__ void cp_async_misaligned(const unsigned* src, unsigned* out) {
+  extern __shared__ unsigned a[];  // 8
+  emu::cp_async(a, src + 1, 16);
+  out[threadIdx.x] = a[0];
+}
+
 TEST(CudaEmu, OneDevice) {
   int n = 0;
   ASSERT_EQ(cudaGetDeviceCount(&n), cudaSuccess);
@@ -446,6 +526,62 @@ TEST(CudaEmu, MmaM16n8k16Bf16MatchesTheMatrixProduct) {
   cudaFree(s);
 }
 
+// The layouts PTX gives ldmatrix (emu.h), checked element by element.
+TEST(CudaEmu, LdmatrixGivesPtxFragments) {
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 32 * 11 * sizeof(unsigned)), cudaSuccess);
+  unsigned* d = static_cast<unsigned*>(p);
+  ldmatrix_quarters<<<1, 32, 16 * 24 * 2>>>(d);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<unsigned> got(32 * 11);
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), d, got.size() * sizeof(unsigned), cudaMemcpyDeviceToHost, nullptr),
+            cudaSuccess);
+  // Element (r, c) of matrix m is tile[(m & 1) * 8 + r][(m >> 1) * 8 + c].
+  auto at = [](unsigned m, unsigned r, unsigned c) { return ((m & 1) * 8 + r) * 256 + (m >> 1) * 8 + c + 1; };
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    const unsigned i = lane / 4, j = lane % 4;
+    const unsigned* o = got.data() + lane * 11;
+    for (unsigned m = 0; m < 4; ++m) {
+      EXPECT_EQ(o[m], at(m, i, 2 * j) | at(m, i, 2 * j + 1) << 16) << "x4 lane " << lane << " matrix " << m;
+      EXPECT_EQ(o[4 + m], at(m, 2 * j, i) | at(m, 2 * j + 1, i) << 16) << "x4.trans lane " << lane << " matrix " << m;
+    }
+    EXPECT_EQ(o[8], at(0, i, 2 * j) | at(0, i, 2 * j + 1) << 16) << "x2 lane " << lane;
+    EXPECT_EQ(o[9], at(1, i, 2 * j) | at(1, i, 2 * j + 1) << 16) << "x2 lane " << lane;
+    EXPECT_EQ(o[10], at(0, 2 * j, i) | at(0, 2 * j + 1, i) << 16) << "x1.trans lane " << lane;
+  }
+  cudaFree(p);
+}
+
+// cp.async lands as late as PTX allows (emu.h): not before the thread's
+// wait_group covers its group.
+TEST(CudaEmu, CpAsyncLandsAtTheWaitThatCoversItsGroup) {
+  std::vector<unsigned> src(32);
+  for (unsigned e = 0; e < 32; ++e) src[e] = 100 + e;
+  void* ps = nullptr;
+  void* po = nullptr;
+  ASSERT_EQ(cudaMalloc(&ps, 32 * sizeof(unsigned)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&po, 4 * 12 * sizeof(unsigned)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(ps, src.data(), 32 * sizeof(unsigned), cudaMemcpyHostToDevice, nullptr), cudaSuccess);
+  cp_async_groups<<<1, 4, 32 * 4>>>(static_cast<const unsigned*>(ps), static_cast<unsigned*>(po));
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<unsigned> got(4 * 12);
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), po, got.size() * sizeof(unsigned), cudaMemcpyDeviceToHost, nullptr),
+            cudaSuccess);
+  for (unsigned t = 0; t < 4; ++t) {
+    const unsigned* o = got.data() + t * 12;
+    EXPECT_EQ(o[0], 0xAAAAAAAAu) << "thread " << t << ": nothing lands before a wait";
+    EXPECT_EQ(o[1], 0xAAAAAAAAu) << "thread " << t;
+    EXPECT_EQ(o[2], 100 + 4 * t) << "thread " << t << ": wait_group 1 lands the older group";
+    EXPECT_EQ(o[3], 0xAAAAAAAAu) << "thread " << t << ": and leaves the newer one pending";
+    EXPECT_EQ(o[4], 100 + 4 * t) << "thread " << t;
+    EXPECT_EQ(o[5], 0u) << "thread " << t << ": src-size 0 writes zeros";
+    EXPECT_EQ(o[6], 100 + 4 * t) << "thread " << t << ": an uncommitted copy is not waited for";
+    EXPECT_EQ(o[7], 116 + 4 * t + 3) << "thread " << t << ": committed, it lands";
+  }
+  cudaFree(ps);
+  cudaFree(po);
+}
+
 TEST(CudaEmu, CopiesCheckTheirKind) {
   float* d = device_floats(4, std::vector<float>(4, 0.0f));
   std::vector<float> h(4, 1.0f), h2(4);
@@ -478,6 +614,12 @@ TEST(CudaEmuDeathTest, ChecksAbortWithTheReason) {
   EXPECT_DEATH(mma_in_half_warp<<<1, 16>>>(y), "which has 16 lanes: it needs a whole 32-lane warp");
   EXPECT_DEATH(mma_in_half_warp<<<1, 48>>>(y), "warp 1, which has 16 lanes");
   EXPECT_DEATH(mma_beside_shuffle<<<1, 32>>>(y), "while its lane 0 shuffles");
+  unsigned* u = reinterpret_cast<unsigned*>(y);
+  EXPECT_DEATH(ldmatrix_misaligned<<<1, 32, 256>>>(u), "ldmatrix row address .* \\(lane 3\\) is not 16-byte aligned");
+  EXPECT_DEATH(ldmatrix_from_global<<<1, 32>>>(u), "\\(lane 0\\) is not 16 bytes inside the block's shared memory");
+  EXPECT_DEATH(ldmatrix_misaligned<<<1, 16, 256>>>(u), "ldmatrix in warp 0, which has 16 lanes");
+  EXPECT_DEATH(cp_async_to_global<<<1, 1>>>(u, u + 64), "cp.async destination .* is not 16 bytes inside the block's shared");
+  EXPECT_DEATH(cp_async_misaligned<<<1, 1, 32>>>(u, u), "both addresses must be 16-byte aligned");
   cudaFree(y);
 }
 

@@ -532,26 +532,36 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
 // P and dS as they enter their products (Megatron's bf16 attention rounds the
 // same operands); scores, the softmax statistics, dP and all accumulators
 // stay fp32. out and dqkv (fp32 or bf16) are rounded only as they are stored.
+// The softmax runs in base 2 on the special function unit (tc::exp2_approx,
+// relative error about 2^-22 where the SIMT kernels' expf is within 2 ulp),
+// with the scale folded into one FMA per score, as FlashAttention does.
 //
 // Each block has 4 warps and each warp owns 16 rows of the block's tile (the
 // M of m16n8k16), so a row's softmax statistics live in the 4 lanes of one
 // quad (lane / 4 = the row's g) and are reduced with two xor shuffles; no
-// block-wide reduction and no shared score tile. Shared tiles hold bf16 with
-// rows padded by kTcPad elements (row pitches of 4 mod 32 words keep the
-// fragment loads of mma.cuh conflict-free).
+// block-wide reduction and no shared score tile.
+//
+// Shared tiles are row-major bf16 ([token][head_dim], rows padded by kTcPad
+// elements: a row pitch of 4 mod 32 words keeps ldmatrix conflict-free), in
+// dynamic shared memory. Operands come out of them by ldmatrix: straight for
+// a tile that is an A, or the B of a product with the tile transposed
+// (Q K^T), and with .trans for a B that is the tile itself (P V, dS K,
+// P^T dO, dS^T Q), so no tile is ever stored transposed. bf16 tiles are
+// copied by cp.async, double-buffered: the copy of the next tile runs while
+// the current one is multiplied (fp32 sources are rounded and stored by the
+// threads themselves, in the same layout).
 //   forward  grid (query tile of 64, head, batch): Q fragments in registers,
-//            K (row-major) and V (transposed) tiles of 64 keys in shared
-//            memory; S, P and the output accumulator in registers (P feeds
-//            the P V product straight from the S accumulators).
+//            two stages of K and V tiles of 64 keys; S, P and the output
+//            accumulator in registers (P feeds the P V product straight
+//            from the S accumulators). 70 KB of shared memory at head_dim
+//            128.
 //   dK/dV    grid (key tile of 64, group, batch): K and V of the tile in
-//            shared memory, dK, dV accumulators in registers; per head of the
-//            group and query tile of 32 from the key tile on: Q and dO tiles
-//            row-major (for S^T = K Q^T, dP^T = V dO^T) and transposed (for
-//            dV += P^T dO, dK += dS^T Q). Dynamic shared memory (73 KB at
-//            head_dim 128).
+//            shared memory, dK, dV accumulators in registers; two stages of
+//            Q and dO tiles of 32 queries (with their lse and D), taken per
+//            head of the group and query tile from the key tile on. 70 KB.
 //   dQ       grid (query tile of 64, head, batch): Q and dO fragments, lse
-//            and D in registers; K tiles of 32 keys row-major and transposed,
-//            V row-major; dQ += dS K.
+//            and D in registers; two stages of K and V tiles of 32 keys;
+//            dQ += dS K. 35 KB.
 // Query-tile grids run the last (longest, causal) tiles first.
 
 constexpr int kTcThreads = 128;  // 4 warps of 16 rows
@@ -563,32 +573,46 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 
 using SmemWord = tc::F4;  // dynamic shared memory in 16-byte units
 
-// Rows t0 .. t0 + n of a D-wide column block (rows `ld` elements apart) as
-// bf16 into shared memory: row-major (dst[r * (D + kTcPad) + c]) and/or
-// transposed (dstT[c * (ROWS + kTcPad) + r]); rows n .. ROWS are zeros.
-// Threads walk columns fastest for a row-major-only tile (coalesced reads,
-// conflict-free stores) and rows fastest when a transposed copy is made
-// (conflict-free transposed stores).
-// bf16 sources are widened and packed again, which is exact: copying their
-// bits straight through took the head_dim 64 forward from 168 to 233
-// registers (ptxas then keeps more loads in flight; sm_90a, nvcc 13).
+// Shared memory bytes of each kernel (two stages of two tiles, plus the dK/dV
+// kernel's K and V and its two stages of lse and D).
+template <int D>
+constexpr size_t fwd_tc_smem() {
+  return sizeof(uint16_t) * 4 * kTcFwdBK * (D + kTcPad);
+}
+template <int D>
+constexpr size_t dkv_tc_smem() {
+  return sizeof(uint16_t) * (2 * kTcDkvBK + 4 * kTcDkvBQ) * (D + kTcPad) + 4 * kTcDkvBQ * sizeof(float);
+}
+template <int D>
+constexpr size_t dq_tc_smem() {
+  return sizeof(uint16_t) * 4 * kTcDqBK * (D + kTcPad);
+}
+
+// Rows t0 .. t0 + n of a D-wide column block (rows `ld` elements apart) into
+// the row-major shared tile dst (pitch D + kTcPad); rows n .. ROWS are zeros.
+// bf16 sources go by cp.async, 16 bytes a copy: they land at the caller's
+// cp_async_wait that covers the group it commits next. fp32 sources are
+// rounded to bf16 and stored now.
 template <int ROWS, int D, typename Tin>
-__device__ __forceinline__ void tc_load(const Tin* __restrict__ src, int64_t ld, int64_t t0, int n, uint16_t* dst,
-                                        uint16_t* dstT) {
-  constexpr int C4 = D / 4, LD = D + kTcPad, LDT = ROWS + kTcPad;
-  for (int e = threadIdx.x; e < ROWS * C4; e += kTcThreads) {
-    int r, c;
-    if (dstT) r = e % ROWS, c = e / ROWS * 4;
-    else r = e / C4, c = e % C4 * 4;
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (r < n) tc::load4(src + (t0 + r) * ld + c, v);
-    if (dst) {
+__device__ __forceinline__ void tc_load(const Tin* __restrict__ src, int64_t ld, int64_t t0, int n, uint16_t* dst) {
+  constexpr int LD = D + kTcPad;
+  if constexpr (std::is_same_v<Tin, bf16>) {
+    constexpr int C8 = D / 8;
+    for (int e = threadIdx.x; e < ROWS * C8; e += kTcThreads) {
+      const int r = e / C8, c = e % C8 * 8;
+      const bool in = r < n;
+      tc::cp_async16(dst + r * LD + c, in ? src + (t0 + r) * ld + c : src, in);
+    }
+  } else {
+    constexpr int C4 = D / 4;
+    for (int e = threadIdx.x; e < ROWS * C4; e += kTcThreads) {
+      const int r = e / C4, c = e % C4 * 4;
+      float v[4] = {0.f, 0.f, 0.f, 0.f};
+      if (r < n) tc::load4(src + (t0 + r) * ld + c, v);
       uint32_t* d = reinterpret_cast<uint32_t*>(dst + r * LD + c);
       d[0] = tc::pack_bf16x2(v[0], v[1]);
       d[1] = tc::pack_bf16x2(v[2], v[3]);
     }
-    if (dstT)
-      for (int k = 0; k < 4; ++k) dstT[(c + k) * LDT + r] = pointwise::bf16_bits_from_float(v[k]);
   }
 }
 
@@ -609,22 +633,36 @@ __device__ __forceinline__ void tc_fragments_a(const Tin* __restrict__ src, int6
   }
 }
 
-// The A fragments of 16 rows x 16 columns taken from shared memory (row-major, pitch LD).
+// Operands by ldmatrix from a row-major shared tile (pitch LD); lane 8 m + i
+// addresses row i of matrix m (mma.cuh).
+// The A fragment of the 16 x 16 block at (row0, col0): matrices (row0, col0),
+// (row0 + 8, col0), (row0, col0 + 8), (row0 + 8, col0 + 8) are a0 .. a3.
 template <int LD>
-__device__ __forceinline__ void tc_smem_a(const uint16_t* tile, int row0, int col0, uint32_t (&a)[4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const uint16_t* p0 = tile + (row0 + g) * LD + col0 + 2 * t;
-  const uint16_t* p1 = p0 + 8 * LD;
-  a[0] = tc::ld_pair(p0), a[1] = tc::ld_pair(p1), a[2] = tc::ld_pair(p0 + 8), a[3] = tc::ld_pair(p1 + 8);
+__device__ __forceinline__ void tc_ldsm_a(const uint16_t* tile, int row0, int col0, uint32_t (&a)[4]) {
+  const int lane = threadIdx.x & 31, m = lane >> 3, i = lane & 7;
+  tc::ldsm_x4(a, tile + (row0 + (m & 1) * 8 + i) * LD + col0 + (m >> 1) * 8);
 }
-
-// The B fragment (16 x 8) whose column n is row n0 + n of a row-major shared
-// tile (pitch LD), k from col0: B = tile[n0 .. n0+8)[col0 .. col0+16)^T.
+// The B fragments of n-blocks n0 and n0 + 8 (k from k0, 16 deep) of B = the
+// tile transposed (rows n, columns k: S = Q K^T takes K this way): matrices
+// (n0, k0), (n0, k0 + 8) are b0, (n0 + 8, k0), (n0 + 8, k0 + 8) are b1.
 template <int LD>
-__device__ __forceinline__ void tc_smem_b(const uint16_t* tile, int n0, int col0, uint32_t (&b)[2]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const uint16_t* p = tile + (n0 + g) * LD + col0 + 2 * t;
-  b[0] = tc::ld_pair(p), b[1] = tc::ld_pair(p + 8);
+__device__ __forceinline__ void tc_ldsm_b(const uint16_t* tile, int n0, int k0, uint32_t (&b0)[2],
+                                          uint32_t (&b1)[2]) {
+  const int lane = threadIdx.x & 31, m = lane >> 3, i = lane & 7;
+  uint32_t r[4];
+  tc::ldsm_x4(r, tile + (n0 + (m >> 1) * 8 + i) * LD + k0 + (m & 1) * 8);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+// The B fragments of n-blocks n0 and n0 + 8 (k from k0) of B = the tile
+// itself (rows k, columns n: P V takes V this way), by transposing loads:
+// matrices (k0, n0), (k0 + 8, n0) are b0, (k0, n0 + 8), (k0 + 8, n0 + 8) b1.
+template <int LD>
+__device__ __forceinline__ void tc_ldsm_bt(const uint16_t* tile, int k0, int n0, uint32_t (&b0)[2],
+                                           uint32_t (&b1)[2]) {
+  const int lane = threadIdx.x & 31, m = lane >> 3, i = lane & 7;
+  uint32_t r[4];
+  tc::ldsm_x4_trans(r, tile + (k0 + (m & 1) * 8 + i) * LD + n0 + (m >> 1) * 8);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
 // The accumulators of n-blocks 2 kb and 2 kb + 1 as the A fragment of k-block kb.
@@ -635,20 +673,36 @@ __device__ __forceinline__ void tc_c_to_a(const float (&c0)[4], const float (&c1
   a[3] = tc::pack_bf16x2(c1[2], c1[3]);
 }
 
+// s[nb] += A B^T for the NB n-blocks of 8 rows of `tile` (rows n, columns k,
+// D deep), with A the KB = D / 16 fragments a: S = Q K^T, dP = dO V^T.
+template <int LD, int KB, int NB>
+__device__ __forceinline__ void tc_scores(float (&s)[NB][4], const uint32_t (&a)[KB][4], const uint16_t* tile) {
+#pragma unroll
+  for (int kk = 0; kk < KB; ++kk)
+#pragma unroll
+    for (int nb = 0; nb < NB; nb += 2) {
+      uint32_t b0[2], b1[2];
+      tc_ldsm_b<LD>(tile, nb * 8, kk * 16, b0, b1);
+      tc::mma_bf16(s[nb], a[kk], b0);
+      tc::mma_bf16(s[nb + 1], a[kk], b1);
+    }
+}
+
 // acc[dn] += A X for dn < DN, where A is the A fragment made of the score-
-// shaped accumulators c0 | c1 (k-block at k0) and X the 16 x 8 DN block whose
-// column n is row n of the transposed shared tile (pitch LDT): one k-step of
-// P V, dS K, P^T dO and dS^T Q.
-template <int LDT, int DN>
+// shaped accumulators c0 | c1 (k-block at k0) and X rows k0 .. k0 + 16 of
+// the shared tile (rows k, DN * 8 columns): one k-step of P V, dS K, P^T dO
+// and dS^T Q.
+template <int LD, int DN>
 __device__ __forceinline__ void tc_accumulate(float (&acc)[DN][4], const float (&c0)[4], const float (&c1)[4],
-                                              const uint16_t* tile_t, int k0) {
+                                              const uint16_t* tile, int k0) {
   uint32_t a[4];
   tc_c_to_a(c0, c1, a);
 #pragma unroll
-  for (int dn = 0; dn < DN; ++dn) {
-    uint32_t b[2];
-    tc_smem_b<LDT>(tile_t, dn * 8, k0, b);
-    tc::mma_bf16(acc[dn], a, b);
+  for (int dn = 0; dn < DN; dn += 2) {
+    uint32_t b0[2], b1[2];
+    tc_ldsm_bt<LD>(tile, k0, dn * 8, b0, b1);
+    tc::mma_bf16(acc[dn], a, b0);
+    tc::mma_bf16(acc[dn + 1], a, b1);
   }
 }
 
@@ -661,18 +715,14 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullWarp, v, 2);
 }
 
-// Forward. Grid (ceil(T / 64), H, B), 128 threads; out stored as Y (fp32 or bf16).
+// Forward. Grid (ceil(T / 64), H, B), 128 threads, fwd_tc_smem<D>() bytes of
+// dynamic shared memory; out stored as Y (fp32 or bf16).
 template <typename Tin, typename Y, int D>
 __global__ void __launch_bounds__(kTcThreads)
     attn_fwd_tc(const Tin* __restrict__ qkv, Y* __restrict__ out, float* __restrict__ lse, const Params<float> p) {
-  constexpr int BQ = kTcFwdBQ, BK = kTcFwdBK, LD = D + kTcPad, LDT = BK + kTcPad, KB = D / 16, NB = BK / 8,
-                DN = D / 8;
-  // Every shared tile is a multiple of 16 bytes, so each starts 16-byte
-  // aligned whatever order the compiler lays them out in (32-bit fragment
-  // loads and 8-byte row stores need 4 and 8).
-  static_assert((BK * LD * 2) % 16 == 0 && (D * LDT * 2) % 16 == 0, "shared tiles keep 16-byte alignment");
-  __shared__ uint16_t sk[BK * LD];   // K tile, row-major
-  __shared__ uint16_t svt[D * LDT];  // V tile, transposed
+  constexpr int BQ = kTcFwdBQ, BK = kTcFwdBK, LD = D + kTcPad, KB = D / 16, NB = BK / 8, DN = D / 8, TILE = BK * LD;
+  extern __shared__ SmemWord tc_smem[];
+  uint16_t* const stages = reinterpret_cast<uint16_t*>(tc_smem);  // stage s: K at 2 s TILE, V at (2 s + 1) TILE
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z;
   const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
@@ -680,55 +730,73 @@ __global__ void __launch_bounds__(kTcThreads)
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
   const Tin* qkv_b = qkv + b * p.row;
   const int r0 = warp * 16 + g, r1 = r0 + 8;  // this lane's rows of the tile
+  const int64_t last = i0 + nq - 1;
+  const int ntiles = static_cast<int>(last / BK) + 1;
+  // Key tile jt into stage jt % 2, as one cp.async group.
+  auto load_tile = [&](int jt) {
+    uint16_t* st = stages + (jt & 1) * 2 * TILE;
+    const int64_t j0 = static_cast<int64_t>(jt) * BK;
+    const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
+    tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, st);
+    tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, st + TILE);
+    tc::cp_async_commit();
+  };
+  load_tile(0);
 
   uint32_t qa[KB][4];
   tc_fragments_a<D>(qkv_b + i0 * ldq + qc, ldq, warp * 16, nq, qa);
   float o[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // l: this lane's part of the row sums
+  // m: the row maxima of the unscaled scores; l: this lane's part of the row sums.
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const float sl2 = p.scale * tc::kLog2e;  // scores to base-2 exponents
 
-  const int64_t last = i0 + nq - 1;
-  for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+  for (int jt = 0; jt < ntiles; ++jt) {
+    const int64_t j0 = static_cast<int64_t>(jt) * BK;
     const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
-    __syncthreads();  // the previous tile's readers of sk, svt are done
-    tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk, static_cast<uint16_t*>(nullptr));
-    tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, static_cast<uint16_t*>(nullptr), svt);
-    __syncthreads();
+    if (jt + 1 < ntiles) {
+      load_tile(jt + 1);  // into the stage whose readers finished at the end of the previous step
+      tc::cp_async_wait<1>();
+    } else {
+      tc::cp_async_wait<0>();
+    }
+    __syncthreads();  // tile jt is in shared memory, every thread's copies of it landed
+    const uint16_t* sk = stages + (jt & 1) * 2 * TILE;
+    const uint16_t* sv = sk + TILE;
     float s[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+    tc_scores<LD, KB, NB>(s, qa, sk);
+    // Mask (causal, sequence end) where the tile crosses the diagonal or the
+    // end; then the online softmax per row, on unscaled scores (the scale is
+    // positive, so the row maxima are the same), in base 2: p = 2^(s sl2 - m sl2).
+    if (j0 + BK - 1 > i0 || nk < BK) {
 #pragma unroll
-    for (int kk = 0; kk < KB; ++kk)
+      for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        uint32_t bb[2];
-        tc_smem_b<LD>(sk, nb * 8, kk * 16, bb);
-        tc::mma_bf16(s[nb], qa[kk], bb);
-      }
-    // Scale and mask (causal, sequence end), then the online softmax per row.
+        for (int e = 0; e < 4; ++e) {
+          const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
+          if (!(r < nq && j < nk && j0 + j <= i0 + r)) s[nb][e] = -INFINITY;
+        }
+    }
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
-        const bool vis = r < nq && j < nk && j0 + j <= i0 + r;
-        const float v = vis ? s[nb][e] * p.scale : -INFINITY;
-        s[nb][e] = v;
-        if (e < 2) mx0 = fmaxf(mx0, v);
-        else mx1 = fmaxf(mx1, v);
-      }
+    for (int nb = 0; nb < NB; ++nb) {
+      mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+    }
     const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-    const float base0 = mn0 == -INFINITY ? 0.f : mn0, base1 = mn1 == -INFINITY ? 0.f : mn1;
-    const float c0 = expf(m0 - base0), c1 = expf(m1 - base1);  // 0 on a row's first tile
+    // A row with nothing visible yet keeps m = -inf; 0 stands in for it.
+    const float base0 = mn0 == -INFINITY ? 0.f : mn0 * sl2, base1 = mn1 == -INFINITY ? 0.f : mn1 * sl2;
+    const float c0 = tc::exp2_approx(m0 * sl2 - base0), c1 = tc::exp2_approx(m1 * sl2 - base1);  // 0 on a row's first tile
     m0 = mn0, m1 = mn1;
     float sum0 = 0.f, sum1 = 0.f;
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pe = expf(s[nb][e] - (e < 2 ? base0 : base1));  // masked: exp(-inf) = 0
+        const float pe = tc::exp2_approx(fmaf(s[nb][e], sl2, -(e < 2 ? base0 : base1)));  // masked: 2^-inf = 0
         s[nb][e] = pe;
         if (e < 2) sum0 += pe;
         else sum1 += pe;
@@ -747,7 +815,8 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) o[dn][0] *= c0, o[dn][1] *= c0, o[dn][2] *= c1, o[dn][3] *= c1;
 #pragma unroll
-    for (int kb = 0; kb < BK / 16; ++kb) tc_accumulate<LDT, DN>(o, s[2 * kb], s[2 * kb + 1], svt, kb * 16);
+    for (int kb = 0; kb < BK / 16; ++kb) tc_accumulate<LD, DN>(o, s[2 * kb], s[2 * kb + 1], sv, kb * 16);
+    __syncthreads();  // every reader of this stage is done before load_tile(jt + 2) refills it
   }
   l0 = quad_sum(l0), l1 = quad_sum(l1);
   const int64_t ldo = p.B * p.H * p.D;
@@ -757,44 +826,32 @@ __global__ void __launch_bounds__(kTcThreads)
     Y* row = out_b + (i0 + r0) * ldo;
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) tc::store2(row + dn * 8 + 2 * t, o[dn][0] * inv, o[dn][1] * inv);
-    if (t == 0) lse[(b * p.H + h) * p.T + i0 + r0] = m0 + logf(l0);
+    if (t == 0) lse[(b * p.H + h) * p.T + i0 + r0] = m0 * p.scale + logf(l0);
   }
   if (r1 < nq) {
     const float inv = 1.f / l1;
     Y* row = out_b + (i0 + r1) * ldo;
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) tc::store2(row + dn * 8 + 2 * t, o[dn][2] * inv, o[dn][3] * inv);
-    if (t == 0) lse[(b * p.H + h) * p.T + i0 + r1] = m1 + logf(l1);
+    if (t == 0) lse[(b * p.H + h) * p.T + i0 + r1] = m1 * p.scale + logf(l1);
   }
 }
 
-// dK/dV: shared memory bytes (K, V row-major; Q, dO row-major and transposed; lse, D).
-template <int D>
-constexpr size_t dkv_tc_smem() {
-  return sizeof(uint16_t) * (2 * kTcDkvBK * (D + kTcPad) + 2 * kTcDkvBQ * (D + kTcPad) + 2 * D * (kTcDkvBQ + kTcPad)) +
-         2 * kTcDkvBQ * sizeof(float);
-}
-
-// Backward 2 on tensor cores: dK, dV. Grid (ceil(T / 64), G, B), 128 threads;
-// dout read as Yd, dqkv stored as Yg (each fp32 or bf16).
+// Backward 2 on tensor cores: dK, dV. Grid (ceil(T / 64), G, B), 128 threads,
+// dkv_tc_smem<D>() bytes of dynamic shared memory; dout read as Yd, dqkv
+// stored as Yg (each fp32 or bf16).
 template <typename Tin, typename Yd, typename Yg, int D>
 __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restrict__ qkv, const Yd* __restrict__ dout,
                                                               const float* __restrict__ lse, Yg* dqkv,
                                                               const Params<float> p) {
-  constexpr int BK = kTcDkvBK, BQ = kTcDkvBQ, LD = D + kTcPad, LDT = BQ + kTcPad, KB = D / 16, NB = BQ / 8,
-                DN = D / 8;
+  constexpr int BK = kTcDkvBK, BQ = kTcDkvBQ, LD = D + kTcPad, KB = D / 16, NB = BQ / 8, DN = D / 8,
+                QTILE = BQ * LD;
   static_assert(BK % BQ == 0, "query tiles start at the key tile's first row");
-  static_assert((BK * LD * 2) % 16 == 0 && (BQ * LD * 2) % 16 == 0 && (D * LDT * 2) % 16 == 0,
-                "each sub-array of the dynamic shared memory starts 16-byte aligned");
   extern __shared__ SmemWord tc_smem[];
   uint16_t* sk = reinterpret_cast<uint16_t*>(tc_smem);
   uint16_t* sv = sk + BK * LD;
-  uint16_t* sq = sv + BK * LD;
-  uint16_t* sdo = sq + BQ * LD;
-  uint16_t* sqt = sdo + BQ * LD;
-  uint16_t* sdot = sqt + D * LDT;
-  float* slse = reinterpret_cast<float*>(sdot + D * LDT);
-  float* sdi = slse + BQ;
+  uint16_t* stages = sv + BK * LD;  // stage s: Q at 2 s QTILE, dO at (2 s + 1) QTILE
+  float* sstat = reinterpret_cast<float*>(stages + 4 * QTILE);  // stage s: lse log2(e) at 2 s BQ, D at (2 s + 1) BQ
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * BK, grp = blockIdx.y, b = blockIdx.z;
@@ -804,78 +861,97 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   const Tin* qkv_b = qkv + b * p.row;
   Yg* dqkv_b = dqkv + b * p.row;
   const int k0 = warp * 16 + g, k1 = k0 + 8;  // this lane's key rows of the tile
-
-  tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk, static_cast<uint16_t*>(nullptr));
-  tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, sv, static_cast<uint16_t*>(nullptr));
+  const float sl2 = p.scale * tc::kLog2e;     // P = 2^(s sl2 - lse log2(e))
+  // The steps: every head of the group, and per head every query tile from the key tile on.
+  const int per_head = static_cast<int>((p.T - j0 + BQ - 1) / BQ), steps = static_cast<int>(p.qpg) * per_head;
+  // Step `it` (its Q, dO, lse and D) into stage it % 2; Q and dO as one cp.async group.
+  auto load_step = [&](int it) {
+    const int64_t h = grp * p.qpg + it / per_head, i0 = j0 + static_cast<int64_t>(it % per_head) * BQ;
+    const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+    uint16_t* st = stages + (it & 1) * 2 * QTILE;
+    tc_load<BQ, D>(qkv_b + q_col(p, h), ldq, i0, nq, st);
+    tc_load<BQ, D>(dout + b * p.H * p.D + h * p.D, ldo, i0, nq, st + QTILE);
+    tc::cp_async_commit();
+    if (threadIdx.x < BQ) {
+      const int r = threadIdx.x;
+      float li = 0.f, di = 0.f;
+      if (r < nq) {
+        li = lse[(b * p.H + h) * p.T + i0 + r];
+        di = parked_di(dqkv_b + (i0 + r) * ldq + q_col(p, h));  // parked by attn_bwd_di
+      }
+      sstat[(it & 1) * 2 * BQ + r] = li * tc::kLog2e;
+      sstat[(it & 1) * 2 * BQ + BQ + r] = di;
+    }
+  };
+  tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk);
+  tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, sv);
+  load_step(0);  // one group with K and V
   float dk[DN][4], dv[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[dn][e] = 0.f, dv[dn][e] = 0.f;
 
-  for (int64_t h = grp * p.qpg; h < (grp + 1) * p.qpg; ++h) {
-    const int64_t qc = q_col(p, h);
-    const Yd* dout_bh = dout + b * p.H * p.D + h * p.D;
-    for (int64_t i0 = j0; i0 < p.T; i0 += BQ) {
-      const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
-      __syncthreads();  // the previous query tile's readers are done (and sk, sv are written)
-      tc_load<BQ, D>(qkv_b + qc, ldq, i0, nq, sq, sqt);
-      tc_load<BQ, D>(dout_bh, ldo, i0, nq, sdo, sdot);
-      if (threadIdx.x < BQ) {
-        const int r = threadIdx.x;
-        float li = 0.f, di = 0.f;
-        if (r < nq) {
-          li = lse[(b * p.H + h) * p.T + i0 + r];
-          di = parked_di(dqkv_b + (i0 + r) * ldq + qc);  // parked by attn_bwd_di
-        }
-        slse[r] = li;
-        sdi[r] = di;
-      }
-      __syncthreads();
-      // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x 32 queries.
-      float st[NB][4], dpt[NB][4];
+  for (int it = 0; it < steps; ++it) {
+    const int64_t h = grp * p.qpg + it / per_head, i0 = j0 + static_cast<int64_t>(it % per_head) * BQ;
+    const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+    if (it + 1 < steps) {
+      load_step(it + 1);
+      tc::cp_async_wait<1>();
+    } else {
+      tc::cp_async_wait<0>();
+    }
+    __syncthreads();  // step it's tiles (and K, V) are in shared memory
+    const uint16_t* sq = stages + (it & 1) * 2 * QTILE;
+    const uint16_t* sdo = sq + QTILE;
+    const float* slse = sstat + (it & 1) * 2 * BQ;
+    const float* sdi = slse + BQ;
+    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys x 32 queries.
+    float st[NB][4], dpt[NB][4];
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
+    for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) st[nb][e] = 0.f, dpt[nb][e] = 0.f;
+      for (int e = 0; e < 4; ++e) st[nb][e] = 0.f, dpt[nb][e] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < KB; ++kk) {
-        uint32_t ka[4], va[4];
-        tc_smem_a<LD>(sk, warp * 16, kk * 16, ka);
-        tc_smem_a<LD>(sv, warp * 16, kk * 16, va);
+    for (int kk = 0; kk < KB; ++kk) {
+      uint32_t ka[4], va[4];
+      tc_ldsm_a<LD>(sk, warp * 16, kk * 16, ka);
+      tc_ldsm_a<LD>(sv, warp * 16, kk * 16, va);
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-          uint32_t bq[2], bo[2];
-          tc_smem_b<LD>(sq, nb * 8, kk * 16, bq);
-          tc_smem_b<LD>(sdo, nb * 8, kk * 16, bo);
-          tc::mma_bf16(st[nb], ka, bq);
-          tc::mma_bf16(dpt[nb], va, bo);
-        }
-      }
-      // P (dropped, for dV) into st, dS into dpt; rows are keys, columns queries.
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kl = e < 2 ? k0 : k1, il = nb * 8 + 2 * t + (e & 1);
-          const bool vis = il < nq && kl < nk && j0 + kl <= i0 + il;
-          const float pr = vis ? expf(st[nb][e] * p.scale - slse[il]) : 0.f;
-          float pd = pr, dp = dpt[nb][e];
-          if (p.drop && vis) {
-            const bool kp = keep(p, b, h, i0 + il, j0 + kl);
-            pd = kp ? pr * p.inv_keep : 0.f;
-            dp = kp ? dp * p.inv_keep : 0.f;
-          }
-          st[nb][e] = pd;
-          dpt[nb][e] = pr * (dp - sdi[il]) * p.scale;
-        }
-      // dV += P^T dO, dK += dS^T Q.
-#pragma unroll
-      for (int qb = 0; qb < BQ / 16; ++qb) {
-        tc_accumulate<LDT, DN>(dv, st[2 * qb], st[2 * qb + 1], sdot, qb * 16);
-        tc_accumulate<LDT, DN>(dk, dpt[2 * qb], dpt[2 * qb + 1], sqt, qb * 16);
+      for (int nb = 0; nb < NB; nb += 2) {
+        uint32_t bq0[2], bq1[2], bo0[2], bo1[2];
+        tc_ldsm_b<LD>(sq, nb * 8, kk * 16, bq0, bq1);
+        tc_ldsm_b<LD>(sdo, nb * 8, kk * 16, bo0, bo1);
+        tc::mma_bf16(st[nb], ka, bq0);
+        tc::mma_bf16(st[nb + 1], ka, bq1);
+        tc::mma_bf16(dpt[nb], va, bo0);
+        tc::mma_bf16(dpt[nb + 1], va, bo1);
       }
     }
+    // P (dropped, for dV) into st, dS into dpt; rows are keys, columns queries.
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kl = e < 2 ? k0 : k1, il = nb * 8 + 2 * t + (e & 1);
+        const bool vis = il < nq && kl < nk && j0 + kl <= i0 + il;
+        const float pr = vis ? tc::exp2_approx(fmaf(st[nb][e], sl2, -slse[il])) : 0.f;
+        float pd = pr, dp = dpt[nb][e];
+        if (p.drop && vis) {
+          const bool kp = keep(p, b, h, i0 + il, j0 + kl);
+          pd = kp ? pr * p.inv_keep : 0.f;
+          dp = kp ? dp * p.inv_keep : 0.f;
+        }
+        st[nb][e] = pd;
+        dpt[nb][e] = pr * (dp - sdi[il]) * p.scale;
+      }
+    // dV += P^T dO, dK += dS^T Q.
+#pragma unroll
+    for (int qb = 0; qb < BQ / 16; ++qb) {
+      tc_accumulate<LD, DN>(dv, st[2 * qb], st[2 * qb + 1], sdo, qb * 16);
+      tc_accumulate<LD, DN>(dk, dpt[2 * qb], dpt[2 * qb + 1], sq, qb * 16);
+    }
+    __syncthreads();  // every reader of this stage is done before load_step(it + 2) refills it
   }
   if (k0 < nk) {
     Yg* r = dqkv_b + (j0 + k0) * ldq + kc;
@@ -895,18 +971,16 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   }
 }
 
-// Backward 3 on tensor cores: dQ. Grid (ceil(T / 64), H, B), 128 threads;
-// dout read as Yd, dqkv stored as Yg.
+// Backward 3 on tensor cores: dQ. Grid (ceil(T / 64), H, B), 128 threads,
+// dq_tc_smem<D>() bytes of dynamic shared memory; dout read as Yd, dqkv
+// stored as Yg.
 template <typename Tin, typename Yd, typename Yg, int D>
 __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restrict__ qkv, const Yd* __restrict__ dout,
                                                              const float* __restrict__ lse, Yg* dqkv,
                                                              const Params<float> p) {
-  constexpr int BQ = kTcDqBQ, BK = kTcDqBK, LD = D + kTcPad, LDT = BK + kTcPad, KB = D / 16, NB = BK / 8,
-                DN = D / 8;
-  static_assert((BK * LD * 2) % 16 == 0 && (D * LDT * 2) % 16 == 0, "shared tiles keep 16-byte alignment");
-  __shared__ uint16_t sk[BK * LD];   // K tile, row-major (S = Q K^T)
-  __shared__ uint16_t skt[D * LDT];  // K tile, transposed (dQ += dS K)
-  __shared__ uint16_t sv[BK * LD];   // V tile, row-major (dP = dO V^T)
+  constexpr int BQ = kTcDqBQ, BK = kTcDqBK, LD = D + kTcPad, KB = D / 16, NB = BK / 8, DN = D / 8, TILE = BK * LD;
+  extern __shared__ SmemWord tc_smem[];
+  uint16_t* const stages = reinterpret_cast<uint16_t*>(tc_smem);  // stage s: K at 2 s TILE, V at (2 s + 1) TILE
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z;
   const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
@@ -915,6 +989,17 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   const Tin* qkv_b = qkv + b * p.row;
   Yg* dqkv_b = dqkv + b * p.row;
   const int r0 = warp * 16 + g, r1 = r0 + 8;
+  const int64_t last = i0 + nq - 1;
+  const int ntiles = static_cast<int>(last / BK) + 1;
+  auto load_tile = [&](int jt) {
+    uint16_t* st = stages + (jt & 1) * 2 * TILE;
+    const int64_t j0 = static_cast<int64_t>(jt) * BK;
+    const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
+    tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, st);
+    tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, st + TILE);
+    tc::cp_async_commit();
+  };
+  load_tile(0);
 
   uint32_t qa[KB][4], da[KB][4];
   tc_fragments_a<D>(qkv_b + i0 * ldq + qc, ldq, warp * 16, nq, qa);
@@ -924,32 +1009,31 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   float lse0 = 0.f, lse1 = 0.f, di0 = 0.f, di1 = 0.f;
   if (r0 < nq) lse0 = lse[(b * p.H + h) * p.T + i0 + r0], di0 = parked_di(dqkv_b + (i0 + r0) * ldq + qc);
   if (r1 < nq) lse1 = lse[(b * p.H + h) * p.T + i0 + r1], di1 = parked_di(dqkv_b + (i0 + r1) * ldq + qc);
+  const float sl2 = p.scale * tc::kLog2e;  // P = 2^(s sl2 - lse log2(e))
+  lse0 *= tc::kLog2e, lse1 *= tc::kLog2e;
   float dq[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0.f;
 
-  const int64_t last = i0 + nq - 1;
-  for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+  for (int jt = 0; jt < ntiles; ++jt) {
+    const int64_t j0 = static_cast<int64_t>(jt) * BK;
     const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
-    __syncthreads();  // the previous key tile's readers are done
-    tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk, skt);
-    tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, sv, static_cast<uint16_t*>(nullptr));
-    __syncthreads();
+    if (jt + 1 < ntiles) {
+      load_tile(jt + 1);
+      tc::cp_async_wait<1>();
+    } else {
+      tc::cp_async_wait<0>();
+    }
+    __syncthreads();  // tile jt is in shared memory
+    const uint16_t* sk = stages + (jt & 1) * 2 * TILE;
+    const uint16_t* sv = sk + TILE;
     float s[NB][4], dp[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nb][e] = 0.f, dp[nb][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KB; ++kk)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        uint32_t bk[2], bv[2];
-        tc_smem_b<LD>(sk, nb * 8, kk * 16, bk);
-        tc_smem_b<LD>(sv, nb * 8, kk * 16, bv);
-        tc::mma_bf16(s[nb], qa[kk], bk);
-        tc::mma_bf16(dp[nb], da[kk], bv);
-      }
+    tc_scores<LD, KB, NB>(s, qa, sk);
+    tc_scores<LD, KB, NB>(dp, da, sv);
     // dS into s.
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
@@ -957,13 +1041,14 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
       for (int e = 0; e < 4; ++e) {
         const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
         const bool vis = r < nq && j < nk && j0 + j <= i0 + r;
-        const float pr = vis ? expf(s[nb][e] * p.scale - (e < 2 ? lse0 : lse1)) : 0.f;
+        const float pr = vis ? tc::exp2_approx(fmaf(s[nb][e], sl2, -(e < 2 ? lse0 : lse1))) : 0.f;
         float d = dp[nb][e];
         if (p.drop && vis) d = keep(p, b, h, i0 + r, j0 + j) ? d * p.inv_keep : 0.f;
         s[nb][e] = pr * (d - (e < 2 ? di0 : di1)) * p.scale;
       }
 #pragma unroll
-    for (int jb = 0; jb < BK / 16; ++jb) tc_accumulate<LDT, DN>(dq, s[2 * jb], s[2 * jb + 1], skt, jb * 16);
+    for (int jb = 0; jb < BK / 16; ++jb) tc_accumulate<LD, DN>(dq, s[2 * jb], s[2 * jb + 1], sk, jb * 16);
+    __syncthreads();  // every reader of this stage is done before load_tile(jt + 2) refills it
   }
   if (r0 < nq) {
     Yg* row = dqkv_b + (i0 + r0) * ldq + qc;
@@ -1022,30 +1107,38 @@ bool use_tc(const QkvLayout& L, const AttentionOptions& o, std::initializer_list
   }
 }
 
+// Above 48 KB a kernel's dynamic shared memory must be allowed first; done
+// once per kernel and process (the larger tensor-core kernels need it).
+template <auto Kernel>
+void allow_dynamic_shared(size_t bytes) {
+  static const bool allowed = [bytes] {
+    MT_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    return true;
+  }();
+  (void)allowed;
+}
+
 template <typename Tin, typename Y, int D>
 void launch_fwd_tc(const Tin* qkv, Y* out, float* lse, const Params<float>& p) {
+  constexpr size_t smem = fwd_tc_smem<D>();
+  allow_dynamic_shared<attn_fwd_tc<Tin, Y, D>>(smem);
   const dim3 grid(tiles(p.T, kTcFwdBQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  attn_fwd_tc<Tin, Y, D><<<grid, kTcThreads, 0, ::mt::cuda::stream()>>>(qkv, out, lse, p);
+  attn_fwd_tc<Tin, Y, D><<<grid, kTcThreads, smem, ::mt::cuda::stream()>>>(qkv, out, lse, p);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 // Backward 2 and 3 on tensor cores (after attn_bwd_di).
 template <typename Tin, typename Yd, typename Yg, int D>
 void launch_bwd_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, const Params<float>& p) {
-  constexpr size_t smem = dkv_tc_smem<D>();
-  // Above 48 KB a kernel's dynamic shared memory must be allowed first (once per process).
-  static const bool allowed = [] {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(attn_bwd_dkv_tc<Tin, Yd, Yg, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
-    return true;
-  }();
-  (void)allowed;
+  constexpr size_t kv_smem = dkv_tc_smem<D>(), q_smem = dq_tc_smem<D>();
+  allow_dynamic_shared<attn_bwd_dkv_tc<Tin, Yd, Yg, D>>(kv_smem);
+  allow_dynamic_shared<attn_bwd_dq_tc<Tin, Yd, Yg, D>>(q_smem);
   const unsigned G = static_cast<unsigned>(p.H / p.qpg);
   const dim3 gkv(tiles(p.T, kTcDkvBK), G, static_cast<unsigned>(p.B));
-  attn_bwd_dkv_tc<Tin, Yd, Yg, D><<<gkv, kTcThreads, smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
+  attn_bwd_dkv_tc<Tin, Yd, Yg, D><<<gkv, kTcThreads, kv_smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
   const dim3 gq(tiles(p.T, kTcDqBQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
-  attn_bwd_dq_tc<Tin, Yd, Yg, D><<<gq, kTcThreads, 0, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
+  attn_bwd_dq_tc<Tin, Yd, Yg, D><<<gq, kTcThreads, q_smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -21,7 +21,8 @@
 //    a3 = C_2kb+1[c2, c3]), so a product P V can take P straight from the
 //    registers that computed it.
 // The host emulator (tests/cuda_emu) runs the same code with an emulated,
-// warp-collective mma (emu::mma_m16n8k16_bf16).
+// warp-collective mma (emu::mma_m16n8k16_bf16) and ldmatrix, and cp.async
+// copies that land as late as PTX allows.
 
 #include <cstdint>
 
@@ -46,6 +47,81 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
   __trap();
 #endif
 }
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: four 8 x 8 bf16
+// matrices from shared memory; lane 8 m + i passes the 16-byte aligned
+// address of row i of matrix m, and r[m] of lane 4 i + j receives row i,
+// columns 2j, 2j + 1 of matrix m (trans: column i, rows 2j, 2j + 1) -- that
+// is, r[m] is the fragment register a0 / b0 of mma.cuh's layouts for the
+// 8 x 8 block, read straight (a row-major [m][k] A or [n][k] B tile) or
+// transposed (a row-major [k][n] B tile).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* row) {
+#if defined(MT_CUDA_EMULATOR)
+  ::emu::ldmatrix(r, 4, false, row);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
+#endif
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t* row) {
+#if defined(MT_CUDA_EMULATOR)
+  ::emu::ldmatrix(r, 4, true, row);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
+#endif
+}
+
+// cp.async.cg.shared.global: 16 bytes from global `src` to shared `dst`
+// (both 16-byte aligned), or 16 zero bytes when !valid (src is then not
+// read, but must still be a valid address). The copy lands at the
+// cp_async_wait that covers its group (cp_async_commit closes a group).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(MT_CUDA_EMULATOR)
+  ::emu::cp_async(dst, src, valid ? 16u : 0u);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(MT_CUDA_EMULATOR)
+  ::emu::cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are pending.
+// (Before sm_80 the four helpers above compile to nothing: the tensor-core
+// kernels, their only users, trap there at their first mma.)
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(MT_CUDA_EMULATOR)
+  ::emu::cp_async_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// 2^x on the special function unit (ex2.approx.ftz: relative error about
+// 2^-22, 2^-inf = 0, subnormal results flushed to 0): one instruction where
+// expf takes about ten. The tensor-core softmax works in base 2 with it.
+__device__ __forceinline__ float exp2_approx(float x) {
+#if defined(MT_CUDA_EMULATOR)
+  return exp2f(x);
+#elif defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return x;  // host pass of nvcc: never called
+#endif
+}
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Two fp32 values as one register of bf16 operands (round to nearest even,
 // as mt::float_to_bf16), lo in the low half.
