@@ -1,5 +1,5 @@
 // The parts of comm/communicator.h that do not need MPI: the shared argument
-// checks and stats counting, all_reduce_scalar, group names, and
+// checks and stats counting, all_reduce_scalar, all_gather_scalar, group names, and
 // SelfCommunicator (a group of one rank: every collective is a copy or nothing).
 #include "comm/communicator.h"
 
@@ -16,6 +16,13 @@ double Communicator::all_reduce_scalar(double v, ReduceOp op) {
   double x = v;
   all_reduce(Tensor(&x, Shape{1}, DType::kF64), op);
   return x;
+}
+
+std::vector<double> Communicator::all_gather_scalar(double v) {
+  std::vector<double> all(static_cast<size_t>(size()));
+  double x = v;
+  all_gather(Tensor(&x, Shape{1}, DType::kF64), Tensor(all.data(), Shape{size()}, DType::kF64));
+  return all;
 }
 
 void Communicator::record(uint64_t CommStats::*kind, size_t bytes) {

@@ -99,6 +99,9 @@ class Communicator {
   // out. Counts as an all_reduce of 8 bytes. Virtual because a GPU
   // communicator reduces it through a device buffer (and then waits for it).
   virtual double all_reduce_scalar(double v, ReduceOp op = ReduceOp::kSum);
+  // Every rank's v, in group-rank order (host values). Counts as an
+  // all_gather of 8 x size() bytes. Virtual for the same reason.
+  virtual std::vector<double> all_gather_scalar(double v);
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
@@ -152,6 +155,17 @@ std::unique_ptr<Communicator> world_communicator();
 // group, named group_name(name, members), e.g. make_group({0, 1}, "tp") is
 // "tp[0,1]". Without MPI, members must be {0} (or empty).
 std::unique_ptr<Communicator> make_group(const std::vector<int>& members, const std::string& name);
+
+// Device tensors over a host communicator (comm/staged.cc), e.g.
+// make_staged_group(make_group(members, name)): each call copies its inputs
+// from the device into host buffers, runs `host`'s operation on them (its
+// asynchronous variant, so isend/irecv and the i* collectives stay
+// asynchronous and 1F1B cannot deadlock), and copies the results into the
+// device tensors when it completes. Like the NCCL communicator it takes CUDA
+// tensors only. Two host copies per call: it is how several ranks train on
+// GPUs where NCCL is missing, and how CI trains several ranks on the
+// simulated device (MT_SIMULATE_CUDA), never the fast path. Null in, null out.
+std::unique_ptr<Communicator> make_staged_group(std::unique_ptr<Communicator> host);
 
 #ifdef MT_HAVE_CUDA
 // ---- This rank's GPU (comm/nccl.cc; every CUDA build) ----

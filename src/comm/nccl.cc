@@ -366,7 +366,9 @@ class NcclCommunicator final : public Communicator {
     core_->rank = rank;
     core_->size = static_cast<int>(members_.size());
     core_->device = device;
-    scalar_ = ::mt::cuda::device_malloc(sizeof(double), "NCCL scalar (all_reduce_scalar, barrier)");
+    // [0]: all_reduce_scalar and barrier; [1, size]: all_gather_scalar.
+    scalar_ = ::mt::cuda::device_malloc(sizeof(double) * (1 + members_.size()),
+                                        "NCCL scalars (all_reduce_scalar, all_gather_scalar, barrier)");
   }
 
   ~NcclCommunicator() override {
@@ -518,6 +520,22 @@ class NcclCommunicator final : public Communicator {
     return out;
   }
 
+  std::vector<double> all_gather_scalar(double v) override {
+    begin();
+    cudaStream_t s = rank_stream();
+    double* d = static_cast<double*>(scalar_);
+    MT_CUDA_CHECK(cudaMemcpyAsync(d, &v, sizeof(double), cudaMemcpyHostToDevice, s));
+    MT_NCCL_CHECK(*core_, ncclAllGather(d, d + 1, 1, ncclFloat64, core_->comm, s));
+    Launch done;
+    done.record(s);
+    wait_event(done.event, core_);
+    std::vector<double> out(static_cast<size_t>(size()));
+    MT_CUDA_CHECK(cudaMemcpyAsync(out.data(), d + 1, sizeof(double) * out.size(), cudaMemcpyDeviceToHost, s));
+    MT_CUDA_CHECK(cudaStreamSynchronize(s));
+    record(&CommStats::all_gather_bytes, sizeof(double) * out.size());
+    return out;
+  }
+
  private:
   void check_cuda(const char* call, const Tensor& t) const {
     MT_CHECK(t.device() == Device::kCuda,
@@ -627,7 +645,7 @@ class NcclCommunicator final : public Communicator {
 
   std::vector<int> members_;
   std::shared_ptr<Core> core_;
-  void* scalar_ = nullptr;  // one double (or int32 for barrier) on the device
+  void* scalar_ = nullptr;  // 1 + size() doubles on the device (see the constructor)
 };
 
 }  // namespace

@@ -90,10 +90,8 @@ Tensor flat_slice(const Tensor& t, int64_t begin, int64_t end) { return t.view({
 // coefficient must agree across ranks, and a resume must reproduce it).
 double sum_over(comm::Communicator* c, double v) {
   if (c == nullptr || c->size() == 1) return v;
-  std::vector<double> all(static_cast<size_t>(c->size()));
-  c->all_gather(Tensor(&v, {1}, DType::kF64), Tensor(all.data(), {c->size()}, DType::kF64));
   double s = 0;
-  for (double x : all) s += x;
+  for (double x : c->all_gather_scalar(v)) s += x;
   return s;
 }
 

@@ -16,7 +16,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
+
+#include "core/device.h"
 
 namespace mt::parallel {
 
@@ -91,7 +92,7 @@ GradBuckets::GradBuckets(const Tensor& grads, const Tensor& params, std::vector<
 
   // Receive buffers for the reduce-scatter, allocated once.
   if (options_.mode == GradReduceMode::kReduceScatter && reduces() && N > 0) {
-    block_arena_ = Arena((N / DP) * dtype_size(grads_.dtype()), "grad-bucket-blocks");
+    block_arena_ = Arena((N / DP) * dtype_size(grads_.dtype()), "grad-bucket-blocks", grads_.device());
     Tensor all = block_arena_.alloc({N / DP}, grads_.dtype());
     int64_t off = 0;
     for (const Bucket& bk : buckets_) {
@@ -161,7 +162,7 @@ void GradBuckets::launch(size_t b) {
 void GradBuckets::copy_block_back(size_t b) {
   const ShardBlock& s = shard_[b];
   const Tensor& tmp = block_tmp_[b];
-  if (tmp.nbytes() > 0) std::memcpy(grads_.slice(s.begin, s.end).data(), tmp.data(), tmp.nbytes());
+  if (tmp.nbytes() > 0) copy_tensor(tmp, grads_.slice(s.begin, s.end));  // on the grads' device
 }
 
 void GradBuckets::finish() {

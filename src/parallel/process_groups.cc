@@ -8,7 +8,7 @@
 
 namespace mt::parallel {
 
-Result<ProcessGroups> ProcessGroups::create(const RankGrid& grid, int world_rank) {
+Result<ProcessGroups> ProcessGroups::create(const RankGrid& grid, int world_rank, GroupFactory make) {
   int job_world = comm::world_size();
   if (grid.world() != job_world)
     return Status::invalid(fmt::format("ProcessGroups: the grid has world size {} but this job has {} process(es)",
@@ -22,12 +22,12 @@ Result<ProcessGroups> ProcessGroups::create(const RankGrid& grid, int world_rank
   size_t n = 0;
   for (GroupKind k : kinds) n = std::max(n, static_cast<size_t>(k) + 1);
   pg.comms_.resize(n);
-  // Same kinds in the same order on every rank: each make_group is one
-  // MPI_Comm_split over the world.
+  // Same kinds in the same order on every rank: each group is one collective
+  // over the world (an MPI_Comm_split, and for NCCL its id's broadcast).
   for (GroupKind k : kinds) {
     std::vector<int64_t> g = grid.group_of(k, world_rank);
     std::vector<int> members(g.begin(), g.end());
-    pg.comms_[static_cast<size_t>(k)] = comm::make_group(members, group_kind_name(k));
+    pg.comms_[static_cast<size_t>(k)] = make(members, group_kind_name(k));
   }
   return pg;
 }

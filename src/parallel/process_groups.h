@@ -22,7 +22,11 @@ class ProcessGroups {
   // all_group_kinds(), in that order, on every rank. Errors: the grid's world
   // size differs from the job's, or world_rank is not this process's rank.
   // Without MPI (world 1) every group is a self communicator.
-  static Result<ProcessGroups> create(const RankGrid& grid, int world_rank);
+  // `make` builds each group (make_group's contract): comm::make_group for
+  // CPU tensors, comm::make_nccl_group, or a staged group for device tensors.
+  using GroupFactory = std::unique_ptr<comm::Communicator> (*)(const std::vector<int>& members,
+                                                               const std::string& name);
+  static Result<ProcessGroups> create(const RankGrid& grid, int world_rank, GroupFactory make = comm::make_group);
 
   ProcessGroups(ProcessGroups&&) = default;
   ProcessGroups& operator=(ProcessGroups&&) = default;

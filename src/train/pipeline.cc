@@ -24,7 +24,7 @@ PipelineExecutor::PipelineExecutor(model::GPTModel& model, comm::Communicator& p
   for (int s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
   if (schedule.pp > 1) {  // the gradient from the next stage arrives here
     const Tensor in = model.chunk_input(0);
-    buffers_ = Arena(align_up(in.nbytes()), "pipeline-grad-recv");
+    buffers_ = Arena(align_up(in.nbytes()), "pipeline-grad-recv", model.options().device);
     grad_in_ = buffers_.alloc(in.shape(), in.dtype());
   }
 }
@@ -54,8 +54,8 @@ Tensor PipelineExecutor::send_buffer() {
     }
   }
   const Tensor in = model_.chunk_input(0);
-  send_storage_.emplace_back(in.nbytes());
-  send_bufs_.push_back(Tensor(send_storage_.back().data(), in.shape(), in.dtype()));
+  send_storage_.emplace_back(align_up(in.nbytes()), "pipeline-grad-send", model_.options().device);
+  send_bufs_.push_back(send_storage_.back().alloc(in.shape(), in.dtype()));
   send_buf_work_.emplace_back();
   next_send_buf_ = 0;
   return send_bufs_.back();

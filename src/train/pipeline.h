@@ -82,10 +82,12 @@ class PipelineExecutor {
   std::vector<int> free_slots_;
   int max_used_ = 0;
   double wait_s_ = 0;
+  // Communication buffers live where the model does (its options().device):
+  // device groups (NCCL, staged) move device memory only.
   Arena buffers_;                    // the d(output) receive buffer
   Tensor grad_in_;                   // [Ns, h]
-  std::deque<std::vector<char>> send_storage_;  // grows only while sends are still in flight
-  std::vector<Tensor> send_bufs_;    // views of send_storage_, [Ns, h]
+  std::deque<Arena> send_storage_;   // one buffer each; grows only while sends are still in flight
+  std::vector<Tensor> send_bufs_;    // in send_storage_, [Ns, h]
   std::vector<std::unique_ptr<comm::Work>> send_buf_work_;
   size_t next_send_buf_ = 0;
   std::vector<std::unique_ptr<comm::Work>> pending_;  // forward sends

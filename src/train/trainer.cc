@@ -16,6 +16,7 @@
 #include "comm/communicator.h"
 #include "core/device.h"
 #include "core/op_profile.h"
+#include "core/sim_device.h"
 #include "core/signals.h"
 #include "core/threads.h"
 #include "data/loader.h"
@@ -96,20 +97,13 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
 
   // ---- 1. Every configuration problem, before anything is allocated.
   std::vector<std::string> problems = validate_train(cfg);
-  // The backend. --device auto takes the GPU when one is usable and the job
-  // is one process (several ranks on GPUs need the NCCL communicators, which
-  // the trainer does not use yet).
+  // The backend. --device auto takes the GPU when one is usable (several
+  // ranks: one GPU each, by local rank; train_validated makes their groups).
   const BackendInfo backend = backend_info();
-  if (cfg.device == "auto") cfg.device = backend.cuda_devices > 0 && comm::world_size() == 1 ? "cuda" : "cpu";
-  if (cfg.device == "cuda") {
-    if (backend.cuda_devices == 0)
-      problems.push_back(fmt::format("[--device] cuda was asked for, but the CUDA backend reports: {} (fix: --device cpu)",
-                                     backend.cuda_status));
-    else if (comm::world_size() > 1)
-      problems.push_back(fmt::format("[--device] {} ranks on CUDA need NCCL communicators, which megatron train does "
-                                     "not use yet (fix: one process with --device cuda, or --device cpu under mpirun)",
-                                     comm::world_size()));
-  }
+  if (cfg.device == "auto") cfg.device = backend.cuda_devices > 0 ? "cuda" : "cpu";
+  if (cfg.device == "cuda" && backend.cuda_devices == 0)
+    problems.push_back(fmt::format("[--device] cuda was asked for, but the CUDA backend reports: {} (fix: --device cpu)",
+                                   backend.cuda_status));
   data::TokenizerConfig tc = cfg.tokenizer;
   tc.vocab_file = mc.vocab_file;
   if (tc.type == "NullTokenizer") tc.vocab_size = mc.vocab_size;
@@ -187,7 +181,33 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // ---- Process groups from the planner's rank grid (the layout `megatron plan` draws).
   const int world = comm::world_size(), rank = comm::world_rank();
   MT_CHECK(plan.grid.has_value(), "a valid plan has a rank grid");
-  auto groups_r = parallel::ProcessGroups::create(*plan.grid, rank);
+  // Several ranks on GPUs: one GPU per rank (its local rank) and groups that
+  // move device memory, NCCL's where this build has it and the GPUs are
+  // real; otherwise MPI staged through host buffers (comm::make_staged_group:
+  // slow, but the same results; under MT_SIMULATE_CUDA it is how CI trains
+  // several ranks on the simulated device). The world communicator below
+  // stays MPI: it carries host values only.
+  parallel::ProcessGroups::GroupFactory make_group = comm::make_group;
+  std::string group_kind = "MPI";
+  if (cfg.device == "cuda" && world > 1) {
+#ifdef MT_HAVE_NCCL
+    if (!simdev::enabled()) {
+      if (Status s = comm::init_nccl(); !s.ok()) return s;
+      make_group = comm::make_nccl_group;
+      group_kind = "NCCL";
+    }
+#endif
+    if (group_kind != "NCCL") {
+#ifdef MT_HAVE_CUDA
+      comm::select_local_device(/*allow_shared=*/true);
+#endif
+      make_group = [](const std::vector<int>& members, const std::string& name) {
+        return comm::make_staged_group(comm::make_group(members, name));
+      };
+      group_kind = "MPI staged through host memory";
+    }
+  }
+  auto groups_r = parallel::ProcessGroups::create(*plan.grid, rank, make_group);
   if (!groups_r) return groups_r.status();
   parallel::ProcessGroups& groups = *groups_r;
   comm::Communicator& tp_comm = groups.tp();
@@ -356,7 +376,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                sp ? ", sequence parallel" : "", dist_opt ? ", distributed optimizer" : "", static_cast<long long>(mbs),
                static_cast<long long>(M), static_cast<long long>(dp), static_cast<long long>(gbs),
                static_cast<long long>(train_iters), static_cast<long long>(iteration), job.precision.name(),
-               cfg.device == "cuda" ? fmt::format("on CUDA ({})", backend_info().cuda_name).c_str()
+               cfg.device == "cuda" ? fmt::format("on CUDA ({}{})", backend_info().cuda_name,
+                                                  world > 1 ? ", " + group_kind + " groups" : "").c_str()
                                     : fmt::format("{} thread{} per rank", num_threads(), num_threads() == 1 ? "" : "s").c_str());
   if (world > 1) {
     // The layout, once: every group of the kinds this build uses.

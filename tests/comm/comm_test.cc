@@ -1,6 +1,7 @@
 // Communicators: every collective and dtype with closed-form expected values,
 // point to point, the asynchronous variants, stats byte counts, groups made
-// by make_group and ProcessGroups over a RankGrid. The same binary runs under
+// by make_group and ProcessGroups over a RankGrid, and staged groups on the
+// simulated device. The same binary runs under
 // mpirun with 1, 2 and 4 ranks (MpiCommunicator) and alone (everything a
 // SelfCommunicator); its own main initialises and finalises MPI.
 //
@@ -18,6 +19,9 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/arena.h"
+#include "core/device.h"
+#include "core/sim_device.h"
 #include "../support/comm_values.h"
 #include "../support/mpi_test.h"
 #include "parallel/process_groups.h"
@@ -354,6 +358,107 @@ TEST(Scalar, AllReduceScalar) {
   EXPECT_EQ(w->all_reduce_scalar(r + 1.0, ReduceOp::kMax), N);
   EXPECT_EQ(w->all_reduce_scalar(r + 1.0, ReduceOp::kMin), 1.0);
   EXPECT_EQ(w->all_reduce_scalar(0.25 * (r + 1)), 0.25 * N * (N + 1) / 2.0);
+}
+
+TEST(Scalar, AllGatherScalar) {
+  auto w = world_communicator();
+  const int N = w->size(), r = w->rank();
+  w->reset_stats();
+  const std::vector<double> all = w->all_gather_scalar(0.5 * r + 1.0);
+  ASSERT_EQ(all.size(), static_cast<size_t>(N));
+  for (int i = 0; i < N; ++i) EXPECT_EQ(all[static_cast<size_t>(i)], 0.5 * i + 1.0) << "rank " << i;
+  EXPECT_EQ(w->stats().all_gather_bytes, sizeof(double) * static_cast<size_t>(N));
+}
+
+// ---- staged groups (device tensors through host buffers) ----
+//
+// On the simulated device (MT_SIMULATE_CUDA=1, which the comm.mpi_np* tests
+// set): "device" memory faults on any host access outside kernels and
+// copies, so every result is checked through copy_tensor.
+
+std::vector<float> to_host(const Tensor& d) {
+  std::vector<float> h(static_cast<size_t>(d.numel()));
+  copy_tensor(d, Tensor(h.data(), Shape{d.numel()}, DType::kF32));
+  return h;
+}
+void to_device(const std::vector<float>& h, const Tensor& d) {
+  copy_tensor(Tensor(const_cast<float*>(h.data()), Shape{d.numel()}, DType::kF32), d);
+}
+
+TEST(Staged, CollectivesAndPointToPointOnDeviceTensors) {
+  if (!simdev::enabled()) GTEST_SKIP() << "needs device memory: run with MT_SIMULATE_CUDA=1";
+  std::vector<int> all;
+  for (int i = 0; i < world_size(); ++i) all.push_back(i);
+  auto g = make_staged_group(make_group(all, "staged"));
+  ASSERT_NE(g, nullptr);
+  const int N = g->size(), r = g->rank();
+  EXPECT_EQ(g->name(), group_name("staged", all));
+  Arena dev(size_t{1} << 20, "staged test", Device::kCuda);
+  const int64_t n = 6;
+
+  // all_reduce: sum over ranks of (r + 1) (i + 1).
+  Tensor t = dev.alloc({n}, DType::kF32);
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>((r + 1) * (i + 1));
+  to_device(x, t);
+  g->reset_stats();
+  g->all_reduce(t);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(to_host(t)[i], static_cast<float>(N * (N + 1) / 2 * (i + 1)));
+  EXPECT_EQ(g->stats().all_reduce_bytes, static_cast<uint64_t>(n * 4));
+
+  // all_gather in place (this rank's block of out), then reduce_scatter back.
+  Tensor out = dev.alloc({n * N}, DType::kF32);
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(100 * r + i);
+  to_device(x, out.slice(r * n, (r + 1) * n));
+  g->all_gather(out.slice(r * n, (r + 1) * n), out);
+  std::vector<float> got = to_host(out);
+  for (int k = 0; k < N; ++k)
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(got[k * n + i], static_cast<float>(100 * k + i));
+  Tensor mine = dev.alloc({n}, DType::kF32);
+  g->reduce_scatter(out, mine);  // every rank holds the same out: block r times N
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(to_host(mine)[i], static_cast<float>(N * (100 * r + i)));
+
+  // broadcast from the last rank.
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(r == N - 1 ? 7 * i : -1);
+  to_device(x, t);
+  g->broadcast(t, N - 1);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(to_host(t)[i], static_cast<float>(7 * i));
+
+  // A ring, both sides isend first (1F1B's order): stays asynchronous, no deadlock.
+  if (N > 1) {
+    Tensor s = dev.alloc({n}, DType::kF32), rcv = dev.alloc({n}, DType::kF32);
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(10 * r + i);
+    to_device(x, s);
+    auto ws = g->isend(s, (r + 1) % N, 3);
+    g->recv(rcv, (r + N - 1) % N, 3);
+    ws->wait();
+    const int from = (r + N - 1) % N;
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(to_host(rcv)[i], static_cast<float>(10 * from + i));
+    // irecv lands in the device tensor once waited for.
+    auto wr = g->irecv(rcv, from, 4);
+    g->send(s, (r + 1) % N, 4);
+    wr->wait();
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(to_host(rcv)[i], static_cast<float>(10 * from + i));
+  }
+
+  // Asynchronous collectives complete into the device tensors at wait().
+  for (int64_t i = 0; i < n; ++i) x[i] = 1.0f;
+  to_device(x, t);
+  auto wa = g->iall_reduce(t, ReduceOp::kMax);
+  wa->wait();
+  EXPECT_EQ(to_host(t)[0], 1.0f);
+  EXPECT_EQ(g->all_gather_scalar(r + 2.0).back(), N + 1.0);
+  EXPECT_EQ(g->all_reduce_scalar(1.0), N);
+}
+
+TEST(StagedDeathTest, HostTensorsAreRefused) {
+  if (!simdev::enabled()) GTEST_SKIP() << "needs device memory: run with MT_SIMULATE_CUDA=1";
+  if (launched_by_mpi()) GTEST_SKIP() << "death tests fork: comm.self runs this one, without MPI";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto g = make_staged_group(make_group({0}, "staged"));
+  float v = 1.0f;
+  EXPECT_DEATH(g->all_reduce(Tensor(&v, Shape{1}, DType::kF32)),
+               "all_reduce on staged\\[0\\]: expected a CUDA tensor");
 }
 
 // ---- make_group ----

@@ -466,6 +466,18 @@ TEST(NcclScalar, AllReduceScalar) {
   EXPECT_EQ(w.all_reduce_scalar(0.25 * (r + 1)), 0.25 * N * (N + 1) / 2.0);
 }
 
+TEST(NcclScalar, AllGatherScalarInRankOrder) {
+  MT_REQUIRE_NCCL();
+  Communicator& w = *g_world;
+  const int N = w.size(), r = w.rank();
+  w.reset_stats();
+  const std::vector<double> all = w.all_gather_scalar(0.5 * r + 1.0);
+  ASSERT_EQ(all.size(), static_cast<size_t>(N));
+  for (int i = 0; i < N; ++i) EXPECT_EQ(all[static_cast<size_t>(i)], 0.5 * i + 1.0) << "rank " << i;
+  EXPECT_EQ(w.stats().all_gather_bytes, sizeof(double) * static_cast<size_t>(N));
+  EXPECT_EQ(w.all_reduce_scalar(r + 1.0), N * (N + 1) / 2.0);  // the scalar buffers do not overlap
+}
+
 TEST(NcclBarrier, CountsNothingAndOrdersQueuedWork) {
   MT_REQUIRE_NCCL();
   Communicator& w = *g_world;

@@ -5,7 +5,11 @@
 #    no biases, untied output layer), fp32 and --bf16, 10 iterations each:
 #    per-iteration losses agree;
 #  - a run stopped at iteration 5 on one device resumes on the other and
-#    reproduces the straight run's losses for iterations 6-10, both ways.
+#    reproduces the straight run's losses for iterations 6-10, both ways;
+#  - 2 ranks (TP2 + SP and DP2 with the distributed optimizer and overlapped
+#    reduction and gather on LLaMA; PP2 on GPT, tied embeddings) on the
+#    device against the same layout on the CPU, and a PP2 device run resumed
+#    by one CPU rank (where there are 2 GPUs, or on the simulated device).
 #
 # Tolerance: "sim" under MT_SIMULATE_CUDA=1 (CI: the simulated device runs
 # the CPU kernels on guarded memory, so a host access to device memory
@@ -95,6 +99,52 @@ for model in gpt llama; do
     done
   done
 done
+
+# Several ranks on the device (one GPU per rank; NCCL groups on real GPUs,
+# MPI staged through host memory on the simulated device): tensor + sequence,
+# pipeline, and data parallelism with the distributed optimizer and
+# overlapped gradient reduction, each against the same layout on the CPU;
+# and a pipeline run stopped on the device resumed by one CPU rank.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+gpus=2
+if [ "$MODE" = gpu ]; then
+  gpus=$("$BIN" --version 2>/dev/null | sed -n 's/.*CUDA backend: compiled, \([0-9]*\) GPU.*/\1/p')
+fi
+if [ "${gpus:-0}" -lt 2 ]; then
+  echo "== several ranks: skipped (${gpus:-0} GPU here; each rank needs its own)"
+elif ! command -v mpirun >/dev/null; then
+  fail "several ranks: no mpirun"
+else
+  mrun() { # NAME DEVICE flags... : 2 ranks
+    local name=$1 dev=$2; shift 2
+    mpirun -n 2 --oversubscribe "$BIN" train "${COMMON[@]}" --device "$dev" --save "$TMP/$name" \
+      --metrics-file "$TMP/$name.jsonl" "$@" >"$TMP/$name.log" 2>&1 || { fail "$name: exit $?"; tail -20 "$TMP/$name.log"; return 1; }
+  }
+  # LLaMA-style for TP and DP; GPT for PP (its tied embeddings add the
+  # first and last stages' embedding group).
+  for layout in tp2 pp2 dp2; do
+    case $layout in
+      tp2) lflags=("${LLAMA[@]}" --tensor-model-parallel-size 2 --sequence-parallel) ;;
+      pp2) lflags=("${GPT[@]}" --pipeline-model-parallel-size 2) ;;
+      dp2) lflags=("${LLAMA[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather) ;;
+    esac
+    for prec in fp32 bf16; do
+      extra=(); [ $prec = bf16 ] && extra=(--bf16)
+      t=$(tol $prec)
+      echo "== $layout $prec, 2 ranks"
+      mrun "$layout-$prec-cpu" cpu "${lflags[@]}" "${extra[@]}" || continue
+      mrun "$layout-$prec-cuda" cuda "${lflags[@]}" "${extra[@]}" || continue
+      grep -q "on CUDA (.*groups)" "$TMP/$layout-$prec-cuda.log" ||
+        fail "$layout $prec: the cuda run did not name its device groups"
+      compare "$layout-$prec-cuda" "$layout-$prec-cpu" 1 "$t" || fail "$layout $prec: 2 ranks, cuda vs cpu losses"
+    done
+  done
+  echo "== pp2 on cuda stopped at 5, resumed by one cpu rank"
+  if mrun pp2-cuda-then-cpu cuda "${GPT[@]}" --pipeline-model-parallel-size 2 --exit-interval 5; then
+    run pp2-cuda-then-cpu cpu "${GPT[@]}" --load "$TMP/pp2-cuda-then-cpu" &&
+      { compare pp2-cuda-then-cpu pp2-fp32-cpu 6 "$(tol fp32)" || fail "pp2 cuda -> 1 cpu rank: resumed losses"; }
+  fi
+fi
 
 # --device cuda without a usable GPU is a configuration error naming the flag.
 if [ "$MODE" = sim ]; then
