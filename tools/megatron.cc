@@ -51,6 +51,11 @@ int main(int argc, char** argv) {
     mt::BackendInfo b = mt::backend_info();
     std::printf("megatron-cpp 0.1.0\nCPU backend: yes\nCUDA backend: %s%s\n", b.cuda_compiled ? "compiled, " : "",
                 b.cuda_status.c_str());
+#ifdef MT_HAVE_NCCL
+    std::printf("NCCL groups: compiled (several ranks on GPUs)\n");
+#else
+    std::printf("NCCL groups: not compiled (several ranks on GPUs go through MPI, staged in host memory)\n");
+#endif
     return 0;
   }
   for (const auto& s : kSubcommands) {

@@ -322,6 +322,30 @@ P2PCheck check_pipeline_steps(const Schedule& s, const std::vector<std::vector<P
       if (is_send(st.kind)) send_order[{r, st.peer, direction(st.kind)}].push_back(st.tag);
       if (is_recv(st.kind)) recv_order[{st.peer, r, direction(st.kind)}].push_back(st.tag);
     }
+  // The same per (sender, receiver), both directions in one order.
+  using Pair = std::pair<int64_t, int64_t>;
+  std::map<Pair, std::vector<std::pair<int32_t, int>>> pair_sent, pair_received;  // (tag, direction)
+  for (int64_t r = 0; r < P; ++r)
+    for (const PipelineStep& st : steps[static_cast<size_t>(r)]) {
+      if (is_send(st.kind)) pair_sent[{r, st.peer}].push_back({st.tag, direction(st.kind)});
+      if (is_recv(st.kind)) pair_received[{st.peer, r}].push_back({st.tag, direction(st.kind)});
+    }
+  out.pair_fifo_compatible = true;
+  for (const auto& [pair, order] : pair_sent) {
+    const auto& got = pair_received[pair];
+    if (order == got) continue;
+    out.pair_fifo_compatible = false;
+    size_t k = 0;
+    while (k < order.size() && k < got.size() && order[k] == got[k]) ++k;
+    auto what = [](const std::vector<std::pair<int32_t, int>>& v, size_t i) {
+      return i < v.size() ? fmt::format("the {} with tag {}", v[i].second == 0 ? "activation" : "gradient", v[i].first)
+                          : std::string("nothing");
+    };
+    out.pair_problem = fmt::format("rank {} sends rank {} {} as its message {} to it, but rank {} receives {} there",
+                                   pair.first, pair.second, what(order, k), k, pair.second, what(got, k));
+    break;
+  }
+
   out.fifo_compatible = true;
   std::string fifo_problem;
   for (const auto& [ch, order] : send_order) {

@@ -114,11 +114,21 @@ std::vector<std::vector<PipelineStep>> pipeline_steps(const Schedule& s);
 //                    sends in the order the receiver receives, so a
 //                    transport that matches in arrival order (no tags, one
 //                    channel per direction) would pair the same messages.
-//   problem:         the first thing found wrong, empty when both hold.
+//   pair_fifo_compatible: the same for every (sender, receiver) with both
+//                    directions' messages together: what a transport that
+//                    matches in issue order per pair of ranks needs (NCCL:
+//                    no tags). It holds without virtual stages and for PP >= 3
+//                    (a pair then carries one direction), and for PP 2 with
+//                    the default micro-batch groups, but not always with
+//                    larger groups (e.g. V 4, M 8, groups of 4).
+//   problem:         the first thing found wrong, empty when completes and
+//                    fifo_compatible hold; pair_problem: the first pair whose
+//                    orders differ.
 struct P2PCheck {
   bool completes = false;
   bool fifo_compatible = false;
-  std::string problem;
+  bool pair_fifo_compatible = false;
+  std::string problem, pair_problem;
 };
 P2PCheck check_pipeline_steps(const Schedule& s, const std::vector<std::vector<PipelineStep>>& steps);
 

@@ -90,6 +90,19 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                     const std::vector<std::string>& argv, std::FILE* out);
 }  // namespace
 
+namespace {
+// Whether a job's groups are NCCL communicators: several ranks on real GPUs
+// in a build with NCCL (see train_validated).
+bool uses_nccl_groups(const std::string& device, int world) {
+#ifdef MT_HAVE_NCCL
+  return device == "cuda" && world > 1 && !simdev::enabled();
+#else
+  (void)device, (void)world;
+  return false;
+#endif
+}
+}  // namespace
+
 Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<std::string>& argv, std::FILE* out) {
   TrainConfig cfg = cfg_in;
   auto& job = cfg.job;
@@ -148,6 +161,25 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty() && job.parallel.cp == 1 &&
         job.parallel.ep == 1 && !mc.is_moe())
       problems.push_back(plan.memory.trainer.why_not);
+    // NCCL matches point-to-point messages in issue order per pair of ranks
+    // (no tags). With PP 2, virtual stages and micro-batch groups larger than
+    // PP, the step lists send one rank's activations and gradients in another
+    // order than the other receives them (parallel::P2PCheck), which NCCL
+    // would pair wrongly, silently (the tensors have one shape).
+    if (uses_nccl_groups(cfg.device, processes) && job.parallel.pp > 1) {
+      auto sched = parallel::build_schedule(job.parallel.pp, plan.vpp, plan.num_microbatches,
+                                            job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
+      if (sched) {
+        const parallel::P2PCheck c = parallel::check_pipeline_steps(*sched, parallel::pipeline_steps(*sched));
+        if (!c.pair_fifo_compatible)
+          problems.push_back(fmt::format(
+              "[--pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage, "
+              "--microbatch-group-size-per-virtual-pipeline-stage] on NCCL groups this interleaved schedule mixes "
+              "the two directions between a pair of ranks: {}; NCCL pairs messages in issue order, not by tag "
+              "(fix: the default micro-batch group size (PP), a pipeline of 3 or more stages, or no virtual stages)",
+              c.pair_problem));
+      }
+    }
     // Every pipeline stage's model (the planner checked stage 0's): layer
     // counts can differ with uneven splits, e.g. against --recompute-num-layers.
     if (plan.memory.trainer.available)
@@ -191,7 +223,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   std::string group_kind = "MPI";
   if (cfg.device == "cuda" && world > 1) {
 #ifdef MT_HAVE_NCCL
-    if (!simdev::enabled()) {
+    if (uses_nccl_groups(cfg.device, world)) {
       if (Status s = comm::init_nccl(); !s.ok()) return s;
       make_group = comm::make_nccl_group;
       group_kind = "NCCL";

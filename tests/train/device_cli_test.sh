@@ -158,5 +158,22 @@ if [ "$MODE" = sim ]; then
   fi
 fi
 
+# On NCCL groups (several ranks, real GPUs), an interleaved PP 2 schedule
+# whose pair of ranks mixes activations and gradients out of order is refused
+# before anything is allocated (NCCL pairs messages in issue order). The
+# check runs with the other configuration checks, so it shows here without a
+# GPU too, beside the no-GPU error, in builds that have NCCL.
+if [ "$MODE" = sim ] && command -v mpirun >/dev/null &&
+   env -u MT_SIMULATE_CUDA "$BIN" --version | grep -q "NCCL groups: compiled"; then
+  echo "== NCCL: interleaved PP 2 with micro-batch groups of 4 is refused"
+  env -u MT_SIMULATE_CUDA mpirun -n 2 --oversubscribe "$BIN" train "${COMMON[@]}" --num-layers 4 --hidden-size 64 \
+    --num-attention-heads 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 \
+    --global-batch-size 16 --microbatch-group-size-per-virtual-pipeline-stage 4 --device cuda >"$TMP/nccl-pp.log" 2>&1
+  rc=$?
+  [ $rc = 2 ] || fail "NCCL interleaved refusal: exit $rc, expected 2"
+  grep -q "on NCCL groups this interleaved schedule mixes the two directions" "$TMP/nccl-pp.log" ||
+    { fail "NCCL interleaved refusal: message"; tail -5 "$TMP/nccl-pp.log"; }
+fi
+
 if [ $fails -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "all device checks passed"
