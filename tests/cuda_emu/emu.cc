@@ -127,6 +127,7 @@ struct Warp {
 
 struct Block {
   Barrier barrier;
+  bool barrier_opened = false;  // set by the __syncthreads that opens it, cleared by the scheduler
   std::vector<Warp> warps;
   std::vector<std::pair<void*, size_t>> shared;  // __shared__ arrays poisoned in this block
   size_t shared_bytes = 0;
@@ -277,17 +278,35 @@ void run_block(const dim3& block, bool reverse) {
     f.tid = uint3{t % block.x, t / block.x % block.y, t / (block.x * block.y)};
     f.sp = initial_frame(g_stacks[t]);
   }
+  // Warp by warp (ascending or descending), each warp run until none of its
+  // threads can move (all wait at __syncthreads or are done): a warp races
+  // as far ahead of the others as a GPU may let it, so a write that another
+  // warp's earlier read needed protecting (a missing __syncthreads after the
+  // read) lands before that read.
+  // When a __syncthreads opens, the order starts again from its first warp.
+  const unsigned warps = static_cast<unsigned>(g_block.warps.size());
+  g_block.barrier_opened = false;
   for (unsigned live = nt; live > 0;) {
     bool ran = false;
-    for (unsigned k = 0; k < nt; ++k) {
-      Fiber& f = g_fibers[reverse ? nt - 1 - k : k];
-      if (f.done || (f.waiting && f.waiting->generation == f.wait_generation)) continue;
-      f.waiting = nullptr;
-      g_current = &f;
-      threadIdx = f.tid;
-      emu_switch_stack(&g_scheduler_sp, f.sp);
-      ran = true;
-      if (f.done) --live;
+    for (unsigned wk = 0; wk < warps; ++wk) {
+      const unsigned w = reverse ? warps - 1 - wk : wk, first = 32 * w, lanes = g_block.warps[w].lanes;
+      for (bool moved = true; moved && !g_block.barrier_opened;) {
+        moved = false;
+        for (unsigned lk = 0; lk < lanes && !g_block.barrier_opened; ++lk) {
+          Fiber& f = g_fibers[first + (reverse ? lanes - 1 - lk : lk)];
+          if (f.done || (f.waiting && f.waiting->generation == f.wait_generation)) continue;
+          f.waiting = nullptr;
+          g_current = &f;
+          threadIdx = f.tid;
+          emu_switch_stack(&g_scheduler_sp, f.sp);
+          ran = moved = true;
+          if (f.done) --live;
+        }
+      }
+      if (g_block.barrier_opened) {
+        g_block.barrier_opened = false;
+        wk = static_cast<unsigned>(-1);  // from the first warp again
+      }
     }
     if (!ran) deadlock(nt);
   }
@@ -453,6 +472,17 @@ void syncthreads(const std::source_location& site) {
     fail("__syncthreads at %s:%u while other threads of the block wait at %s:%u (divergent barrier)", site.file_name(),
          static_cast<unsigned>(site.line()), b.site.file_name(), static_cast<unsigned>(b.site.line()));
   }
+  if (b.arrived + 1 == b.expected) {
+    // The last arrival opens the barrier and, unlike at a warp barrier, does
+    // not run on: the scheduler starts again from the first warp in its
+    // order (run_block), so that warp, not this one, runs ahead first.
+    b.arrived = 0;
+    ++b.generation;
+    g_block.barrier_opened = true;
+    g_current->waiting = nullptr;
+    yield();
+    return;
+  }
   wait(b);
 }
 
@@ -548,6 +578,11 @@ void cp_async(void* dst, const void* src, unsigned src_bytes) {
     fail("cp.async of 16 bytes from %p to %p: both addresses must be 16-byte aligned", src, dst);
   if (!in_shared(dst, 16)) fail("cp.async destination %p is not 16 bytes inside the block's shared memory", dst);
   if (src_bytes && !is_device_memory(src)) fail("cp.async source %p is not device memory", src);
+  if (((blockIdx.x + blockIdx.y + blockIdx.z) & 1) != 0) {  // as early as possible (emu.h)
+    if (src_bytes) std::memcpy(dst, src, 16);
+    else std::memset(dst, 0, 16);
+    return;
+  }
   g_current->copies.push_back({dst, src, src_bytes});
 }
 

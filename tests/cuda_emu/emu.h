@@ -54,6 +54,10 @@
 //    ascending order where blockIdx.x + y + z is even and descending order
 //    where it is odd, so a missing __syncthreads between one thread's write
 //    and another's read shows up (stale or poisoned data) in one of the two;
+//    and warp by warp, each warp's threads resumed until all of them wait at
+//    __syncthreads, so one warp runs ahead of the others up to the next
+//    block barrier (a write that should wait for another warp's reads, a
+//    missing barrier before a buffer is refilled, overtakes those reads);
 //  - the runtime (fake/cuda_runtime.h): one device; cudaMalloc is poisoned,
 //    registered host memory; copies check their cudaMemcpyKind against it;
 //    streams are synchronous.
@@ -61,11 +65,15 @@
 //    b16 from shared memory): a warp barrier like the mma; every row address
 //    must lie in the block's shared memory, 16-byte aligned;
 //  - cp.async (emu::cp_async, cp_async_commit, cp_async_wait: .cg, 16 bytes,
-//    global to shared, with zero fill), as late as PTX allows: a copy lands
-//    only when its thread waits for its group with cp.async.wait_group (or
-//    exits), so a read of the destination before that wait, or after a wait
-//    that leaves the copy's group pending, sees the bytes that were there
-//    before (poison, or the previous tile), as the slowest GPU would.
+//    global to shared, with zero fill), at the two extremes PTX allows, by
+//    the block's parity like the scheduling order below: where blockIdx.x +
+//    y + z is even a copy lands only when its thread waits for its group
+//    with cp.async.wait_group (or exits), so a read of the destination before
+//    that wait, or after a wait that leaves the copy's group pending, sees
+//    the bytes that were there before (poison, or the previous tile), as the
+//    slowest GPU would; where it is odd a copy lands as it is issued, so a
+//    refill of a buffer that other threads have not finished reading (a
+//    missing __syncthreads before it) overwrites what they read.
 // Not emulated: atomics, warp votes, __syncwarp, other mma shapes and types,
 // other inline PTX, cooperative groups, textures, device-side printf (no
 // kernel uses them; a kernel that does fails to compile or to launch here
@@ -242,7 +250,8 @@ void ldmatrix(unsigned* r, int count, bool trans, const void* row);
 // PTX cp.async.cg.shared.global [dst], [src], 16, src_bytes (src_bytes 16
 // or 0: 16 bytes copied, or 16 zeros written); cp.async.commit_group;
 // cp.async.wait_group n (the calling thread's copies of all but its newest n
-// committed groups land now). Copies land no earlier than that (emu.h, above).
+// committed groups land now, in even blocks; in odd blocks every copy landed
+// as it was issued: emu.h, above).
 void cp_async(void* dst, const void* src, unsigned src_bytes);
 void cp_async_commit();
 void cp_async_wait(int n);

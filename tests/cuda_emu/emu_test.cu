@@ -299,6 +299,16 @@ __global__ void cp_async_groups(const unsigned* src, unsigned* out) {
   o[7] = a[4 * t + 3];
 }
 
+// Each block reads its copy's first word before any wait: out[blockIdx.x].
+__global__ void cp_async_read_before_wait(const unsigned* src, unsigned* out) {
+  extern __shared__ unsigned a[];  // 4
+  a[0] = 0xAAAAAAAAu;
+  emu::cp_async(a, src, 16);
+  emu::cp_async_commit();
+  out[blockIdx.x] = a[0];
+  emu::cp_async_wait(0);
+}
+
 __global__ void cp_async_to_global(const unsigned* src, unsigned* out) {
   emu::cp_async(out + 4 * threadIdx.x, src, 16);
   emu::cp_async_commit();
@@ -355,6 +365,30 @@ TEST(CudaEmu, MissingBarrierShowsInOneOfTheSchedulingOrders) {
   EXPECT_TRUE(std::isnan(got[0])) << "block 0 (ascending order): thread 0 sums before the others store";
   EXPECT_EQ(got[1], 64.0f) << "block 1 (descending order): thread 0 runs last";
   cudaFree(x);
+  cudaFree(y);
+}
+
+// Every thread reads buf, the warp shuffles, then thread 0 refills buf with
+// no __syncthreads after the other warps' reads: out[t] = what thread t read.
+__global__ void refill_without_barrier(float* out) {
+  __shared__ float buf[1];
+  if (threadIdx.x == 0) buf[0] = 1.0f;
+  __syncthreads();
+  float v = buf[0];
+  v = __shfl_xor_sync(0xffffffffu, v, 1);
+  if (threadIdx.x == 0) buf[0] = 2.0f;
+  out[blockIdx.x * blockDim.x + threadIdx.x] = v;
+}
+
+TEST(CudaEmu, AWarpRunsAheadToTheNextBarrier) {
+  float* y = device_floats(128);
+  refill_without_barrier<<<2, 64>>>(y);
+  const std::vector<float> got = host_floats(y, 128);
+  // Block 0 (ascending): warp 0 runs to its end, refill included, before warp 1 reads.
+  for (int t = 0; t < 32; ++t) EXPECT_EQ(got[t], 1.0f) << "block 0 thread " << t;
+  for (int t = 32; t < 64; ++t) EXPECT_EQ(got[t], 2.0f) << "block 0 thread " << t << ": the refill overtakes it";
+  // Block 1 (descending): warp 1 runs first and reads before the refill.
+  for (int t = 0; t < 64; ++t) EXPECT_EQ(got[64 + t], 1.0f) << "block 1 thread " << t;
   cudaFree(y);
 }
 
@@ -578,6 +612,25 @@ TEST(CudaEmu, CpAsyncLandsAtTheWaitThatCoversItsGroup) {
     EXPECT_EQ(o[6], 100 + 4 * t) << "thread " << t << ": an uncommitted copy is not waited for";
     EXPECT_EQ(o[7], 116 + 4 * t + 3) << "thread " << t << ": committed, it lands";
   }
+  cudaFree(ps);
+  cudaFree(po);
+}
+
+// In odd blocks copies land as they are issued (emu.h): the other extreme.
+TEST(CudaEmu, CpAsyncLandsAtOnceInOddBlocks) {
+  std::vector<unsigned> src = {7, 8, 9, 10};
+  void* ps = nullptr;
+  void* po = nullptr;
+  ASSERT_EQ(cudaMalloc(&ps, 4 * sizeof(unsigned)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&po, 3 * sizeof(unsigned)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(ps, src.data(), 4 * sizeof(unsigned), cudaMemcpyHostToDevice, nullptr), cudaSuccess);
+  cp_async_read_before_wait<<<3, 1, 16>>>(static_cast<const unsigned*>(ps), static_cast<unsigned*>(po));
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  std::vector<unsigned> got(3);
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), po, 3 * sizeof(unsigned), cudaMemcpyDeviceToHost, nullptr), cudaSuccess);
+  EXPECT_EQ(got[0], 0xAAAAAAAAu) << "block 0: at the wait";
+  EXPECT_EQ(got[1], 7u) << "block 1: at once";
+  EXPECT_EQ(got[2], 0xAAAAAAAAu) << "block 2: at the wait";
   cudaFree(ps);
   cudaFree(po);
 }

@@ -276,8 +276,8 @@ TEST(CudaTwin, AttentionTensorCoresMatchCpu) {
 
 TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {
   MT_REQUIRE_GPU();
-  // Without the permission, at another head size, or for fp64 the SIMT
-  // kernels run (the tests above hold them to the CPU twin at fp32/fp64).
+  // Without the permission, at another head size, for fp64 or with a scale
+  // that is not positive the SIMT kernels run (the tests above hold them to the CPU twin at fp32/fp64).
   Arena g = gpu_arena(size_t{1} << 20);
   k::AttentionOptions o{0.125, 0, 0, 0, 0};
   const Tensor f32 = g.alloc({8, 64 * 3}, DType::kF32), f64 = g.alloc({8, 64 * 3}, DType::kF64);
@@ -287,6 +287,11 @@ TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {
   EXPECT_FALSE(uses_tensor_cores(f64, {8, 1, 1, 1, 64}, o));
   const Tensor d96 = g.alloc({8, 96 * 3}, DType::kF32);
   EXPECT_FALSE(uses_tensor_cores(d96, {8, 1, 1, 1, 96}, o));
+  // Their softmax takes row maxima of unscaled scores: a positive scale only.
+  o.scale = -0.125;
+  EXPECT_FALSE(uses_tensor_cores(f32, {8, 1, 1, 1, 64}, o));
+  o.scale = 0;
+  EXPECT_FALSE(uses_tensor_cores(f32, {8, 1, 1, 1, 64}, o));
 }
 
 // bf16 out, dout and dqkv with bf16 qkv (kernels/attention.h), on the SIMT

@@ -59,10 +59,13 @@
 // REQUIRES (as for the CPU twin): dqkv aliases none of qkv, out, dout, lse.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "core/cuda/check.cuh"
 #include "core/dtype.h"
@@ -609,9 +612,8 @@ __device__ __forceinline__ void tc_load(const Tin* __restrict__ src, int64_t ld,
       const int r = e / C4, c = e % C4 * 4;
       float v[4] = {0.f, 0.f, 0.f, 0.f};
       if (r < n) tc::load4(src + (t0 + r) * ld + c, v);
-      uint32_t* d = reinterpret_cast<uint32_t*>(dst + r * LD + c);
-      d[0] = tc::pack_bf16x2(v[0], v[1]);
-      d[1] = tc::pack_bf16x2(v[2], v[3]);
+      // One 8-byte store (c is a multiple of 4 elements, the pitch of 8 bytes).
+      *reinterpret_cast<tc::U2*>(dst + r * LD + c) = tc::U2{tc::pack_bf16x2(v[0], v[1]), tc::pack_bf16x2(v[2], v[3])};
     }
   }
 }
@@ -1091,7 +1093,7 @@ void launch_bwd(const Tin* qkv, const Yd* dout, const A* lse, Yg* dqkv, const Pa
 }
 
 // Whether the tensor-core kernels take a call: allowed by the options, a
-// head_dim they are built for, fp32 accumulation, and 16-byte aligned
+// head_dim they are built for, a positive scale, fp32 accumulation, and 16-byte aligned
 // tensors (their vector loads; every row pitch and column offset is then a
 // multiple of 16 bytes, since head_dim is). The same for fp32 and bf16 out,
 // dout and dqkv.
@@ -1101,6 +1103,9 @@ bool use_tc(const QkvLayout& L, const AttentionOptions& o, std::initializer_list
     return false;
   } else {
     if (!o.bf16_matmul || (L.head_dim != 64 && L.head_dim != 128)) return false;
+    // The forward's row maxima are taken on unscaled scores (the same maxima
+    // only for a positive scale); the SIMT kernels take any other.
+    if (!(o.scale > 0)) return false;
     for (const void* ptr : ptrs)
       if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
     return true;
@@ -1108,14 +1113,17 @@ bool use_tc(const QkvLayout& L, const AttentionOptions& o, std::initializer_list
 }
 
 // Above 48 KB a kernel's dynamic shared memory must be allowed first; done
-// once per kernel and process (the larger tensor-core kernels need it).
+// once per kernel and device (the attribute belongs to the device's context;
+// the larger tensor-core kernels need it).
 template <auto Kernel>
 void allow_dynamic_shared(size_t bytes) {
-  static const bool allowed = [bytes] {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    return true;
-  }();
-  (void)allowed;
+  static std::mutex mu;
+  static std::vector<int> allowed;  // devices
+  const int device = ::mt::cuda::current_device();
+  std::lock_guard<std::mutex> lock(mu);
+  if (std::find(allowed.begin(), allowed.end(), device) != allowed.end()) return;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  allowed.push_back(device);
 }
 
 template <typename Tin, typename Y, int D>
