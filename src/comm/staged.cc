@@ -18,12 +18,14 @@ namespace mt::comm {
 
 namespace {
 
-// A host buffer shaped like a device tensor (same dtype and element count).
+// A host buffer shaped like a device tensor (same dtype and element count),
+// uninitialised (gradient buckets are large; every byte is written before it
+// is read).
 struct HostBuffer {
-  std::vector<std::byte> bytes;
+  std::unique_ptr<std::byte[]> bytes;
   Tensor t;
-  explicit HostBuffer(const Tensor& like) : bytes(like.nbytes()) {
-    t = Tensor(bytes.data(), Shape{like.numel()}, like.dtype());
+  explicit HostBuffer(const Tensor& like) : bytes(new std::byte[like.nbytes()]) {
+    t = Tensor(bytes.get(), Shape{like.numel()}, like.dtype());
   }
 };
 
@@ -34,7 +36,13 @@ class StagedWork final : public Work {
   StagedWork(std::unique_ptr<Work> inner, std::vector<std::unique_ptr<HostBuffer>> buffers,
              std::vector<std::pair<const HostBuffer*, Tensor>> copy_back)
       : inner_(std::move(inner)), buffers_(std::move(buffers)), copy_back_(std::move(copy_back)) {}
-  ~StagedWork() override { wait(); }
+  // As every Work: destroying an unfinished one waits for it (the inner
+  // Work's destructor does, as its transport allows), then the results land.
+  ~StagedWork() override {
+    if (done_) return;
+    inner_.reset();
+    finish();
+  }
 
   void wait() override {
     if (done_) return;
@@ -90,7 +98,7 @@ class StagedCommunicator final : public Communicator {
 
   void broadcast(const Tensor& t, int root) override {
     check_device("broadcast", t);
-    auto h = stage_in(t);
+    auto h = rank() == root ? stage_in(t) : std::make_unique<HostBuffer>(t);  // only the root's bytes are read
     host_->broadcast(h->t, root);
     copy_tensor(h->t, t);
     record(&CommStats::broadcast_bytes, t.nbytes());
@@ -156,6 +164,9 @@ class StagedCommunicator final : public Communicator {
     MT_CHECK(t.device() == Device::kCuda,
              fmt::format("{} on {}: expected a CUDA tensor (a device group moves device memory), got a CPU tensor",
                          call, name()));
+    MT_CHECK(t.defined() || t.numel() == 0,
+             fmt::format("{} on {}: expected a tensor with memory, got a null tensor of {} elements", call, name(),
+                         t.numel()));
   }
   static std::unique_ptr<HostBuffer> stage_in(const Tensor& t) {
     auto h = std::make_unique<HostBuffer>(t);

@@ -91,6 +91,23 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
 }  // namespace
 
 namespace {
+// The ranks of the job on this node: OpenMPI's launcher says; otherwise the
+// whole world (an upper bound).
+int local_ranks() {
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    const int n = std::atoi(v);
+    if (n >= 1) return n;
+  }
+  return comm::world_size();
+}
+
+// The group kinds this trainer communicates device tensors over; the others
+// (context, expert, combined kinds: layouts it refuses) stay MPI groups, so
+// a job makes four NCCL communicators, not one per kind.
+bool device_group_kind(const std::string& name) {
+  return name == "tp" || name == "pp" || name == "dp" || name == "embedding";
+}
+
 // Whether a job's groups are NCCL communicators: several ranks on real GPUs
 // in a build with NCCL (see train_validated).
 bool uses_nccl_groups(const std::string& device, int world) {
@@ -113,10 +130,16 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   // The backend. --device auto takes the GPU when one is usable (several
   // ranks: one GPU each, by local rank; train_validated makes their groups).
   const BackendInfo backend = backend_info();
-  if (cfg.device == "auto") cfg.device = backend.cuda_devices > 0 ? "cuda" : "cpu";
+  // auto: the GPUs when this node has one for each of its ranks.
+  if (cfg.device == "auto") cfg.device = backend.cuda_devices > 0 && local_ranks() <= backend.cuda_devices ? "cuda" : "cpu";
   if (cfg.device == "cuda" && backend.cuda_devices == 0)
     problems.push_back(fmt::format("[--device] cuda was asked for, but the CUDA backend reports: {} (fix: --device cpu)",
                                    backend.cuda_status));
+  else if (uses_nccl_groups(cfg.device, comm::world_size()) && local_ranks() > backend.cuda_devices)
+    problems.push_back(fmt::format("[--device] cuda with NCCL groups needs one GPU per rank, but this node runs {} ranks "
+                                   "and has {} GPU{} (fix: at most {} ranks per node, or --device cpu)",
+                                   local_ranks(), backend.cuda_devices, backend.cuda_devices == 1 ? "" : "s",
+                                   backend.cuda_devices));
   data::TokenizerConfig tc = cfg.tokenizer;
   tc.vocab_file = mc.vocab_file;
   if (tc.type == "NullTokenizer") tc.vocab_size = mc.vocab_size;
@@ -225,7 +248,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
 #ifdef MT_HAVE_NCCL
     if (uses_nccl_groups(cfg.device, world)) {
       if (Status s = comm::init_nccl(); !s.ok()) return s;
-      make_group = comm::make_nccl_group;
+      make_group = [](const std::vector<int>& members, const std::string& name) {
+        return device_group_kind(name) ? comm::make_nccl_group(members, name) : comm::make_group(members, name);
+      };
       group_kind = "NCCL";
     }
 #endif
@@ -234,7 +259,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       comm::select_local_device(/*allow_shared=*/true);
 #endif
       make_group = [](const std::vector<int>& members, const std::string& name) {
-        return comm::make_staged_group(comm::make_group(members, name));
+        auto g = comm::make_group(members, name);
+        return device_group_kind(name) ? comm::make_staged_group(std::move(g)) : std::move(g);
       };
       group_kind = "MPI staged through host memory";
     }
