@@ -373,8 +373,11 @@ TEST(Scalar, AllGatherScalar) {
 // ---- staged groups (device tensors through host buffers) ----
 //
 // On the simulated device (MT_SIMULATE_CUDA=1, which the comm.mpi_np* tests
-// set): "device" memory faults on any host access outside kernels and
-// copies, so every result is checked through copy_tensor.
+// set), "device" memory faults on any host access outside kernels and
+// copies, so every result is checked through copy_tensor; on a real GPU
+// (bench/device_check.sh runs this binary there) the same test moves real
+// device memory.
+bool have_device_memory() { return simdev::enabled() || backend_info().cuda_devices > 0; }
 
 std::vector<float> to_host(const Tensor& d) {
   std::vector<float> h(static_cast<size_t>(d.numel()));
@@ -386,7 +389,7 @@ void to_device(const std::vector<float>& h, const Tensor& d) {
 }
 
 TEST(Staged, CollectivesAndPointToPointOnDeviceTensors) {
-  if (!simdev::enabled()) GTEST_SKIP() << "needs device memory: run with MT_SIMULATE_CUDA=1";
+  if (!have_device_memory()) GTEST_SKIP() << "needs device memory: a GPU, or MT_SIMULATE_CUDA=1";
   std::vector<int> all;
   for (int i = 0; i < world_size(); ++i) all.push_back(i);
   auto g = make_staged_group(make_group(all, "staged"));
@@ -452,7 +455,7 @@ TEST(Staged, CollectivesAndPointToPointOnDeviceTensors) {
 }
 
 TEST(StagedDeathTest, HostTensorsAreRefused) {
-  if (!simdev::enabled()) GTEST_SKIP() << "needs device memory: run with MT_SIMULATE_CUDA=1";
+  if (!have_device_memory()) GTEST_SKIP() << "needs device memory: a GPU, or MT_SIMULATE_CUDA=1";
   if (launched_by_mpi()) GTEST_SKIP() << "death tests fork: comm.self runs this one, without MPI";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto g = make_staged_group(make_group({0}, "staged"));
