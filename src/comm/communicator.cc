@@ -31,10 +31,15 @@ void Communicator::record(uint64_t CommStats::*kind, size_t bytes) {
   stats_.*kind += bytes;
 }
 
-void Communicator::check_tensor(const char* call, const Tensor& t) const {
-  MT_CHECK(t.device() == Device::kCpu,
-           fmt::format("{} on {}: expected a CPU tensor (this communicator moves host memory), got a device tensor",
-                       call, name()));
+void Communicator::check_tensor(const char* call, const Tensor& t, Device device) const {
+  MT_CHECK(t.device() == device,
+           device == Device::kCpu
+               ? fmt::format("{} on {}: expected a CPU tensor (this communicator moves host memory), got a device "
+                             "tensor",
+                             call, name())
+               : fmt::format("{} on {}: expected a CUDA tensor (this communicator moves device memory), got a CPU "
+                             "tensor",
+                             call, name()));
   MT_CHECK(t.defined() || t.numel() == 0,
            fmt::format("{} on {}: expected a tensor with memory, got a null tensor of {} elements", call, name(),
                        t.numel()));

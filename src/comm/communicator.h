@@ -112,7 +112,9 @@ class Communicator {
   void record(uint64_t CommStats::*kind, size_t bytes);
   // Argument checks shared by the implementations; each failure names the
   // call, the group and what was expected.
-  void check_tensor(const char* call, const Tensor& t) const;
+  // t lives on `device` (CPU for Self and MPI; CUDA for NCCL and staged
+  // groups) and has memory unless it is empty.
+  void check_tensor(const char* call, const Tensor& t, Device device = Device::kCpu) const;
   void check_same_dtype(const char* call, const Tensor& a, const Tensor& b) const;
   void check_numel(const char* call, const char* what, const Tensor& t, int64_t expected) const;
   // in.numel() divisible by size(); returns the block size in.numel() / size().

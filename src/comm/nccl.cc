@@ -403,7 +403,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void broadcast(const Tensor& t, int root) override {
-    check_cuda("broadcast", t);
+    check_tensor("broadcast", t, Device::kCuda);
     MT_CHECK(root >= 0 && root < size(), fmt::format("broadcast on {}: expected a root among ranks 0..{}, got {}",
                                                      name(), size() - 1, root));
     begin();
@@ -438,8 +438,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   void all_to_all(const Tensor& in, const Tensor& out) override {
-    check_cuda("all_to_all", in);
-    check_cuda("all_to_all", out);
+    check_tensor("all_to_all", in, Device::kCuda);
+    check_tensor("all_to_all", out, Device::kCuda);
     check_same_dtype("all_to_all", in, out);
     check_numel("all_to_all", "out", out, in.numel());
     const int64_t block = block_of("all_to_all", in);
@@ -537,16 +537,6 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  void check_cuda(const char* call, const Tensor& t) const {
-    MT_CHECK(t.device() == Device::kCuda,
-             fmt::format("{} on {}: expected a CUDA tensor (this communicator moves device memory of the rank's "
-                         "GPU), got a CPU tensor",
-                         call, name()));
-    MT_CHECK(t.defined() || t.numel() == 0,
-             fmt::format("{} on {}: expected a tensor with memory, got a null tensor of {} elements", call, name(),
-                         t.numel()));
-  }
-
   // Before queueing anything: the right device, no asynchronous error, and
   // every deferred isend/irecv started (they were issued first).
   void begin() {
@@ -559,7 +549,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void reduce(const char* call, const Tensor& t, ReduceOp op) {
-    check_cuda(call, t);
+    check_tensor(call, t, Device::kCuda);
     begin();
     if (t.numel() == 0) return;
     MT_NCCL_CHECK(*core_, ncclAllReduce(t.data(), t.data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
@@ -569,8 +559,8 @@ class NcclCommunicator final : public Communicator {
   // NCCL's in place is `in` at out's own block; `in` overlapping out
   // anywhere else is gathered from a copy.
   void gather(const char* call, const Tensor& in, const Tensor& out) {
-    check_cuda(call, in);
-    check_cuda(call, out);
+    check_tensor(call, in, Device::kCuda);
+    check_tensor(call, out, Device::kCuda);
     check_same_dtype(call, in, out);
     check_numel(call, "out (size() x in.numel())", out, static_cast<int64_t>(size()) * in.numel());
     begin();
@@ -591,8 +581,8 @@ class NcclCommunicator final : public Communicator {
   // NCCL's in place is out at in's block rank(); out overlapping in anywhere
   // else receives through a scratch block.
   void scatter(const char* call, const Tensor& in, const Tensor& out, ReduceOp op) {
-    check_cuda(call, in);
-    check_cuda(call, out);
+    check_tensor(call, in, Device::kCuda);
+    check_tensor(call, out, Device::kCuda);
     check_same_dtype(call, in, out);
     const int64_t block = block_of(call, in);
     check_numel(call, "out (in.numel() / size())", out, block);
@@ -613,7 +603,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   P2P p2p_args(const char* call, const Tensor& t, int peer, int tag, bool send) const {
-    check_cuda(call, t);
+    check_tensor(call, t, Device::kCuda);
     check_peer(call, peer, tag);  // tags do not match messages (see communicator.h)
     P2P op;
     op.send = send;

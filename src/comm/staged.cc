@@ -18,6 +18,10 @@ namespace mt::comm {
 
 namespace {
 
+// Device tensors only (check_tensor with Device::kCuda), like the NCCL
+// communicator: a host tensor passed to a device group fails here, in CI,
+// rather than on a GPU.
+
 // A host buffer shaped like a device tensor (same dtype and element count),
 // uninitialised (gradient buckets are large; every byte is written before it
 // is read).
@@ -97,14 +101,14 @@ class StagedCommunicator final : public Communicator {
   }
 
   void broadcast(const Tensor& t, int root) override {
-    check_device("broadcast", t);
+    check_tensor("broadcast", t, Device::kCuda);
     auto h = rank() == root ? stage_in(t) : std::make_unique<HostBuffer>(t);  // only the root's bytes are read
     host_->broadcast(h->t, root);
     copy_tensor(h->t, t);
     record(&CommStats::broadcast_bytes, t.nbytes());
   }
   void all_to_all(const Tensor& in, const Tensor& out) override {
-    check_device("all_to_all", in), check_device("all_to_all", out);
+    check_tensor("all_to_all", in, Device::kCuda), check_tensor("all_to_all", out, Device::kCuda);
     auto hi = stage_in(in);
     HostBuffer ho(out);
     host_->all_to_all(hi->t, ho.t);
@@ -113,7 +117,7 @@ class StagedCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Work> iall_reduce(const Tensor& t, ReduceOp op) override {
-    check_device("all_reduce", t);
+    check_tensor("all_reduce", t, Device::kCuda);
     auto h = stage_in(t);
     auto inner = host_->iall_reduce(h->t, op);
     record(&CommStats::all_reduce_bytes, t.nbytes());
@@ -121,7 +125,7 @@ class StagedCommunicator final : public Communicator {
     return finish_later(std::move(inner), {back, t}, std::move(h));
   }
   std::unique_ptr<Work> iall_gather(const Tensor& in, const Tensor& out) override {
-    check_device("all_gather", in), check_device("all_gather", out);
+    check_tensor("all_gather", in, Device::kCuda), check_tensor("all_gather", out, Device::kCuda);
     auto hi = stage_in(in);
     auto ho = std::make_unique<HostBuffer>(out);
     auto inner = host_->iall_gather(hi->t, ho->t);
@@ -130,7 +134,7 @@ class StagedCommunicator final : public Communicator {
     return finish_later(std::move(inner), {back, out}, std::move(hi), std::move(ho));
   }
   std::unique_ptr<Work> ireduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
-    check_device("reduce_scatter", in), check_device("reduce_scatter", out);
+    check_tensor("reduce_scatter", in, Device::kCuda), check_tensor("reduce_scatter", out, Device::kCuda);
     auto hi = stage_in(in);
     auto ho = std::make_unique<HostBuffer>(out);
     auto inner = host_->ireduce_scatter(hi->t, ho->t, op);
@@ -139,7 +143,7 @@ class StagedCommunicator final : public Communicator {
     return finish_later(std::move(inner), {back, out}, std::move(hi), std::move(ho));
   }
   std::unique_ptr<Work> isend(const Tensor& t, int peer, int tag) override {
-    check_device("send", t);
+    check_tensor("send", t, Device::kCuda);
     auto h = stage_in(t);
     auto inner = host_->isend(h->t, peer, tag);
     record(&CommStats::p2p_bytes, t.nbytes());
@@ -149,7 +153,7 @@ class StagedCommunicator final : public Communicator {
                                         std::vector<std::pair<const HostBuffer*, Tensor>>{});
   }
   std::unique_ptr<Work> irecv(const Tensor& t, int peer, int tag) override {
-    check_device("recv", t);
+    check_tensor("recv", t, Device::kCuda);
     auto h = std::make_unique<HostBuffer>(t);
     auto inner = host_->irecv(h->t, peer, tag);
     record(&CommStats::p2p_bytes, t.nbytes());
@@ -158,16 +162,6 @@ class StagedCommunicator final : public Communicator {
   }
 
  private:
-  // Like the NCCL communicator: device memory only, so a host tensor passed
-  // to a device group fails here (and in CI) rather than on a GPU.
-  void check_device(const char* call, const Tensor& t) const {
-    MT_CHECK(t.device() == Device::kCuda,
-             fmt::format("{} on {}: expected a CUDA tensor (a device group moves device memory), got a CPU tensor",
-                         call, name()));
-    MT_CHECK(t.defined() || t.numel() == 0,
-             fmt::format("{} on {}: expected a tensor with memory, got a null tensor of {} elements", call, name(),
-                         t.numel()));
-  }
   static std::unique_ptr<HostBuffer> stage_in(const Tensor& t) {
     auto h = std::make_unique<HostBuffer>(t);
     copy_tensor(t, h->t);

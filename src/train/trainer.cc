@@ -244,26 +244,23 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // stays MPI: it carries host values only.
   parallel::ProcessGroups::GroupFactory make_group = comm::make_group;
   std::string group_kind = "MPI";
-  if (cfg.device == "cuda" && world > 1) {
+  if (uses_nccl_groups(cfg.device, world)) {
 #ifdef MT_HAVE_NCCL
-    if (uses_nccl_groups(cfg.device, world)) {
-      if (Status s = comm::init_nccl(); !s.ok()) return s;
-      make_group = [](const std::vector<int>& members, const std::string& name) {
-        return device_group_kind(name) ? comm::make_nccl_group(members, name) : comm::make_group(members, name);
-      };
-      group_kind = "NCCL";
-    }
+    if (Status s = comm::init_nccl(); !s.ok()) return s;
+    make_group = [](const std::vector<int>& members, const std::string& name) {
+      return device_group_kind(name) ? comm::make_nccl_group(members, name) : comm::make_group(members, name);
+    };
+    group_kind = "NCCL";
 #endif
-    if (group_kind != "NCCL") {
+  } else if (cfg.device == "cuda" && world > 1) {
 #ifdef MT_HAVE_CUDA
-      comm::select_local_device(/*allow_shared=*/true);
+    comm::select_local_device(/*allow_shared=*/true);
 #endif
-      make_group = [](const std::vector<int>& members, const std::string& name) {
-        auto g = comm::make_group(members, name);
-        return device_group_kind(name) ? comm::make_staged_group(std::move(g)) : std::move(g);
-      };
-      group_kind = "MPI staged through host memory";
-    }
+    make_group = [](const std::vector<int>& members, const std::string& name) {
+      auto g = comm::make_group(members, name);
+      return device_group_kind(name) ? comm::make_staged_group(std::move(g)) : std::move(g);
+    };
+    group_kind = "MPI staged through host memory";
   }
   auto groups_r = parallel::ProcessGroups::create(*plan.grid, rank, make_group);
   if (!groups_r) return groups_r.status();

@@ -46,10 +46,12 @@ LLAMA=(--num-layers 2 --hidden-size 64 --num-attention-heads 8 --group-query-att
   --ffn-hidden-size 128 --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear
   --untie-embeddings-and-output-weights)
 
-# run NAME device flags... : trains into $TMP/NAME, metrics in $TMP/NAME.jsonl
+# run NAME device flags... : trains into $TMP/NAME, metrics in $TMP/NAME.jsonl,
+# launched by "${LAUNCH[@]}" (empty: one process; see mrun).
+LAUNCH=()
 run() {
   local name=$1 dev=$2; shift 2
-  "$BIN" train "${COMMON[@]}" --device "$dev" --save "$TMP/$name" --metrics-file "$TMP/$name.jsonl" "$@" \
+  "${LAUNCH[@]}" "$BIN" train "${COMMON[@]}" --device "$dev" --save "$TMP/$name" --metrics-file "$TMP/$name.jsonl" "$@" \
     >"$TMP/$name.log" 2>&1 || { fail "$name: exit $?"; tail -20 "$TMP/$name.log"; return 1; }
 }
 
@@ -115,10 +117,12 @@ if [ "${gpus:-0}" -lt 2 ]; then
 elif ! command -v mpirun >/dev/null; then
   fail "several ranks: no mpirun"
 else
-  mrun() { # NAME DEVICE flags... : 2 ranks
-    local name=$1 dev=$2; shift 2
-    mpirun -n 2 --oversubscribe "$BIN" train "${COMMON[@]}" --device "$dev" --save "$TMP/$name" \
-      --metrics-file "$TMP/$name.jsonl" "$@" >"$TMP/$name.log" 2>&1 || { fail "$name: exit $?"; tail -20 "$TMP/$name.log"; return 1; }
+  mrun() { # as run, on 2 ranks
+    local rc=0
+    LAUNCH=(mpirun -n 2 --oversubscribe)
+    run "$@" || rc=1
+    LAUNCH=()
+    return $rc
   }
   # LLaMA-style for TP and DP; GPT for PP (its tied embeddings add the
   # first and last stages' embedding group).

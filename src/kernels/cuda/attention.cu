@@ -618,6 +618,22 @@ __device__ __forceinline__ void tc_load(const Tin* __restrict__ src, int64_t ld,
   }
 }
 
+// Key tile jt (BK keys from jt BK, none past key `last`) of K and V (column
+// blocks k and v, rows ld apart) into stage jt % 2 of `stages` (K, then V,
+// BK (D + kTcPad) elements each), as one cp.async group: the forward's and
+// the dQ kernel's double-buffered key tiles.
+template <int BK, int D, typename Tin>
+__device__ __forceinline__ void tc_load_kv_stage(const Tin* __restrict__ k, const Tin* __restrict__ v, int64_t ld,
+                                                 int64_t last, int jt, uint16_t* stages) {
+  constexpr int TILE = BK * (D + kTcPad);
+  uint16_t* st = stages + (jt & 1) * 2 * TILE;
+  const int64_t j0 = static_cast<int64_t>(jt) * BK;
+  const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
+  tc_load<BK, D>(k, ld, j0, nk, st);
+  tc_load<BK, D>(v, ld, j0, nk, st + TILE);
+  tc::cp_async_commit();
+}
+
 // The A fragments (16 rows from `row0`, all D columns) of a row-major fp32 or
 // bf16 matrix in global memory, rows `ld` apart; rows at or past n are zeros.
 // fp32 is rounded to bf16; bf16 (qkv, or dout under --bf16) is taken as it is.
@@ -642,7 +658,7 @@ __device__ __forceinline__ void tc_fragments_a(const Tin* __restrict__ src, int6
 template <int LD>
 __device__ __forceinline__ void tc_ldsm_a(const uint16_t* tile, int row0, int col0, uint32_t (&a)[4]) {
   const int lane = threadIdx.x & 31, m = lane >> 3, i = lane & 7;
-  tc::ldsm_x4(a, tile + (row0 + (m & 1) * 8 + i) * LD + col0 + (m >> 1) * 8);
+  tc::ldsm_x4<false>(a, tile + (row0 + (m & 1) * 8 + i) * LD + col0 + (m >> 1) * 8);
 }
 // The B fragments of n-blocks n0 and n0 + 8 (k from k0, 16 deep) of B = the
 // tile transposed (rows n, columns k: S = Q K^T takes K this way): matrices
@@ -652,7 +668,7 @@ __device__ __forceinline__ void tc_ldsm_b(const uint16_t* tile, int n0, int k0, 
                                           uint32_t (&b1)[2]) {
   const int lane = threadIdx.x & 31, m = lane >> 3, i = lane & 7;
   uint32_t r[4];
-  tc::ldsm_x4(r, tile + (n0 + (m >> 1) * 8 + i) * LD + k0 + (m & 1) * 8);
+  tc::ldsm_x4<false>(r, tile + (n0 + (m >> 1) * 8 + i) * LD + k0 + (m & 1) * 8);
   b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 // The B fragments of n-blocks n0 and n0 + 8 (k from k0) of B = the tile
@@ -663,7 +679,7 @@ __device__ __forceinline__ void tc_ldsm_bt(const uint16_t* tile, int k0, int n0,
                                            uint32_t (&b1)[2]) {
   const int lane = threadIdx.x & 31, m = lane >> 3, i = lane & 7;
   uint32_t r[4];
-  tc::ldsm_x4_trans(r, tile + (k0 + (m & 1) * 8 + i) * LD + n0 + (m >> 1) * 8);
+  tc::ldsm_x4<true>(r, tile + (k0 + (m & 1) * 8 + i) * LD + n0 + (m >> 1) * 8);
   b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
@@ -734,15 +750,7 @@ __global__ void __launch_bounds__(kTcThreads)
   const int r0 = warp * 16 + g, r1 = r0 + 8;  // this lane's rows of the tile
   const int64_t last = i0 + nq - 1;
   const int ntiles = static_cast<int>(last / BK) + 1;
-  // Key tile jt into stage jt % 2, as one cp.async group.
-  auto load_tile = [&](int jt) {
-    uint16_t* st = stages + (jt & 1) * 2 * TILE;
-    const int64_t j0 = static_cast<int64_t>(jt) * BK;
-    const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
-    tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, st);
-    tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, st + TILE);
-    tc::cp_async_commit();
-  };
+  auto load_tile = [&](int jt) { tc_load_kv_stage<BK, D>(qkv_b + kc, qkv_b + vc, ldq, last, jt, stages); };
   load_tile(0);
 
   uint32_t qa[KB][4];
@@ -993,14 +1001,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   const int r0 = warp * 16 + g, r1 = r0 + 8;
   const int64_t last = i0 + nq - 1;
   const int ntiles = static_cast<int>(last / BK) + 1;
-  auto load_tile = [&](int jt) {
-    uint16_t* st = stages + (jt & 1) * 2 * TILE;
-    const int64_t j0 = static_cast<int64_t>(jt) * BK;
-    const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
-    tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, st);
-    tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, st + TILE);
-    tc::cp_async_commit();
-  };
+  auto load_tile = [&](int jt) { tc_load_kv_stage<BK, D>(qkv_b + kc, qkv_b + vc, ldq, last, jt, stages); };
   load_tile(0);
 
   uint32_t qa[KB][4], da[KB][4];

@@ -54,23 +54,21 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 // columns 2j, 2j + 1 of matrix m (trans: column i, rows 2j, 2j + 1) -- that
 // is, r[m] is the fragment register a0 / b0 of mma.cuh's layouts for the
 // 8 x 8 block, read straight (a row-major [m][k] A or [n][k] B tile) or
-// transposed (a row-major [k][n] B tile).
+// transposed (a row-major [k][n] B tile; kTrans, the .trans form).
+template <bool kTrans>
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t* row) {
 #if defined(MT_CUDA_EMULATOR)
-  ::emu::ldmatrix(r, 4, false, row);
+  ::emu::ldmatrix(r, 4, kTrans, row);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
-#endif
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const uint16_t* row) {
-#if defined(MT_CUDA_EMULATOR)
-  ::emu::ldmatrix(r, 4, true, row);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(row))));
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 #endif
 }
 
