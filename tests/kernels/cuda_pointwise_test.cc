@@ -259,11 +259,21 @@ void swiglu_case(int64_t N, int64_t F) {
   // Backward writes (does not accumulate) and may write over x.
   k::swiglu_backward(gX, gDy, gX);
   expect_close(to_host<T>(gX), dx, Tol<T>::tight, Tol<T>::tight, what + " dx written over x");
+  // The same rows one element past a 16-byte boundary: the element-wise launch.
+  if (N > 0) {
+    const int64_t n2 = N * 2 * F;
+    Tensor gX1 = g.alloc({n2 + 1}, dtype_of<T>()), gY1 = g.alloc({N * F + 1}, dtype_of<T>());
+    Tensor gXo = gX1.slice(1, n2 + 1).view({N, 2 * F}), gYo = gY1.slice(1, N * F + 1).view({N, F});
+    copy_tensor(X, gXo);
+    k::swiglu_forward(gXo, gYo);
+    expect_close(to_host<T>(gYo), y, Tol<T>::tight, Tol<T>::tight, what + " y (unaligned)");
+  }
 }
 
 TEST(CudaTwin, SwiGluMatchesCpu) {
   MT_REQUIRE_GPU();
-  for (auto [N, F] : {std::pair<int64_t, int64_t>{37, 129}, {3, 1000}, {0, 8}}) {
+  // F = 129: element by element; 1000 and 64: 16-byte Packs (4 fp32, 2 fp64).
+  for (auto [N, F] : {std::pair<int64_t, int64_t>{37, 129}, {3, 1000}, {5, 64}, {0, 8}}) {
     swiglu_case<float>(N, F);
     swiglu_case<double>(N, F);
   }
@@ -327,8 +337,8 @@ TEST(CudaTwin, Bf16StorageOpsMatchCpu) {
     return h;
   };
   Arena g = gpu_arena(kArenaBytes);
-  const int64_t N = 37, F = 129;
-  {
+  const int64_t N = 37;
+  for (const int64_t F : {int64_t{136}, int64_t{129}}) {  // Packs of 8 bf16, then element by element
     auto x = bf16_randn(N * 2 * F, 91, 1.5), dy = bf16_randn(N * F, 92, 1.0);
     std::vector<bf16> y(static_cast<size_t>(N * F)), dx(x.size());
     Tensor X = view(x, {N, 2 * F}), Dy = view(dy, {N, F});
@@ -368,6 +378,7 @@ TEST(CudaTwin, Bf16StorageOpsMatchCpu) {
     expect_bf16_close(to_host<bf16>(gQ), q, "rope bf16 backward");
   }
   {
+    const int64_t F = 129;
     auto y = bf16_randn(N * F, 94, 1.0), dy = bf16_randn(N * F, 95, 1.0);
     auto b = randn<float>(F, 96), db = randn<float>(F, 97);
     Tensor Y = view(y, {N, F}), gY = to_device(g, Y), gB = to_device(g, view(b, {F})),
@@ -500,6 +511,13 @@ void bias_and_add_case(int64_t N, int64_t C) {
   k::add_inplace(view(y, {N, C}), view(a2, {N, C}));
   k::add_inplace(gY, gA2);
   expect_bitwise(to_host<T>(gY), y, "add_inplace " + what);
+  if (N * C > 1) {  // off a 16-byte boundary: the element-wise kernel
+    const int64_t n = N * C;
+    Tensor hY = view(y, {n}).slice(1, n), hA = view(a2, {n}).slice(1, n);
+    k::add_inplace(hY, hA);
+    k::add_inplace(gY.view({n}).slice(1, n), gA2.view({n}).slice(1, n));
+    expect_bitwise(to_host<T>(gY), y, "add_inplace unaligned " + what);
+  }
 
   k::scale_inplace(view(y, {N, C}), 0.37);
   k::scale_inplace(gY, 0.37);
@@ -553,6 +571,12 @@ void cast_case() {
   } else {
     k::cast(view(src, {n}), view(dst, {n}));
     expect_bitwise(to_host<D>(gDst), dst, what);
+    // Source and destination one element off a 16-byte boundary: the element-wise kernel.
+    std::vector<D> dst1(src.size() - 1);
+    k::cast(view(src, {n}).slice(1, n), view(dst1, {n - 1}));
+    Tensor gDst1 = g.alloc({n}, dtype_of<D>()).slice(1, n);
+    k::cast(gSrc.slice(1, n), gDst1);
+    expect_bitwise(to_host<D>(gDst1), dst1, what + " (unaligned)");
   }
 }
 

@@ -3,8 +3,10 @@
 // the contract).
 //
 // Elementwise ops (bias_add, add, cast, scale_inplace, dropout): grid-stride
-// loops, one element per step, int64 indices; each element is read and
-// written by one thread, so y may alias an input.
+// loops, int64 indices; each element is read and written by one thread, so
+// y may alias an input. add and cast move 16-byte Packs per step when the
+// pointers are aligned (pointwise_common.cuh), then the last n % W elements
+// one by one; the others take one element per step.
 // bias_grad (ACCUMULATES): one thread per column c, db[c] += dy[i, c] for
 //   i = 0..N-1 in order, exactly the CPU twin's order: bitwise the CPU's.
 // cast: every pair of fp32/fp64/bf16; into bf16 through float with
@@ -43,7 +45,11 @@ std::mutex g_sumsq_mu;
 // y (dy) stored as S, the bias (gradient) in T = compute_t<S>.
 template <typename S, typename T = compute_t<S>>
 __global__ void bias_add_k(int64_t n, int64_t C, S* y, const T* __restrict__ b) {
-  for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] = to_out<S>(ld<T>(y[e]) + b[e % C]);
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    int64_t r, c;
+    divmod(e, C, r, c);
+    y[e] = to_out<S>(ld<T>(y[e]) + b[c]);
+  }
 }
 
 // One thread per column; rows in order.
@@ -66,22 +72,53 @@ void check_bias_dtype(const Tensor& y, const Tensor& b, const char* op) {
 
 template <typename T>
 __global__ void add_k(int64_t n, const T* a, const T* b, T* y) {
+  constexpr int W = kVec<T>;
+  const int64_t packs = n / W;
+  for (int64_t e = gs_begin(); e < packs; e += gs_stride()) {
+    const Pack<T, W> pa = ld_pack<W>(a + e * W), pb = ld_pack<W>(b + e * W);
+    Pack<T, W> o;
+#pragma unroll
+    for (int k = 0; k < W; ++k) o.v[k] = pa.v[k] + pb.v[k];
+    st_pack<W>(y + e * W, o);
+  }
+  for (int64_t e = packs * W + gs_begin(); e < n; e += gs_stride()) y[e] = a[e] + b[e];
+}
+// The same sum one element per step (pointers not 16-byte aligned).
+template <typename T>
+__global__ void add_k1(int64_t n, const T* a, const T* b, T* y) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] = a[e] + b[e];
 }
 
 template <typename S, typename D>
-__global__ void cast_k(int64_t n, const S* __restrict__ s, D* __restrict__ d) {
-  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
-    if constexpr (std::is_same_v<S, bf16> && std::is_same_v<D, bf16>) {
-      d[e] = s[e];
-    } else if constexpr (std::is_same_v<S, bf16>) {
-      d[e] = static_cast<D>(float_from_bf16_bits(s[e].bits));
-    } else if constexpr (std::is_same_v<D, bf16>) {
-      d[e] = bf16{bf16_bits_from_float(static_cast<float>(s[e]))};
-    } else {
-      d[e] = static_cast<D>(s[e]);
-    }
+__device__ __forceinline__ D cast_one(S v) {
+  if constexpr (std::is_same_v<S, bf16> && std::is_same_v<D, bf16>) {
+    return v;
+  } else if constexpr (std::is_same_v<S, bf16>) {
+    return static_cast<D>(float_from_bf16_bits(v.bits));
+  } else if constexpr (std::is_same_v<D, bf16>) {
+    return bf16{bf16_bits_from_float(static_cast<float>(v))};
+  } else {
+    return static_cast<D>(v);
   }
+}
+
+// Elements of a cast Pack: 16 bytes of the narrower type.
+template <typename S, typename D>
+inline constexpr int kCastW = kVec<S> > kVec<D> ? kVec<S> : kVec<D>;
+
+// W elements per step (Packs, then the last n % W one by one); W = 1 when the
+// pointers are not aligned for Packs.
+template <int W, typename S, typename D>
+__global__ void cast_k(int64_t n, const S* __restrict__ s, D* __restrict__ d) {
+  const int64_t packs = W > 1 ? n / W : 0;
+  for (int64_t e = gs_begin(); e < packs; e += gs_stride()) {
+    const Pack<S, W> in = ld_pack<W>(s + e * W);
+    Pack<D, W> o;
+#pragma unroll
+    for (int k = 0; k < W; ++k) o.v[k] = cast_one<S, D>(in.v[k]);
+    st_pack<W>(d + e * W, o);
+  }
+  for (int64_t e = packs * W + gs_begin(); e < n; e += gs_stride()) d[e] = cast_one<S, D>(s[e]);
 }
 
 template <typename T>
@@ -118,7 +155,12 @@ __global__ void sumsq_pass2(int count, const double* partial, double* out) {
 template <typename S, typename D>
 void launch_cast(const S* s, D* d, int64_t n) {
   if (n == 0) return;
-  cast_k<S, D><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, s, d);
+  constexpr int W = kCastW<S, D>;
+  if (packs_fit(std::max(pack_align<S, W>(), pack_align<D, W>()), {s, d})) {
+    cast_k<W, S, D><<<grid_for(std::max<int64_t>(n / W, 1)), kThreads, 0, ::mt::cuda::stream()>>>(n, s, d);
+  } else {
+    cast_k<1, S, D><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, s, d);
+  }
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -177,7 +219,12 @@ void add(const Tensor& a, const Tensor& b, const Tensor& y) {
     T* yp = y.ptr<T>();
     const int64_t n = y.numel();
     if (n == 0) return;
-    add_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, ap, bp, yp);
+    constexpr int W = kVec<T>;
+    if (packs_fit(pack_align<T, W>(), {ap, bp, yp})) {
+      add_k<T><<<grid_for(std::max<int64_t>(n / W, 1)), kThreads, 0, ::mt::cuda::stream()>>>(n, ap, bp, yp);
+    } else {
+      add_k1<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, ap, bp, yp);
+    }
     MT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -35,7 +35,8 @@ template <typename T, typename Tok>
 __global__ void embed_fwd(int64_t n, int64_t C, int64_t Vs, int64_t v0, const Tok* __restrict__ tokens,
                           const T* __restrict__ w, T* __restrict__ out) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
-    const int64_t i = e / C, c = e - i * C;
+    int64_t i, c;
+    divmod(e, C, i, c);
     const int64_t t = static_cast<int64_t>(tokens[i]) - v0;
     out[e] = (t >= 0 && t < Vs) ? w[t * C + c] : T(0);
   }
@@ -98,8 +99,9 @@ __global__ void __launch_bounds__(kThreads) embed_bwd_segments(int64_t N, int64_
 template <typename T>
 __global__ void pos_add_fwd(int64_t n, int64_t C, int64_t B, const T* __restrict__ pos, T* __restrict__ out) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
-    const int64_t r = e / C, c = e - r * C;
-    out[e] += pos[(r / B) * C + c];
+    int64_t r, c;
+    divmod(e, C, r, c);
+    out[e] += pos[div_idx(r, B) * C + c];
   }
 }
 
@@ -107,7 +109,8 @@ __global__ void pos_add_fwd(int64_t n, int64_t C, int64_t B, const T* __restrict
 template <typename T>
 __global__ void pos_add_bwd(int64_t n, int64_t C, int64_t B, const T* __restrict__ dout, T* __restrict__ dpos) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
-    const int64_t t = e / C, c = e - t * C;
+    int64_t t, c;
+    divmod(e, C, t, c);
     T acc = dpos[e];
     for (int64_t b = 0; b < B; ++b) acc += dout[(t * B + b) * C + c];
     dpos[e] = acc;

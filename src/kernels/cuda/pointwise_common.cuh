@@ -118,6 +118,61 @@ __device__ __forceinline__ Y to_out(T v) {
   else return static_cast<Y>(v);
 }
 
+// ---------------------------------------------------------------- packed access
+// Pack<S, W>: W consecutive elements of S moved as one unit, aligned to its
+// size up to 16 bytes, so that a load or store of a Pack is one 16-byte (or
+// 8- or 4-byte) memory instruction instead of W narrow ones (a 32-byte Pack
+// is two). Kernels that take Packs need every pointer aligned to
+// pack_align<S, W>() and row lengths that are multiples of W (the host
+// checks with packs_fit, else launches the element-wise kernel).
+template <typename S, int W>
+struct alignas(sizeof(S) * W >= 16 ? 16 : sizeof(S) * W) Pack {
+  S v[W];
+};
+template <typename S, int W>
+constexpr size_t pack_align() {
+  return alignof(Pack<S, W>);
+}
+// Elements per 16 bytes of S: the widest single load (bf16: 8, fp32: 4, fp64: 2).
+template <typename S>
+inline constexpr int kVec = static_cast<int>(16 / sizeof(S));
+
+template <int W, typename S>
+__device__ __forceinline__ Pack<S, W> ld_pack(const S* p) {
+  return *reinterpret_cast<const Pack<S, W>*>(p);
+}
+template <int W, typename S>
+__device__ __forceinline__ void st_pack(S* p, const Pack<S, W>& v) {
+  *reinterpret_cast<Pack<S, W>*>(p) = v;
+}
+
+// Host: every defined pointer aligned to `align` bytes.
+inline bool packs_fit(size_t align, std::initializer_list<const void*> ps) {
+  for (const void* p : ps)
+    if (p && reinterpret_cast<uintptr_t>(p) % align != 0) return false;
+  return true;
+}
+
+// q = e / d, r = e % d for 0 <= e, 0 < d. 64-bit integer division is a long
+// subroutine on the GPU (dozens of instructions), 32-bit a short one: index
+// arithmetic takes the 32-bit one whenever both operands fit, which they do
+// for every tensor below 2^32 elements.
+__device__ __forceinline__ void divmod(int64_t e, int64_t d, int64_t& q, int64_t& r) {
+  if (((e | d) >> 32) == 0) {
+    const uint32_t q32 = static_cast<uint32_t>(e) / static_cast<uint32_t>(d);
+    q = q32;
+    r = e - static_cast<int64_t>(q32) * d;
+  } else {
+    q = e / d;
+    r = e - q * d;
+  }
+}
+__device__ __forceinline__ int64_t div_idx(int64_t e, int64_t d) {
+  int64_t q, r;
+  divmod(e, d, q, r);
+  return q;
+}
+
 // Sum over the 32 lanes of a warp; the total is valid in lane 0 only
 // (shuffle-down tree: a fixed association order).
 template <typename T>

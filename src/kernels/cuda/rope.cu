@@ -6,12 +6,14 @@
 // the device: the tables are bitwise the CPU's, which CUDA's own pow/sin/cos
 // (up to 2 ulp) could not promise. It runs once per model, [T, d/2] values.
 //
-// rope_apply: grid-stride loop, one thread per rotated pair: item
-// e = (r * (heads + groups) + h) * half + i, for token row r, rotated head h
-// (q heads 0..heads-1, then one k head per group), pair index i < d/2. The
-// thread reads x[i] and x[i + half] of its head and writes both, so no two
-// threads touch the same element; v is never touched. Token row r has
-// position t = r / batch (rows in [s, b] order).
+// rope_apply: grid-stride loop, one thread per W rotated pairs: item
+// e = (r * (heads + groups) + h) * (half / W) + i / W, for token row r, rotated
+// head h (q heads 0..heads-1, then one k head per group), pairs i .. i + W - 1
+// < d/2. The thread reads x[i..] and x[i + half..] of its head and writes
+// both, so no two threads touch the same element; v is never touched. Token
+// row r has position t = r / batch (rows in [s, b] order). W is a 16-byte
+// Pack of qkv's type (8 bf16, 4 fp32) when half and the pointers allow, else
+// 1; the per-element arithmetic is the same either way.
 #include <cmath>
 #include <vector>
 
@@ -24,22 +26,37 @@ namespace {
 
 using namespace ::mt::kernels::cuda::pointwise;
 
-// S: qkv's stored type; T = compute_t<S>, the tables' type.
-template <typename S, typename T = compute_t<S>>
-__global__ void rope_rotate(int64_t n, int64_t half, int64_t nrot, int64_t heads, int64_t hpg, int64_t d,
+// S: qkv's stored type; T = compute_t<S>, the tables' type. Item e is W
+// consecutive pairs i .. i + W - 1 (i = (e % (half / W)) * W) of rotated head
+// h of token row r (W = 1: one pair; W > 1: Packs, half % W == 0).
+template <int W, typename S, typename T = compute_t<S>>
+__global__ void rope_rotate(int64_t items, int64_t half, int64_t nrot, int64_t heads, int64_t hpg, int64_t d,
                             int64_t row, int64_t batch, S* qkv, const T* __restrict__ cos, const T* __restrict__ sin,
                             T sg) {
-  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
-    const int64_t i = e % half, rest = e / half;
-    const int64_t h = rest % nrot, r = rest / nrot;
+  const int64_t hw = half / W;
+  for (int64_t e = gs_begin(); e < items; e += gs_stride()) {
+    int64_t rest, iw, r, h, t, b;
+    divmod(e, hw, rest, iw);
+    divmod(rest, nrot, r, h);
+    divmod(r, batch, t, b);
+    const int64_t i = iw * W;
     // Column of the head within the row (QkvLayout::q_col / k_col).
-    const int64_t col = h < heads ? ((h / hpg) * (hpg + 2) + h % hpg) * d : ((h - heads) * (hpg + 2) + hpg) * d;
-    const int64_t t = r / batch;
+    // (h, heads and hpg are head counts: 32-bit division)
+    const int hh = static_cast<int>(h), nh = static_cast<int>(heads), hp = static_cast<int>(hpg);
+    const int64_t col = (hh < nh ? (hh / hp) * (hp + 2) + hh % hp : (hh - nh) * (hp + 2) + hp) * d;
     S* x = qkv + r * row + col;
-    const T c = cos[t * half + i], sn = sg * sin[t * half + i];
-    const T x1 = ld<T>(x[i]), x2 = ld<T>(x[i + half]);
-    x[i] = to_out<S>(x1 * c - x2 * sn);
-    x[i + half] = to_out<S>(x2 * c + x1 * sn);
+    const Pack<T, W> c = ld_pack<W>(cos + t * half + i), sn = ld_pack<W>(sin + t * half + i);
+    const Pack<S, W> a = ld_pack<W>(x + i), bb = ld_pack<W>(x + i + half);
+    Pack<S, W> o1, o2;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const T s_k = sg * sn.v[k];
+      const T x1 = ld<T>(a.v[k]), x2 = ld<T>(bb.v[k]);
+      o1.v[k] = to_out<S>(x1 * c.v[k] - x2 * s_k);
+      o2.v[k] = to_out<S>(x2 * c.v[k] + x1 * s_k);
+    }
+    st_pack<W>(x + i, o1);
+    st_pack<W>(x + i + half, o2);
   }
 }
 
@@ -87,9 +104,15 @@ void rope_apply(const Tensor& qkv, const QkvLayout& L, const Tensor& cos, const 
     const int64_t half = L.head_dim / 2, nrot = L.heads + L.groups;
     const int64_t n = L.tokens() * nrot * half;
     if (n == 0) return;
-    rope_rotate<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
-        n, half, nrot, L.heads, L.heads_per_group(), L.head_dim, L.row(), L.batch, x, cp, sp,
-        inverse ? T(-1) : T(1));
+    const T sg = inverse ? T(-1) : T(1);
+    constexpr int W = kVec<S>;
+    if (half % W == 0 && packs_fit(pack_align<S, W>(), {x}) && packs_fit(pack_align<T, W>(), {cp, sp})) {
+      rope_rotate<W, S><<<grid_for(n / W), kThreads, 0, ::mt::cuda::stream()>>>(
+          n / W, half, nrot, L.heads, L.heads_per_group(), L.head_dim, L.row(), L.batch, x, cp, sp, sg);
+    } else {
+      rope_rotate<1, S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
+          n, half, nrot, L.heads, L.heads_per_group(), L.head_dim, L.row(), L.batch, x, cp, sp, sg);
+    }
     MT_CUDA_CHECK_LAUNCH();
   });
 }
