@@ -8,6 +8,9 @@
   gemm --out FILE [--n 8192]                   torch bf16 matmul ceiling (TFLOP/s)
   ours --metrics F --plan P --skip W --tokens N --out FILE   `megatron train` benchmark figures
   torch-fig FILE.json                          one line of bench/llama_torch_train.py's result
+  profile METRICS                              where the op profile's time goes: GEMMs (all shapes
+                                               together, and the slowest shape), attention
+                                               forward/backward (TFLOP/s), everything else
   bench-report --dir D                         ratios of ours / torch eager / torch compile
   summary --results R --kv K --md OUT.md --json OUT.json    the summary table
 
@@ -176,6 +179,44 @@ def cmd_torch_fig(a):
     return 0
 
 
+def cmd_profile(a):
+    """One line from the op_profile record of a `megatron train` metrics file (MT_PROFILE_OPS=1)."""
+    try:
+        recs = [r for r in read_jsonl(a.metrics) if r.get("kind") == "op_profile"]
+    except OSError as e:
+        print(f"missing metrics: {e}")
+        return 1
+    if not recs:
+        print(f"no op_profile record in {a.metrics}")
+        return 1
+    rec = recs[-1]
+    ops, n = rec["ops"], max(1, rec.get("iterations", 1))
+    total = sum(o["ms"] for o in ops)
+
+    def group(pred):
+        sel = [o for o in ops if pred(o["op"])]
+        ms, fl = sum(o["ms"] for o in sel), sum(o.get("flops", 0) for o in sel)
+        return ms, (fl / (ms * 1e9) if ms > 0 and fl > 0 else 0.0)
+
+    gemm_ms, gemm_tf = group(lambda op: op.startswith("gemm"))
+    fwd_ms, fwd_tf = group(lambda op: op == "attention_forward")
+    bwd_ms, bwd_tf = group(lambda op: op == "attention_backward")
+    shapes = [o for o in ops if o["op"].startswith("gemm ") and o["ms"] > 0 and o.get("flops", 0) > 0]
+    slow = min(shapes, key=lambda o: o["flops"] / o["ms"]) if shapes else None
+    other = total - gemm_ms - fwd_ms - bwd_ms
+
+    def share(ms):
+        return 100 * ms / total if total > 0 else 0.0
+
+    line = (f"per iteration {total / n:.1f} ms of ops: GEMMs {gemm_ms / n:.1f} ms ({share(gemm_ms):.0f}%, {gemm_tf:.4g} TFLOP/s)"
+            f", attention fwd {fwd_ms / n:.1f} ms ({fwd_tf:.4g} TFLOP/s), bwd {bwd_ms / n:.1f} ms ({bwd_tf:.4g} TFLOP/s)"
+            f", other ops {other / n:.1f} ms ({share(other):.0f}%)")
+    if slow:
+        line += f"; slowest GEMM {slow['op']} at {slow['flops'] / (slow['ms'] * 1e9):.4g} TFLOP/s"
+    print(line)
+    return 0
+
+
 def cmd_bench_report(a):
     def load(name):
         try:
@@ -270,12 +311,13 @@ def main(argv):
     s.add_argument("--skip", type=int, required=True); s.add_argument("--tokens", type=int, required=True)
     s.add_argument("--out", required=True)
     s = sub.add_parser("torch-fig"); s.add_argument("file")
+    s = sub.add_parser("profile"); s.add_argument("metrics")
     s = sub.add_parser("bench-report"); s.add_argument("--dir", required=True)
     s = sub.add_parser("summary"); s.add_argument("--results", required=True); s.add_argument("--kv", required=True)
     s.add_argument("--md", required=True); s.add_argument("--json", required=True)
     s.add_argument("--bench-dir", default=""); s.add_argument("--header", default=""); s.add_argument("--notes", default="")
     a = p.parse_args(argv)
-    return {"cmp": cmd_cmp, "ms": cmd_ms, "gtest": cmd_gtest, "gemm": cmd_gemm, "ours": cmd_ours, "torch-fig": cmd_torch_fig,
+    return {"cmp": cmd_cmp, "ms": cmd_ms, "gtest": cmd_gtest, "gemm": cmd_gemm, "ours": cmd_ours, "torch-fig": cmd_torch_fig, "profile": cmd_profile,
             "bench-report": cmd_bench_report, "summary": cmd_summary}[a.cmd](a)
 
 

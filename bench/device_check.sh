@@ -47,7 +47,8 @@
 #                    bench/llama_torch_train.py, the same model in PyTorch
 #   bench_report     tokens/s, MFU vs 989 TFLOP/s and vs the GEMM ceiling, ours/eager, ours/compile
 #   profile_ours     the benchmark model for 4 iterations with MT_PROFILE_OPS=1: GPU milliseconds
-#                    per op per iteration (core/op_profile.h), where the time goes
+#                    per op per iteration (core/op_profile.h), where the time goes; TFLOP/s of
+#                    the GEMMs (per shape and together) and of attention forward and backward
 #   cli_device       the repo's tests/train/device_cli_test.sh in "gpu" mode, if it exists, with
 #                    whatever time is left (its min is 0: it never takes time from the others)
 #
@@ -454,7 +455,8 @@ step_profile_ours() {
   export MT_PROFILE_OPS=1
   train_run profile_ours gpu $(bench_model) $(bench_train 4); rc=$?
   unset MT_PROFILE_OPS
-  sed -n '/^op profile/,$p' "$RUNS/profile_ours.log" | head -45
+  sed -n '/^op profile/,$p' "$RUNS/profile_ours.log" | head -60
+  fig "$($HELPER profile "$RUNS/profile_ours.jsonl")"
   fig "$(grep -A6 '^op profile' "$RUNS/profile_ours.log" | sed -E 's/ +/ /g' | paste -sd ';' | cut -c1-500)"
   return $rc
 }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "core/cuda/runtime.h"
@@ -24,6 +25,7 @@ int g_enabled = -1;  // -1: not read yet
 struct Pending {
   const char* op;
   Device device;
+  double flops = 0;
   Clock::time_point t0, t1;
   void* ev0 = nullptr;
   void* ev1 = nullptr;
@@ -32,7 +34,12 @@ struct Pending {
 struct State {
   std::vector<Pending> pending;
   std::vector<void*> free_events;
-  std::map<std::pair<std::string, Device>, std::pair<int64_t, double>> totals;  // calls, ms
+  struct Total {
+    int64_t calls = 0;
+    double ms = 0, flops = 0;
+  };
+  std::map<std::pair<std::string, Device>, Total> totals;
+  std::set<std::string> labels;  // intern()ed op names (node-based: stable c_str())
   int depth = 0;  // nesting of OpScopes: only the outermost times
 };
 
@@ -70,8 +77,9 @@ void drain() {
       ms = std::chrono::duration<double, std::milli>(p.t1 - p.t0).count();
     }
     auto& t = s.totals[{p.op, p.device}];
-    t.first += 1;
-    t.second += ms;
+    t.calls += 1;
+    t.ms += ms;
+    t.flops += p.flops;
   }
   s.pending.clear();
 }
@@ -92,12 +100,12 @@ bool enabled() {
 
 void set_enabled(bool on) { g_enabled = on ? 1 : 0; }
 
-void OpScope::begin(const char* op, Device device) {
+void OpScope::begin(const char* op, Device device, double flops) {
   State& s = state();
   active_ = true;
   if (s.depth++ > 0) return;  // inside another timed call: counted there
   if (s.pending.size() >= kMaxPending) drain();
-  Pending p{op, device, {}, {}, nullptr, nullptr};
+  Pending p{op, device, flops, {}, {}, nullptr, nullptr};
   if (device == Device::kCuda && !simdev::enabled()) {  // simulated: CPU twins, host clock
     p.ev0 = take_event();
     p.ev1 = take_event();
@@ -125,6 +133,13 @@ void OpScope::end() {
   }
 }
 
+const char* intern(const std::string& label) { return state().labels.insert(label).first->c_str(); }
+
+const char* gemm_label(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType in, DType out) {
+  return intern(fmt::format("gemm {}x{}x{} {}{} {}>{}", M, N, K, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N',
+                            dtype_name(in), dtype_name(out)));
+}
+
 void reset() {
   drain();
   state().totals.clear();
@@ -133,7 +148,7 @@ void reset() {
 std::vector<OpStat> collect() {
   drain();
   std::vector<OpStat> out;
-  for (const auto& [key, v] : state().totals) out.push_back({key.first, key.second, v.first, v.second});
+  for (const auto& [key, v] : state().totals) out.push_back({key.first, key.second, v.calls, v.ms, v.flops});
   std::sort(out.begin(), out.end(), [](const OpStat& a, const OpStat& b) { return a.ms > b.ms; });
   return out;
 }
@@ -144,10 +159,15 @@ std::string table(const std::vector<OpStat>& stats, int64_t iterations, double w
   const double iters = static_cast<double>(std::max<int64_t>(1, iterations));
   std::string t = fmt::format("op profile over {} iteration(s): ops {:.2f} ms per iteration of {:.2f} ms wall ({:.1f}%)\n",
                               iterations, total / iters, wall_ms / iters, wall_ms > 0 ? 100 * total / wall_ms : 0.0);
-  t += fmt::format("  {:<28} {:>6} {:>10} {:>12} {:>7}\n", "op", "device", "calls/it", "ms/it", "share");
-  for (const OpStat& s : stats)
-    t += fmt::format("  {:<28} {:>6} {:>10.1f} {:>12.3f} {:>6.1f}%\n", s.op, device_name(s.device),
-                     static_cast<double>(s.calls) / iters, s.ms / iters, total > 0 ? 100 * s.ms / total : 0.0);
+  size_t width = 28;
+  for (const OpStat& s : stats) width = std::max(width, s.op.size());
+  t += fmt::format("  {:<{}} {:>6} {:>10} {:>12} {:>7} {:>9}\n", "op", width, "device", "calls/it", "ms/it", "share",
+                   "TFLOP/s");
+  for (const OpStat& s : stats) {
+    const std::string rate = s.flops > 0 && s.ms > 0 ? fmt::format("{:.4g}", s.tflops()) : "";
+    t += fmt::format("  {:<{}} {:>6} {:>10.1f} {:>12.3f} {:>6.1f}% {:>9}\n", s.op, width, device_name(s.device),
+                     static_cast<double>(s.calls) / iters, s.ms / iters, total > 0 ? 100 * s.ms / total : 0.0, rate);
+  }
   return t;
 }
 

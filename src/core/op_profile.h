@@ -9,6 +9,13 @@
 // table is made (no synchronisation per op). Calls made inside another
 // timed call are counted in the outer one. Disabled (the default), a
 // dispatcher pays one test of a cached flag.
+//
+// Ops that know their arithmetic also count model FLOPs, and the table gives
+// their rate: GEMM 2 M N K per call, labelled by shape ("gemm 8192x3072x2048
+// NT bf16>bf16": M x N x K, A and B transposed or not, input > output dtype)
+// so that each of a model's GEMMs shows its own TFLOP/s; causal attention
+// 4 B a d T (T + 1) / 2 forward and 2.5 times that backward (the convention
+// of FlashAttention's figures, whatever the kernel recomputes).
 
 #include <cstdint>
 #include <string>
@@ -27,8 +34,9 @@ void set_enabled(bool on);
 // literal, kept by pointer).
 class OpScope {
  public:
-  OpScope(const char* op, Device device) {
-    if (enabled()) begin(op, device);
+  // flops: the call's model FLOPs (0: not counted).
+  OpScope(const char* op, Device device, double flops = 0) {
+    if (enabled()) begin(op, device, flops);
   }
   ~OpScope() {
     if (active_) end();
@@ -37,7 +45,7 @@ class OpScope {
   OpScope& operator=(const OpScope&) = delete;
 
  private:
-  void begin(const char* op, Device device);
+  void begin(const char* op, Device device, double flops);
   void end();
   bool active_ = false;  // begin() ran: end() must undo its nesting depth
   int64_t slot_ = -1;    // this call's pending entry; -1 when nested in another timed call
@@ -47,14 +55,23 @@ struct OpStat {
   std::string op;
   Device device = Device::kCpu;
   int64_t calls = 0;
-  double ms = 0;  // total
+  double ms = 0;     // total
+  double flops = 0;  // total model FLOPs of the calls (0: the op does not count them)
+  double tflops() const { return ms > 0 ? flops / (ms * 1e9) : 0.0; }
 };
+
+// A stable C string equal to `label` (for an OpScope op built at run time,
+// e.g. a GEMM's shape); the same pointer for the same text.
+const char* intern(const std::string& label);
+// The GEMM label described above.
+const char* gemm_label(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, DType in, DType out);
 
 // Forgets everything timed so far (waits for the device's pending events).
 void reset();
 // The totals so far, largest first (waits for the device's pending events).
 std::vector<OpStat> collect();
-// A table of collect(): op, device, calls, total ms, ms per iteration, share.
+// A table of collect(): op, device, calls, ms per iteration, share, and
+// TFLOP/s for ops that count FLOPs.
 std::string table(const std::vector<OpStat>& stats, int64_t iterations, double wall_ms);
 
 }  // namespace mt::profile

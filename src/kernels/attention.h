@@ -75,12 +75,22 @@ bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& layout, con
 }  // namespace cuda
 #endif
 
+// Model FLOPs of causal attention's forward (core/op_profile.h): Q K^T and
+// P V over the T (T + 1) / 2 visible (query, key) pairs of each head.
+inline double attention_forward_flops(const QkvLayout& L) {
+  const double T = static_cast<double>(L.seq);
+  return 4.0 * static_cast<double>(L.batch) * static_cast<double>(L.heads) * static_cast<double>(L.head_dim) * T *
+         (T + 1) / 2;
+}
+
 inline void attention_forward(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt,
                               const Tensor& out, const Tensor& lse) {
+  ::mt::profile::OpScope flops_scope("attention_forward", qkv.device(), attention_forward_flops(layout));
   MT_DISPATCH(attention_forward, qkv.device(), qkv, layout, opt, out, lse);
 }
 inline void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                const QkvLayout& layout, const AttentionOptions& opt, const Tensor& dqkv) {
+  ::mt::profile::OpScope flops_scope("attention_backward", qkv.device(), 2.5 * attention_forward_flops(layout));
   MT_DISPATCH(attention_backward, qkv.device(), qkv, out, dout, lse, layout, opt, dqkv);
 }
 

@@ -12,6 +12,16 @@
 //   backward dx = dy W       gemm(false, false, N, in, out)
 //            dW += dy^T x    gemm(true , false, out, in, N, beta = 1)
 // oneDNN was chosen by measurement (bench/gemm_bench.cc; ../shared/TOOLCHAIN.md).
+//
+// gemm_add: D = op(A) @ op(B) + R, the residual connection after a layer's
+// output projection in one call: D and R fp32 (or fp64), of one dtype, R
+// read only and not overlapping D. The result has the
+// bits of gemm(..., beta 0, D) followed by add(D, R, D): the product is
+// rounded to D's type, then the sum once. The CUDA twin does it in
+// cuBLASLt's epilogue (R read once, no temporary, no second kernel); the CPU
+// twin runs those two steps.
+
+#include <fmt/format.h>
 
 #include <cstdint>
 
@@ -22,18 +32,43 @@ namespace mt::kernels {
 namespace cpu {
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A,
           const Tensor& B, float beta, const Tensor& C);
+void gemm_add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
+              const Tensor& R, const Tensor& D);
 }
 #ifdef MT_HAVE_CUDA
 // The CUDA twins (kernels/cuda/gemm.cu), on the rank's stream.
 namespace cuda {
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A,
           const Tensor& B, float beta, const Tensor& C);
+void gemm_add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
+              const Tensor& R, const Tensor& D);
 }  // namespace cuda
 #endif
 
 inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const Tensor& A, const Tensor& B, float beta, const Tensor& C) {
+  // Profiled by shape (the dispatcher's own "gemm" scope nests inside this one).
+  ::mt::profile::OpScope shape_scope(
+      ::mt::profile::enabled() ? ::mt::profile::gemm_label(trans_a, trans_b, M, N, K, A.dtype(), C.dtype()) : "gemm",
+      C.device(), 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
   MT_DISPATCH(gemm, C.device(), trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
+}
+
+inline void gemm_add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
+                     const Tensor& R, const Tensor& D) {
+  MT_CHECK(R.dtype() == D.dtype() && (D.dtype() == DType::kF32 || D.dtype() == DType::kF64),
+           fmt::format("gemm_add: R and D must both be fp32 or both fp64 (got {}, {})", dtype_name(R.dtype()),
+                       dtype_name(D.dtype())));
+  MT_CHECK(R.numel() >= M * N && D.numel() >= M * N,
+           fmt::format("gemm_add: R and D need {} x {} elements (have {}, {})", M, N, R.numel(), D.numel()));
+  const auto* r = static_cast<const char*>(R.data());
+  const auto* d = static_cast<const char*>(D.data());
+  const size_t bytes = static_cast<size_t>(M * N) * dtype_size(D.dtype());
+  MT_CHECK(r + bytes <= d || d + bytes <= r, "gemm_add: R overlaps D (write the sum to another tensor)");
+  ::mt::profile::OpScope shape_scope(
+      ::mt::profile::enabled() ? ::mt::profile::gemm_label(trans_a, trans_b, M, N, K, A.dtype(), D.dtype()) : "gemm",
+      D.device(), 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
+  MT_DISPATCH(gemm_add, D.device(), trans_a, trans_b, M, N, K, A, B, R, D);
 }
 
 }  // namespace mt::kernels

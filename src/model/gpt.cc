@@ -782,6 +782,25 @@ uint64_t dropout_stream(uint64_t step, int64_t layer, int site) {
 constexpr uint64_t kDropoutSeedSalt = 0x6d742d64726f70ull;  // "mt-drop"
 }  // namespace
 
+// out = res + dropout(row_linear(x)) (x W^T + b, reduced over TP), through
+// tmp; or in one GEMM with the residual in its epilogue (k::gemm_add: the
+// same rounding, no temporary, no add kernel) when nothing comes between
+// the product and the sum: one TP rank, no bias, no dropout.
+void GPTModel::residual_linear_fwd(const Tensor& x, int w, int b, double dropout, uint64_t dropout_stream_id,
+                                   uint64_t row_offset, const Tensor& res, const Tensor& tmp, const Tensor& out) {
+  if (opt_.tp == 1 && b < 0 && dropout == 0 && res.dtype() == out.dtype()) {
+    const Tensor& W = params_[w];
+    const int64_t n_out = W.dim(0), in = W.dim(1), n = x.numel() / in;
+    ArenaScope scope(scratch_);
+    if (opt_.bf16_compute) k::gemm_add(false, true, n, n_out, in, as_bf16(x), lowp_[w], res, out);
+    else k::gemm_add(false, true, n, n_out, in, x, W, res, out);
+    return;
+  }
+  row_linear_fwd(x, w, b, tmp);
+  if (dropout > 0) k::dropout_forward(tmp, tmp, dropout, kDropoutSeedSalt, dropout_stream_id, row_offset);
+  k::add(res, tmp, out);
+}
+
 void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor& out, const Slot& s) {
   const LayerIdx& p = layers_[l];
   const bool post = cfg_.apply_residual_connection_post_layernorm;
@@ -806,9 +825,8 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
                          dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
   ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
   k::attention_forward(a.qkv, L, ao, ctx, lse);
-  row_linear_fwd(ctx, p.proj_w, p.proj_b, tmp);
-  if (hd > 0) k::dropout_forward(tmp, tmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 1), row_offset);
-  k::add(post ? ln1 : x, tmp, a.x_mid);
+  residual_linear_fwd(ctx, p.proj_w, p.proj_b, hd, dropout_stream(s.dropout_step, l, 1), row_offset, post ? ln1 : x,
+                      tmp, a.x_mid);
   // MLP block.
   norm_fwd(a.x_mid, p.ln2_w, p.ln2_b, ln2, a.ln2_mean, a.ln2_rstd);
   column_fwd_input(ln2, a.ln2);
@@ -816,9 +834,8 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   if (cfg_.swiglu) k::swiglu_forward(a.fc1, a.act);
   else k::gelu_forward(cfg_.openai_gelu ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, a.act);
   if (!out.defined()) return;  // recomputing a group's last layer: backward needs nothing after act
-  row_linear_fwd(a.act, p.fc2_w, p.fc2_b, tmp);
-  if (hd > 0) k::dropout_forward(tmp, tmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 2), row_offset);
-  k::add(post ? ln2 : a.x_mid, tmp, out);
+  residual_linear_fwd(a.act, p.fc2_w, p.fc2_b, hd, dropout_stream(s.dropout_step, l, 2), row_offset,
+                      post ? ln2 : a.x_mid, tmp, out);
 }
 
 void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& s, const Tensor& dresid) {

@@ -317,6 +317,10 @@ class GPTModel {
   // the full input `x_full` (they alias when not sequence parallel).
   void column_fwd_input(const Tensor& x_own, const Tensor& x_full);
   void row_linear_fwd(const Tensor& x, int w, int b, const Tensor& y_own);
+  // out = res + dropout(row_linear_fwd(x)): the residual connection after a
+  // block's output projection (tmp: [Ns, h] scratch when it is not fused).
+  void residual_linear_fwd(const Tensor& x, int w, int b, double dropout, uint64_t dropout_stream_id,
+                           uint64_t row_offset, const Tensor& res, const Tensor& tmp, const Tensor& out);
   void row_linear_bwd(const Tensor& x, int w, int b, const Tensor& dy_own, const Tensor& dx);
   void column_linear_bwd(const Tensor& x_full, int w, int b, const Tensor& dy, const Tensor& dx_own);
   Tensor own_rows(const Tensor& full) const;  // rows [r Ns, (r+1) Ns) with SP, else full

@@ -739,7 +739,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     nlohmann::json ops = nlohmann::json::array();
     for (const profile::OpStat& st : stats)
       ops.push_back({{"op", st.op}, {"device", st.device == Device::kCuda ? "cuda" : "cpu"}, {"calls", st.calls},
-                     {"ms", st.ms}});
+                     {"ms", st.ms}, {"flops", st.flops}});
     metrics.append({{"kind", "op_profile"}, {"iterations", n}, {"wall_ms", wall_ms}, {"ops", ops}});
   }
   if (!cfg.save.empty() && (!cfg.save_interval || iteration % *cfg.save_interval != 0) && iteration > 0)

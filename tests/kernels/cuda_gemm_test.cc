@@ -140,6 +140,36 @@ TEST(CudaTwin, GemmOperandsOnlyFourByteAligned) {
   expect_close(to_host<float>(dC), c, 1e-4, 1e-4, "gemm on 4-byte aligned operands");
 }
 
+// gemm_add (D = op(A) op(B) + R: the residual in cuBLASLt's epilogue)
+// against the CPU twin's gemm then add, R unchanged, for fp32 and for bf16
+// inputs with an fp32 D; and with K = 0, D = R exactly.
+TEST(CudaTwin, GemmAddMatchesCpu) {
+  MT_REQUIRE_GPU();
+  const int64_t M = 64, N = 96, K = 300;
+  std::vector<float> af(M * K), bf(N * K), r(M * N);
+  fill_normal(af, 41, 1.0);
+  fill_normal(bf, 42, 1.0);
+  fill_normal(r, 43, 10.0);
+  std::vector<bf16> ah(af.size()), bh(bf.size());
+  for (size_t i = 0; i < af.size(); ++i) ah[i] = float_to_bf16(af[i]);
+  for (size_t i = 0; i < bf.size(); ++i) bh[i] = float_to_bf16(bf[i]);
+  for (bool bf16_in : {false, true}) {
+    const DType in = bf16_in ? DType::kBF16 : DType::kF32;
+    Tensor A(bf16_in ? static_cast<void*>(ah.data()) : af.data(), Shape{M, K}, in),
+        B(bf16_in ? static_cast<void*>(bh.data()) : bf.data(), Shape{N, K}, in), R(r.data(), Shape{M, N}, DType::kF32);
+    std::vector<float> want(r.size());
+    kernels::gemm_add(false, true, M, N, K, A, B, R, Tensor(want.data(), Shape{M, N}, DType::kF32));
+    Arena g = gpu_arena();
+    Tensor dA = to_device(g, A), dB = to_device(g, B), dR = to_device(g, R), dD = g.alloc(Shape{M, N}, DType::kF32);
+    kernels::gemm_add(false, true, M, N, K, dA, dB, dR, dD);
+    expect_close(to_host<float>(dD), want, 1e-4, 1e-3, fmt::format("gemm_add ({} inputs)", dtype_name(in)));
+    expect_close(to_host<float>(dR), r, 0, 0, "gemm_add leaves R");
+    Tensor dE = g.alloc(Shape{0}, in);
+    kernels::gemm_add(false, true, M, N, 0, dE, dE, dR, dD);
+    expect_close(to_host<float>(dD), r, 0, 0, "gemm_add K=0 copies R");
+  }
+}
+
 TEST(CudaTwin, GemmEmptyReductionScalesC) {
   MT_REQUIRE_GPU();
   // K = 0: C = beta C (closed form; the CPU library's leading-dimension

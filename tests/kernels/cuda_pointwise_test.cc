@@ -98,7 +98,7 @@ void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms) {
                                        with_bias ? " bias" : "");
   auto x = randn<T>(N * C, 11 + N, 1.0, 0.3), w = randn<T>(C, 12, 0.5, 1.0), b = randn<T>(C, 13, 0.2);
   std::vector<T> y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
-  Arena g = gpu_arena(kArenaBytes);
+  Arena g = gpu_arena(std::max(kArenaBytes, static_cast<size_t>(8 * N * C) * sizeof(T)));
   Tensor X = view(x, {N, C}), W = view(w, {C}), B = with_bias ? view(b, {C}) : Tensor();
   Tensor gX = to_device(g, X), gW = to_device(g, W), gB = with_bias ? to_device(g, B) : Tensor();
   Tensor gY = g.alloc({N, C}, dt), gMean = g.alloc({N}, dt), gRstd = g.alloc({N}, dt);
@@ -149,8 +149,12 @@ void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms) {
 
 TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
-  // 1100 rows: 4 row chunks of the column sums (norm.cu), of uneven size.
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}}) {
+  // Backward (norm.cu): rows up to 4096 wide in one pass, blocks of 16 rows
+  // (1100 rows: 69 chunks, the last one short; C = 1000: 4 columns per
+  // thread, the last partly past the row); 4500 wide: the three-kernel path
+  // (600 rows: 2 chunks of its column sums).
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}, {45, 4500},
+                      {600, 4500}}) {
     layernorm_case<float>(N, C, true, false);
     layernorm_case<float>(N, C, false, false);
     layernorm_case<double>(N, C, true, false);
@@ -160,8 +164,12 @@ TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
 
 TEST(CudaTwin, RmsNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
-  // 1100 rows: 4 row chunks of the column sums (norm.cu), of uneven size.
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}}) {
+  // Backward (norm.cu): rows up to 4096 wide in one pass, blocks of 16 rows
+  // (1100 rows: 69 chunks, the last one short; C = 1000: 4 columns per
+  // thread, the last partly past the row); 4500 wide: the three-kernel path
+  // (600 rows: 2 chunks of its column sums).
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}, {45, 4500},
+                      {600, 4500}}) {
     layernorm_case<float>(N, C, false, true);
     layernorm_case<double>(N, C, false, true);
   }

@@ -118,6 +118,46 @@ TEST(Gemm, Fp64ReferencePathIsExact) {
   for (int64_t i = 0; i < M * N; ++i) EXPECT_NEAR(c[i], ref[i], 1e-12);
 }
 
+// gemm_add: D = op(A) op(B) + R with the bits of gemm (beta 0) then add, for
+// fp32, bf16 inputs with an fp32 D, and fp64; R is left as it was; an R that
+// overlaps D or has another dtype is refused with the reason.
+TEST(Gemm, GemmAddIsGemmThenAdd) {
+  const int64_t M = 37, N = 29, K = 300;
+  std::vector<double> A(M * K), B(N * K), R(M * N);
+  fill_normal(A, 14), fill_normal(B, 15), fill_normal(R, 16);
+  auto check = [&](DType in, DType out) {
+    const size_t es = dtype_size(in), os = dtype_size(out);
+    std::vector<char> a(A.size() * es), b(B.size() * es), r(R.size() * os), d(R.size() * os), want(R.size() * os);
+    auto put = [](const std::vector<double>& src, std::vector<char>& dst, DType t) {
+      for (size_t i = 0; i < src.size(); ++i) {
+        if (t == DType::kBF16) reinterpret_cast<bf16*>(dst.data())[i] = float_to_bf16(static_cast<float>(src[i]));
+        else if (t == DType::kF32) reinterpret_cast<float*>(dst.data())[i] = static_cast<float>(src[i]);
+        else reinterpret_cast<double*>(dst.data())[i] = src[i];
+      }
+    };
+    put(A, a, in), put(B, b, in), put(R, r, out);
+    const std::vector<char> r0 = r;
+    const Tensor ta(a.data(), {M, K}, in), tb(b.data(), {N, K}, in), tr(r.data(), {M, N}, out),
+        td(d.data(), {M, N}, out), tw(want.data(), {M, N}, out);
+    k::gemm(false, true, M, N, K, 1.0f, ta, tb, 0.0f, tw);
+    k::add(tw, tr, tw);
+    k::gemm_add(false, true, M, N, K, ta, tb, tr, td);
+    EXPECT_EQ(std::memcmp(d.data(), want.data(), d.size()), 0) << dtype_name(in) << " > " << dtype_name(out);
+    EXPECT_EQ(std::memcmp(r.data(), r0.data(), r.size()), 0) << "R changed";
+  };
+  check(DType::kF32, DType::kF32);
+  check(DType::kBF16, DType::kF32);
+  check(DType::kF64, DType::kF64);
+
+  std::vector<float> a(M * K), b(N * K), rd(2 * M * N);
+  const Tensor ta(a.data(), {M, K}, DType::kF32), tb(b.data(), {N, K}, DType::kF32);
+  const Tensor r(rd.data(), {M, N}, DType::kF32), shifted(rd.data() + 1, {M, N}, DType::kF32);
+  EXPECT_DEATH(k::gemm_add(false, true, M, N, K, ta, tb, r, shifted), "R overlaps D");
+  std::vector<double> d64(M * N);
+  EXPECT_DEATH(k::gemm_add(false, true, M, N, K, ta, tb, r, Tensor(d64.data(), {M, N}, DType::kF64)),
+               "must both be fp32 or both fp64");
+}
+
 // ---------------------------------------------------------------- norms
 
 TEST(LayerNorm, BackwardMatchesFiniteDifferences) {

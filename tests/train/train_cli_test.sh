@@ -154,6 +154,22 @@ run ft --micro-batch-size 4 --global-batch-size 4 --train-iters 10 --save-interv
 grep -q "for fine-tuning" "$TMP/ft.log" || fail "finetune: no message"
 [ "$(losses "$TMP/ft.jsonl" | head -1 | cut -d' ' -f1)" = 1 ] || fail "finetune: iteration did not restart at 1"
 
+# MT_PROFILE_OPS=1: the op table after the run, GEMMs by shape with their FLOPs (2 M N K per call) in the
+# metrics file; the forward GEMM of the fused QKV projection is 128 tokens x 192 x 64 here.
+MT_PROFILE_OPS=1 run prof --micro-batch-size 4 --global-batch-size 4 --train-iters 6 --save-interval 100 \
+  || { fail "profiled run"; cat "$TMP/prof.log"; }
+grep -q "^op profile over 5 iteration(s)" "$TMP/prof.log" || fail "no op profile table: $(tail -3 "$TMP/prof.log")"
+python3 - "$TMP/prof.jsonl" <<'PY' || fail "op_profile record"
+import json, sys
+rec = [json.loads(l) for l in open(sys.argv[1]) if '"op_profile"' in l][-1]
+ops = {o["op"]: o for o in rec["ops"]}
+qkv = ops["gemm 128x192x64 NT fp32>fp32"]
+assert rec["iterations"] == 5 and qkv["calls"] == 2 * 5, (rec["iterations"], qkv)  # 2 layers x 5 iterations
+assert qkv["flops"] == qkv["calls"] * 2 * 128 * 192 * 64, qkv
+assert ops["attention_backward"]["flops"] == 2.5 * ops["attention_forward"]["flops"] > 0, ops["attention_forward"]
+assert "gemm" not in ops and all(o["flops"] == 0 for n, o in ops.items() if not n.startswith(("gemm", "attention"))), ops
+PY
+
 # NaN detection names the iteration.
 MEGATRON_CPP_TEST_NAN_ITERATION=7 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 20 \
   --check-for-nan-in-loss-and-grad >"$TMP/nan.log" 2>&1

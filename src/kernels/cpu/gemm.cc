@@ -19,6 +19,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 
+#include "kernels/elementwise.h"
+
 namespace mt::kernels::cpu {
 namespace {
 
@@ -139,6 +141,14 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
     default:
       MT_CHECK(false, fmt::format("gemm: unsupported dtype {}", dtype_name(A.dtype())));
   }
+}
+
+void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B, const Tensor& R,
+              const Tensor& D) {
+  gemm(ta, tb, M, N, K, 1.0f, A, B, 0.0f, D);
+  if (M == 0 || N == 0) return;
+  const Tensor d = D.view(Shape{D.numel()}).slice(0, M * N);
+  add(d, R.view(Shape{R.numel()}).slice(0, M * N), d);
 }
 
 }  // namespace mt::kernels::cpu

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -147,50 +148,77 @@ void check_operand(const Tensor& t, int64_t rows, int64_t cols, const char* name
 
 }  // namespace
 
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A, const Tensor& B,
-          float beta, const Tensor& C) {
+namespace {
+
+// D = alpha op(A) op(B) + beta C; C is read only (it may be D itself).
+void matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A, const Tensor& B,
+            float beta, const Tensor& C, const Tensor& D) {
   check_operand(A, M, K, "A");
   check_operand(B, K, N, "B");
   check_operand(C, M, N, "C");
+  check_operand(D, M, N, "D");
+  MT_CHECK(C.dtype() == D.dtype(), "gemm: C and D must have one dtype");
   if (M == 0 || N == 0) return;
-  DType out = C.dtype();
+  DType out = D.dtype();
   switch (A.dtype()) {
     case DType::kF32:
-      MT_CHECK(B.dtype() == DType::kF32 && C.dtype() == DType::kF32, "gemm: fp32 A needs fp32 B and C");
+      MT_CHECK(B.dtype() == DType::kF32 && out == DType::kF32, "gemm: fp32 A needs fp32 B and C");
       break;
     case DType::kBF16:
-      MT_CHECK(B.dtype() == DType::kBF16 && (C.dtype() == DType::kF32 || C.dtype() == DType::kBF16),
+      MT_CHECK(B.dtype() == DType::kBF16 && (out == DType::kF32 || out == DType::kBF16),
                fmt::format("gemm: bf16 A needs bf16 B and an fp32 or bf16 C (got B {}, C {})", dtype_name(B.dtype()),
-                           dtype_name(C.dtype())));
+                           dtype_name(out)));
       MT_CHECK(alpha == 1.0f, "gemm bf16: alpha must be 1");
       MT_CHECK(beta == 0.0f || beta == 1.0f, "gemm (matmul primitive): beta must be 0 or 1");
       break;
     case DType::kF64:
-      MT_CHECK(B.dtype() == DType::kF64 && C.dtype() == DType::kF64, "gemm: fp64 A needs fp64 B and C");
+      MT_CHECK(B.dtype() == DType::kF64 && out == DType::kF64, "gemm: fp64 A needs fp64 B and C");
       break;
     default:
       MT_CHECK(false, fmt::format("gemm: unsupported dtype {}", dtype_name(A.dtype())));
   }
-  Tensor c = C.view(Shape{C.numel()}).slice(0, M * N);
-  if (K == 0) {  // C = beta C (cuBLASLt rejects an empty reduction)
-    if (beta == 0.0f) c.zero();
-    else if (beta != 1.0f) ::mt::kernels::cuda::scale_inplace(c, beta);
+  Tensor d = D.view(Shape{D.numel()}).slice(0, M * N);
+  if (K == 0) {  // D = beta C (cuBLASLt rejects an empty reduction)
+    if (C.data() != D.data()) {
+      if (beta == 0.0f) d.zero();
+      else ::mt::kernels::cuda::cast(C.view(Shape{C.numel()}).slice(0, M * N), d);  // a copy (same dtype)
+    } else if (beta == 0.0f) {
+      d.zero();
+    }
+    if (beta != 0.0f && beta != 1.0f) ::mt::kernels::cuda::scale_inplace(d, beta);
     return;
   }
   int dev = ::mt::cuda::current_device();
   std::lock_guard<std::mutex> lock(g_mu);
   DeviceState& ds = device_state(dev);
+  // C and D share one layout, so one alignment preference covers both.
   const Plan& p = plan_for(ds, dev, ta, tb, M, N, K, A.dtype(), out, beta != 0.0f, alignment_of(A.data()),
-                           alignment_of(B.data()), alignment_of(C.data()));
+                           alignment_of(B.data()), std::min(alignment_of(C.data()), alignment_of(D.data())));
   if (A.dtype() == DType::kF64) {
     double a = alpha, b = beta;
-    MT_CUBLAS_CHECK(cublasLtMatmul(ds.handle, p.op, &a, B.data(), p.a, A.data(), p.b, &b, C.data(), p.c, C.data(),
+    MT_CUBLAS_CHECK(cublasLtMatmul(ds.handle, p.op, &a, B.data(), p.a, A.data(), p.b, &b, C.data(), p.c, D.data(),
                                    p.c, &p.algo, ds.workspace, kWorkspaceBytes, ::mt::cuda::stream()));
   } else {
     float a = alpha, b = beta;
-    MT_CUBLAS_CHECK(cublasLtMatmul(ds.handle, p.op, &a, B.data(), p.a, A.data(), p.b, &b, C.data(), p.c, C.data(),
+    MT_CUBLAS_CHECK(cublasLtMatmul(ds.handle, p.op, &a, B.data(), p.a, A.data(), p.b, &b, C.data(), p.c, D.data(),
                                    p.c, &p.algo, ds.workspace, kWorkspaceBytes, ::mt::cuda::stream()));
   }
+}
+
+}  // namespace
+
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A, const Tensor& B,
+          float beta, const Tensor& C) {
+  matmul(ta, tb, M, N, K, alpha, A, B, beta, C, C);
+}
+
+void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B, const Tensor& R,
+              const Tensor& D) {
+  // cuBLASLt's epilogue adds C to the accumulator and rounds once, as
+  // gemm into D followed by add(D, R) would (the accumulator is already in
+  // D's type); the bits match whenever the heuristic picks the same
+  // algorithm with and without beta.
+  matmul(ta, tb, M, N, K, 1.0f, A, B, 1.0f, R, D);
 }
 
 }  // namespace mt::kernels::cuda

@@ -10,7 +10,13 @@
 // when it has x's dtype: each thread writes only the elements it read, after the
 // block's last barrier.
 //
-// Backward (dx += ..., dw += ..., db += ...), two kernels:
+// Backward (dx += ..., dw += ..., db += ...) for rows up to 4096 wide (all
+// of training's hidden sizes here): norm_bwd_fused, one block per 16 rows or
+// more, does the dx arithmetic of kernel 2 below row by row while its threads
+// add dy * xhat and dy of their columns; the block stores those column
+// partials, and norm_bwd_chunk_sum adds the chunks' partials onto dw/db in a
+// fixed order. dy and x are read from memory once instead of twice, and no
+// atomics: deterministic. Wider rows take the three kernels below:
 //   1. the column sums dw[c] += sum_i dy*xhat, db[c] += sum_i dy, in two
 //      kernels so that the N rows are spread over many blocks:
 //      norm_bwd_dwdb_part, grid (column tiles of 32, R row chunks), block
@@ -163,10 +169,143 @@ void launch_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps,
   MT_CUDA_CHECK_LAUNCH();
 }
 
+// ---- the one-pass backward (C <= kThreads * kMaxFusedCols)
+
+constexpr int kMaxFusedCols = 16;  // columns per thread: C up to 4096
+// Rows per block: at least 16 (enough blocks to fill the GPU at training's
+// 8192 rows) and at most 2048 chunks whatever N is.
+inline int64_t fused_rows(int64_t N) { return std::max<int64_t>(16, (N + 2047) / 2048); }
+
+// Block b owns rows [b * rows, min(N, (b + 1) * rows)) and, per row, does
+// norm_bwd_dx's arithmetic (same per-thread column order and block_sum, so
+// the same dx bits) while each thread adds dy * xhat and dy of its columns
+// c = tid + k * blockDim.x over the block's rows in order; at the end the
+// block stores those column partials as chunk b of pw (and pb). dy, x and dx
+// are read once from memory. Every dy element a thread uses is in its
+// registers before the row's barriers, so dx may alias dy.
+// (C <= 4096: column indices in int. fp32 up to 8 columns a thread is
+// bounded to 128 registers, so that two blocks share an SM; 16 would spill.)
+template <typename T, int NC>
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 4 && NC <= 8 ? 2 : 1)
+    norm_bwd_fused(int64_t N, int64_t C, int64_t rows, const T* dy, const T* __restrict__ x,
+                               const T* __restrict__ w, const T* __restrict__ mean, const T* __restrict__ rstd, T* dx,
+                               T* __restrict__ pw, T* __restrict__ pb, bool rms) {
+  const int64_t chunk = blockIdx.x, r0 = chunk * rows, r1 = min(N, r0 + rows);
+  const int Ci = static_cast<int>(C);
+  T aw[NC], ab[NC], wc[NC];
+#pragma unroll
+  for (int k = 0; k < NC; ++k) {
+    const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
+    aw[k] = T(0), ab[k] = T(0), wc[k] = c < Ci ? w[c] : T(0);
+  }
+  // Row i's dy and x are loaded while row i - 1 is reduced (its loads are in
+  // flight across that row's barriers): next_d / next_x hold the row ahead.
+  T next_d[NC] = {}, next_x[NC] = {};
+  auto load_row = [&](int64_t i) {
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
+      if (c < Ci) next_d[k] = dy[i * C + c], next_x[k] = x[i * C + c];
+    }
+  };
+  if (r0 < r1) load_row(r0);
+  for (int64_t i = r0; i < r1; ++i) {
+    const T mu = rms ? T(0) : mean[i], r = rstd[i];
+    T d[NC], xh[NC];
+#pragma unroll
+    for (int k = 0; k < NC; ++k) d[k] = next_d[k], xh[k] = next_x[k];
+    if (i + 1 < r1) load_row(i + 1);  // (rows i + 1 of dy are not rows i of dx: dx may alias dy)
+    T sg = 0, sgx = 0;
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
+      if (c < Ci) {
+        xh[k] = (xh[k] - mu) * r;
+        const T g = d[k] * wc[k];
+        sg += g;
+        sgx += g * xh[k];
+        aw[k] += d[k] * xh[k];
+        ab[k] += d[k];
+      }
+    }
+    sg = block_sum(sg);
+    sgx = block_sum(sgx);
+    const T mg = rms ? T(0) : sg / static_cast<T>(C), mgx = sgx / static_cast<T>(C);
+    T* dxi = dx + i * C;
+#pragma unroll
+    for (int k = 0; k < NC; ++k) {
+      const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
+      if (c < Ci) dxi[c] += r * (d[k] * wc[k] - mg - xh[k] * mgx);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < NC; ++k) {
+    const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
+    if (c < Ci) {
+      pw[chunk * C + c] = aw[k];
+      if (pb) pb[chunk * C + c] = ab[k];
+    }
+  }
+}
+
+// dw[c] += sum over the R chunks of pw[chunk][c] (likewise db), in a fixed
+// order: block (kColTile columns, kRowLanes lanes), lane ty adds chunks ty,
+// ty + kRowLanes, ... in order, then thread ty == 0 adds the lane sums in
+// lane order. Grid: ceil(C / kColTile) blocks.
+template <typename T>
+__global__ void norm_bwd_chunk_sum(int64_t C, int64_t R, const T* __restrict__ pw, const T* __restrict__ pb, T* dw,
+                                   T* db) {
+  __shared__ T lw[kRowLanes][kColTile];
+  __shared__ T lb[kRowLanes][kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
+  T sw = 0, sb = 0;
+  if (c < C) {
+    for (int64_t r = ty; r < R; r += kRowLanes) {
+      sw += pw[r * C + c];
+      if (pb) sb += pb[r * C + c];
+    }
+  }
+  lw[ty][tx] = sw;
+  lb[ty][tx] = sb;
+  __syncthreads();
+  if (ty == 0 && c < C) {
+    T tw = 0, tb = 0;
+    for (int k = 0; k < kRowLanes; ++k) {
+      tw += lw[k][tx];
+      tb += lb[k][tx];
+    }
+    dw[c] += tw;
+    if (db) db[c] += tb;
+  }
+}
+
+template <typename T, int NC>
+void launch_bwd_fused(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+                      T* dw, T* db, bool rms) {
+  const int64_t rows = fused_rows(N), R = (N + rows - 1) / rows;
+  T* pw = static_cast<T*>(::mt::cuda::op_scratch("norm backward column partials",
+                                                  static_cast<size_t>(2 * R * C) * sizeof(T)));
+  T* pb = db ? pw + R * C : nullptr;
+  norm_bwd_fused<T, NC><<<static_cast<unsigned>(R), kThreads, 0, ::mt::cuda::stream()>>>(N, C, rows, dy, x, w, mean,
+                                                                                           rstd, dx, pw, pb, rms);
+  MT_CUDA_CHECK_LAUNCH();
+  const dim3 block(kColTile, kRowLanes), grid(::mt::cuda::blocks_for(C, kColTile));
+  norm_bwd_chunk_sum<T><<<grid, block, 0, ::mt::cuda::stream()>>>(C, R, pw, pb, dw, db);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T>
 void launch_bwd(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
                 T* dw, T* db, bool rms) {
   if (N == 0 || C == 0) return;  // nothing to add (the CPU twin adds zeros)
+  const int64_t cols = (C + kThreads - 1) / kThreads;  // per thread
+  if (cols <= 1) return launch_bwd_fused<T, 1>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  if (cols <= 2) return launch_bwd_fused<T, 2>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  if (cols <= 4) return launch_bwd_fused<T, 4>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  if (cols <= 8) return launch_bwd_fused<T, 8>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  if (cols <= kMaxFusedCols) return launch_bwd_fused<T, kMaxFusedCols>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  // Wider rows: the three-kernel backward below.
   const int64_t R = row_chunks(N);
   T* pw = static_cast<T*>(::mt::cuda::op_scratch("norm backward column partials",
                                                   static_cast<size_t>(2 * R * C) * sizeof(T)));
