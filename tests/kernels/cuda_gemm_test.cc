@@ -164,6 +164,11 @@ TEST(CudaTwin, GemmAddMatchesCpu) {
     kernels::gemm_add(false, true, M, N, K, dA, dB, dR, dD);
     expect_close(to_host<float>(dD), want, 1e-4, 1e-3, fmt::format("gemm_add ({} inputs)", dtype_name(in)));
     expect_close(to_host<float>(dR), r, 0, 0, "gemm_add leaves R");
+    // R only 16-byte aligned, D 64-byte aligned: one plan must suit both.
+    Tensor dR16 = g.alloc(Shape{M * N + 4}, DType::kF32).slice(4, M * N + 4).view({M, N});
+    copy_tensor(R, dR16);
+    kernels::gemm_add(false, true, M, N, K, dA, dB, dR16, dD);
+    expect_close(to_host<float>(dD), want, 1e-4, 1e-3, fmt::format("gemm_add, R 16-byte aligned ({})", dtype_name(in)));
     Tensor dE = g.alloc(Shape{0}, in);
     kernels::gemm_add(false, true, M, N, 0, dE, dE, dR, dD);
     expect_close(to_host<float>(dD), r, 0, 0, "gemm_add K=0 copies R");

@@ -150,11 +150,12 @@ void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms) {
 TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
   // Backward (norm.cu): rows up to 4096 wide in one pass, blocks of 16 rows
-  // (1100 rows: 69 chunks, the last one short; C = 1000: 4 columns per
-  // thread, the last partly past the row); 4500 wide: the three-kernel path
-  // (600 rows: 2 chunks of its column sums).
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}, {45, 4500},
-                      {600, 4500}}) {
+  // (1100 rows: 69 chunks, the last one short; columns per thread 1, 2, 4,
+  // 8 and 16 for C = 70, 300, 1000, 2048 and 4096, the last one partly past
+  // the row at 1000); 4500 wide: the three-kernel path (600 rows: 2 chunks
+  // of its column sums).
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}, {20, 300},
+                      {33, 2048}, {17, 4096}, {45, 4500}, {600, 4500}}) {
     layernorm_case<float>(N, C, true, false);
     layernorm_case<float>(N, C, false, false);
     layernorm_case<double>(N, C, true, false);
@@ -165,11 +166,12 @@ TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
 TEST(CudaTwin, RmsNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
   // Backward (norm.cu): rows up to 4096 wide in one pass, blocks of 16 rows
-  // (1100 rows: 69 chunks, the last one short; C = 1000: 4 columns per
-  // thread, the last partly past the row); 4500 wide: the three-kernel path
-  // (600 rows: 2 chunks of its column sums).
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}, {45, 4500},
-                      {600, 4500}}) {
+  // (1100 rows: 69 chunks, the last one short; columns per thread 1, 2, 4,
+  // 8 and 16 for C = 70, 300, 1000, 2048 and 4096, the last one partly past
+  // the row at 1000); 4500 wide: the three-kernel path (600 rows: 2 chunks
+  // of its column sums).
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}, {20, 300},
+                      {33, 2048}, {17, 4096}, {45, 4500}, {600, 4500}}) {
     layernorm_case<float>(N, C, false, true);
     layernorm_case<double>(N, C, false, true);
   }
@@ -275,6 +277,11 @@ void swiglu_case(int64_t N, int64_t F) {
     copy_tensor(X, gXo);
     k::swiglu_forward(gXo, gYo);
     expect_close(to_host<T>(gYo), y, Tol<T>::tight, Tol<T>::tight, what + " y (unaligned)");
+    Tensor gDy1 = g.alloc({N * F + 1}, dtype_of<T>()), gDx1 = g.alloc({n2 + 1}, dtype_of<T>());
+    Tensor gDyo = gDy1.slice(1, N * F + 1).view({N, F}), gDxo = gDx1.slice(1, n2 + 1).view({N, 2 * F});
+    copy_tensor(Dy, gDyo);
+    k::swiglu_backward(gXo, gDyo, gDxo);
+    expect_close(to_host<T>(gDxo), dx, Tol<T>::tight, Tol<T>::tight, what + " dx (unaligned)");
   }
 }
 

@@ -172,9 +172,12 @@ void launch_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps,
 // ---- the one-pass backward (C <= kThreads * kMaxFusedCols)
 
 constexpr int kMaxFusedCols = 16;  // columns per thread: C up to 4096
-// Rows per block: at least 16 (enough blocks to fill the GPU at training's
-// 8192 rows) and at most 2048 chunks whatever N is.
-inline int64_t fused_rows(int64_t N) { return std::max<int64_t>(16, (N + 2047) / 2048); }
+// Rows per block: at least 16 (512 blocks at training's 8192 rows: enough
+// to fill the GPU) and at most 512 chunks whatever N is, so the column
+// partials (op scratch, 2 x chunks x C) stay within 16 MiB for fp32 rows of
+// 4096.
+constexpr int64_t kMaxFusedChunks = 512;
+inline int64_t fused_rows(int64_t N) { return std::max<int64_t>(16, (N + kMaxFusedChunks - 1) / kMaxFusedChunks); }
 
 // Block b owns rows [b * rows, min(N, (b + 1) * rows)) and, per row, does
 // norm_bwd_dx's arithmetic (same per-thread column order and block_sum, so
