@@ -3,10 +3,14 @@
 // logits, int32 or int64 targets, vocab_start for the tensor-parallel shard.
 //
 // xent_partials: one block of kThreads per row (rows are V wide, V may be
-//   50k+; row offsets are int64). Pass 1: row max (block_max, exact in any
-//   order). Pass 2: sum of exp(l - max) in T, each thread a strided subset,
-//   then block_sum (fixed tree: deterministic). Thread 0 writes max, sum and
-//   the target's logit (0 when the target is outside this shard).
+//   50k+; row offsets are int64), ONE read of the row (a row of training's
+//   32k-50k fp32 logits does not stay in L2 between two passes): each thread
+//   runs an online softmax over its strided subset (running max m, sum of
+//   exp(l - m) rescaled when m grows); the row max is block_max (exact in any
+//   order), each thread's sum is rescaled to it and block_sum adds them
+//   (fixed tree: deterministic). The sum is the CPU twin's two-pass one up to
+//   rounding (a few ulp). Thread 0 writes max, sum and the target's logit (0
+//   when the target is outside this shard).
 // xent_rescale / xent_loss: grid-stride loops over the N rows.
 // xent_backward: one block per row; thread j-strided over the row writes
 //   d[j] = (g * exp(l[j] - max)) * (1 / sum), minus g at the target, where
@@ -42,12 +46,22 @@ __global__ void partials_k(int64_t V, const T* __restrict__ lg, const Tok* __res
                            T* se, T* tl) {
   const int64_t i = blockIdx.x;
   const T* r = lg + i * V;
-  T m = r[0];
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = r[j] > m ? r[j] : m;
-  m = block_max(m, r[0]);
-  T s = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += exp_t(r[j] - m);
-  s = block_sum(s);
+  // One pass over the row: each thread keeps the running max m of its
+  // elements and their sum s of exp(l - m), rescaling s when m grows; the
+  // block then takes the row max and adds the threads' sums rescaled to it.
+  T m = r[0], s = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const T v = r[j];
+    if (v > m) {
+      s = s * exp_t(m - v) + T(1);
+      m = v;
+    } else {
+      s += exp_t(v - m);
+    }
+  }
+  const T row_max = block_max(m, r[0]);
+  s = block_sum(s == T(0) ? T(0) : s * exp_t(m - row_max));
+  m = row_max;
   if (threadIdx.x == 0) {
     const int64_t t = static_cast<int64_t>(tg[i]) - v0;
     mx[i] = m;
