@@ -45,12 +45,18 @@ void gemm_add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const
 }  // namespace cuda
 #endif
 
+// The op-profile scope of one GEMM call writing `out`: labelled by shape,
+// 2 M N K FLOPs (the dispatcher's own "gemm" scope nests inside it).
+inline ::mt::profile::OpScope gemm_profile_scope(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                                 const Tensor& A, const Tensor& out) {
+  return ::mt::profile::OpScope(
+      ::mt::profile::enabled() ? ::mt::profile::gemm_label(trans_a, trans_b, M, N, K, A.dtype(), out.dtype()) : "gemm",
+      out.device(), 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
+}
+
 inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const Tensor& A, const Tensor& B, float beta, const Tensor& C) {
-  // Profiled by shape (the dispatcher's own "gemm" scope nests inside this one).
-  ::mt::profile::OpScope shape_scope(
-      ::mt::profile::enabled() ? ::mt::profile::gemm_label(trans_a, trans_b, M, N, K, A.dtype(), C.dtype()) : "gemm",
-      C.device(), 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
+  const ::mt::profile::OpScope shape_scope = gemm_profile_scope(trans_a, trans_b, M, N, K, A, C);
   MT_DISPATCH(gemm, C.device(), trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
 }
 
@@ -65,9 +71,7 @@ inline void gemm_add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
   const auto* d = static_cast<const char*>(D.data());
   const size_t bytes = static_cast<size_t>(M * N) * dtype_size(D.dtype());
   MT_CHECK(r + bytes <= d || d + bytes <= r, "gemm_add: R overlaps D (write the sum to another tensor)");
-  ::mt::profile::OpScope shape_scope(
-      ::mt::profile::enabled() ? ::mt::profile::gemm_label(trans_a, trans_b, M, N, K, A.dtype(), D.dtype()) : "gemm",
-      D.device(), 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K));
+  const ::mt::profile::OpScope shape_scope = gemm_profile_scope(trans_a, trans_b, M, N, K, A, D);
   MT_DISPATCH(gemm_add, D.device(), trans_a, trans_b, M, N, K, A, B, R, D);
 }
 

@@ -179,13 +179,9 @@ void matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   }
   Tensor d = D.view(Shape{D.numel()}).slice(0, M * N);
   if (K == 0) {  // D = beta C (cuBLASLt rejects an empty reduction)
-    if (C.data() != D.data()) {
-      if (beta == 0.0f) d.zero();
-      else ::mt::kernels::cuda::cast(C.view(Shape{C.numel()}).slice(0, M * N), d);  // a copy (same dtype)
-    } else if (beta == 0.0f) {
-      d.zero();
-    }
-    if (beta != 0.0f && beta != 1.0f) ::mt::kernels::cuda::scale_inplace(d, beta);
+    if (beta == 0.0f) return d.zero();
+    if (C.data() != D.data()) ::mt::cuda::copy_d2d(d.data(), C.data(), d.nbytes());
+    if (beta != 1.0f) ::mt::kernels::cuda::scale_inplace(d, beta);
     return;
   }
   int dev = ::mt::cuda::current_device();

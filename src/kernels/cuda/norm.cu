@@ -77,6 +77,25 @@ __global__ void norm_fwd(int64_t C, const T* x, const T* __restrict__ w, const T
   }
 }
 
+// Column sums of a (kColTile, kRowLanes) block: thread (tx, ty) brings its
+// lane's sums sw, sb of column tx; thread ty == 0 gets the kRowLanes lanes
+// added in lane order (a fixed order: deterministic). Every thread calls it.
+template <typename T>
+__device__ void add_row_lanes(T sw, T sb, T& tw, T& tb) {
+  __shared__ T lw[kRowLanes][kColTile];
+  __shared__ T lb[kRowLanes][kColTile];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  lw[ty][tx] = sw;
+  lb[ty][tx] = sb;
+  __syncthreads();
+  tw = 0, tb = 0;
+  if (ty == 0)
+    for (int k = 0; k < kRowLanes; ++k) {
+      tw += lw[k][tx];
+      tb += lb[k][tx];
+    }
+}
+
 // Rows per chunk of the column sums: enough chunks to fill the GPU for
 // the token counts of training (8192 rows: 32 chunks of 256), at least 64 rows
 // per chunk (4 per row lane).
@@ -90,8 +109,6 @@ template <typename T>
 __global__ void norm_bwd_dwdb_part(int64_t N, int64_t C, const T* __restrict__ dy, const T* __restrict__ x,
                                    const T* __restrict__ mean, const T* __restrict__ rstd, T* __restrict__ pw,
                                    T* __restrict__ pb, bool rms) {
-  __shared__ T lw[kRowLanes][kColTile];
-  __shared__ T lb[kRowLanes][kColTile];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
   const int64_t R = gridDim.y, chunk = blockIdx.y;
@@ -106,15 +123,9 @@ __global__ void norm_bwd_dwdb_part(int64_t N, int64_t C, const T* __restrict__ d
       sb += d;
     }
   }
-  lw[ty][tx] = sw;
-  lb[ty][tx] = sb;
-  __syncthreads();
+  T tw, tb;
+  add_row_lanes(sw, sb, tw, tb);
   if (ty == 0 && c < C) {
-    T tw = 0, tb = 0;
-    for (int k = 0; k < kRowLanes; ++k) {
-      tw += lw[k][tx];
-      tb += lb[k][tx];
-    }
     pw[chunk * C + c] = tw;
     if (pb) pb[chunk * C + c] = tb;
   }
@@ -253,13 +264,11 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 && NC <= 8 ? 2 : 1)
 
 // dw[c] += sum over the R chunks of pw[chunk][c] (likewise db), in a fixed
 // order: block (kColTile columns, kRowLanes lanes), lane ty adds chunks ty,
-// ty + kRowLanes, ... in order, then thread ty == 0 adds the lane sums in
-// lane order. Grid: ceil(C / kColTile) blocks.
+// ty + kRowLanes, ... in order, then add_row_lanes. Grid: ceil(C / kColTile)
+// blocks.
 template <typename T>
 __global__ void norm_bwd_chunk_sum(int64_t C, int64_t R, const T* __restrict__ pw, const T* __restrict__ pb, T* dw,
                                    T* db) {
-  __shared__ T lw[kRowLanes][kColTile];
-  __shared__ T lb[kRowLanes][kColTile];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
   T sw = 0, sb = 0;
@@ -269,15 +278,9 @@ __global__ void norm_bwd_chunk_sum(int64_t C, int64_t R, const T* __restrict__ p
       if (pb) sb += pb[r * C + c];
     }
   }
-  lw[ty][tx] = sw;
-  lb[ty][tx] = sb;
-  __syncthreads();
+  T tw, tb;
+  add_row_lanes(sw, sb, tw, tb);
   if (ty == 0 && c < C) {
-    T tw = 0, tb = 0;
-    for (int k = 0; k < kRowLanes; ++k) {
-      tw += lw[k][tx];
-      tb += lb[k][tx];
-    }
     dw[c] += tw;
     if (db) db[c] += tb;
   }
