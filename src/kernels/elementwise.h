@@ -3,6 +3,10 @@
 // residual adds, dtype casts, seeded dropout, scaling, sum of squares.
 // fp32 or fp64 unless stated. bias_add's y and bias_grad's dy may also be
 // bf16 (the bias and its gradient then fp32; bf16 y rounded once as stored).
+// add and add_inplace take any mix of fp32 and bf16 operands (the bf16
+// residual stream plus an fp32 partial result): the sum in fp32, rounded
+// once to y's type; fp64 operands must all be fp64. dropout's x and y share
+// one dtype, fp32, fp64 or bf16 (bf16 computed in fp32, rounded once).
 //
 // Dropout: keep element i when philox_uniform(seed, stream, i + index_offset)
 // >= p, and scale kept values by 1/(1-p) (PyTorch/Megatron semantics).

@@ -8,6 +8,9 @@
 // deterministic (parallel over columns, rows in order).
 // Learned positions: out[r] += pos[r / B] (positions 0..T-1), backward
 // dpos[t] += sum over b of dout[t*B + b].
+// dtypes: weight, dweight, pos and dpos fp32 or fp64 (T); out and dout T, or
+// bf16 with fp32 T (the bf16 residual stream: values rounded once as
+// stored, widened exactly as read).
 
 #include "kernels/dispatch.h"
 

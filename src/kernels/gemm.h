@@ -14,12 +14,14 @@
 // oneDNN was chosen by measurement (bench/gemm_bench.cc; ../shared/TOOLCHAIN.md).
 //
 // gemm_add: D = op(A) @ op(B) + R, the residual connection after a layer's
-// output projection in one call: D and R fp32 (or fp64), of one dtype, R
-// read only and not overlapping D. The result has the
-// bits of gemm(..., beta 0, D) followed by add(D, R, D): the product is
-// rounded to D's type, then the sum once. The CUDA twin does it in
-// cuBLASLt's epilogue (R read once, no temporary, no second kernel); the CPU
-// twin runs those two steps.
+// output projection in one call: D and R of one dtype, R read only and not
+// overlapping D. fp32 (or fp64) D: the bits of gemm(..., beta 0, D) followed
+// by add(D, R, D) (the product is rounded to D's type, then the sum once).
+// bf16 D and R (bf16 A and B: the bf16 residual stream): the fp32 product
+// plus R, rounded to bf16 once. The CUDA twin does it in cuBLASLt's
+// epilogue (R read once, no temporary, no second kernel); the CPU twin runs
+// gemm then add (fp32), or copies R into D and accumulates the product
+// with beta 1 (bf16).
 
 #include <fmt/format.h>
 
@@ -62,9 +64,12 @@ inline void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
 
 inline void gemm_add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
                      const Tensor& R, const Tensor& D) {
-  MT_CHECK(R.dtype() == D.dtype() && (D.dtype() == DType::kF32 || D.dtype() == DType::kF64),
-           fmt::format("gemm_add: R and D must both be fp32 or both fp64 (got {}, {})", dtype_name(R.dtype()),
-                       dtype_name(D.dtype())));
+  MT_CHECK(R.dtype() == D.dtype() &&
+               (D.dtype() == DType::kF32 || D.dtype() == DType::kF64 ||
+                (D.dtype() == DType::kBF16 && A.dtype() == DType::kBF16)),
+           fmt::format("gemm_add: R and D must share one dtype, fp32 or fp64, or bf16 with bf16 A and B (got R {}, "
+                       "D {}, A {})",
+                       dtype_name(R.dtype()), dtype_name(D.dtype()), dtype_name(A.dtype())));
   MT_CHECK(R.numel() >= M * N && D.numel() >= M * N,
            fmt::format("gemm_add: R and D need {} x {} elements (have {}, {})", M, N, R.numel(), D.numel()));
   const auto* r = static_cast<const char*>(R.data());

@@ -5,9 +5,14 @@
 // Forward saves mean [N] (LayerNorm only) and rstd [N] for backward.
 // Backward ACCUMULATES: dx += ..., dw += ..., db += ... (the residual stream's
 // gradient is already in dx; weight gradients accumulate over micro-batches).
-// dtypes: fp32 or fp64, all tensors alike, except that the forward's y may be
-// bf16 for fp32 x (rounded once as stored: the bf16 GEMM input under --bf16,
-// bit for bit what casting an fp32 y would give). Sequence parallel: norms act per
+// dtypes: the parameters w, b (and dw, db), mean and rstd are fp32 or fp64
+// (T); x, y, dy and dx are T too, except that with fp32 parameters
+//  - the forward's y may be bf16 (rounded once as stored: the bf16 GEMM input
+//    under --bf16, bit for bit what casting an fp32 y would give);
+//  - x and dx (one dtype) may be bf16, and so may dy independently: the bf16
+//    residual stream under --bf16 without --fp32-residual-connection. Values
+//    are widened exactly, everything is computed in fp32 as for fp32 tensors,
+//    and a bf16 dx is rounded once: dx = bf16(dx + the row's term). Sequence parallel: norms act per
 // token, so a sequence shard runs them unchanged (weight grads are then
 // all-reduced over the TP group by the caller).
 

@@ -42,6 +42,33 @@ void storage_types(DType dt, F&& f) {
 template <typename S>
 using compute_t = std::conditional_t<std::is_same_v<S, bf16>, float, S>;
 
+// f32_bf16_types(dtype, op, what, [&](auto tag) { using S = decltype(tag); ... }):
+// the stored types of an operand computed in fp32, fp32 or bf16 (the bf16
+// residual stream under --bf16, next to fp32 partial results).
+template <typename F>
+void f32_bf16_types(DType dt, const char* op, const char* what, F&& f) {
+  switch (dt) {
+    case DType::kF32: f(float{}); break;
+    case DType::kBF16: f(bf16{}); break;
+    default:
+      MT_CHECK(false, fmt::format("{}: {} must be fp32 or bf16 when the operands' dtypes differ or any is bf16 "
+                                  "(got {}; fp64 operands must all be fp64)",
+                                  op, what, dtype_name(dt)));
+  }
+}
+
+// x_types(x, compute, op, f): the stored type of a norm's (or embedding
+// gradient's) row operand x for compute type T: T itself, or bf16 when T is
+// float (the bf16 residual stream).
+template <typename T, typename F>
+void x_types(DType x, const char* op, const char* what, F&& f) {
+  if (x == dtype_of<T>()) return f(T{});
+  if constexpr (std::is_same_v<T, float>)
+    if (x == DType::kBF16) return f(bf16{});
+  MT_CHECK(false, fmt::format("{}: {} dtype {} with {} parameters (expected {}, or bf16 with fp32 parameters)", op, what,
+                              dtype_name(x), dtype_name(dtype_of<T>()), dtype_name(dtype_of<T>())));
+}
+
 // A backward's x, dy and dx share one stored dtype.
 inline void check_bwd_dtypes(const DType x, const DType dy, const DType dx, const char* op) {
   MT_CHECK(dy == x && dx == x, fmt::format("{}: x, dy and dx must share one dtype (fp32, fp64 or bf16); got {}, {}, {}",

@@ -70,10 +70,15 @@ struct Dims {
   // mid: what lies between two GEMMs, bf16 under --bf16: the qkv and fc1
   // GEMM outputs, the attention output ctx, and their gradients (dqkv, dfc1,
   // dctx, dact), each op computing in fp32 and rounding once as it stores.
-  // The residual stream, the norms' statistics, the row-parallel outputs
-  // and the logits stay in the model dtype (Megatron's --bf16 with
-  // --fp32-residual-connection keeps the residual in fp32 the same way).
-  DType gemm_in = DType::kF32, ln = DType::kF32, mid = DType::kF32;
+  // rs: the residual stream (resid, x_mid) and its gradient; bf16 under
+  // --bf16 as in Megatron (every add rounds its fp32 sum once), the model
+  // dtype with --fp32-residual-connection. dn: the gradient of a norm's
+  // output (the dx a qkv/fc1/output-layer GEMM writes, the norm backward's
+  // dy): rs on one TP rank; with TP it is reduced over the ranks first, in
+  // the model dtype, so the partial sums are not rounded to bf16.
+  // The norms' statistics, the row-parallel outputs (before the residual
+  // add) and the logits stay in the model dtype.
+  DType gemm_in = DType::kF32, ln = DType::kF32, mid = DType::kF32, rs = DType::kF32, dn = DType::kF32;
 };
 
 Shape field_shape(int f, const Dims& d) {
@@ -90,6 +95,7 @@ Shape field_shape(int f, const Dims& d) {
 }
 
 DType field_dtype(int f, const Dims& d) {
+  if (f == kXMid) return d.rs;
   if (f == kLn1 || f == kLn2) return d.ln;
   if (f == kAct) return d.gemm_in;
   if (f == kQkv || f == kCtx || f == kFc1) return d.mid;
@@ -300,7 +306,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d = Dims{N, Ns, B, T, h, al, ad, (al + 2 * gl) * cfg.head_dim(), (cfg.swiglu ? 2 : 1) * F, F,
            cfg.padded_vocab(tp) / tp, opt.dtype, cfg.normalization == Normalization::kLayerNorm};
   d.gemm_in = opt.bf16_compute ? DType::kBF16 : opt.dtype;
-  d.ln = cfg.apply_residual_connection_post_layernorm ? opt.dtype : d.gemm_in;
+  d.rs = opt.bf16_compute && !opt.fp32_residual ? DType::kBF16 : opt.dtype;
+  d.dn = tp == 1 ? d.rs : opt.dtype;
+  d.ln = cfg.apply_residual_connection_post_layernorm ? d.rs : d.gemm_in;
   d.mid = d.gemm_in;
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
@@ -355,7 +363,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   ai.labels = at.add("labels", {N}, DType::kI32);
   ai.resid.assign(static_cast<size_t>(L + 1), -1);
   for (int64_t l = 0; l <= L; ++l)
-    if (keep_resid[static_cast<size_t>(l)]) ai.resid[static_cast<size_t>(l)] = at.add(fmt::format("resid.{}", l), {Ns, h}, dt);
+    if (keep_resid[static_cast<size_t>(l)]) ai.resid[static_cast<size_t>(l)] = at.add(fmt::format("resid.{}", l), {Ns, h}, d.rs);
   ai.layers.assign(static_cast<size_t>(L), FieldIdx{});
   for (int64_t l = 0; l < L; ++l) {
     FieldIdx& f = ai.layers[static_cast<size_t>(l)];
@@ -376,7 +384,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // The recompute workspace: the largest recomputed group, everything kept.
   for (int64_t i = 0; i < max_group; ++i) {
     t.ws_layers.push_back(add_layer(t.workspace, fmt::format("recompute.{}.", i), d, true));
-    if (i + 1 < max_group) t.ws_resid.push_back(t.workspace.add(fmt::format("recompute.resid.{}", i + 1), {Ns, h}, dt));
+    if (i + 1 < max_group) t.ws_resid.push_back(t.workspace.add(fmt::format("recompute.resid.{}", i + 1), {Ns, h}, d.rs));
   }
 
   if (cfg.position_embedding == PositionEmbedding::kRope) {
@@ -391,23 +399,24 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const size_t ws = t.workspace.total_bytes();
   // linear_fwd casts an fp32 input (ln1/ln2 when the residual is taken from
   // them); linear_bwd casts an fp32 dy (the residual gradient into fc2 and
-  // proj) and an fp32 x (ln1/ln2 again). ctx, act, dqkv and dfc1 are bf16.
+  // proj, fp32 with --fp32-residual-connection) and an fp32 x (ln1/ln2
+  // again). ctx, act, dqkv and dfc1 are bf16.
   const size_t ln_cast = d.ln == hb ? 0 : abytes(N * h, hb);
   const size_t cast_fwd = bf ? ln_cast : 0;
-  const size_t cast_bwd = bf ? std::max(abytes(N * h, hb), ln_cast) : 0;
+  const size_t cast_bwd = bf ? std::max(d.rs == hb ? 0 : abytes(N * h, hb), ln_cast) : 0;
   const size_t attn_tmp = selective ? abytes(N * ad, d.mid) + abytes(B * d.a * T, dt) : 0;  // ctx, lse
   // With sequence parallelism: one full-sequence [N, h] buffer for the
   // all-gathered / not yet reduce-scattered side of a collective.
   const size_t full = sp ? abytes(N * h, dt) : 0;
   const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + full + cast_fwd;  // tmp (+ ctx, lse) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + full + cast_fwd;
-  const size_t layer_bwd = 2 * abytes(Ns * h, dt) + abytes(N * F, d.mid) + abytes(N * d.fc1, d.mid) +
+  const size_t layer_bwd = abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(N * F, d.mid) + abytes(N * d.fc1, d.mid) +
                            abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp + full + cast_bwd;
   bool any_kept = false;
   for (char k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
   const size_t fwd_out = std::max(full, tp > 1 ? abytes(N, dt) : 0);  // the final norm output is bf16 already
-  const size_t bwd_base = abytes(N, dt) + 2 * abytes(Ns * h, dt);  // dloss, dlnf, dresid
+  const size_t bwd_base = abytes(N, dt) + abytes(Ns * h, d.dn) + abytes(Ns * h, d.rs);  // dloss, dlnf, dresid
   const size_t bwd_out = full + (bf ? abytes(N * d.V, hb) : 0);  // bf16 dlogits
   const size_t bwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, layer_bwd);
   const size_t forward_peak = std::max(fwd_layers, fwd_out);
@@ -490,6 +499,8 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1;
   Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
   mid_ = d.mid;
+  rs_ = d.rs;
+  dn_ = d.dn;
   specs_ = std::move(t.specs);
   chunks_ = std::move(t.chunks);
   chunk_groups_ = std::move(t.groups);
@@ -846,7 +857,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   const int64_t adim = a_ * cfg_.head_dim();
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
-  Tensor dtmp = scratch({Ns_, h_}, dt), dln = scratch({Ns_, h_}, dt), dact = scratch({N_, F_}, mid_),
+  Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch({N_, F_}, mid_),
          dfc1 = scratch({N_, fc1_}, mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
@@ -957,7 +968,7 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   {
     ArenaScope scope(scratch_);
     if (sp()) {
-      Tensor full = scratch({N_, h_}, opt_.dtype);
+      Tensor full = scratch({N_, h_}, rs_);
       k::embedding_forward(s.tokens, params_[word_], vocab_start(), full);
       opt_.tp_comm->reduce_scatter(full, s.resid[0]);
     } else {
@@ -1038,10 +1049,10 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
   Tensor dloss = scratch({N_}, dt);
-  Tensor dlnf = scratch({Ns_, h_}, dt), dresid = scratch({Ns_, h_}, dt);
+  Tensor dlnf = scratch({Ns_, h_}, dn_), dresid = scratch({Ns_, h_}, rs_);
   if (!last_stage(chunk)) {
-    MT_CHECK(doutput.defined() && doutput.numel() == Ns_ * h_ && doutput.dtype() == dt,
-             fmt::format("GPTModel::backward_chunk: d(output) must be [{}, {}] {}", Ns_, h_, dtype_name(dt)));
+    MT_CHECK(doutput.defined() && doutput.numel() == Ns_ * h_ && doutput.dtype() == rs_,
+             fmt::format("GPTModel::backward_chunk: d(output) must be [{}, {}] {}", Ns_, h_, dtype_name(rs_)));
     copy_tensor(doutput, dresid);
   } else {
   const double g = s.count > 0 ? loss_scale / s.count : 0.0;
@@ -1060,7 +1071,7 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
     // Output layer: dx is partial over the vocabulary shards: all-reduce
     // (SP: reduce-scatter to this rank's rows).
     ArenaScope casts(scratch_);
-    Tensor dx = sp() ? scratch({N_, h_}, dt) : dlnf;
+    Tensor dx = sp() ? scratch({N_, h_}, dn_) : dlnf;
     if (opt_.bf16_compute) {
       // dlogits in bf16 straight from the softmax (no fp32 [N, V] pass).
       Tensor dh = scratch({N_, V_}, DType::kBF16);
@@ -1106,7 +1117,8 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
   }
   if (!first_stage(chunk)) {
     if (dinput.defined()) {
-      MT_CHECK(dinput.numel() == Ns_ * h_ && dinput.dtype() == dt, "GPTModel::backward_chunk: d(input) must be [Ns, h]");
+      MT_CHECK(dinput.numel() == Ns_ * h_ && dinput.dtype() == rs_,
+               fmt::format("GPTModel::backward_chunk: d(input) must be [{}, {}] {}", Ns_, h_, dtype_name(rs_)));
       copy_tensor(dresid, dinput);
     }
     return;
@@ -1120,7 +1132,7 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
   // Embedding: SP all-gathers d(output) back to the full sequence; each rank
   // accumulates the rows of its vocabulary shard.
   if (sp()) {
-    Tensor full = scratch({N_, h_}, dt);
+    Tensor full = scratch({N_, h_}, rs_);
     opt_.tp_comm->all_gather(dresid, full);
     k::embedding_backward(s.tokens, full, vocab_start(), grads_[word_]);
   } else {

@@ -136,7 +136,10 @@ struct GPTOptions {
                                  // forward() and backward() take host tokens/labels and return host losses
   bool bf16_compute = false;     // GEMM inputs in bf16 with fp32 accumulation; activations between
                                  // two GEMMs (qkv, ctx, fc1, act, norm outputs) and their
-                                 // gradients stored in bf16, the residual stream in `dtype`
+                                 // gradients stored in bf16; the residual stream and its
+                                 // gradient too, unless fp32_residual (Megatron's --bf16)
+  bool fp32_residual = false;    // with bf16_compute: keep the residual stream and its gradient
+                                 // in `dtype` (--fp32-residual-connection)
   int slots = 1;                 // activation slots (micro-batches in flight); 0: parameters
                                  // only (inference: no gradients, activations or scratch)
   int64_t tp = 1;                // tensor-parallel size
@@ -272,6 +275,10 @@ class GPTModel {
 
   const ModelConfig& config() const { return cfg_; }
   const GPTOptions& options() const { return opt_; }
+  // The residual stream's dtype (chunk inputs and outputs, the gradients a
+  // pipeline stage exchanges): bf16 under bf16_compute without
+  // fp32_residual, else the model dtype.
+  DType residual_dtype() const { return rs_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const std::vector<Tensor>& params() const { return params_; }
   const std::vector<Tensor>& grads() const { return grads_; }
@@ -349,6 +356,8 @@ class GPTModel {
   // bf16 under --bf16 (they only meet GEMMs and the ops between two GEMMs),
   // else the model dtype.
   DType mid_ = DType::kF32;
+  DType rs_ = DType::kF32;  // the residual stream and its gradient
+  DType dn_ = DType::kF32;  // the gradient of a norm's output (a GEMM's dx)
   int64_t Ns_ = 0, Vg_ = 0, a_ = 0, g_ = 0;  // rows held (N or N/TP), global vocab, local heads/groups
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, int> index_;

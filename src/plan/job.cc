@@ -41,11 +41,10 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
 
   f.section("precision and recomputation");
   f.add_switch("bf16", &j.precision.bf16,
-               "bf16 GEMMs (fp32 accumulation) and bf16 activations between GEMMs; fp32 master weights, gradients "
-               "and residual stream");
+               "bf16 GEMMs (fp32 accumulation), bf16 activations and residual stream (each op computes in fp32 and "
+               "rounds once); fp32 master weights and gradients");
   f.add_switch("fp32-residual-connection", &j.precision.fp32_residual_connection,
-               "keep the residual stream and its gradient in fp32 under --bf16 (always so here: accepted for "
-               "Megatron command lines)");
+               "keep the residual stream and its gradient in fp32 under --bf16");
   f.add_switch("fp16", &j.precision.fp16, "fp16 compute with loss scaling");
   f.add_string("recompute-granularity", &j.recompute.granularity, "activation recomputation", {"full", "selective"});
   f.add_string("recompute-method", &j.recompute.method, "which layers full recomputation covers", {"uniform", "block"});

@@ -43,7 +43,7 @@ struct BatchConfig {
 
 struct PrecisionConfig {
   bool bf16 = false, fp16 = false;
-  bool fp32_residual_connection = false;  // what --bf16 does here anyway (the residual stays fp32)
+  bool fp32_residual_connection = false;  // under --bf16: the residual stream in fp32 (else bf16, as Megatron)
   const char* name() const { return bf16 ? "bf16" : fp16 ? "fp16" : "fp32"; }
 };
 

@@ -208,6 +208,7 @@ Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_
   go.micro_batch = r.job.batch.micro_batch_size;
   go.seq_length = r.job.model.seq_length;
   go.bf16_compute = r.job.precision.bf16;
+  go.fp32_residual = r.job.precision.fp32_residual_connection;
   go.tp = p.tp;
   go.sequence_parallel = p.sequence_parallel;
   go.flat_multiple = r.dp;  // bucket boundaries and reduce-scatter blocks divide by DP

@@ -173,6 +173,26 @@ TEST(CudaTwin, GemmAddMatchesCpu) {
     kernels::gemm_add(false, true, M, N, 0, dE, dE, dR, dD);
     expect_close(to_host<float>(dD), r, 0, 0, "gemm_add K=0 copies R");
   }
+  // bf16 R and D (the bf16 residual stream): the fp32 product plus R rounded
+  // once on both sides; the accumulation orders differ, so a sum near a
+  // rounding boundary may land one bf16 step apart.
+  {
+    std::vector<bf16> rh(r.size()), want(r.size());
+    for (size_t i = 0; i < r.size(); ++i) rh[i] = float_to_bf16(r[i]);
+    Tensor A(ah.data(), Shape{M, K}, DType::kBF16), B(bh.data(), Shape{N, K}, DType::kBF16),
+        R(rh.data(), Shape{M, N}, DType::kBF16);
+    kernels::gemm_add(false, true, M, N, K, A, B, R, Tensor(want.data(), Shape{M, N}, DType::kBF16));
+    Arena g = gpu_arena();
+    Tensor dA = to_device(g, A), dB = to_device(g, B), dR = to_device(g, R), dD = g.alloc(Shape{M, N}, DType::kBF16);
+    kernels::gemm_add(false, true, M, N, K, dA, dB, dR, dD);
+    const std::vector<bf16> got = to_host<bf16>(dD);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double gv = bf16_to_float(got[i]), wv = bf16_to_float(want[i]);
+      ASSERT_LE(std::abs(gv - wv), 1e-3 + std::abs(wv) / 128) << "gemm_add bf16 R, D element " << i;
+    }
+    const std::vector<bf16> r_after = to_host<bf16>(dR);
+    for (size_t i = 0; i < rh.size(); ++i) ASSERT_EQ(r_after[i].bits, rh[i].bits) << "gemm_add bf16 changed R";
+  }
 }
 
 TEST(CudaTwin, GemmEmptyReductionScalesC) {

@@ -407,6 +407,126 @@ TEST(CudaTwin, Bf16StorageOpsMatchCpu) {
   }
 }
 
+// The bf16 residual stream (--bf16 without --fp32-residual-connection):
+// mixed fp32/bf16 adds, bf16 dropout, norms over a bf16 x with bf16 dx (dy
+// bf16 or fp32), embedding and positions into and out of bf16. Elementwise
+// ops and the ordered embedding/position gradients bit for bit; the norms'
+// reductions within a bf16 step (y, dx) and the fp32 tolerances (dw, db).
+TEST(CudaTwin, Bf16ResidualStreamOpsMatchCpu) {
+  MT_REQUIRE_GPU();
+  auto bf16_randn = [](int64_t n, uint64_t seed, double scale) {
+    std::vector<float> f = randn<float>(n, seed, scale);
+    std::vector<bf16> h(f.size());
+    for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_bf16(f[i]);
+    return h;
+  };
+  Arena g = gpu_arena(kArenaBytes);
+  {
+    const int64_t n = 1003;  // Packs of 8, then the tail one by one
+    auto ah = bf16_randn(n, 101, 2.0);
+    auto bf = randn<float>(n, 102, 1.0);
+    auto bh = bf16_randn(n, 103, 1.0);
+    for (int mask = 1; mask < 8; ++mask) {
+      const bool ab = mask & 1, bb = mask & 2, yb = mask & 4;
+      std::vector<float> af(ah.size());
+      for (size_t i = 0; i < af.size(); ++i) af[i] = bf16_to_float(ah[i]);
+      Tensor A = ab ? view(ah, {n}) : view(af, {n}), B = bb ? view(bh, {n}) : view(bf, {n});
+      Tensor gA = to_device(g, A), gB = to_device(g, B);
+      const DType yt = yb ? DType::kBF16 : DType::kF32;
+      const std::string what = fmt::format("add {}+{}->{}", tname(A.dtype()), tname(B.dtype()), tname(yt));
+      // 64-byte aligned (Packs), then at an odd offset (one element per step).
+      for (bool aligned : {true, false}) {
+        Tensor gY = aligned ? g.alloc({n}, yt) : g.alloc({n + 1}, yt).slice(1, n + 1);
+        k::add(gA, gB, gY);
+        const std::string w2 = what + (aligned ? "" : ", unaligned y");
+        if (yb) {
+          std::vector<bf16> y(static_cast<size_t>(n));
+          k::add(A, B, view(y, {n}));
+          expect_bitwise(to_host<bf16>(gY), y, w2);
+        } else {
+          std::vector<float> y(static_cast<size_t>(n));
+          k::add(A, B, view(y, {n}));
+          expect_bitwise(to_host<float>(gY), y, w2);
+        }
+      }
+    }
+    std::vector<bf16> y(static_cast<size_t>(n));
+    Tensor gX = to_device(g, view(ah, {n})), gY = g.alloc({n}, DType::kBF16);
+    k::dropout_forward(view(ah, {n}), view(y, {n}), 0.25, 5, 6, 77);
+    k::dropout_forward(gX, gY, 0.25, 5, 6, 77);
+    expect_bitwise(to_host<bf16>(gY), y, "dropout bf16");
+  }
+  for (const int64_t C : {int64_t{40}, int64_t{1000}, int64_t{4100}}) {  // fused backward, and the wide path
+    const int64_t N = 37;
+    auto xh = bf16_randn(N * C, 104 + C, 1.3);
+    auto w = randn<float>(C, 105, 0.3, 1.0), b = randn<float>(C, 106, 0.2);
+    for (bool rms : {false, true}) {
+      const std::string what = fmt::format("{} bf16 x C={}", rms ? "rmsnorm" : "layernorm", C);
+      std::vector<bf16> y(static_cast<size_t>(N * C));
+      std::vector<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+      Tensor X = view(xh, {N, C}), gX = to_device(g, X), gW = to_device(g, view(w, {C})), gB = to_device(g, view(b, {C}));
+      Tensor gY = g.alloc({N, C}, DType::kBF16), gMean = g.alloc({N}, DType::kF32), gRstd = g.alloc({N}, DType::kF32);
+      if (rms) {
+        k::rmsnorm_forward(X, view(w, {C}), 1e-5, view(y, {N, C}), view(rstd, {N}));
+        k::rmsnorm_forward(gX, gW, 1e-5, gY, gRstd);
+      } else {
+        k::layernorm_forward(X, view(w, {C}), view(b, {C}), 1e-5, view(y, {N, C}), view(mean, {N}), view(rstd, {N}));
+        k::layernorm_forward(gX, gW, gB, 1e-5, gY, gMean, gRstd);
+        expect_close(to_host<float>(gMean), mean, Tol<float>::tight, Tol<float>::tight, what + " mean");
+      }
+      expect_close(to_host<float>(gRstd), rstd, Tol<float>::tight, 0, what + " rstd");
+      expect_bf16_close(to_host<bf16>(gY), y, what + " y");
+      for (bool dy_bf16 : {true, false}) {
+        auto dyh = bf16_randn(N * C, 107, 1.0);
+        auto dyf = randn<float>(N * C, 108, 1.0);
+        auto dx = bf16_randn(N * C, 109, 0.5);
+        auto dw = randn<float>(C, 110), db = randn<float>(C, 111);
+        Tensor Dy = dy_bf16 ? view(dyh, {N, C}) : view(dyf, {N, C});
+        Tensor gDy = to_device(g, Dy), gDx = to_device(g, view(dx, {N, C})), gDw = to_device(g, view(dw, {C})),
+               gDb = to_device(g, view(db, {C})), gMean2 = to_device(g, view(mean, {N})),
+               gRstd2 = to_device(g, view(rstd, {N}));
+        if (rms) {
+          k::rmsnorm_backward(gDy, gX, gW, gRstd2, gDx, gDw);
+          k::rmsnorm_backward(Dy, X, view(w, {C}), view(rstd, {N}), view(dx, {N, C}), view(dw, {C}));
+        } else {
+          k::layernorm_backward(gDy, gX, gW, gMean2, gRstd2, gDx, gDw, gDb);
+          k::layernorm_backward(Dy, X, view(w, {C}), view(mean, {N}), view(rstd, {N}), view(dx, {N, C}), view(dw, {C}),
+                                view(db, {C}));
+          expect_close(to_host<float>(gDb), db, Tol<float>::sum, Tol<float>::sum, what + " db");
+        }
+        const std::string bw = what + (dy_bf16 ? ", bf16 dy" : ", fp32 dy");
+        expect_bf16_close(to_host<bf16>(gDx), dx, bw + " dx");
+        expect_close(to_host<float>(gDw), dw, Tol<float>::sum, Tol<float>::sum, bw + " dw");
+      }
+    }
+  }
+  {
+    const int64_t Tn = 6, B = 3, N = Tn * B, C = 70, Vs = 9;
+    std::vector<int32_t> tok(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) tok[static_cast<size_t>(i)] = static_cast<int32_t>((i * 5) % 12);  // some outside
+    auto table = randn<float>(Vs * C, 112), pos = randn<float>(Tn * C, 113);
+    Tensor Tok(tok.data(), {N}, DType::kI32), gTok = to_device(g, Tok), gTable = to_device(g, view(table, {Vs, C})),
+           gPos = to_device(g, view(pos, {Tn, C}));
+    std::vector<bf16> e(static_cast<size_t>(N * C));
+    Tensor gE = g.alloc({N, C}, DType::kBF16);
+    k::embedding_forward(Tok, view(table, {Vs, C}), 2, view(e, {N, C}));
+    k::embedding_forward(gTok, gTable, 2, gE);
+    expect_bitwise(to_host<bf16>(gE), e, "embedding forward into bf16");
+    k::position_add_forward(view(pos, {Tn, C}), B, view(e, {N, C}));
+    k::position_add_forward(gPos, B, gE);
+    expect_bitwise(to_host<bf16>(gE), e, "position add into bf16");
+    auto dout = bf16_randn(N * C, 114, 1.0);
+    auto dt = randn<float>(Vs * C, 115), dp = randn<float>(Tn * C, 116);
+    Tensor gD = to_device(g, view(dout, {N, C})), gDt = to_device(g, view(dt, {Vs, C})), gDp = to_device(g, view(dp, {Tn, C}));
+    k::embedding_backward(Tok, view(dout, {N, C}), 2, view(dt, {Vs, C}));
+    k::embedding_backward(gTok, gD, 2, gDt);
+    expect_bitwise(to_host<float>(gDt), dt, "embedding backward from bf16");
+    k::position_add_backward(view(dout, {N, C}), B, view(dp, {Tn, C}));
+    k::position_add_backward(gD, B, gDp);
+    expect_bitwise(to_host<float>(gDp), dp, "position add backward from bf16");
+  }
+}
+
 // ---------------------------------------------------------------- embedding
 
 template <typename T, typename Tok>

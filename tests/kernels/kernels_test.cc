@@ -155,7 +155,43 @@ TEST(Gemm, GemmAddIsGemmThenAdd) {
   EXPECT_DEATH(k::gemm_add(false, true, M, N, K, ta, tb, r, shifted), "R overlaps D");
   std::vector<double> d64(M * N);
   EXPECT_DEATH(k::gemm_add(false, true, M, N, K, ta, tb, r, Tensor(d64.data(), {M, N}, DType::kF64)),
-               "must both be fp32 or both fp64");
+               "gemm_add: R and D must share one dtype");
+  std::vector<bf16> rh(M * N), dh(M * N);
+  EXPECT_DEATH(k::gemm_add(false, true, M, N, K, ta, tb, Tensor(rh.data(), {M, N}, DType::kBF16),
+                           Tensor(dh.data(), {M, N}, DType::kBF16)),
+               "bf16 with bf16 A and B");
+}
+
+// bf16 R and D (the bf16 residual stream): the fp32 product plus R, rounded
+// to bf16 once. Small integers make every product and sum exact in fp32, so
+// the expected bits are known; the first row holds the case where rounding
+// the product first would differ: 256 + 1 = 257 (not a bf16 value; rounds to
+// 256) plus R = 1 is 258 (a bf16 value), while bf16(bf16(257) + 1) = 256.
+TEST(Gemm, GemmAddBf16RoundsTheSumOnce) {
+  const int64_t M = 9, N = 11, K = 6;
+  std::vector<bf16> a(M * K), b(N * K), r(M * N), d(M * N);
+  std::vector<double> A(M * K), B(N * K), R(M * N);
+  for (int64_t i = 0; i < M * K; ++i) A[i] = static_cast<double>((i * 7) % 9) - 4;
+  for (int64_t i = 0; i < N * K; ++i) B[i] = static_cast<double>((i * 5) % 7) - 3;
+  for (int64_t i = 0; i < M * N; ++i) R[i] = static_cast<double>((i * 3) % 11) - 5;
+  for (int64_t kk = 0; kk < K; ++kk) A[kk] = kk == 0 ? 256 : kk == 1 ? 1 : 0;  // row 0 . column 0 = 256 + 1
+  for (int64_t kk = 0; kk < K; ++kk) B[kk] = 1;                                // column 0 of B^T: ones
+  R[0] = 1;
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float_to_bf16(static_cast<float>(A[i]));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float_to_bf16(static_cast<float>(B[i]));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = float_to_bf16(static_cast<float>(R[i]));
+  const std::vector<bf16> r0 = r;
+  k::gemm_add(false, true, M, N, K, Tensor(a.data(), {M, K}, DType::kBF16), Tensor(b.data(), {N, K}, DType::kBF16),
+              Tensor(r.data(), {M, N}, DType::kBF16), Tensor(d.data(), {M, N}, DType::kBF16));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = R[i * N + j];
+      for (int64_t kk = 0; kk < K; ++kk) s += A[i * K + kk] * B[j * K + kk];
+      ASSERT_EQ(d[i * N + j].bits, float_to_bf16(static_cast<float>(s)).bits)
+          << "D[" << i << "][" << j << "] = " << bf16_to_float(d[i * N + j]) << ", exact sum " << s;
+    }
+  EXPECT_EQ(bf16_to_float(d[0]), 258.0f);
+  for (size_t i = 0; i < r.size(); ++i) ASSERT_EQ(r[i].bits, r0[i].bits) << "R changed";
 }
 
 // ---------------------------------------------------------------- norms
@@ -818,6 +854,140 @@ TEST(Bf16Storage, PointwiseOpsOnBf16AreTheRoundedFp32Result) {
     k::bias_grad(Dh, db2.t());
     EXPECT_EQ(db.v, db2.v);  // bf16 dy widened exactly, summed in the same order
     EXPECT_DEATH(k::bias_add(yh.t(), bh.t()), "bias_add: the bias must be fp32 for bf16 activations");
+  }
+}
+
+// The bf16 residual stream (--bf16 without --fp32-residual-connection): each
+// op on bf16 residual tensors widens them exactly, computes exactly as it
+// does in fp32, and rounds what it stores once. So every result is
+// bit for bit the fp32 op on the widened values, rounded: the fp32 ops are
+// the reference (they have their own finite-difference and closed-form tests).
+TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
+  const int64_t N = 12, C = 40, B = 3;
+  auto rounded = [](uint64_t seed, int64_t n, double scale, double shift = 0) {
+    std::vector<double> d(n);
+    fill_normal(d, seed, scale);
+    Buf<float> f({n});
+    Buf<bf16> h({n});
+    for (int64_t i = 0; i < n; ++i)
+      h[i] = float_to_bf16(static_cast<float>(d[i] + shift)), f[i] = bf16_to_float(h[i]);
+    return std::make_pair(f, h);
+  };
+  auto expect_rounded = [](const Buf<float>& y, const Buf<bf16>& yh, const std::string& what) {
+    ASSERT_EQ(y.v.size(), yh.v.size());
+    for (size_t i = 0; i < y.v.size(); ++i)
+      ASSERT_EQ(yh.v[i].bits, float_to_bf16(y.v[i]).bits) << what << " element " << i << " (fp32 " << y.v[i] << ")";
+  };
+  auto [x, xh] = rounded(21, N * C, 1.5, 0.4);
+  auto [o, oh] = rounded(22, N * C, 1.0);
+  Buf<float> w({C}), bias({C});
+  fill_normal(w.v, 23, 0.3);
+  fill_normal(bias.v, 24, 0.2);
+  for (float& v : w.v) v += 1;
+  const Shape xs{N, C};
+  x.shape = xh.shape = o.shape = oh.shape = xs;
+
+  // add, every mix of fp32 and bf16 operands: the fp32 sum rounded once
+  // (an fp32 y is the sum itself).
+  for (int mask = 0; mask < 8; ++mask) {
+    const bool ab = mask & 1, bb = mask & 2, yb = mask & 4;
+    Buf<float> y(xs);
+    Buf<bf16> yh(xs);
+    k::add(ab ? xh.t() : x.t(), bb ? oh.t() : o.t(), yb ? yh.t() : y.t());
+    Buf<float> want(xs);
+    k::add(x.t(), o.t(), want.t());  // x, o hold the widened bf16 values
+    if (yb) expect_rounded(want, yh, fmt::format("add mask {}", mask));
+    else EXPECT_EQ(y.v, want.v) << "add mask " << mask;
+  }
+  {
+    Buf<bf16> yh = xh;
+    Buf<float> want(xs);
+    k::add(x.t(), o.t(), want.t());
+    k::add_inplace(yh.t(), o.t());  // bf16 += fp32
+    expect_rounded(want, yh, "add_inplace bf16 += fp32");
+    Buf<double> d64(xs);
+    EXPECT_DEATH(k::add(d64.t(), xh.t(), yh.t()), "add: a must be fp32 or bf16");
+  }
+  // dropout: the same mask, the kept values scaled in fp32 and rounded.
+  {
+    Buf<float> y(xs);
+    Buf<bf16> yh(xs);
+    k::dropout_forward(x.t(), y.t(), 0.3, 7, 8, 100);
+    k::dropout_forward(xh.t(), yh.t(), 0.3, 7, 8, 100);
+    expect_rounded(y, yh, "dropout forward");
+    k::dropout_backward(x.t(), y.t(), 0.3, 7, 9, 0);
+    k::dropout_backward(xh.t(), yh.t(), 0.3, 7, 9, 0);
+    expect_rounded(y, yh, "dropout backward");
+    EXPECT_DEATH(k::dropout_forward(xh.t(), y.t(), 0.3, 7, 8, 0), "dropout: x and y must share one dtype");
+  }
+  // Norms: bf16 x gives the fp32 statistics and y of the widened x; the
+  // backward's dw, db are the fp32 ones and dx (bf16, accumulated) is
+  // bf16(dx + the fp32 term), with dy bf16 or fp32.
+  for (bool rms : {false, true}) {
+    const std::string nm = rms ? "rmsnorm" : "layernorm";
+    Buf<float> y(xs), mean({N}), rstd({N}), mean2({N}), rstd2({N});
+    Buf<bf16> yh(xs);
+    if (rms) {
+      k::rmsnorm_forward(x.t(), w.t(), 1e-5, y.t(), rstd.t());
+      k::rmsnorm_forward(xh.t(), w.t(), 1e-5, yh.t(), rstd2.t());
+    } else {
+      k::layernorm_forward(x.t(), w.t(), bias.t(), 1e-5, y.t(), mean.t(), rstd.t());
+      k::layernorm_forward(xh.t(), w.t(), bias.t(), 1e-5, yh.t(), mean2.t(), rstd2.t());
+      EXPECT_EQ(mean.v, mean2.v) << nm;
+    }
+    EXPECT_EQ(rstd.v, rstd2.v) << nm;
+    expect_rounded(y, yh, nm + " forward");
+    for (bool dy_bf16 : {true, false}) {
+      auto [dx0, dx0h] = rounded(25, N * C, 0.5);
+      dx0.shape = dx0h.shape = xs;
+      Buf<float> term(xs), dw({C}, 0.5f), db({C}, 0.25f), dw2({C}, 0.5f), db2({C}, 0.25f);
+      Buf<bf16> dxh = dx0h;
+      const Tensor dyt = dy_bf16 ? oh.t() : o.t();
+      if (rms) {
+        k::rmsnorm_backward(o.t(), x.t(), w.t(), rstd.t(), term.t(), dw.t());
+        k::rmsnorm_backward(dyt, xh.t(), w.t(), rstd.t(), dxh.t(), dw2.t());
+      } else {
+        k::layernorm_backward(o.t(), x.t(), w.t(), mean.t(), rstd.t(), term.t(), dw.t(), db.t());
+        k::layernorm_backward(dyt, xh.t(), w.t(), mean.t(), rstd.t(), dxh.t(), dw2.t(), db2.t());
+        EXPECT_EQ(db.v, db2.v) << nm << " db";
+      }
+      EXPECT_EQ(dw.v, dw2.v) << nm << " dw";
+      Buf<float> want(xs);
+      for (int64_t i = 0; i < N * C; ++i) want[i] = dx0[i] + term[i];
+      expect_rounded(want, dxh, nm + (dy_bf16 ? " backward, bf16 dy" : " backward, fp32 dy"));
+    }
+    Buf<float> dxf(xs), dwf({C});
+    EXPECT_DEATH(k::rmsnorm_backward(oh.t(), xh.t(), w.t(), rstd.t(), dxf.t(), dwf.t()),
+                 "rmsnorm_backward: x and dx must share one dtype");
+  }
+  // Embedding and learned positions into / from a bf16 stream.
+  {
+    const int64_t V = 7;
+    Buf<float> table({V, C}), pos({N / B, C});
+    fill_normal(table.v, 26);
+    fill_normal(pos.v, 27);
+    std::vector<int32_t> tok(N);
+    for (int64_t i = 0; i < N; ++i) tok[i] = static_cast<int32_t>((i * 5) % (V + 2)) - 1 + 1;  // some outside [1, 1 + V)
+    const Tensor tt(tok.data(), {N}, DType::kI32);
+    Buf<float> e(xs);
+    Buf<bf16> eh(xs);
+    k::embedding_forward(tt, table.t(), 1, e.t());
+    k::embedding_forward(tt, table.t(), 1, eh.t());
+    expect_rounded(e, eh, "embedding forward");
+    Buf<float> ew(xs);  // the widened bf16 embedding, plus the positions
+    for (int64_t i = 0; i < N * C; ++i) ew[i] = bf16_to_float(eh[i]);
+    k::position_add_forward(pos.t(), B, ew.t());
+    k::position_add_forward(pos.t(), B, eh.t());
+    expect_rounded(ew, eh, "position add forward");
+    Buf<float> dt1({V, C}, 0.5f), dt2({V, C}, 0.5f), dp1({N / B, C}, 0.5f), dp2({N / B, C}, 0.5f);
+    k::embedding_backward(tt, o.t(), 1, dt1.t());
+    k::embedding_backward(tt, oh.t(), 1, dt2.t());
+    EXPECT_EQ(dt1.v, dt2.v);
+    k::position_add_backward(o.t(), B, dp1.t());
+    k::position_add_backward(oh.t(), B, dp2.t());
+    EXPECT_EQ(dp1.v, dp2.v);
+    Buf<double> t64({V, C});
+    EXPECT_DEATH(k::embedding_backward(tt, oh.t(), 1, t64.t()), "embedding_backward: dout dtype bf16 with fp64");
   }
 }
 

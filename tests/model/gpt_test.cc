@@ -153,29 +153,45 @@ TEST(GPTModel, Fp64GradientsMatchFiniteDifferences_WithDropout) {
   }
 }
 
+// --bf16 (Megatron's: the residual stream and its gradient in bf16 too) and
+// --bf16 --fp32-residual-connection against fp32: losses and gradients
+// within bf16 tolerance; the two bf16 modes differ (the flag is not a no-op),
+// hold the residual stream in the dtype they promise, and the bf16 stream
+// plans fewer activation bytes.
 TEST(GPTModel, Bf16ComputeMatchesFp32WithinBf16Tolerance) {
-  ModelConfig cfg = llama_style();
-  std::vector<int32_t> tok, lab;
-  random_batch(2, cfg.seq_length, *cfg.vocab_size, 11, tok, lab);
-  Tensor tt(tok.data(), {2, cfg.seq_length}, DType::kI32), lt(lab.data(), {2, cfg.seq_length}, DType::kI32);
-  double loss[2];
-  std::vector<std::vector<float>> grads(2);
-  for (int bf = 0; bf < 2; ++bf) {
-    GPTOptions opt;
-    opt.micro_batch = 2, opt.bf16_compute = bf == 1;
-    auto m = GPTModel::create(cfg, opt);
-    ASSERT_TRUE(m.is_ok());
-    (*m)->init_parameters(3);
-    (*m)->zero_grads();
-    loss[bf] = (*m)->forward(0, tt, lt, 0, false);
-    (*m)->backward(0);
-    Tensor g = (*m)->grad("decoder.layers.0.mlp.linear_fc1.weight");
-    grads[bf].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+  for (const ModelConfig& cfg : {llama_style(), gpt2_style()}) {
+    std::vector<int32_t> tok, lab;
+    random_batch(2, cfg.seq_length, *cfg.vocab_size, 11, tok, lab);
+    Tensor tt(tok.data(), {2, cfg.seq_length}, DType::kI32), lt(lab.data(), {2, cfg.seq_length}, DType::kI32);
+    double loss[3];
+    size_t acts[3];
+    std::vector<std::vector<float>> grads(3);
+    // mode 0: fp32; 1: bf16 with an fp32 residual stream; 2: bf16 (bf16 residual stream).
+    for (int mode = 0; mode < 3; ++mode) {
+      GPTOptions opt;
+      opt.micro_batch = 2, opt.bf16_compute = mode > 0, opt.fp32_residual = mode == 1;
+      auto m = GPTModel::create(cfg, opt);
+      ASSERT_TRUE(m.is_ok());
+      EXPECT_EQ((*m)->residual_dtype(), mode == 2 ? DType::kBF16 : DType::kF32) << mode;
+      EXPECT_EQ((*m)->chunk_input(0).dtype(), (*m)->residual_dtype()) << mode;
+      acts[mode] = (*m)->memory_plan().activations_per_slot;
+      (*m)->init_parameters(3);
+      (*m)->zero_grads();
+      loss[mode] = (*m)->forward(0, tt, lt, 0, false);
+      (*m)->backward(0);
+      Tensor g = (*m)->grad("decoder.layers.0.mlp.linear_fc1.weight");
+      grads[mode].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+    }
+    for (int mode = 1; mode < 3; ++mode) {
+      EXPECT_NEAR(loss[mode], loss[0], 1e-2 * loss[0]) << mode;
+      Tensor a(grads[mode].data(), {static_cast<int64_t>(grads[mode].size())}, DType::kF32);
+      Tensor b(grads[0].data(), {static_cast<int64_t>(grads[0].size())}, DType::kF32);
+      EXPECT_LT(rel_err<float>(a, b), 3e-2) << mode;
+    }
+    EXPECT_NE(loss[2], loss[1]);
+    EXPECT_NE(grads[2], grads[1]);
+    EXPECT_LT(acts[2], acts[1]);
   }
-  EXPECT_NEAR(loss[1], loss[0], 1e-2 * loss[0]);
-  Tensor a(grads[1].data(), {static_cast<int64_t>(grads[1].size())}, DType::kF32);
-  Tensor b(grads[0].data(), {static_cast<int64_t>(grads[0].size())}, DType::kF32);
-  EXPECT_LT(rel_err<float>(a, b), 3e-2);
 }
 
 TEST(ParamRegistry, MegatronNamesShardsAndPlannerCounts) {

@@ -53,11 +53,26 @@ void bias_grad(const Tensor& dy, const Tensor& db) {
 void add(const Tensor& a, const Tensor& b, const Tensor& y) {
   check_same_numel(a, y, "add");
   check_same_numel(b, y, "add");
-  float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
-    const T *ap = a.ptr<T>(), *bp = b.ptr<T>();
-    T* yp = y.ptr<T>();
+  if (a.dtype() == y.dtype() && b.dtype() == y.dtype() && y.dtype() != DType::kBF16) {
+    float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
+      const T *ap = a.ptr<T>(), *bp = b.ptr<T>();
+      T* yp = y.ptr<T>();
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < y.numel(); ++i) yp[i] = ap[i] + bp[i];
+      for (int64_t i = 0; i < y.numel(); ++i) yp[i] = ap[i] + bp[i];
+    });
+    return;
+  }
+  // Mixed fp32/bf16 (the bf16 residual stream): the fp32 sum, rounded once.
+  f32_bf16_types(a.dtype(), "add", "a", [&](auto at_) { using SA = decltype(at_);
+    f32_bf16_types(b.dtype(), "add", "b", [&](auto bt_) { using SB = decltype(bt_);
+      f32_bf16_types(y.dtype(), "add", "y", [&](auto yt_) { using SY = decltype(yt_);
+        const SA* ap = a.ptr<SA>();
+        const SB* bp = b.ptr<SB>();
+        SY* yp = y.ptr<SY>();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < y.numel(); ++i) yp[i] = to_out<SY>(ld<float>(ap[i]) + ld<float>(bp[i]));
+      });
+    });
   });
 }
 
@@ -112,9 +127,11 @@ void scale_inplace(const Tensor& y, double s) {
 void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t off) {
   check_same_numel(x, y, "dropout");
   MT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1)");
-  float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
-    const T* xp = x.ptr<T>();
-    T* yp = y.ptr<T>();
+  MT_CHECK(x.dtype() == y.dtype(), fmt::format("dropout: x and y must share one dtype (got {}, {})",
+                                               dtype_name(x.dtype()), dtype_name(y.dtype())));
+  storage_types(y.dtype(), [&](auto tag_) { using S = decltype(tag_); using T = compute_t<S>;
+    const S* xp = x.ptr<S>();
+    S* yp = y.ptr<S>();
     const T scale = static_cast<T>(1.0 / (1.0 - p));
     const float pf = static_cast<float>(p);
     const int64_t n = y.numel();
@@ -124,7 +141,8 @@ void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t
     } else {
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i)
-        yp[i] = philox_uniform(seed, stream, static_cast<uint64_t>(i) + off) >= pf ? xp[i] * scale : T(0);
+        yp[i] = to_out<S>(philox_uniform(seed, stream, static_cast<uint64_t>(i) + off) >= pf ? ld<T>(xp[i]) * scale
+                                                                                             : T(0));
     }
   });
 }

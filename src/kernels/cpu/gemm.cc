@@ -19,6 +19,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 
+#include "core/device.h"
 #include "kernels/elementwise.h"
 
 namespace mt::kernels::cpu {
@@ -145,6 +146,15 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 
 void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B, const Tensor& R,
               const Tensor& D) {
+  if (D.dtype() == DType::kBF16) {
+    // D = R, then D += A B by the matmul's sum post-op: the fp32 product
+    // plus R, rounded to bf16 once (as cuBLASLt's epilogue does).
+    if (M == 0 || N == 0) return;
+    const Tensor d = D.view(Shape{D.numel()}).slice(0, M * N);
+    copy_tensor(R.view(Shape{R.numel()}).slice(0, M * N), d);
+    gemm(ta, tb, M, N, K, 1.0f, A, B, 1.0f, D);
+    return;
+  }
   gemm(ta, tb, M, N, K, 1.0f, A, B, 0.0f, D);
   if (M == 0 || N == 0) return;
   const Tensor d = D.view(Shape{D.numel()}).slice(0, M * N);

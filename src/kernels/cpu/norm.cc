@@ -10,32 +10,32 @@
 namespace mt::kernels::cpu {
 namespace {
 
-template <typename T, typename Y>
-void ln_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, Y* y, T* mean, T* rstd,
+template <typename T, typename X, typename Y>
+void ln_fwd(int64_t N, int64_t C, const X* x, const T* w, const T* b, T eps, Y* y, T* mean, T* rstd,
             bool rms) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
-    const T* xi = x + i * C;
+    const X* xi = x + i * C;
     Y* yi = y + i * C;
     // Accumulate in double for fp32 too: a cheap guard for wide rows.
     double m = 0;
     if (!rms) {
-      for (int64_t c = 0; c < C; ++c) m += xi[c];
+      for (int64_t c = 0; c < C; ++c) m += ld<T>(xi[c]);
       m /= static_cast<double>(C);
     }
     double v = 0;
     for (int64_t c = 0; c < C; ++c) {
-      double d = xi[c] - m;
+      double d = ld<T>(xi[c]) - m;
       v += d * d;
     }
     v /= static_cast<double>(C);
     T mu = static_cast<T>(m), r = static_cast<T>(1.0 / std::sqrt(v + static_cast<double>(eps)));
     if (b) {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yi[c] = to_out<Y>((xi[c] - mu) * r * w[c] + b[c]);
+      for (int64_t c = 0; c < C; ++c) yi[c] = to_out<Y>((ld<T>(xi[c]) - mu) * r * w[c] + b[c]);
     } else {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yi[c] = to_out<Y>((xi[c] - mu) * r * w[c]);
+      for (int64_t c = 0; c < C; ++c) yi[c] = to_out<Y>((ld<T>(xi[c]) - mu) * r * w[c]);
     }
     if (mean) mean[i] = mu;
     rstd[i] = r;
@@ -43,9 +43,11 @@ void ln_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, Y* 
 }
 
 // dx += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w (LayerNorm);
-// RMSNorm drops the mean(g) term and uses xhat = x * rstd.
-template <typename T>
-void ln_bwd(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+// RMSNorm drops the mean(g) term and uses xhat = x * rstd. x and dx are
+// stored as X, dy as D (T, or bf16 for T = float); a bf16 dx is rounded once
+// per call (dx + the term, in T).
+template <typename T, typename X, typename D>
+void ln_bwd(int64_t N, int64_t C, const D* dy, const X* x, const T* w, const T* mean, const T* rstd, X* dx,
             T* dw, T* db, bool rms) {
   int nt = omp_get_max_threads();
   std::vector<T> part(static_cast<size_t>(nt) * 2 * C, T(0));
@@ -55,25 +57,26 @@ void ln_bwd(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* 
     T* pdb = pdw + C;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
-      const T* dyi = dy + i * C;
-      const T* xi = x + i * C;
-      T* dxi = dx + i * C;
+      const D* dyi = dy + i * C;
+      const X* xi = x + i * C;
+      X* dxi = dx + i * C;
       T mu = rms ? T(0) : mean[i], r = rstd[i];
       T sum_g = 0, sum_gx = 0;
 #pragma omp simd reduction(+ : sum_g, sum_gx)
       for (int64_t c = 0; c < C; ++c) {
-        T xh = (xi[c] - mu) * r;
-        T g = dyi[c] * w[c];
+        T xh = (ld<T>(xi[c]) - mu) * r;
+        T d = ld<T>(dyi[c]);
+        T g = d * w[c];
         sum_g += g;
         sum_gx += g * xh;
-        pdw[c] += dyi[c] * xh;
-        pdb[c] += dyi[c];
+        pdw[c] += d * xh;
+        pdb[c] += d;
       }
       T mg = rms ? T(0) : sum_g / static_cast<T>(C), mgx = sum_gx / static_cast<T>(C);
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
-        T xh = (xi[c] - mu) * r;
-        dxi[c] += r * (dyi[c] * w[c] - mg - xh * mgx);
+        T xh = (ld<T>(xi[c]) - mu) * r;
+        dxi[c] = to_out<X>(ld<T>(dxi[c]) + r * (ld<T>(dyi[c]) * w[c] - mg - xh * mgx));
       }
     }
   }
@@ -88,18 +91,47 @@ void ln_bwd(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* 
 
 }  // namespace
 
+namespace {
+
+// The stored types of a forward's x (T, or bf16 for fp32 parameters) and y
+// (out_types: T or bf16).
+template <typename F>
+void fwd_types(const Tensor& x, const Tensor& w, const Tensor& y, const char* op, F&& f) {
+  float_types(w.dtype(), [&](auto t_) {
+    using T = decltype(t_);
+    x_types<T>(x.dtype(), op, "x", [&](auto x_) {
+      out_types<T>(y.dtype(), op, [&](auto y_) { f(T{}, decltype(x_){}, decltype(y_){}); });
+    });
+  });
+}
+
+// A backward's x and dx share one stored type X, dy is stored as D (each T,
+// or bf16 for fp32 parameters).
+template <typename F>
+void bwd_types(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const char* op, F&& f) {
+  MT_CHECK(dx.dtype() == x.dtype(), fmt::format("{}: x and dx must share one dtype (got {}, {})", op,
+                                                dtype_name(x.dtype()), dtype_name(dx.dtype())));
+  float_types(w.dtype(), [&](auto t_) {
+    using T = decltype(t_);
+    x_types<T>(x.dtype(), op, "x", [&](auto x_) {
+      x_types<T>(dy.dtype(), op, "dy", [&](auto d_) { f(T{}, decltype(x_){}, decltype(d_){}); });
+    });
+  });
+}
+
+}  // namespace
+
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd) {
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N && mean.numel() >= N,
            "layernorm_forward: shapes");
-  float_types(x.dtype(), [&](auto t_) {
+  fwd_types(x, w, y, "layernorm_forward", [&](auto t_, auto x_, auto y_) {
     using T = decltype(t_);
-    out_types<T>(y.dtype(), "layernorm_forward", [&](auto y_) {
-      using Y = decltype(y_);
-      ln_fwd<T, Y>(N, C, x.ptr<T>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<Y>(), mean.ptr<T>(),
-                   rstd.ptr<T>(), false);
-    });
+    using X = decltype(x_);
+    using Y = decltype(y_);
+    ln_fwd<T, X, Y>(N, C, x.ptr<X>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<Y>(), mean.ptr<T>(),
+                    rstd.ptr<T>(), false);
   });
 }
 
@@ -107,21 +139,24 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
                         const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "layernorm_backward: shapes");
-  MT_FLOAT_TYPES(x.dtype(), T,
-                 ln_bwd<T>(N, C, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(),
-                           dx.ptr<T>(), dw.ptr<T>(), opt_ptr<T>(db), false));
+  bwd_types(dy, x, w, dx, "layernorm_backward", [&](auto t_, auto x_, auto d_) {
+    using T = decltype(t_);
+    using X = decltype(x_);
+    using D = decltype(d_);
+    ln_bwd<T, X, D>(N, C, dy.ptr<D>(), x.ptr<X>(), w.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(), dx.ptr<X>(),
+                    dw.ptr<T>(), opt_ptr<T>(db), false);
+  });
 }
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N, "rmsnorm_forward: shapes");
-  float_types(x.dtype(), [&](auto t_) {
+  fwd_types(x, w, y, "rmsnorm_forward", [&](auto t_, auto x_, auto y_) {
     using T = decltype(t_);
-    out_types<T>(y.dtype(), "rmsnorm_forward", [&](auto y_) {
-      using Y = decltype(y_);
-      ln_fwd<T, Y>(N, C, x.ptr<T>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<Y>(), nullptr, rstd.ptr<T>(),
-                   true);
-    });
+    using X = decltype(x_);
+    using Y = decltype(y_);
+    ln_fwd<T, X, Y>(N, C, x.ptr<X>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<Y>(), nullptr, rstd.ptr<T>(),
+                    true);
   });
 }
 
@@ -129,9 +164,13 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
                       const Tensor& dx, const Tensor& dw) {
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "rmsnorm_backward: shapes");
-  MT_FLOAT_TYPES(x.dtype(), T,
-                 ln_bwd<T>(N, C, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), nullptr, rstd.ptr<T>(), dx.ptr<T>(),
-                           dw.ptr<T>(), nullptr, true));
+  bwd_types(dy, x, w, dx, "rmsnorm_backward", [&](auto t_, auto x_, auto d_) {
+    using T = decltype(t_);
+    using X = decltype(x_);
+    using D = decltype(d_);
+    ln_bwd<T, X, D>(N, C, dy.ptr<D>(), x.ptr<X>(), w.ptr<T>(), nullptr, rstd.ptr<T>(), dx.ptr<X>(), dw.ptr<T>(),
+                    nullptr, true);
+  });
 }
 
 }  // namespace mt::kernels::cpu

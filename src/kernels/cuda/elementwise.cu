@@ -7,6 +7,9 @@
 // y may alias an input. add and cast move 16-byte Packs per step when the
 // pointers are aligned (pointwise_common.cuh), then the last n % W elements
 // one by one; the others take one element per step.
+// add with mixed fp32/bf16 operands (the bf16 residual stream): each
+//   operand widened exactly, the fp32 sum rounded once to y's type, as the
+//   CPU twin does; Packs of 8 elements when every pointer allows.
 // bias_grad (ACCUMULATES): one thread per column c, db[c] += dy[i, c] for
 //   i = 0..N-1 in order, exactly the CPU twin's order: bitwise the CPU's.
 // cast: every pair of fp32/fp64/bf16; into bf16 through float with
@@ -89,6 +92,24 @@ __global__ void add_k1(int64_t n, const T* a, const T* b, T* y) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] = a[e] + b[e];
 }
 
+// Mixed fp32/bf16 sums (the bf16 residual stream): each operand widened
+// to fp32, the sum rounded once to y's type; W elements per step (16-byte
+// Packs of the narrowest operand), then the last n % W one by one.
+template <int W, typename SA, typename SB, typename SY>
+__global__ void add_mixed_k(int64_t n, const SA* a, const SB* b, SY* y) {
+  const int64_t packs = W > 1 ? n / W : 0;
+  for (int64_t e = gs_begin(); e < packs; e += gs_stride()) {
+    const Pack<SA, W> pa = ld_pack<W>(a + e * W);
+    const Pack<SB, W> pb = ld_pack<W>(b + e * W);
+    Pack<SY, W> o;
+#pragma unroll
+    for (int k = 0; k < W; ++k) o.v[k] = to_out<SY>(ld<float>(pa.v[k]) + ld<float>(pb.v[k]));
+    st_pack<W>(y + e * W, o);
+  }
+  for (int64_t e = packs * W + gs_begin(); e < n; e += gs_stride())
+    y[e] = to_out<SY>(ld<float>(a[e]) + ld<float>(b[e]));
+}
+
 template <typename S, typename D>
 __device__ __forceinline__ D cast_one(S v) {
   if constexpr (std::is_same_v<S, bf16> && std::is_same_v<D, bf16>) {
@@ -126,11 +147,12 @@ __global__ void scale_k(int64_t n, T* y, T f) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] *= f;
 }
 
-template <typename T>
-__global__ void dropout_k(int64_t n, const T* x, T* y, float pf, T scale, uint64_t seed, uint64_t stream,
+// x, y stored as S, computed in T = compute_t<S> (bf16 rounded once).
+template <typename S, typename T = compute_t<S>>
+__global__ void dropout_k(int64_t n, const S* x, S* y, float pf, T scale, uint64_t seed, uint64_t stream,
                           uint64_t off) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride())
-    y[e] = philox_uniform(seed, stream, static_cast<uint64_t>(e) + off) >= pf ? x[e] * scale : T(0);
+    y[e] = to_out<S>(philox_uniform(seed, stream, static_cast<uint64_t>(e) + off) >= pf ? ld<T>(x[e]) * scale : T(0));
 }
 
 template <typename T>
@@ -213,6 +235,31 @@ void add(const Tensor& a, const Tensor& b, const Tensor& y) {
   check_same_numel(a, y, "add");
   check_same_numel(b, y, "add");
   check_on_gpu({&a, &b, &y}, "add");
+  if (a.dtype() != y.dtype() || b.dtype() != y.dtype() || y.dtype() == DType::kBF16) {
+    // Mixed fp32/bf16 (the CPU twin's dtype rules and messages).
+    f32_bf16_types(a.dtype(), "add", "a", [&](auto at_) {
+      using SA = decltype(at_);
+      f32_bf16_types(b.dtype(), "add", "b", [&](auto bt_) {
+        using SB = decltype(bt_);
+        f32_bf16_types(y.dtype(), "add", "y", [&](auto yt_) {
+          using SY = decltype(yt_);
+          const SA* ap = a.ptr<SA>();
+          const SB* bp = b.ptr<SB>();
+          SY* yp = y.ptr<SY>();
+          const int64_t n = y.numel();
+          if (n == 0) return;
+          constexpr int W = 8;  // 16 bytes of bf16, 32 of fp32
+          const size_t al = std::max({pack_align<SA, W>(), pack_align<SB, W>(), pack_align<SY, W>()});
+          if (packs_fit(al, {ap, bp, yp}))
+            add_mixed_k<W, SA, SB, SY><<<grid_for(std::max<int64_t>(n / W, 1)), kThreads, 0, ::mt::cuda::stream()>>>(n, ap, bp, yp);
+          else
+            add_mixed_k<1, SA, SB, SY><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, ap, bp, yp);
+          MT_CUDA_CHECK_LAUNCH();
+        });
+      });
+    });
+    return;
+  }
   float_types(y.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
     const T *ap = a.ptr<T>(), *bp = b.ptr<T>();
@@ -259,18 +306,21 @@ void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t
   check_same_numel(x, y, "dropout");
   MT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1)");
   check_on_gpu({&x, &y}, "dropout");
-  float_types(y.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    const T* xp = x.ptr<T>();
-    T* yp = y.ptr<T>();
+  MT_CHECK(x.dtype() == y.dtype(), fmt::format("dropout: x and y must share one dtype (got {}, {})",
+                                               dtype_name(x.dtype()), dtype_name(y.dtype())));
+  storage_types(y.dtype(), [&](auto tag_) {
+    using S = decltype(tag_);
+    using T = compute_t<S>;
+    const S* xp = x.ptr<S>();
+    S* yp = y.ptr<S>();
     const T scale = static_cast<T>(1.0 / (1.0 - p));
     const float pf = static_cast<float>(p);
     const int64_t n = y.numel();
     if (n == 0) return;
     if (p == 0) {
-      if (xp != yp) ::mt::cuda::copy_d2d(yp, xp, sizeof(T) * static_cast<size_t>(n));
+      if (xp != yp) ::mt::cuda::copy_d2d(yp, xp, sizeof(S) * static_cast<size_t>(n));
     } else {
-      dropout_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, xp, yp, pf, scale, seed, stream, off);
+      dropout_k<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, xp, yp, pf, scale, seed, stream, off);
       MT_CUDA_CHECK_LAUNCH();
     }
   });

@@ -1,6 +1,7 @@
 // CUDA twins of kernels/cpu/embedding.cc: vocabulary-sharded embedding
 // lookup and gradient, learned position add and its gradient, fp32 or fp64
-// tables, int32 or int64 tokens (kernels/embedding.h has the contract).
+// tables, int32 or int64 tokens, activations in the tables' type or bf16
+// (kernels/embedding.h has the contract).
 //
 // embedding_forward: grid-stride loop over out [N, C]; element e is row
 //   i = e / C, column c = e % C; a token outside [vocab_start, vocab_start +
@@ -31,14 +32,14 @@ namespace {
 
 using namespace ::mt::kernels::cuda::pointwise;
 
-template <typename T, typename Tok>
+template <typename T, typename Y, typename Tok>
 __global__ void embed_fwd(int64_t n, int64_t C, int64_t Vs, int64_t v0, const Tok* __restrict__ tokens,
-                          const T* __restrict__ w, T* __restrict__ out) {
+                          const T* __restrict__ w, Y* __restrict__ out) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
     int64_t i, c;
     divmod(e, C, i, c);
     const int64_t t = static_cast<int64_t>(tokens[i]) - v0;
-    out[e] = (t >= 0 && t < Vs) ? w[t * C + c] : T(0);
+    out[e] = to_out<Y>((t >= 0 && t < Vs) ? w[t * C + c] : T(0));
   }
 }
 
@@ -79,11 +80,11 @@ __global__ void __launch_bounds__(kThreads) embed_rank(int64_t N, int64_t Vs, in
 
 // 2. Grid (N, ceil(C / kThreads)): the block at the first sorted position of
 // an in-shard key's run adds the run's dout rows, in order, onto its columns.
-template <typename T>
+template <typename T, typename S>
 __global__ void __launch_bounds__(kThreads) embed_bwd_segments(int64_t N, int64_t C, int64_t Vs,
                                                                const int32_t* __restrict__ perm,
                                                                const int32_t* __restrict__ skey,
-                                                               const T* __restrict__ dout, T* __restrict__ dw) {
+                                                               const S* __restrict__ dout, T* __restrict__ dw) {
   const int64_t r = blockIdx.x;
   const int32_t key = skey[r];
   if (key >= Vs || (r > 0 && skey[r - 1] == key)) return;  // outside the shard, or not a run's start
@@ -91,28 +92,28 @@ __global__ void __launch_bounds__(kThreads) embed_bwd_segments(int64_t N, int64_
   if (c >= C) return;
   T* w = dw + static_cast<int64_t>(key) * C + c;
   T acc = *w;
-  for (int64_t k = r; k < N && skey[k] == key; ++k) acc += dout[static_cast<int64_t>(perm[k]) * C + c];
+  for (int64_t k = r; k < N && skey[k] == key; ++k) acc += ld<T>(dout[static_cast<int64_t>(perm[k]) * C + c]);
   *w = acc;
 }
 
 
-template <typename T>
-__global__ void pos_add_fwd(int64_t n, int64_t C, int64_t B, const T* __restrict__ pos, T* __restrict__ out) {
+template <typename T, typename S>
+__global__ void pos_add_fwd(int64_t n, int64_t C, int64_t B, const T* __restrict__ pos, S* __restrict__ out) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
     int64_t r, c;
     divmod(e, C, r, c);
-    out[e] += pos[div_idx(r, B) * C + c];
+    out[e] = to_out<S>(ld<T>(out[e]) + pos[div_idx(r, B) * C + c]);
   }
 }
 
 // n = (N / B) * C items; item e is position t = e / C, column c = e % C.
-template <typename T>
-__global__ void pos_add_bwd(int64_t n, int64_t C, int64_t B, const T* __restrict__ dout, T* __restrict__ dpos) {
+template <typename T, typename S>
+__global__ void pos_add_bwd(int64_t n, int64_t C, int64_t B, const S* __restrict__ dout, T* __restrict__ dpos) {
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
     int64_t t, c;
     divmod(e, C, t, c);
     T acc = dpos[e];
-    for (int64_t b = 0; b < B; ++b) acc += dout[(t * B + b) * C + c];
+    for (int64_t b = 0; b < B; ++b) acc += ld<T>(dout[(t * B + b) * C + c]);
     dpos[e] = acc;
   }
 }
@@ -134,13 +135,16 @@ void embedding_forward(const Tensor& tokens, const Tensor& weight, int64_t v0, c
   check_on_gpu({&tokens, &weight, &out}, "embedding_forward");
   float_types(weight.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
-    const T* w = weight.ptr<T>();
-    T* o = out.ptr<T>();
-    const int64_t n = N * C;
-    if (n == 0) return;
-    with_tokens(tokens, [&](auto tp) {
-      embed_fwd<<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, Vs, v0, tp, w, o);
-      MT_CUDA_CHECK_LAUNCH();
+    out_types<T>(out.dtype(), "embedding_forward", [&](auto ytag_) {
+      using Y = decltype(ytag_);
+      const T* w = weight.ptr<T>();
+      Y* o = out.ptr<Y>();
+      const int64_t n = N * C;
+      if (n == 0) return;
+      with_tokens(tokens, [&](auto tp) {
+        embed_fwd<<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, Vs, v0, tp, w, o);
+        MT_CUDA_CHECK_LAUNCH();
+      });
     });
   });
 }
@@ -151,7 +155,9 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t v0, co
   check_on_gpu({&tokens, &dout, &dweight}, "embedding_backward");
   float_types(dweight.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
-    const T* d = dout.ptr<T>();
+    x_types<T>(dout.dtype(), "embedding_backward", "dout", [&](auto stag_) {
+    using S = decltype(stag_);
+    const S* d = dout.ptr<S>();
     T* dw = dweight.ptr<T>();
     if (N == 0 || C == 0) return;
     MT_CHECK(N < (int64_t{1} << 31) && Vs < (int64_t{1} << 31),
@@ -166,8 +172,9 @@ void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t v0, co
       MT_CUDA_CHECK_LAUNCH();
     });
     const dim3 grid(static_cast<unsigned>(N), ::mt::cuda::blocks_for(C, kThreads));
-    embed_bwd_segments<T><<<grid, kThreads, 0, ::mt::cuda::stream()>>>(N, C, Vs, perm, skey, d, dw);
+    embed_bwd_segments<T, S><<<grid, kThreads, 0, ::mt::cuda::stream()>>>(N, C, Vs, perm, skey, d, dw);
     MT_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
@@ -176,14 +183,17 @@ void position_add_forward(const Tensor& pos, int64_t B, const Tensor& out) {
   MT_CHECK(B > 0, "position_add_forward: batch must be positive");
   MT_CHECK(pos.numel() >= (N / B) * C, "position_add_forward: too few positions");
   check_on_gpu({&pos, &out}, "position_add_forward");
-  float_types(out.dtype(), [&](auto tag_) {
+  float_types(pos.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
-    const T* p = pos.ptr<T>();
-    T* o = out.ptr<T>();
-    const int64_t n = N * C;
-    if (n == 0) return;
-    pos_add_fwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, B, p, o);
-    MT_CUDA_CHECK_LAUNCH();
+    x_types<T>(out.dtype(), "position_add_forward", "out", [&](auto stag_) {
+      using S = decltype(stag_);
+      const T* p = pos.ptr<T>();
+      S* o = out.ptr<S>();
+      const int64_t n = N * C;
+      if (n == 0) return;
+      pos_add_fwd<T, S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, B, p, o);
+      MT_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
@@ -191,14 +201,17 @@ void position_add_backward(const Tensor& dout, int64_t B, const Tensor& dpos) {
   const int64_t C = dout.dim(-1), N = C == 0 ? 0 : dout.numel() / C;
   MT_CHECK(B > 0, "position_add_backward: batch must be positive");
   check_on_gpu({&dout, &dpos}, "position_add_backward");
-  float_types(dout.dtype(), [&](auto tag_) {
+  float_types(dpos.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
-    const T* d = dout.ptr<T>();
-    T* dp = dpos.ptr<T>();
-    const int64_t n = (N / B) * C;
-    if (n == 0) return;
-    pos_add_bwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, B, d, dp);
-    MT_CUDA_CHECK_LAUNCH();
+    x_types<T>(dout.dtype(), "position_add_backward", "dout", [&](auto stag_) {
+      using S = decltype(stag_);
+      const S* d = dout.ptr<S>();
+      T* dp = dpos.ptr<T>();
+      const int64_t n = (N / B) * C;
+      if (n == 0) return;
+      pos_add_bwd<T, S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, B, d, dp);
+      MT_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 

@@ -1,5 +1,7 @@
 // CUDA twins of kernels/cpu/norm.cc: LayerNorm and RMSNorm over the last
-// dimension of x [N, C], fp32 or fp64 (kernels/norm.h has the contract).
+// dimension of x [N, C], fp32 or fp64, x/dx and dy also bf16 with fp32
+// parameters (kernels/norm.h has the contract; bf16 values are widened as
+// loaded and a bf16 dx rounded once as stored, as in the CPU twin).
 //
 // Forward: one block of kThreads per row. The mean and the variance are
 // accumulated in double for fp32 too (as the CPU twin does): each thread sums
@@ -46,21 +48,21 @@ constexpr int kRowLanes = 16;  // row lanes per dw/db block
 
 // One block per row i. mean may be null (RMSNorm, or LayerNorm called
 // without it), b may be null.
-template <typename T, typename Y>
-__global__ void norm_fwd(int64_t C, const T* x, const T* __restrict__ w, const T* __restrict__ b,
+template <typename T, typename X, typename Y>
+__global__ void norm_fwd(int64_t C, const X* x, const T* __restrict__ w, const T* __restrict__ b,
                          double eps, Y* y, T* mean, T* rstd, bool rms) {
   const int64_t i = blockIdx.x;
-  const T* xi = x + i * C;
+  const X* xi = x + i * C;
   Y* yi = y + i * C;
   double m = 0;
   if (!rms) {
     double s = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += static_cast<double>(xi[c]);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += static_cast<double>(ld<T>(xi[c]));
     m = block_sum(s) / static_cast<double>(C);
   }
   double v = 0;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    double d = static_cast<double>(xi[c]) - m;
+    double d = static_cast<double>(ld<T>(xi[c])) - m;
     v += d * d;
   }
   v = block_sum(v) / static_cast<double>(C);
@@ -68,7 +70,7 @@ __global__ void norm_fwd(int64_t C, const T* x, const T* __restrict__ w, const T
   // Every thread has passed the block_sum barriers, so writing y over x (y
   // aliasing x) cannot race with the reads above.
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    T o = (xi[c] - mu) * r * w[c];
+    T o = (ld<T>(xi[c]) - mu) * r * w[c];
     yi[c] = to_out<Y>(b ? o + b[c] : o);
   }
   if (threadIdx.x == 0) {
@@ -105,8 +107,8 @@ inline int64_t row_chunks(int64_t N) { return std::clamp<int64_t>(N / 256, 1, kM
 // Partial column sums of rows [r0, r1) of chunk blockIdx.y:
 // pw[chunk][c] = sum dy[i,c] * xhat[i,c], pb[chunk][c] = sum dy[i,c] (pb may be null).
 // Block (kColTile, kRowLanes); grid (ceil(C / kColTile), R).
-template <typename T>
-__global__ void norm_bwd_dwdb_part(int64_t N, int64_t C, const T* __restrict__ dy, const T* __restrict__ x,
+template <typename T, typename X, typename D>
+__global__ void norm_bwd_dwdb_part(int64_t N, int64_t C, const D* __restrict__ dy, const X* __restrict__ x,
                                    const T* __restrict__ mean, const T* __restrict__ rstd, T* __restrict__ pw,
                                    T* __restrict__ pb, bool rms) {
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -117,8 +119,8 @@ __global__ void norm_bwd_dwdb_part(int64_t N, int64_t C, const T* __restrict__ d
   if (c < C) {
     for (int64_t i = r0 + ty; i < r1; i += kRowLanes) {
       const T mu = rms ? T(0) : mean[i];
-      const T d = dy[i * C + c];
-      const T xh = (x[i * C + c] - mu) * rstd[i];
+      const T d = ld<T>(dy[i * C + c]);
+      const T xh = (ld<T>(x[i * C + c]) - mu) * rstd[i];
       sw += d * xh;
       sb += d;
     }
@@ -147,18 +149,18 @@ __global__ void norm_bwd_dwdb_sum(int64_t C, int64_t R, const T* __restrict__ pw
 }
 
 // One block per row i: dx[i, :] += rstd * (g - mean(g) - xhat * mean(g xhat)), g = dy * w.
-template <typename T>
-__global__ void norm_bwd_dx(int64_t C, const T* dy, const T* __restrict__ x, const T* __restrict__ w,
-                            const T* __restrict__ mean, const T* __restrict__ rstd, T* dx, bool rms) {
+template <typename T, typename X, typename D>
+__global__ void norm_bwd_dx(int64_t C, const D* dy, const X* __restrict__ x, const T* __restrict__ w,
+                            const T* __restrict__ mean, const T* __restrict__ rstd, X* dx, bool rms) {
   const int64_t i = blockIdx.x;
-  const T* dyi = dy + i * C;
-  const T* xi = x + i * C;
-  T* dxi = dx + i * C;
+  const D* dyi = dy + i * C;
+  const X* xi = x + i * C;
+  X* dxi = dx + i * C;
   const T mu = rms ? T(0) : mean[i], r = rstd[i];
   T sg = 0, sgx = 0;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const T xh = (xi[c] - mu) * r;
-    const T g = dyi[c] * w[c];
+    const T xh = (ld<T>(xi[c]) - mu) * r;
+    const T g = ld<T>(dyi[c]) * w[c];
     sg += g;
     sgx += g * xh;
   }
@@ -166,16 +168,16 @@ __global__ void norm_bwd_dx(int64_t C, const T* dy, const T* __restrict__ x, con
   sgx = block_sum(sgx);
   const T mg = rms ? T(0) : sg / static_cast<T>(C), mgx = sgx / static_cast<T>(C);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const T xh = (xi[c] - mu) * r;
-    dxi[c] += r * (dyi[c] * w[c] - mg - xh * mgx);
+    const T xh = (ld<T>(xi[c]) - mu) * r;
+    dxi[c] = to_out<X>(ld<T>(dxi[c]) + r * (ld<T>(dyi[c]) * w[c] - mg - xh * mgx));
   }
 }
 
-template <typename T, typename Y>
-void launch_fwd(int64_t N, int64_t C, const T* x, const T* w, const T* b, T eps, Y* y, T* mean, T* rstd, bool rms) {
+template <typename T, typename X, typename Y>
+void launch_fwd(int64_t N, int64_t C, const X* x, const T* w, const T* b, T eps, Y* y, T* mean, T* rstd, bool rms) {
   if (N == 0) return;
   // eps goes through T first, as in the CPU twin (static_cast<T>(eps) then back to double).
-  norm_fwd<T, Y><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(
+  norm_fwd<T, X, Y><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(
       C, x, w, b, static_cast<double>(eps), y, mean, rstd, rms);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -199,10 +201,10 @@ inline int64_t fused_rows(int64_t N) { return std::max<int64_t>(16, (N + kMaxFus
 // registers before the row's barriers, so dx may alias dy.
 // (C <= 4096: column indices in int. fp32 up to 8 columns a thread is
 // bounded to 128 registers, so that two blocks share an SM; 16 would spill.)
-template <typename T, int NC>
+template <typename T, typename X, typename D, int NC>
 __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 && NC <= 8 ? 2 : 1)
-    norm_bwd_fused(int64_t N, int64_t C, int64_t rows, const T* dy, const T* __restrict__ x,
-                               const T* __restrict__ w, const T* __restrict__ mean, const T* __restrict__ rstd, T* dx,
+    norm_bwd_fused(int64_t N, int64_t C, int64_t rows, const D* dy, const X* __restrict__ x,
+                               const T* __restrict__ w, const T* __restrict__ mean, const T* __restrict__ rstd, X* dx,
                                T* __restrict__ pw, T* __restrict__ pb, bool rms) {
   const int64_t chunk = blockIdx.x, r0 = chunk * rows, r1 = min(N, r0 + rows);
   const int Ci = static_cast<int>(C);
@@ -219,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 && NC <= 8 ? 2 : 1)
 #pragma unroll
     for (int k = 0; k < NC; ++k) {
       const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
-      if (c < Ci) next_d[k] = dy[i * C + c], next_x[k] = x[i * C + c];
+      if (c < Ci) next_d[k] = ld<T>(dy[i * C + c]), next_x[k] = ld<T>(x[i * C + c]);
     }
   };
   if (r0 < r1) load_row(r0);
@@ -245,11 +247,11 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 && NC <= 8 ? 2 : 1)
     sg = block_sum(sg);
     sgx = block_sum(sgx);
     const T mg = rms ? T(0) : sg / static_cast<T>(C), mgx = sgx / static_cast<T>(C);
-    T* dxi = dx + i * C;
+    X* dxi = dx + i * C;
 #pragma unroll
     for (int k = 0; k < NC; ++k) {
       const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
-      if (c < Ci) dxi[c] += r * (d[k] * wc[k] - mg - xh[k] * mgx);
+      if (c < Ci) dxi[c] = to_out<X>(ld<T>(dxi[c]) + r * (d[k] * wc[k] - mg - xh[k] * mgx));
     }
   }
 #pragma unroll
@@ -286,14 +288,14 @@ __global__ void norm_bwd_chunk_sum(int64_t C, int64_t R, const T* __restrict__ p
   }
 }
 
-template <typename T, int NC>
-void launch_bwd_fused(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+template <typename T, typename X, typename D, int NC>
+void launch_bwd_fused(int64_t N, int64_t C, const D* dy, const X* x, const T* w, const T* mean, const T* rstd, X* dx,
                       T* dw, T* db, bool rms) {
   const int64_t rows = fused_rows(N), R = (N + rows - 1) / rows;
   T* pw = static_cast<T*>(::mt::cuda::op_scratch("norm backward column partials",
                                                   static_cast<size_t>(2 * R * C) * sizeof(T)));
   T* pb = db ? pw + R * C : nullptr;
-  norm_bwd_fused<T, NC><<<static_cast<unsigned>(R), kThreads, 0, ::mt::cuda::stream()>>>(N, C, rows, dy, x, w, mean,
+  norm_bwd_fused<T, X, D, NC><<<static_cast<unsigned>(R), kThreads, 0, ::mt::cuda::stream()>>>(N, C, rows, dy, x, w, mean,
                                                                                            rstd, dx, pw, pb, rms);
   MT_CUDA_CHECK_LAUNCH();
   const dim3 block(kColTile, kRowLanes), grid(::mt::cuda::blocks_for(C, kColTile));
@@ -301,28 +303,56 @@ void launch_bwd_fused(int64_t N, int64_t C, const T* dy, const T* x, const T* w,
   MT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T>
-void launch_bwd(int64_t N, int64_t C, const T* dy, const T* x, const T* w, const T* mean, const T* rstd, T* dx,
+template <typename T, typename X, typename D>
+void launch_bwd(int64_t N, int64_t C, const D* dy, const X* x, const T* w, const T* mean, const T* rstd, X* dx,
                 T* dw, T* db, bool rms) {
   if (N == 0 || C == 0) return;  // nothing to add (the CPU twin adds zeros)
   const int64_t cols = (C + kThreads - 1) / kThreads;  // per thread
-  if (cols <= 1) return launch_bwd_fused<T, 1>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
-  if (cols <= 2) return launch_bwd_fused<T, 2>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
-  if (cols <= 4) return launch_bwd_fused<T, 4>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
-  if (cols <= 8) return launch_bwd_fused<T, 8>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
-  if (cols <= kMaxFusedCols) return launch_bwd_fused<T, kMaxFusedCols>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  if (cols <= 1) return launch_bwd_fused<T, X, D, 1>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  if (cols <= 2) return launch_bwd_fused<T, X, D, 2>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  if (cols <= 4) return launch_bwd_fused<T, X, D, 4>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  if (cols <= 8) return launch_bwd_fused<T, X, D, 8>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+  if (cols <= kMaxFusedCols) return launch_bwd_fused<T, X, D, kMaxFusedCols>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
   // Wider rows: the three-kernel backward below.
   const int64_t R = row_chunks(N);
   T* pw = static_cast<T*>(::mt::cuda::op_scratch("norm backward column partials",
                                                   static_cast<size_t>(2 * R * C) * sizeof(T)));
   T* pb = db ? pw + R * C : nullptr;
   const dim3 block(kColTile, kRowLanes), grid(::mt::cuda::blocks_for(C, kColTile), static_cast<unsigned>(R));
-  norm_bwd_dwdb_part<T><<<grid, block, 0, ::mt::cuda::stream()>>>(N, C, dy, x, mean, rstd, pw, pb, rms);
+  norm_bwd_dwdb_part<T, X, D><<<grid, block, 0, ::mt::cuda::stream()>>>(N, C, dy, x, mean, rstd, pw, pb, rms);
   MT_CUDA_CHECK_LAUNCH();
   norm_bwd_dwdb_sum<T><<<grid_for(C), kThreads, 0, ::mt::cuda::stream()>>>(C, R, pw, pb, dw, db);
   MT_CUDA_CHECK_LAUNCH();
-  norm_bwd_dx<T><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(C, dy, x, w, mean, rstd, dx, rms);
+  norm_bwd_dx<T, X, D><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(C, dy, x, w, mean, rstd, dx, rms);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+namespace {
+
+// The CPU twin's dtype rules (kernels/cpu/norm.cc): x stored as T or bf16
+// (fp32 T), y as out_types; in backward x and dx share X, dy is D.
+template <typename F>
+void fwd_types(const Tensor& x, const Tensor& w, const Tensor& y, const char* op, F&& f) {
+  float_types(w.dtype(), [&](auto t_) {
+    using T = decltype(t_);
+    x_types<T>(x.dtype(), op, "x", [&](auto x_) {
+      out_types<T>(y.dtype(), op, [&](auto y_) { f(T{}, decltype(x_){}, decltype(y_){}); });
+    });
+  });
+}
+
+template <typename F>
+void bwd_types(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const char* op, F&& f) {
+  MT_CHECK(dx.dtype() == x.dtype(), fmt::format("{}: x and dx must share one dtype (got {}, {})", op,
+                                                dtype_name(x.dtype()), dtype_name(dx.dtype())));
+  float_types(w.dtype(), [&](auto t_) {
+    using T = decltype(t_);
+    x_types<T>(x.dtype(), op, "x", [&](auto x_) {
+      x_types<T>(dy.dtype(), op, "dy", [&](auto d_) { f(T{}, decltype(x_){}, decltype(d_){}); });
+    });
+  });
 }
 
 }  // namespace
@@ -333,13 +363,12 @@ void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N && mean.numel() >= N,
            "layernorm_forward: shapes");
   check_on_gpu({&x, &w, &b, &y, &mean, &rstd}, "layernorm_forward");
-  float_types(x.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    out_types<T>(y.dtype(), "layernorm_forward", [&](auto ytag_) {
-      using Y = decltype(ytag_);
-      launch_fwd<T, Y>(N, C, x.ptr<T>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<Y>(), mean.ptr<T>(),
-                       rstd.ptr<T>(), false);
-    });
+  fwd_types(x, w, y, "layernorm_forward", [&](auto t_, auto x_, auto y_) {
+    using T = decltype(t_);
+    using X = decltype(x_);
+    using Y = decltype(y_);
+    launch_fwd<T, X, Y>(N, C, x.ptr<X>(), w.ptr<T>(), opt_ptr<T>(b), static_cast<T>(eps), y.ptr<Y>(), mean.ptr<T>(),
+                        rstd.ptr<T>(), false);
   });
 }
 
@@ -348,10 +377,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
   MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "layernorm_backward: shapes");
   check_on_gpu({&dy, &x, &w, &mean, &rstd, &dx, &dw, &db}, "layernorm_backward");
-  float_types(x.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    launch_bwd<T>(N, C, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(), dx.ptr<T>(), dw.ptr<T>(),
-                  opt_ptr<T>(db), false);
+  bwd_types(dy, x, w, dx, "layernorm_backward", [&](auto t_, auto x_, auto d_) {
+    using T = decltype(t_);
+    using X = decltype(x_);
+    using D = decltype(d_);
+    launch_bwd<T, X, D>(N, C, dy.ptr<D>(), x.ptr<X>(), w.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(), dx.ptr<X>(),
+                        dw.ptr<T>(), opt_ptr<T>(db), false);
   });
 }
 
@@ -359,13 +390,12 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor&
   int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N, "rmsnorm_forward: shapes");
   check_on_gpu({&x, &w, &y, &rstd}, "rmsnorm_forward");
-  float_types(x.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    out_types<T>(y.dtype(), "rmsnorm_forward", [&](auto ytag_) {
-      using Y = decltype(ytag_);
-      launch_fwd<T, Y>(N, C, x.ptr<T>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<Y>(), nullptr, rstd.ptr<T>(),
-                       true);
-    });
+  fwd_types(x, w, y, "rmsnorm_forward", [&](auto t_, auto x_, auto y_) {
+    using T = decltype(t_);
+    using X = decltype(x_);
+    using Y = decltype(y_);
+    launch_fwd<T, X, Y>(N, C, x.ptr<X>(), w.ptr<T>(), nullptr, static_cast<T>(eps), y.ptr<Y>(), nullptr,
+                        rstd.ptr<T>(), true);
   });
 }
 
@@ -374,10 +404,12 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
   MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "rmsnorm_backward: shapes");
   check_on_gpu({&dy, &x, &w, &rstd, &dx, &dw}, "rmsnorm_backward");
-  float_types(x.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    launch_bwd<T>(N, C, dy.ptr<T>(), x.ptr<T>(), w.ptr<T>(), nullptr, rstd.ptr<T>(), dx.ptr<T>(), dw.ptr<T>(),
-                  nullptr, true);
+  bwd_types(dy, x, w, dx, "rmsnorm_backward", [&](auto t_, auto x_, auto d_) {
+    using T = decltype(t_);
+    using X = decltype(x_);
+    using D = decltype(d_);
+    launch_bwd<T, X, D>(N, C, dy.ptr<D>(), x.ptr<X>(), w.ptr<T>(), nullptr, rstd.ptr<T>(), dx.ptr<X>(), dw.ptr<T>(),
+                        nullptr, true);
   });
 }
 
