@@ -16,7 +16,7 @@ APT_PACKAGES=(
   chromium clang-14 libclang-rt-14-dev
   python3
   libdnnl-dev ocl-icd-opencl-dev libopenblas-dev libopenblas0-openmp
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-protobuf
   libsentencepiece-dev sentencepiece python3-regex
   fortunes man-db groff-base manpages manpages-dev
 )

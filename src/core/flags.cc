@@ -195,6 +195,24 @@ void FlagSet::add_choice(const std::string& name, const std::string& help,
   add(std::move(f));
 }
 
+void FlagSet::add_seen(const std::string& name, bool takes_value, const std::string& help,
+                       std::vector<std::string> choices, std::function<void(const std::string&)> seen) {
+  std::string h = help;
+  if (!choices.empty()) h += " {" + join(choices, ",") + "}";
+  Flag f = make_flag(name, h, "", "");
+  f.takes_value = takes_value;
+  if (takes_value) {
+    f.set = [=](const std::string& t) {
+      MT_RETURN_IF_ERROR(check_choice(name, t, choices));
+      seen(t);
+      return Status::ok();
+    };
+  } else {
+    f.set_switch = [=] { seen(""); };
+  }
+  add(std::move(f));
+}
+
 void FlagSet::add_list(const std::string& name, std::vector<std::string>* out,
                        const std::string& help) {
   Flag f = make_flag(name, help, "", "");
@@ -224,20 +242,31 @@ std::string FlagSet::closest(const std::string& unknown) const {
 
 Status FlagSet::parse(const std::vector<std::string>& args) {
   error_flag_.clear();
-  std::string current;
-  Status st = parse_tokens(args, &current);
-  if (!st) error_flag_ = current;
-  return st;
+  // Every bad token is reported, not just the first: a Megatron launch
+  // script with several flags this program does not take lists them all.
+  std::vector<std::pair<std::string, std::string>> errors;  // (flag, message)
+  parse_tokens(args, &errors);
+  if (errors.empty()) return Status::ok();
+  error_flag_ = errors.front().first;
+  if (errors.size() == 1) return Status::invalid(errors.front().second);
+  std::string m = fmt::format("{} problems on the command line:", errors.size());
+  for (const auto& e : errors) m += "\n  - " + e.second;
+  return Status::invalid(m);
 }
 
-Status FlagSet::parse_tokens(const std::vector<std::string>& args, std::string* current) {
+void FlagSet::parse_tokens(const std::vector<std::string>& args,
+                           std::vector<std::pair<std::string, std::string>>* errors) {
+  auto error = [&](const std::string& flag, std::string message) { errors->emplace_back(flag, std::move(message)); };
+  // Values of a flag that could not be taken: the tokens up to the next --flag.
+  auto skip_values = [&](size_t& i) {
+    while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) ++i;
+  };
   for (size_t i = 0; i < args.size(); ++i) {
-    current->clear();
     const std::string& tok = args[i];
     if (tok.size() < 3 || tok[0] != '-' || tok[1] != '-') {
-      return Status::invalid(fmt::format(
-          "unexpected argument {}: {} takes only --flags (see `{} --help`)", shown(tok), program_,
-          program_));
+      error("", fmt::format("unexpected argument {}: {} takes only --flags (see `{} --help`)", shown(tok), program_,
+                            program_));
+      continue;
     }
     std::string name = tok.substr(2), value;
     bool inline_value = false;
@@ -246,43 +275,45 @@ Status FlagSet::parse_tokens(const std::vector<std::string>& args, std::string* 
       name = name.substr(0, eq);
       inline_value = true;
     }
-    *current = "--" + name;
+    const std::string current = "--" + name;
     auto it = flags_.find(name);
     if (it == flags_.end()) {
       std::string hint = closest(name);
-      return Status::invalid(fmt::format("unknown flag --{}{}", shown(name).substr(1, shown(name).size() - 2),
-                                         hint.empty() ? fmt::format(" (see `{} --help`)", program_)
-                                                      : fmt::format("; did you mean --{}?", hint)));
+      error(current, fmt::format("unknown flag --{}{}", shown(name).substr(1, shown(name).size() - 2),
+                                 hint.empty() ? fmt::format(" (see `{} --help`)", program_)
+                                              : fmt::format("; did you mean --{}?", hint)));
+      skip_values(i);
+      continue;
     }
     Flag& f = it->second;
     given_.insert(name);
     if (!f.takes_value) {
-      if (inline_value)
-        return Status::invalid(fmt::format("--{} is a switch and takes no value (got {})", name, shown(value)));
-      f.set_switch();
+      if (inline_value) error(current, fmt::format("--{} is a switch and takes no value (got {})", name, shown(value)));
+      else f.set_switch();
       continue;
     }
     if (f.is_list) {
       size_t n = 0;
       if (inline_value) {
-        MT_RETURN_IF_ERROR(f.set(value));
+        if (Status st = f.set(value); !st) error(current, st.message());
         ++n;
       }
       while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
-        MT_RETURN_IF_ERROR(f.set(args[++i]));
+        if (Status st = f.set(args[++i]); !st) error(current, st.message());
         ++n;
       }
-      if (n == 0) return Status::invalid(fmt::format("--{} needs at least one value", name));
+      if (n == 0) error(current, fmt::format("--{} needs at least one value", name));
       continue;
     }
     if (!inline_value) {
-      if (i + 1 >= args.size() || (args[i + 1].rfind("--", 0) == 0 && args[i + 1].size() > 2))
-        return Status::invalid(fmt::format("--{} needs a value", name));
+      if (i + 1 >= args.size() || (args[i + 1].rfind("--", 0) == 0 && args[i + 1].size() > 2)) {
+        error(current, fmt::format("--{} needs a value", name));
+        continue;
+      }
       value = args[++i];
     }
-    MT_RETURN_IF_ERROR(f.set(value));
+    if (Status st = f.set(value); !st) error(current, st.message());
   }
-  return Status::ok();
 }
 
 std::string FlagSet::help() const {

@@ -6,6 +6,9 @@
 //
 // Like Megatron's argparse parser (allow_abbrev=False): no prefix matching,
 // the last occurrence of a repeated flag wins, unknown flags are errors.
+// Unlike argparse, parse() reports every bad token at once (an unknown flag
+// takes the tokens up to the next --flag with it), so that a launch script
+// written for Megatron gets one list of what to change.
 // Several subcommands register the same groups of flags (see
 // plan/plan_flags.h), so `megatron plan` accepts what `megatron train` does.
 
@@ -15,6 +18,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -48,6 +52,11 @@ class FlagSet {
   // One of `choices`, handed to `set` (for enums kept outside strings).
   void add_choice(const std::string& name, const std::string& help, std::vector<std::string> choices,
                   const std::string& default_text, std::function<void(const std::string&)> set);
+  // A flag whose given value ("" for a switch, takes_value false) is handed
+  // to `seen` after the `choices` check (none when empty): the flags kept
+  // for Megatron command lines (train/train_config.cc).
+  void add_seen(const std::string& name, bool takes_value, const std::string& help,
+                std::vector<std::string> choices, std::function<void(const std::string&)> seen);
   // One or more values up to the next `--flag` (argparse nargs='+').
   void add_list(const std::string& name, std::vector<std::string>* out, const std::string& help);
 
@@ -73,7 +82,7 @@ class FlagSet {
                         const std::string& default_text);
   void add(Flag f);
   std::string closest(const std::string& unknown) const;
-  Status parse_tokens(const std::vector<std::string>& args, std::string* current);
+  void parse_tokens(const std::vector<std::string>& args, std::vector<std::pair<std::string, std::string>>* errors);
 
   std::string program_, summary_, section_;
   std::vector<std::string> order_;

@@ -197,8 +197,12 @@ void AdamWOptimizer::step(double lr, double wd) {
   }
 }
 
-double AdamWOptimizer::grad_norm() const {
-  const auto& grads = model_.grads();
+double AdamWOptimizer::grad_norm() const { return norm_of(model_.grads()); }
+double AdamWOptimizer::params_norm() const { return norm_of(model_.params()); }
+
+// The global L2 norm of `tensors` (the model's gradients or parameters, in
+// parameter order), each element counted once.
+double AdamWOptimizer::norm_of(const std::vector<Tensor>& grads) const {
   const auto& specs = model_.specs();
   // Replicated parameters are identical on every TP rank: count them on TP rank 0 only.
   // A tied word embedding on the last pipeline stage is a copy of the first

@@ -110,6 +110,12 @@ class AdamWOptimizer {
 
   // Global L2 norm of all gradients (fp64 accumulation); no change to them.
   double grad_norm() const;
+  // Global L2 norm of the fp32 parameters (--log-params-norm; Megatron's
+  // calc_params_l2_norm): each element counted once, whatever the layout
+  // (TP-replicated tensors on TP rank 0, a tied output weight on the first
+  // stage, with the distributed optimizer each DP rank's own shard, which
+  // step() has updated even while an overlapped all-gather is in flight).
+  double params_norm() const;
   // Megatron's clipping (see above). Returns the norm BEFORE clipping.
   // max_norm <= 0 disables clipping (the norm is still computed and returned).
   double clip_grad_norm(double max_norm);
@@ -141,6 +147,8 @@ class AdamWOptimizer {
   size_t state_bytes() const { return state_arena_.capacity(); }
 
  private:
+  double norm_of(const std::vector<Tensor>& tensors) const;
+
   model::GPTModel& model_;
   AdamWConfig cfg_;
   ParallelOptimizerOptions par_;

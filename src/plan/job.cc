@@ -1,5 +1,8 @@
 #include "plan/job.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/checked.h"
@@ -77,6 +80,148 @@ WorldSource resolve_world_size(JobConfig& j) {
   }
   p.world_size = mul_sat(p.tp, p.pp, p.cp);
   return WorldSource::kDefaultOneReplica;
+}
+
+void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
+  MegatronCompat* c = &j.compat;
+  model::ModelConfig* m = &j.model;
+  f.section("accepted from Megatron command lines");
+  // Implementation, fusion and logging choices whose computation is the same here.
+  struct NoEffect {
+    const char* name;
+    std::vector<std::string> choices;  // empty with takes_value false: a switch; empty otherwise: any value
+    bool takes_value;
+    const char* why;
+  };
+  const char* const kFusion = "a kernel-fusion choice: the same math either way, and the kernels here are fixed";
+  const char* const kTimers = "Megatron's internal timers: the log line reports the iteration time and throughput";
+  const std::vector<NoEffect> no_effect = {
+      {"use-mcore-models", {}, false, "the model is Megatron-Core's GPT model, the only one here"},
+      {"transformer-impl", {"local", "transformer_engine", "inference_optimized"}, true,
+       "an implementation choice: every one computes the same model"},
+      {"use-flash-attn", {}, false, "attention is always flash-style (tiled, never an s x s matrix)"},
+      {"attention-backend", {"auto", "flash", "fused", "unfused", "local"}, true,
+       "an attention implementation choice with the same math; attention here is always flash-style"},
+      {"attention-softmax-in-fp32", {}, false, "the attention softmax is always computed in fp32"},
+      {"no-masked-softmax-fusion", {}, false, kFusion},
+      {"no-bias-gelu-fusion", {}, false, kFusion},
+      {"no-bias-swiglu-fusion", {}, false, kFusion},
+      {"no-bias-dropout-fusion", {}, false, kFusion},
+      {"no-rope-fusion", {}, false, kFusion},
+      {"no-persist-layer-norm", {}, false, kFusion},
+      {"no-gradient-accumulation-fusion", {}, false, kFusion},
+      {"cross-entropy-loss-fusion", {}, false, kFusion},
+      {"accumulate-allreduce-grads-in-fp32", {}, false, "gradients are always accumulated and reduced in fp32"},
+      {"tp-comm-overlap", {}, false, "overlapping tensor-parallel communication with GEMMs changes speed, not results"},
+      {"use-cpu-initialization", {}, false,
+       "initialisation draws the same values on every backend and layout (Philox by global element index)"},
+      {"distributed-backend", {"nccl", "gloo"}, true,
+       "the backend follows --device: MPI between CPU ranks, NCCL between GPUs"},
+      {"no-create-attention-mask-in-dataloader", {}, false, "the causal mask is applied inside the attention kernel"},
+      {"num-workers", {}, true, "data loading runs in the training process"},
+      {"num-dataset-builder-threads", {}, true, "dataset indices are built once per rank and cached (--data-cache-path)"},
+      {"log-throughput", {}, false, "tokens/s, TFLOP/s and MFU are always logged"},
+      {"manual-gc", {}, false, "there is no garbage collector to drive"},
+      {"manual-gc-interval", {}, true, "there is no garbage collector to drive"},
+      {"timing-log-level", {"0", "1", "2"}, true, kTimers},
+      {"timing-log-option", {"max", "minmax", "all"}, true, kTimers},
+      {"tensorboard-queue-size", {}, true, "TensorBoard records are written and flushed as they come"},
+      {"distributed-timeout-minutes", {}, true,
+       "no collective timeout to set: a rank that dies ends the whole job (MPI/NCCL abort)"},
+      {"async-save", {}, false, "checkpoints are written synchronously (to a temporary name, then renamed)"},
+  };
+  for (const NoEffect& e : no_effect) {
+    const std::string line = fmt::format("--{}: {}", e.name, e.why);
+    f.add_seen(e.name, e.takes_value, std::string("no effect here: ") + e.why, e.choices,
+               [c, line](const std::string&) {
+                 if (std::find(c->no_effect.begin(), c->no_effect.end(), line) == c->no_effect.end())
+                   c->no_effect.push_back(line);
+               });
+  }
+  // Things this program does not do: refused by `megatron train`, each with
+  // what to do instead.
+  const char* const kLogging =
+      "Weights & Biases logs are not written here: every logged number is a JSON line in --metrics-file "
+      "(default <save>/metrics.jsonl), and --tensorboard-dir writes TensorBoard scalars; drop the flag";
+  const char* const kCkpt =
+      "checkpoints are megatron-cpp's own (safetensors per rank plus JSON; they load under any other parallel "
+      "layout), not PyTorch's torch/torch_dist formats; drop the flag";
+  struct Refused {
+    const char* name;
+    bool takes_value;
+    const char* brief;  // for --help
+    const char* why;    // the error
+  };
+  const char* const kTb = "no W&B logs: metrics are JSON lines (and --tensorboard-dir)";
+  const char* const kCk = "checkpoints are megatron-cpp's own format";
+  const std::vector<Refused> refused = {
+      {"log-memory-to-tensorboard", false, "no allocator statistics",
+       "the memory scalars are PyTorch's CUDA allocator statistics, which this program does not have: the "
+       "trainer's measured and planned buffer bytes are in the log line and --metrics-file; drop the flag"},
+      {"wandb-project", true, kTb, kLogging},
+      {"wandb-exp-name", true, kTb, kLogging},
+      {"wandb-save-dir", true, kTb, kLogging},
+      {"ckpt-format", true, kCk, kCkpt},
+      {"use-dist-ckpt", false, kCk, kCkpt},
+      {"use-checkpoint-args", false, "model flags come from the command line",
+       "the model flags are not read from the checkpoint here: give them on the command line"},
+      {"mock-data", false, "no mock dataset",
+       "there is no mock dataset: make a small real one with `megatron preprocess` (README's first command "
+       "does) and pass --data-path"},
+      {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
+      {"log-num-zeros-in-grad", false, "not implemented",
+       "counting zero gradients is not implemented: drop the flag (grad norm and, with --log-params-norm, the "
+       "parameters' norm are logged)"},
+      {"qk-layernorm", false, "not implemented", "LayerNorm on queries and keys is not implemented: drop the flag"},
+      {"apply-layernorm-1p", false, "not implemented",
+       "zero-centred LayerNorm weights (1 + gamma) are not implemented: drop the flag"},
+      {"use-rope-scaling", false, "not implemented",
+       "Llama 3.1 RoPE frequency scaling is not implemented: drop the flag"},
+      {"use-torch-fsdp2", false, "no FSDP",
+       "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and Adam state over DP"},
+  };
+  for (const Refused& r : refused) {
+    const std::string flag = std::string("--") + r.name, why = r.why;
+    f.add_seen(r.name, r.takes_value, std::string("refused by megatron train: ") + r.brief, {},
+               [c, flag, why](const std::string&) {
+                 for (const auto& e : c->refused)
+                   if (e.first == flag) return;
+                 c->refused.emplace_back(flag, why);
+               });
+  }
+  // --dataloader-type: the data order is Megatron's default sampler's.
+  f.add_seen("dataloader-type", true,
+             "the sample order: only single (Megatron's default, MegatronPretrainingSampler) is implemented",
+             {"single", "cyclic", "external"}, [c](const std::string& v) {
+               const std::string line =
+                   "--dataloader-type single: the samples are always MegatronPretrainingSampler's order";
+               if (v == "single") {
+                 if (std::find(c->no_effect.begin(), c->no_effect.end(), line) == c->no_effect.end())
+                   c->no_effect.push_back(line);
+                 return;
+               }
+               c->refused.emplace_back("--dataloader-type",
+                                       fmt::format("the {} data loader is not implemented; the samples follow "
+                                                   "Megatron's default single loader (drop the flag)",
+                                                   v));
+             });
+  // --rotary-percent: only Megatron's default, rotating the whole head.
+  f.add_seen("rotary-percent", true,
+             "fraction of the head dimension rotated by RoPE: only 1.0 (Megatron's default) is implemented", {},
+             [c](const std::string& v) {
+               char* end = nullptr;
+               const double x = std::strtod(v.c_str(), &end);
+               if (end && *end == '\0' && end != v.c_str() && x == 1.0) return;
+               c->refused.emplace_back("--rotary-percent",
+                                       fmt::format("partial rotary embeddings are not implemented (got {}); "
+                                                   "use --rotary-percent 1.0 or drop the flag",
+                                                   v));
+             });
+  // Megatron's deprecated spellings of --position-embedding-type.
+  f.add_seen("use-rotary-position-embeddings", false, "same as --position-embedding-type rope (Megatron's deprecated "
+             "spelling)", {}, [m](const std::string&) { m->position_embedding = model::PositionEmbedding::kRope; });
+  f.add_seen("no-position-embedding", false, "same as --position-embedding-type none (Megatron's deprecated spelling)",
+             {}, [m](const std::string&) { m->position_embedding = model::PositionEmbedding::kNone; });
 }
 
 const char* world_source_name(WorldSource s) {

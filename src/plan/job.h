@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/flags.h"
 #include "model/config.h"
@@ -57,16 +59,34 @@ struct RecomputeConfig {
   bool full() const { return granularity == "full"; }
 };
 
+// Megatron flags kept so that a Megatron launch script runs unchanged where
+// it can (register_megatron_compat_flags): the given ones that pick an
+// implementation, a kernel fusion or a logging detail of a computation that
+// is the same here ("--flag: why", accepted; `megatron train` lists them
+// once), and the given ones asking for something this program does not do
+// ((flag, why and what to do instead): `megatron train` refuses them with
+// the other configuration problems, `megatron plan` warns).
+struct MegatronCompat {
+  std::vector<std::string> no_effect;
+  std::vector<std::pair<std::string, std::string>> refused;
+};
+
 struct JobConfig {
   ParallelConfig parallel;
   model::ModelConfig model;
   BatchConfig batch;
   PrecisionConfig precision;
   RecomputeConfig recompute;
+  MegatronCompat compat;
 };
 
 // Binds every job flag to `job`.
 void register_job_flags(FlagSet& flags, JobConfig& job);
+
+// Binds the Megatron flags of MegatronCompat (and the deprecated aliases
+// --use-rotary-position-embeddings, --no-position-embedding) in a last
+// --help section.
+void register_megatron_compat_flags(FlagSet& flags, JobConfig& job);
 
 // Where the world size came from, for the report.
 enum class WorldSource { kFlag, kLauncher, kDataParallelProduct, kDefaultOneReplica };

@@ -64,6 +64,9 @@ void validate(PlanReport& r) {
   r.etp = ETP;
   constexpr int64_t kMaxRanks = int64_t{1} << 24;
 
+  // ---- Megatron flags kept for launch scripts (plan/job.h MegatronCompat)
+  for (const auto& [flag, why] : j.compat.refused) c.warn(fmt::format("megatron train refuses {}: {}", flag, why));
+
   // ---- precision
   if (j.precision.bf16 && j.precision.fp16)
     c.error("precision", {"--bf16", "--fp16"}, "--bf16 and --fp16 are both set", "choose one of them");

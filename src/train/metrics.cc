@@ -24,19 +24,22 @@ std::string mib(double b) { return fmt::format("{:.1f}", b / (1024.0 * 1024.0));
 }  // namespace
 
 std::string format_log_line(const IterationStats& s) {
-  // Megatron's training_log layout, plus throughput and memory.
+  // Megatron's training_log layout (loss scale 1.0: no loss scaling here),
+  // plus throughput and memory.
   return fmt::format(
       " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
-      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | "
+      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.3f} |{} "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | tokens/s: {:.0f} | "
       "throughput per device (TFLOP/s): {:.3f} | MFU: {:.1f}% | memory (MiB): {} measured, {} planned, peak RSS {}",
       now_text(), s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iteration, s.learning_rate,
-      s.global_batch_size, s.loss, s.grad_norm, s.skipped_iterations, s.nan_iterations, s.tokens_per_s,
-      s.tflops_per_device, s.mfu * 100, mib(s.measured_bytes), mib(s.planned_bytes), mib(s.peak_rss_bytes));
+      s.global_batch_size, s.loss, s.grad_norm,
+      s.params_norm ? fmt::format(" params norm: {:.3f} |", *s.params_norm) : std::string(), s.skipped_iterations,
+      s.nan_iterations, s.tokens_per_s, s.tflops_per_device, s.mfu * 100, mib(s.measured_bytes), mib(s.planned_bytes),
+      mib(s.peak_rss_bytes));
 }
 
 nlohmann::json to_json(const IterationStats& s) {
-  return {{"iteration", s.iteration},
+  nlohmann::json j = {{"iteration", s.iteration},
           {"train_iters", s.train_iters},
           {"consumed_samples", s.consumed_samples},
           {"ms_per_iteration", s.ms_per_iteration},
@@ -52,6 +55,8 @@ nlohmann::json to_json(const IterationStats& s) {
           {"memory_measured_bytes", s.measured_bytes},
           {"memory_planned_bytes", s.planned_bytes},
           {"peak_rss_bytes", s.peak_rss_bytes}};
+  if (s.params_norm) j["params_norm"] = *s.params_norm;
+  return j;
 }
 
 ProgressBar::ProgressBar(bool enabled, bool force) : enabled_(enabled && (force || ::isatty(STDERR_FILENO))) {}

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@ struct IterationStats {
   int64_t global_batch_size = 0;
   double loss = 0;               // mean over the logging interval
   double grad_norm = 0;
+  std::optional<double> params_norm;  // with --log-params-norm
   int64_t skipped_iterations = 0, nan_iterations = 0;
   double tokens_per_s = 0;
   double tflops_per_device = 0;

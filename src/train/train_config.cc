@@ -61,6 +61,20 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_int("eval-iters", &c.eval_iters, "iterations (global batches) per validation run", 0, INT64_MAX / 4);
   f.add_int("log-interval", &c.log_interval, "iterations between log lines", 1, INT64_MAX / 4);
   f.add_string("metrics-file", &c.metrics_file, "JSON-lines metrics file (default: <save>/metrics.jsonl)");
+  f.add_switch("log-params-norm", &c.log_params_norm,
+               "the L2 norm of the fp32 parameters after each step, in the log line and the metrics");
+  f.add_string("tensorboard-dir", &c.tensorboard_dir,
+               "write TensorBoard scalars (Megatron's: learning-rate, batch-size, lm loss, loss-scale, grad-norm, "
+               "params-norm, lm loss validation, each also 'vs samples') to an event file in this directory");
+  f.add_int("tensorboard-log-interval", &c.tensorboard_log_interval, "iterations between TensorBoard scalars", 1,
+            INT64_MAX / 4);
+  f.add_switch("log-timers-to-tensorboard", &c.log_timers_to_tensorboard,
+               "also iteration-time (s) and throughput (TFLOP/s per device), at each --log-interval");
+  f.add_switch("log-validation-ppl-to-tensorboard", &c.log_validation_ppl_to_tensorboard,
+               "also the validation perplexity (lm loss validation ppl)");
+  f.add_switch("log-world-size-to-tensorboard", &c.log_world_size_to_tensorboard, "also world-size");
+  f.add_switch("no-log-loss-scale-to-tensorboard", &c.log_loss_scale_to_tensorboard,
+               "no loss-scale scalar (always 1.0 here: no loss scaling)", false);
   f.add_switch("no-progress", &c.no_progress, "no progress bar even on a terminal");
   f.add_switch("progress", &c.progress, "a progress bar even when stderr is not a terminal (under mpirun, whose "
                                         "ranks write into pipes)");
@@ -73,6 +87,8 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_switch("no-save-rng", &c.no_save_rng, "do not save random-number state");
   f.add_switch("no-load-optim", &c.no_load_optim, "do not load optimizer state");
   f.add_switch("no-load-rng", &c.no_load_rng, "do not load random-number state");
+  f.add_switch("exit-on-missing-checkpoint", &c.exit_on_missing_checkpoint,
+               "with --load: stop with an error when it holds no checkpoint, instead of training from scratch");
   f.add_switch("finetune", &c.finetune, "load only the model: iteration, optimizer, scheduler and data position restart");
 
   f.section("exit");
@@ -86,6 +102,7 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
                                 "compute backend: auto (CUDA when a GPU is usable, else cpu), cpu or cuda",
                                 {"auto", "cpu", "cuda"});
   f.add_string("config", &c.config_file, "YAML file of flag: value pairs (command-line flags win)");
+  plan::register_megatron_compat_flags(f, c.job);
 }
 
 Result<std::vector<std::string>> yaml_to_args(const std::string& path) {

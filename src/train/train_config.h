@@ -62,6 +62,13 @@ struct TrainConfig {
   std::optional<double> exit_duration_in_mins;
   bool exit_signal_handler = false;
   bool check_for_nan_in_loss_and_grad = false;
+  bool log_params_norm = false;             // the fp32 parameters' L2 norm in the log line and metrics
+  // TensorBoard scalars (Megatron's names and steps; train/tensorboard.h).
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
+  bool log_timers_to_tensorboard = false, log_validation_ppl_to_tensorboard = false,
+       log_world_size_to_tensorboard = false, log_loss_scale_to_tensorboard = true;
+  bool exit_on_missing_checkpoint = false;  // --load without a checkpoint is an error, not a fresh start
   // Runtime.
   std::optional<int64_t> threads;  // compute threads (default: all cores; 1 per rank under MPI)
   // --device: "auto" (CUDA when a GPU is usable, else the CPU), "cpu" or "cuda".

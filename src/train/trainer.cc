@@ -27,6 +27,7 @@
 #include "parallel/process_groups.h"
 #include "plan/plan.h"
 #include "train/metrics.h"
+#include "train/tensorboard.h"
 #include "train/pipeline.h"
 
 namespace mt::train {
@@ -177,6 +178,10 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
       problems.push_back("[--context-parallel-size] context parallelism is not implemented (fix: --context-parallel-size 1)");
     if (job.parallel.ep > 1 || mc.is_moe())
       problems.push_back("[--expert-model-parallel-size, --num-experts] mixture of experts is not implemented");
+    for (const auto& [flag, why] : job.compat.refused) problems.push_back(fmt::format("[{}] {}", flag, why));
+    if (job.precision.fp16)
+      problems.push_back("[--fp16] fp16 training (with loss scaling) is not implemented; `megatron plan` takes --fp16, "
+                         "the trainer does not (fix: --bf16, which needs no loss scaling)");
     // The schedules and the model's own checks, here so that they too are
     // reported once, before any rank allocates.
     if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.global_batch)); !sc)
@@ -340,6 +345,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     auto tracker = checkpoint::read_tracker(cfg.load);
     if (!tracker) return tracker.status();
     if (!*tracker) {
+      if (cfg.exit_on_missing_checkpoint)
+        return Status::not_found(fmt::format("--load {}: no checkpoint there (no {}), and --exit-on-missing-checkpoint "
+                                             "is given; check the path, or drop the flag to train from scratch",
+                                             cfg.load, checkpoint::kTrackerFile));
       std::fprintf(out, "no checkpoint in %s (no %s): training from scratch\n", cfg.load.c_str(), checkpoint::kTrackerFile);
     } else {
       auto ck = checkpoint::load_checkpoint(cfg.load);
@@ -408,6 +417,13 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
 
   // ---- 5. Reporting.
   MetricsFile metrics(rank != 0 ? "" : !cfg.metrics_file.empty() ? cfg.metrics_file : cfg.save.empty() ? "" : cfg.save + "/metrics.jsonl");
+  // TensorBoard scalars from rank 0, which holds every reduced number.
+  TensorBoardWriter tb;
+  if (rank == 0 && !cfg.tensorboard_dir.empty()) MT_RETURN_IF_ERROR(tb.open(cfg.tensorboard_dir));
+  auto tb_pair = [&](const std::string& tag, double v, int64_t it, int64_t samples) {
+    tb.add_scalar(tag, v, it);
+    tb.add_scalar(tag + " vs samples", v, samples);
+  };
   if (!metrics.path().empty()) {
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(metrics.path()).parent_path(), ec);
@@ -430,7 +446,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                vpp > 1 ? fmt::format(", {} virtual stages per pipeline rank", vpp).c_str() : "",
                sp ? ", sequence parallel" : "", dist_opt ? ", distributed optimizer" : "", static_cast<long long>(mbs),
                static_cast<long long>(M), static_cast<long long>(dp), static_cast<long long>(gbs),
-               static_cast<long long>(train_iters), static_cast<long long>(iteration), job.precision.name(),
+               static_cast<long long>(train_iters), static_cast<long long>(iteration),
+               job.precision.bf16 && job.precision.fp32_residual_connection ? "bf16 with an fp32 residual stream"
+                                                                            : job.precision.name(),
                cfg.device == "cuda" ? fmt::format("on CUDA ({}{})", backend_info().cuda_name,
                                                   world > 1 ? ", " + group_kind + " groups" : "").c_str()
                                     : fmt::format("{} thread{} per rank", num_threads(), num_threads() == 1 ? "" : "s").c_str());
@@ -457,6 +475,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                    parallel::schedule_kind_name(schedule->kind), plan.bubble_simulated, plan.bubble_formula);
     }
   }
+  for (const auto& line : job.compat.no_effect) std::fprintf(out, "accepted with no effect here: %s\n", line.c_str());
   if (unigram_ppl) std::fprintf(out, "unigram baseline on the validation batches: perplexity %.2f\n", *unigram_ppl);
   std::fflush(out);
 
@@ -526,6 +545,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                  unigram_ppl ? fmt::format(" | unigram baseline PPL: {:.6E}", *unigram_ppl).c_str() : "");
     std::fflush(out);
     metrics.append({{"iteration", it}, {"valid_lm_loss", loss}, {"valid_ppl", std::exp(loss)}});
+    if (tb.is_open()) {
+      tb_pair("lm loss validation", loss, it, consumed_train);
+      if (cfg.log_validation_ppl_to_tensorboard)
+        tb_pair("lm loss validation ppl", std::exp(std::min(20.0, loss)), it, consumed_train);
+    }
     return loss;
   };
 
@@ -642,6 +666,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     }
     last_norm = opt.clip_grad_norm(cfg.clip_grad);
     opt.step(sched);
+    const std::optional<double> params_norm =
+        cfg.log_params_norm ? std::optional<double>(opt.params_norm()) : std::nullopt;
     gather_pending = po.overlap_param_gather;
     sched.step(gbs);
     consumed_train += gbs;
@@ -655,9 +681,20 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     const double tp_bytes = static_cast<double>(tp_comm.stats().bytes), dp_bytes = static_cast<double>(dp_comm.stats().bytes);
     const double pp_bytes = static_cast<double>(pp_comm.stats().bytes) +
                             (groups.embedding() ? static_cast<double>(groups.embedding()->stats().bytes) : 0.0);
-    metrics.append({{"iteration", it}, {"lm_loss", loss}, {"grad_norm", last_norm}, {"learning_rate", sched.lr()},
-                    {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes},
-                    {"pp_bytes", pp_bytes}});
+    nlohmann::json row = {{"iteration", it}, {"lm_loss", loss}, {"grad_norm", last_norm}, {"learning_rate", sched.lr()},
+                          {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes},
+                          {"pp_bytes", pp_bytes}};
+    if (params_norm) row["params_norm"] = *params_norm;
+    metrics.append(row);
+    if (tb.is_open() && it % cfg.tensorboard_log_interval == 0) {  // Megatron's training_log scalars
+      tb_pair("learning-rate", sched.lr(), it, consumed_train);
+      tb_pair("batch-size", static_cast<double>(gbs), it, consumed_train);
+      tb_pair("lm loss", loss, it, consumed_train);
+      if (cfg.log_loss_scale_to_tensorboard) tb_pair("loss-scale", 1.0, it, consumed_train);
+      if (cfg.log_world_size_to_tensorboard) tb_pair("world-size", static_cast<double>(world), it, consumed_train);
+      tb_pair("grad-norm", last_norm, it, consumed_train);
+      if (params_norm) tb_pair("params-norm", *params_norm, it, consumed_train);
+    }
     if (profiling && it == first_iteration + 1) {
       profile::reset();
       profile_start = Clock::now();
@@ -678,11 +715,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       s.iteration = it, s.train_iters = train_iters, s.consumed_samples = consumed_train;
       s.ms_per_iteration = 1000 * secs / static_cast<double>(interval_iters);
       s.learning_rate = sched.lr(), s.global_batch_size = gbs, s.loss = interval_loss / static_cast<double>(interval_iters);
-      s.grad_norm = last_norm, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
+      s.grad_norm = last_norm, s.params_norm = params_norm, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
       s.tokens_per_s = static_cast<double>(gbs * seq) / (s.ms_per_iteration / 1000);
       s.tflops_per_device = flops_per_iter / (s.ms_per_iteration / 1000) / 1e12 / static_cast<double>(world);
       s.mfu = s.tflops_per_device / peak_tflops;
       s.planned_bytes = planned_bytes, s.measured_bytes = measured_bytes(), s.peak_rss_bytes = peak_rss_bytes();
+      if (tb.is_open() && cfg.log_timers_to_tensorboard) {
+        tb.add_scalar("iteration-time", s.ms_per_iteration / 1000, it);
+        tb.add_scalar("throughput", s.tflops_per_device, it);
+      }
       bar.clear();
       std::fprintf(out, "%s\n", format_log_line(s).c_str());
       if (pp > 1)

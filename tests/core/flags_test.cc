@@ -88,6 +88,45 @@ TEST(Flags, ErrorsNameTheFlagAndStayOneLine) {
   }
 }
 
+// A launch script with several problems gets them all in one message, in
+// command-line order; an unknown flag takes its values with it, and the
+// flags around the bad ones are still parsed.
+TEST(Flags, EveryProblemIsListedAtOnce) {
+  Cfg c;
+  FlagSet f = make(c);
+  Status st = f.parse({"--tensorboard-dir", "/tmp/tb", "--num-layers", "4", "--num-layer", "2", "--lr", "abc",
+                       "--frobnicate", "x", "y", "--sequence-parallel"});
+  ASSERT_FALSE(st);
+  const std::string& m = st.message();
+  EXPECT_EQ(m.find("4 problems on the command line:\n  - unknown flag --tensorboard-dir"), 0u) << m;
+  const size_t a = m.find("unknown flag --num-layer; did you mean --num-layers?"), b = m.find("--lr: expected a number"),
+               d = m.find("unknown flag --frobnicate");
+  EXPECT_NE(a, std::string::npos) << m;
+  EXPECT_NE(b, std::string::npos) << m;
+  EXPECT_NE(d, std::string::npos) << m;
+  EXPECT_TRUE(a < b && b < d) << m;
+  EXPECT_EQ(m.find("'/tmp/tb'"), std::string::npos) << "a value of an unknown flag is not a problem of its own: " << m;
+  EXPECT_EQ(m.find("unexpected argument"), std::string::npos) << m;
+  EXPECT_EQ(f.error_flag(), "--tensorboard-dir");
+  EXPECT_EQ(c.layers, 4);
+  EXPECT_TRUE(c.sp);
+}
+
+// add_seen: a switch or a value handed to a callback, values checked against
+// the choices.
+TEST(Flags, SeenFlagsCallBack) {
+  FlagSet f("megatron test");
+  std::vector<std::string> seen;
+  f.add_seen("use-flash-attn", false, "no effect", {}, [&](const std::string& v) { seen.push_back("flash:" + v); });
+  f.add_seen("transformer-impl", true, "no effect", {"local", "transformer_engine"},
+             [&](const std::string& v) { seen.push_back("impl:" + v); });
+  ASSERT_TRUE(f.parse({"--use-flash-attn", "--transformer-impl", "local"}));
+  EXPECT_EQ(seen, (std::vector<std::string>{"flash:", "impl:local"}));
+  Status st = f.parse({"--transformer-impl", "te"});
+  ASSERT_FALSE(st);
+  EXPECT_NE(st.message().find("--transformer-impl: invalid choice 'te'"), std::string::npos) << st.message();
+}
+
 TEST(Flags, HelpListsSectionsAndDefaults) {
   Cfg c;
   FlagSet f = make(c);

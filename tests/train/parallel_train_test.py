@@ -26,6 +26,7 @@ its memory prediction within 3%. Then:
 usage: parallel_train_test.py path/to/megatron [--quick]
 """
 import json
+import math
 import os
 import struct
 import subprocess
@@ -68,7 +69,7 @@ def metrics(path):
     for line in open(path):
         j = json.loads(line)
         if "lm_loss" in j and "kind" not in j:
-            rows[j["iteration"]] = (j["lm_loss"], j["grad_norm"])
+            rows[j["iteration"]] = (j["lm_loss"], j["grad_norm"], j["params_norm"])
         if "valid_lm_loss" in j:  # evaluation (through the pipeline when PP > 1)
             rows[("valid", j["iteration"])] = j["valid_lm_loss"]
     return rows
@@ -127,7 +128,7 @@ COMMON = ["--seq-length", "32", "--max-position-embeddings", "32", "--tokenizer-
           "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-3", "--min-lr", "3e-4",
           "--lr-decay-style", "cosine", "--lr-warmup-iters", "3", "--weight-decay", "0.1", "--clip-grad", "1.0",
           "--seed", "11", "--log-interval", "4", "--no-progress", "--threads", "1", "--hidden-dropout", "0",
-          "--attention-dropout", "0", "--data-cache-path", os.path.join(TMP, "cache")]
+          "--attention-dropout", "0", "--data-cache-path", os.path.join(TMP, "cache"), "--log-params-norm"]
 MODELS = {
     "gpt": ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"],
     "llama": ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "8", "--group-query-attention",
@@ -187,7 +188,7 @@ def compare(label, ref_name, name, iterations, params=True, tol=1e-5):
         if it not in a or it not in b:
             fail(f"{label}: iteration {it} missing")
             return
-        for k, what in ((0, "loss"), (1, "grad norm")):
+        for k, what in ((0, "loss"), (1, "grad norm"), (2, "params norm")):
             e = rel(b[it][k], a[it][k])
             worst = max(worst, e)
             if e > tol:
@@ -237,6 +238,16 @@ for model in MODELS:
     if rc != 0:
         fail(f"{ref}: exit {rc}\n{out}")
         continue
+    # --log-params-norm against the saved parameters (numpy, in float64):
+    # every layout's norm is then compared with this one by compare().
+    saved = load_checkpoint(os.path.join(TMP, ref, f"iter_{ITERS:07d}"))
+    want = math.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for k, a in saved.items()
+                         if not k.startswith("optimizer.")))  # the Adam moments are stored beside the weights
+    got = metrics(os.path.join(TMP, ref + ".jsonl"))[ITERS][2]
+    if rel(got, want) > 1e-9:
+        fail(f"{ref}: params norm {got!r} vs {want!r} from the checkpoint")
+    if f"params norm: {got:.3f} |" not in out:
+        fail(f"{ref}: the log line has no 'params norm: {got:.3f} |'")
     for name, tp, pp, dp, extra in LAYOUTS:
         full = f"{model}-{name}"
         rc, out, secs = run(full, tp * pp * dp, train_flags(model, full, tp, extra, pp=pp))

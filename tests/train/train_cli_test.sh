@@ -213,5 +213,120 @@ for needle in "--lr is required" "--train-iters and --train-samples" "max_positi
 done
 "$BIN" train --frobnicate 2>"$TMP/err"; [ $? = 2 ] && grep -q "unknown flag --frobnicate" "$TMP/err" || fail "unknown flag"
 
+# A Megatron launch script: implementation and fusion flags are accepted and
+# listed once; flags asking for what is not done here (TensorBoard, torch
+# checkpoint formats, partial rotary, fp16, W&B) are refused together with the
+# other configuration problems, each saying what to do instead; unknown flags
+# are all listed at once.
+MEGATRON_ONLY=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn --attention-softmax-in-fp32
+  --no-masked-softmax-fusion --no-bias-dropout-fusion --distributed-backend nccl --num-workers 2 --log-throughput
+  --timing-log-level 2 --accumulate-allreduce-grads-in-fp32)
+run compat --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 "${MEGATRON_ONLY[@]}" \
+  || { fail "Megatron no-effect flags"; cat "$TMP/compat.log"; }
+for needle in "accepted with no effect here: --use-flash-attn: attention is always flash-style" \
+              "accepted with no effect here: --distributed-backend: the backend follows --device" \
+              "accepted with no effect here: --timing-log-level"; do
+  grep -qF -- "$needle" "$TMP/compat.log" || fail "Megatron no-effect flags: missing '$needle'"
+done
+diff <(losses "$TMP/compat.jsonl") <(losses "$TMP/fp32-full.jsonl" | head -2) >/dev/null \
+  || fail "Megatron no-effect flags changed the losses"
+run refused --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 --wandb-project demo \
+  --ckpt-format torch_dist --rotary-percent 0.5 --fp16
+[ $? = 2 ] || fail "refused Megatron flags should exit 2"
+for needle in "[--wandb-project] Weights & Biases logs are not written here" \
+              "[--ckpt-format] checkpoints are megatron-cpp's own" "[--rotary-percent] partial rotary embeddings" \
+              "[--fp16] fp16 training (with loss scaling) is not implemented"; do
+  grep -qF -- "$needle" "$TMP/refused.log" || { fail "refused Megatron flags: missing '$needle'"; cat "$TMP/refused.log"; }
+done
+# --tensorboard-dir: an event file that protobuf's own parser reads (Event,
+# Summary and Value declared from tensorflow's field numbers), every record's
+# masked CRC-32C checked, and Megatron's scalars equal to the metrics file's
+# numbers (as float32), at their iterations and consumed-sample steps.
+run tb --micro-batch-size 4 --global-batch-size 4 --train-iters 6 --lr-decay-iters 40 --save-interval 6 --log-interval 3 \
+  --eval-interval 3 --eval-iters 1 --log-params-norm --tensorboard-dir "$TMP/tb" --tensorboard-log-interval 2 \
+  --log-timers-to-tensorboard --log-validation-ppl-to-tensorboard || { fail "--tensorboard-dir run"; cat "$TMP/tb.log"; }
+/usr/bin/python3 - "$TMP" <<'PY' || fail "--tensorboard-dir: event file"
+import glob, json, math, struct, sys
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+t = sys.argv[1]
+fd = descriptor_pb2.FileDescriptorProto(name="event_test.proto", package="tb", syntax="proto3")
+T = descriptor_pb2.FieldDescriptorProto
+def msg(name, fields):
+    m = fd.message_type.add(name=name)
+    for fname, num, typ, label, tname in fields:
+        f = m.field.add(name=fname, number=num, type=typ, label=label)
+        if tname: f.type_name = tname
+opt, rep = T.LABEL_OPTIONAL, T.LABEL_REPEATED
+msg("Value", [("tag", 1, T.TYPE_STRING, opt, None), ("simple_value", 2, T.TYPE_FLOAT, opt, None)])
+msg("Summary", [("value", 1, T.TYPE_MESSAGE, rep, ".tb.Value")])
+msg("Event", [("wall_time", 1, T.TYPE_DOUBLE, opt, None), ("step", 2, T.TYPE_INT64, opt, None),
+              ("file_version", 3, T.TYPE_STRING, opt, None), ("summary", 5, T.TYPE_MESSAGE, opt, ".tb.Summary")])
+pool = descriptor_pool.DescriptorPool()
+pool.Add(fd)
+Event = message_factory.MessageFactory(pool).GetPrototype(pool.FindMessageTypeByName("tb.Event"))
+def crc32c(b):
+    c = 0xffffffff
+    for x in b:
+        c ^= x
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82f63b78 if c & 1 else c >> 1
+    return c ^ 0xffffffff
+def masked(b):
+    c = crc32c(b)
+    return (((c >> 15) | (c << 17)) + 0xa282ead8) & 0xffffffff
+files = glob.glob(f"{t}/tb/events.out.tfevents.*")
+assert len(files) == 1, files
+data = open(files[0], "rb").read()
+events, pos = [], 0
+while pos < len(data):
+    (n,) = struct.unpack_from("<Q", data, pos)
+    assert struct.unpack_from("<I", data, pos + 8)[0] == masked(data[pos:pos + 8]), "length CRC"
+    body = data[pos + 12:pos + 12 + n]
+    assert struct.unpack_from("<I", data, pos + 12 + n)[0] == masked(body), "data CRC"
+    e = Event()
+    e.ParseFromString(body)
+    events.append(e)
+    pos += 16 + n
+assert events[0].file_version == "brain.Event:2", events[0]
+got = {}
+for e in events[1:]:
+    assert len(e.summary.value) == 1 and e.wall_time > 1.6e9, e
+    v = e.summary.value[0]
+    got[(v.tag, e.step)] = v.simple_value
+rows = [json.loads(l) for l in open(f"{t}/tb.jsonl")]
+f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]
+want = {}
+for r in rows:
+    if "lm_loss" in r and "kind" not in r and r["iteration"] % 2 == 0:
+        it, s = r["iteration"], r["consumed_samples"]
+        for tag, v in (("learning-rate", r["learning_rate"]), ("batch-size", 4.0), ("lm loss", r["lm_loss"]),
+                       ("loss-scale", 1.0), ("grad-norm", r["grad_norm"]), ("params-norm", r["params_norm"])):
+            want[(tag, it)] = want[(tag + " vs samples", s)] = f32(v)
+    if "valid_lm_loss" in r:
+        it, s = r["iteration"], 4 * r["iteration"]
+        want[("lm loss validation", it)] = want[("lm loss validation vs samples", s)] = f32(r["valid_lm_loss"])
+        ppl = math.exp(min(20, r["valid_lm_loss"]))
+        want[("lm loss validation ppl", it)] = want[("lm loss validation ppl vs samples", s)] = f32(ppl)
+    if "ms_per_iteration" in r:
+        want[("iteration-time", r["iteration"])] = f32(r["ms_per_iteration"] / 1000)
+        want[("throughput", r["iteration"])] = f32(r["tflops_per_device"])
+assert set(got) == set(want), (sorted(set(got) ^ set(want)))
+for k in want:
+    assert got[k] == want[k], (k, got[k], want[k])
+print(f"tensorboard: {len(events)} events, {len(want)} scalars match the metrics file")
+PY
+
+# --exit-on-missing-checkpoint: a --load without a checkpoint stops the run
+# (exit 2, a configuration problem naming the path) instead of training from
+# scratch.
+mkdir -p "$TMP/empty"
+run missing --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 --load "$TMP/empty" \
+  --exit-on-missing-checkpoint
+[ $? = 2 ] && grep -qF -- "--load $TMP/empty: no checkpoint there" "$TMP/missing.log" \
+  || { fail "--exit-on-missing-checkpoint"; cat "$TMP/missing.log"; }
+"$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"
+[ $? = 2 ] && grep -q "2 problems on the command line" "$TMP/err" && grep -q "unknown flag --mock-dat; did you mean --mock-data?" "$TMP/err" \
+  || { fail "unknown flags listed at once"; cat "$TMP/err"; }
+
 if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "train CLI: all checks passed"
