@@ -164,6 +164,11 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     for (const auto& f : v.flags) flags += (flags.empty() ? "" : ", ") + f;
     problems.push_back(fmt::format("[{}] {}{}", flags, v.message, v.suggestion.empty() ? "" : " (fix: " + v.suggestion + ")"));
   }
+  // Megatron flags for what this trainer does not do: listed whatever else is wrong.
+  for (const auto& [flag, why] : job.compat.refused) problems.push_back(fmt::format("[{}] {}", flag, why));
+  if (job.precision.fp16)
+    problems.push_back("[--fp16] fp16 training (with loss scaling) is not implemented; `megatron plan` takes --fp16, "
+                       "the trainer does not (fix: --bf16, which needs no loss scaling)");
   const int processes = comm::world_size();
   if (plan.valid()) {
     if (plan.world != processes)
@@ -178,10 +183,6 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
       problems.push_back("[--context-parallel-size] context parallelism is not implemented (fix: --context-parallel-size 1)");
     if (job.parallel.ep > 1 || mc.is_moe())
       problems.push_back("[--expert-model-parallel-size, --num-experts] mixture of experts is not implemented");
-    for (const auto& [flag, why] : job.compat.refused) problems.push_back(fmt::format("[{}] {}", flag, why));
-    if (job.precision.fp16)
-      problems.push_back("[--fp16] fp16 training (with loss scaling) is not implemented; `megatron plan` takes --fp16, "
-                         "the trainer does not (fix: --bf16, which needs no loss scaling)");
     // The schedules and the model's own checks, here so that they too are
     // reported once, before any rank allocates.
     if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.global_batch)); !sc)
