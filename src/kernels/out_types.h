@@ -69,6 +69,42 @@ void x_types(DType x, const char* op, const char* what, F&& f) {
                               dtype_name(x), dtype_name(dtype_of<T>()), dtype_name(dtype_of<T>())));
 }
 
+// The parameters' compute type, fp32 or fp64 (the CPU twins' float_types
+// message for any other).
+template <typename F>
+void param_types(DType dt, F&& f) {
+  switch (dt) {
+    case DType::kF32: f(float{}); break;
+    case DType::kF64: f(double{}); break;
+    default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
+  }
+}
+
+// The norms' dtype rules (kernels/norm.h), one dispatch for both twins:
+// f(T, X, Y) with T the parameters' type, X the stored type of x (T, or bf16
+// with fp32 T) and Y that of y (out_types).
+template <typename F>
+void norm_fwd_types(DType x, DType w, DType y, const char* op, F&& f) {
+  param_types(w, [&](auto t_) {
+    using T = decltype(t_);
+    x_types<T>(x, op, "x", [&](auto x_) {
+      out_types<T>(y, op, [&](auto y_) { f(T{}, decltype(x_){}, decltype(y_){}); });
+    });
+  });
+}
+// f(T, X, D): x and dx share the stored type X, dy is stored as D (each T,
+// or bf16 with fp32 T).
+template <typename F>
+void norm_bwd_types(DType dy, DType x, DType w, DType dx, const char* op, F&& f) {
+  MT_CHECK(dx == x, fmt::format("{}: x and dx must share one dtype (got {}, {})", op, dtype_name(x), dtype_name(dx)));
+  param_types(w, [&](auto t_) {
+    using T = decltype(t_);
+    x_types<T>(x, op, "x", [&](auto x_) {
+      x_types<T>(dy, op, "dy", [&](auto d_) { f(T{}, decltype(x_){}, decltype(d_){}); });
+    });
+  });
+}
+
 // A backward's x, dy and dx share one stored dtype.
 inline void check_bwd_dtypes(const DType x, const DType dy, const DType dx, const char* op) {
   MT_CHECK(dy == x && dx == x, fmt::format("{}: x, dy and dx must share one dtype (fp32, fp64 or bf16); got {}, {}, {}",

@@ -306,7 +306,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d = Dims{N, Ns, B, T, h, al, ad, (al + 2 * gl) * cfg.head_dim(), (cfg.swiglu ? 2 : 1) * F, F,
            cfg.padded_vocab(tp) / tp, opt.dtype, cfg.normalization == Normalization::kLayerNorm};
   d.gemm_in = opt.bf16_compute ? DType::kBF16 : opt.dtype;
-  d.rs = opt.bf16_compute && !opt.fp32_residual ? DType::kBF16 : opt.dtype;
+  d.rs = ::mt::model::residual_dtype(opt);
   d.dn = tp == 1 ? d.rs : opt.dtype;
   d.ln = cfg.apply_residual_connection_post_layernorm ? d.rs : d.gemm_in;
   d.mid = d.gemm_in;
@@ -456,11 +456,17 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   // The norm outputs a column-parallel layer all-gathers (bf16 under --bf16).
   const double act_ln = static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.ln));
   const double act_lnf = static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.gemm_in));
+  // The residual stream and its gradient (bf16 under --bf16 without
+  // --fp32-residual-connection): the embedding output, and with SP the
+  // all-gathered dy of the row-parallel layers and of the embedding.
+  const double act_rs = static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.rs));
   // Per layer forward: two row-parallel outputs (all-reduce, or SP reduce-
-  // scatter) and, with SP, two all-gathered norm outputs. Backward: the
-  // same collectives on the gradients (all-gathered dy, reduce-scattered dx).
+  // scatter; in the model dtype, before the residual add) and, with SP, two
+  // all-gathered norm outputs. Backward: the column-parallel dx (all-reduce,
+  // or SP reduce-scatter, in the model dtype: d.dn with TP) and, with SP,
+  // the row-parallel layers' all-gathered dy.
   const bool sp = opt.sequence_parallel;
-  const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0), layer_bwd = (sp ? 4 : 2) * act;
+  const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0), layer_bwd = 2 * act + (sp ? 2 * act_rs : 0);
   // A recomputed group re-runs its layers' forward in backward, the last
   // layer stopping before linear_fc2 (one row-parallel collective fewer).
   // Per micro-batch of every chunk this rank holds.
@@ -473,9 +479,9 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   // Embedding: all-reduce (SP: reduce-scatter); output layer input: SP
   // all-gather; cross-entropy: max, sum of exp, target logit over [N].
   const double pre = opt.pre_process ? 1 : 0, post = opt.post_process ? 1 : 0;
-  c.tp_forward_bytes = layers * layer_fwd + pre * act + post * ((sp ? act_lnf : 0) + 3 * row);
+  c.tp_forward_bytes = layers * layer_fwd + pre * act_rs + post * ((sp ? act_lnf : 0) + 3 * row);
   // Output layer dx: all-reduce (SP: reduce-scatter); embedding dy: SP all-gather.
-  c.tp_backward_bytes = layers * layer_bwd + post * act + pre * (sp ? act : 0) + recompute;
+  c.tp_backward_bytes = layers * layer_bwd + post * act + pre * (sp ? act_rs : 0) + recompute;
   if (sp)
     for (size_t i = 0; i < t->specs.size(); ++i)
       if (t->specs[i].shard == ShardKind::kReplicated)

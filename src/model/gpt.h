@@ -161,6 +161,12 @@ struct GPTOptions {
                                  // elements (the data-parallel size: reduce-scatter blocks divide evenly)
 };
 
+// The residual stream's dtype under these options (GPTModel::residual_dtype()):
+// bf16 under bf16_compute without fp32_residual, else the model dtype.
+inline DType residual_dtype(const GPTOptions& o) {
+  return o.bf16_compute && !o.fp32_residual ? DType::kBF16 : o.dtype;
+}
+
 // Where backward finalises, and forward first reads, groups of parameters
 // (data-parallel buckets key on these; see parallel/grad_buckets.h):
 // stage L = final norm + untied output layer, l = transformer layer l,

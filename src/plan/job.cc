@@ -200,6 +200,8 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
                    c->no_effect.push_back(line);
                  return;
                }
+               for (const auto& e : c->refused)
+                 if (e.first == "--dataloader-type") return;
                c->refused.emplace_back("--dataloader-type",
                                        fmt::format("the {} data loader is not implemented; the samples follow "
                                                    "Megatron's default single loader (drop the flag)",

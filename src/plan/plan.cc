@@ -263,7 +263,9 @@ void plan_trainer_buffers(PlanReport& r) {
     // gradient all-reduce with the last stage.
     if (p.pp > 1) {
       const double ns = static_cast<double>(go.micro_batch * go.seq_length) / (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
-      const double act = ns * static_cast<double>(r.job.model.hidden_size) * 4.0;
+      // The residual stream's dtype (bf16 under --bf16 without --fp32-residual-connection).
+      const double act = ns * static_cast<double>(r.job.model.hidden_size) *
+                         static_cast<double>(dtype_size(model::residual_dtype(go)));
       const int64_t S = p.pp * r.vpp;
       for (int64_t c = 0; c < r.vpp; ++c) {
         const int64_t s = c * p.pp;
@@ -281,7 +283,7 @@ void plan_trainer_buffers(PlanReport& r) {
   if (p.pp > 1) {
     const double ns = static_cast<double>(go.micro_batch * go.seq_length) / (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
     t.comm += static_cast<double>(align_up(static_cast<size_t>(
-        ns * static_cast<double>(r.job.model.hidden_size) * static_cast<double>(dtype_size(go.dtype)))));
+        ns * static_cast<double>(r.job.model.hidden_size) * static_cast<double>(dtype_size(model::residual_dtype(go))))));
   }
 }
 

@@ -89,6 +89,14 @@ struct Tol {
 
 const char* tname(DType t) { return dtype_name(t); }
 
+// randn rounded to bf16.
+std::vector<bf16> bf16_randn(int64_t n, uint64_t seed, double scale) {
+  std::vector<float> f = randn<float>(n, seed, scale);
+  std::vector<bf16> h(f.size());
+  for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_bf16(f[i]);
+  return h;
+}
+
 // ---------------------------------------------------------------- norms
 
 template <typename T>
@@ -345,12 +353,6 @@ TEST(CudaTwin, RopeTableAndApplyMatchCpu) {
 // differences can move a rounding), bias_add and bias_grad bit for bit.
 TEST(CudaTwin, Bf16StorageOpsMatchCpu) {
   MT_REQUIRE_GPU();
-  auto bf16_randn = [](int64_t n, uint64_t seed, double scale) {
-    std::vector<float> f = randn<float>(n, seed, scale);
-    std::vector<bf16> h(f.size());
-    for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_bf16(f[i]);
-    return h;
-  };
   Arena g = gpu_arena(kArenaBytes);
   const int64_t N = 37;
   for (const int64_t F : {int64_t{136}, int64_t{129}}) {  // Packs of 8 bf16, then element by element
@@ -414,12 +416,6 @@ TEST(CudaTwin, Bf16StorageOpsMatchCpu) {
 // reductions within a bf16 step (y, dx) and the fp32 tolerances (dw, db).
 TEST(CudaTwin, Bf16ResidualStreamOpsMatchCpu) {
   MT_REQUIRE_GPU();
-  auto bf16_randn = [](int64_t n, uint64_t seed, double scale) {
-    std::vector<float> f = randn<float>(n, seed, scale);
-    std::vector<bf16> h(f.size());
-    for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_bf16(f[i]);
-    return h;
-  };
   Arena g = gpu_arena(kArenaBytes);
   {
     const int64_t n = 1003;  // Packs of 8, then the tail one by one

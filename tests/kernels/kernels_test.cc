@@ -776,21 +776,26 @@ TEST(Bf16Outputs, NormsAndActivationsStoreTheRoundedFp32Result) {
 // stored in bf16: each op widens a bf16 input exactly and computes in fp32,
 // so its result is bit for bit the fp32 call's on the same values, rounded
 // once as stored. Mixed dtypes and wrong table/bias dtypes are refused.
+// n normal values (+ shift) rounded to bf16: the bf16 values and their
+// exact fp32 widening.
+std::pair<Buf<float>, Buf<bf16>> rounded(uint64_t seed, int64_t n, double scale, double shift = 0) {
+  std::vector<double> d(n);
+  fill_normal(d, seed, scale);
+  Buf<float> f({n});
+  Buf<bf16> h({n});
+  for (int64_t i = 0; i < n; ++i) h[i] = float_to_bf16(static_cast<float>(d[i] + shift)), f[i] = bf16_to_float(h[i]);
+  return std::make_pair(f, h);
+}
+
+// Every bf16 element is its fp32 counterpart rounded once.
+void expect_rounded(const Buf<float>& y, const Buf<bf16>& yh, const std::string& what) {
+  ASSERT_EQ(y.v.size(), yh.v.size());
+  for (size_t i = 0; i < y.v.size(); ++i)
+    ASSERT_EQ(yh.v[i].bits, float_to_bf16(y.v[i]).bits) << what << " element " << i << " (fp32 " << y.v[i] << ")";
+}
+
 TEST(Bf16Storage, PointwiseOpsOnBf16AreTheRoundedFp32Result) {
   const int64_t N = 9, C = 24, F = 12;
-  auto rounded = [](uint64_t seed, int64_t n, double scale) {
-    std::vector<double> d(n);
-    fill_normal(d, seed, scale);
-    Buf<float> f({n});
-    Buf<bf16> h({n});
-    for (int64_t i = 0; i < n; ++i) h[i] = float_to_bf16(static_cast<float>(d[i])), f[i] = bf16_to_float(h[i]);
-    return std::make_pair(f, h);
-  };
-  auto expect_rounded = [](Buf<float>& y, Buf<bf16>& yh, const std::string& what) {
-    ASSERT_EQ(y.size(), yh.size());
-    for (size_t i = 0; i < y.size(); ++i)
-      ASSERT_EQ(yh[i].bits, float_to_bf16(y[i]).bits) << what << " element " << i << " (fp32 " << y[i] << ")";
-  };
   auto [x, xh] = rounded(1, N * C, 2.0);
   auto [dy, dyh] = rounded(2, N * C, 1.0);
   for (k::GeluKind kind : {k::GeluKind::kExact, k::GeluKind::kTanh}) {
@@ -864,20 +869,6 @@ TEST(Bf16Storage, PointwiseOpsOnBf16AreTheRoundedFp32Result) {
 // the reference (they have their own finite-difference and closed-form tests).
 TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
   const int64_t N = 12, C = 40, B = 3;
-  auto rounded = [](uint64_t seed, int64_t n, double scale, double shift = 0) {
-    std::vector<double> d(n);
-    fill_normal(d, seed, scale);
-    Buf<float> f({n});
-    Buf<bf16> h({n});
-    for (int64_t i = 0; i < n; ++i)
-      h[i] = float_to_bf16(static_cast<float>(d[i] + shift)), f[i] = bf16_to_float(h[i]);
-    return std::make_pair(f, h);
-  };
-  auto expect_rounded = [](const Buf<float>& y, const Buf<bf16>& yh, const std::string& what) {
-    ASSERT_EQ(y.v.size(), yh.v.size());
-    for (size_t i = 0; i < y.v.size(); ++i)
-      ASSERT_EQ(yh.v[i].bits, float_to_bf16(y.v[i]).bits) << what << " element " << i << " (fp32 " << y.v[i] << ")";
-  };
   auto [x, xh] = rounded(21, N * C, 1.5, 0.4);
   auto [o, oh] = rounded(22, N * C, 1.0);
   Buf<float> w({C}), bias({C});

@@ -232,6 +232,30 @@ def compare(label, ref_name, name, iterations, params=True, tol=1e-5):
     print(f"ok {label}: loss/grad-norm max rel diff {worst:.1e}, final tensors {pworst:.1e}", flush=True)
 
 
+def check_plan(full, out):
+    """Measured traffic (comm::CommStats) and rank 0's buffers as allocated
+    (model, Adam state, bucket and pipeline buffers) against the planner's
+    prediction for pipeline rank 0."""
+    import re
+    m = re.search(r"communication per rank per iteration: TP ([\d.]+) MB \(planned ([\d.]+) MB\), "
+                  r"DP ([\d.]+) MB \(planned ([\d.]+) MB\), PP ([\d.]+) MB \(planned ([\d.]+) MB\)", out)
+    if not m:
+        fail(f"{full}: no communication line")
+    else:
+        tpm, tpp, dpm, dpp, ppm, ppp = map(float, m.groups())
+        for what, meas, plan in (("TP", tpm, tpp), ("DP", dpm, dpp), ("PP", ppm, ppp)):
+            if (plan == 0) != (meas < 0.01) or (plan > 0 and abs(meas - plan) / plan > 0.01):
+                fail(f"{full}: {what} traffic {meas} MB vs planned {plan} MB")
+    logs = [json.loads(l) for l in open(os.path.join(TMP, full + ".jsonl")) if '"kind"' in l]
+    if not logs or abs(logs[-1]["memory_measured_bytes"] - logs[-1]["memory_planned_bytes"]) > \
+            0.03 * logs[-1]["memory_planned_bytes"]:
+        fail(f"{full}: measured buffers {logs[-1]['memory_measured_bytes'] if logs else '?'} vs planned "
+             f"{logs[-1]['memory_planned_bytes'] if logs else '?'}")
+    elif logs[-1]["memory_comm_measured_bytes"] != logs[-1]["memory_comm_planned_bytes"]:
+        fail(f"{full}: communication buffers {logs[-1]['memory_comm_measured_bytes']} vs planned "
+             f"{logs[-1]['memory_comm_planned_bytes']}")
+
+
 for model in MODELS:
     ref = f"{model}-ref"
     rc, out, _ = run(ref, 1, train_flags(model, ref, 1, []))
@@ -256,30 +280,10 @@ for model in MODELS:
             continue
         if f"TP x PP x DP = {tp} x {pp} x {dp}" not in out:
             fail(f"{full}: the layout line is missing")
-        # Measured traffic (comm::CommStats) against the planner's prediction.
-        import re
-        m = re.search(r"communication per rank per iteration: TP ([\d.]+) MB \(planned ([\d.]+) MB\), "
-                      r"DP ([\d.]+) MB \(planned ([\d.]+) MB\), PP ([\d.]+) MB \(planned ([\d.]+) MB\)", out)
-        if not m:
-            fail(f"{full}: no communication line")
-        else:
-            tpm, tpp, dpm, dpp, ppm, ppp = map(float, m.groups())
-            for what, meas, plan in (("TP", tpm, tpp), ("DP", dpm, dpp), ("PP", ppm, ppp)):
-                if (plan == 0) != (meas < 0.01) or (plan > 0 and abs(meas - plan) / plan > 0.01):
-                    fail(f"{full}: {what} traffic {meas} MB vs planned {plan} MB")
+        check_plan(full, out)
         compare(f"{full} ({secs:.1f} s)", ref, full, range(1, ITERS + 1))
-        # Rank 0's buffers as allocated against the planner's prediction for
-        # pipeline rank 0 (model, Adam state, bucket and pipeline buffers).
-        logs = [json.loads(l) for l in open(os.path.join(TMP, full + ".jsonl")) if '"kind"' in l]
-        if not logs or abs(logs[-1]["memory_measured_bytes"] - logs[-1]["memory_planned_bytes"]) > \
-                0.03 * logs[-1]["memory_planned_bytes"]:
-            fail(f"{full}: measured buffers {logs[-1]['memory_measured_bytes'] if logs else '?'} vs planned "
-                 f"{logs[-1]['memory_planned_bytes'] if logs else '?'}")
-        elif logs[-1]["memory_comm_measured_bytes"] != logs[-1]["memory_comm_planned_bytes"]:
-            fail(f"{full}: communication buffers {logs[-1]['memory_comm_measured_bytes']} vs planned "
-                 f"{logs[-1]['memory_comm_planned_bytes']}")
 
-def against_reference(tag, ref_extra, layouts, tol=1e-5, params=True):
+def against_reference(tag, ref_extra, layouts, tol=1e-5, params=True, plan=False):
     """For each model: one single-rank run with ref_extra, then every
     (name, TP, PP, DP, extra) layout with the same flags, compared with it."""
     for model in MODELS:
@@ -294,6 +298,8 @@ def against_reference(tag, ref_extra, layouts, tol=1e-5, params=True):
             if rc != 0:
                 fail(f"{full}: exit {rc}\n{out[-3000:]}")
                 continue
+            if plan:
+                check_plan(full, out)
             compare(full, ref, full, range(1, ITERS + 1), params=params, tol=tol)
 
 
@@ -307,7 +313,7 @@ against_reference("bf16", ["--bf16"], [
     ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
     ("pp2dp2overlap", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                                 "--ddp-bucket-size", "50000"]),
-], tol=1e-2, params=False)
+], tol=1e-2, params=False, plan=True)  # the plan's traffic and buffers with a bf16 residual stream
 
 # ---------------------------------------------------------------- DP 3
 # A data-parallel size that does not divide the buffer's alignment.

@@ -91,42 +91,12 @@ void ln_bwd(int64_t N, int64_t C, const D* dy, const X* x, const T* w, const T* 
 
 }  // namespace
 
-namespace {
-
-// The stored types of a forward's x (T, or bf16 for fp32 parameters) and y
-// (out_types: T or bf16).
-template <typename F>
-void fwd_types(const Tensor& x, const Tensor& w, const Tensor& y, const char* op, F&& f) {
-  float_types(w.dtype(), [&](auto t_) {
-    using T = decltype(t_);
-    x_types<T>(x.dtype(), op, "x", [&](auto x_) {
-      out_types<T>(y.dtype(), op, [&](auto y_) { f(T{}, decltype(x_){}, decltype(y_){}); });
-    });
-  });
-}
-
-// A backward's x and dx share one stored type X, dy is stored as D (each T,
-// or bf16 for fp32 parameters).
-template <typename F>
-void bwd_types(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const char* op, F&& f) {
-  MT_CHECK(dx.dtype() == x.dtype(), fmt::format("{}: x and dx must share one dtype (got {}, {})", op,
-                                                dtype_name(x.dtype()), dtype_name(dx.dtype())));
-  float_types(w.dtype(), [&](auto t_) {
-    using T = decltype(t_);
-    x_types<T>(x.dtype(), op, "x", [&](auto x_) {
-      x_types<T>(dy.dtype(), op, "dy", [&](auto d_) { f(T{}, decltype(x_){}, decltype(d_){}); });
-    });
-  });
-}
-
-}  // namespace
-
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd) {
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N && mean.numel() >= N,
            "layernorm_forward: shapes");
-  fwd_types(x, w, y, "layernorm_forward", [&](auto t_, auto x_, auto y_) {
+  norm_fwd_types(x.dtype(), w.dtype(), y.dtype(), "layernorm_forward", [&](auto t_, auto x_, auto y_) {
     using T = decltype(t_);
     using X = decltype(x_);
     using Y = decltype(y_);
@@ -139,7 +109,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
                         const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "layernorm_backward: shapes");
-  bwd_types(dy, x, w, dx, "layernorm_backward", [&](auto t_, auto x_, auto d_) {
+  norm_bwd_types(dy.dtype(), x.dtype(), w.dtype(), dx.dtype(), "layernorm_backward", [&](auto t_, auto x_, auto d_) {
     using T = decltype(t_);
     using X = decltype(x_);
     using D = decltype(d_);
@@ -151,7 +121,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd) {
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N, "rmsnorm_forward: shapes");
-  fwd_types(x, w, y, "rmsnorm_forward", [&](auto t_, auto x_, auto y_) {
+  norm_fwd_types(x.dtype(), w.dtype(), y.dtype(), "rmsnorm_forward", [&](auto t_, auto x_, auto y_) {
     using T = decltype(t_);
     using X = decltype(x_);
     using Y = decltype(y_);
@@ -164,7 +134,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
                       const Tensor& dx, const Tensor& dw) {
   int64_t C = x.dim(-1), N = x.numel() / C;
   MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "rmsnorm_backward: shapes");
-  bwd_types(dy, x, w, dx, "rmsnorm_backward", [&](auto t_, auto x_, auto d_) {
+  norm_bwd_types(dy.dtype(), x.dtype(), w.dtype(), dx.dtype(), "rmsnorm_backward", [&](auto t_, auto x_, auto d_) {
     using T = decltype(t_);
     using X = decltype(x_);
     using D = decltype(d_);

@@ -329,41 +329,13 @@ void launch_bwd(int64_t N, int64_t C, const D* dy, const X* x, const T* w, const
 
 }  // namespace
 
-namespace {
-
-// The CPU twin's dtype rules (kernels/cpu/norm.cc): x stored as T or bf16
-// (fp32 T), y as out_types; in backward x and dx share X, dy is D.
-template <typename F>
-void fwd_types(const Tensor& x, const Tensor& w, const Tensor& y, const char* op, F&& f) {
-  float_types(w.dtype(), [&](auto t_) {
-    using T = decltype(t_);
-    x_types<T>(x.dtype(), op, "x", [&](auto x_) {
-      out_types<T>(y.dtype(), op, [&](auto y_) { f(T{}, decltype(x_){}, decltype(y_){}); });
-    });
-  });
-}
-
-template <typename F>
-void bwd_types(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, const char* op, F&& f) {
-  MT_CHECK(dx.dtype() == x.dtype(), fmt::format("{}: x and dx must share one dtype (got {}, {})", op,
-                                                dtype_name(x.dtype()), dtype_name(dx.dtype())));
-  float_types(w.dtype(), [&](auto t_) {
-    using T = decltype(t_);
-    x_types<T>(x.dtype(), op, "x", [&](auto x_) {
-      x_types<T>(dy.dtype(), op, "dy", [&](auto d_) { f(T{}, decltype(x_){}, decltype(d_){}); });
-    });
-  });
-}
-
-}  // namespace
-
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd) {
   int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N && mean.numel() >= N,
            "layernorm_forward: shapes");
   check_on_gpu({&x, &w, &b, &y, &mean, &rstd}, "layernorm_forward");
-  fwd_types(x, w, y, "layernorm_forward", [&](auto t_, auto x_, auto y_) {
+  norm_fwd_types(x.dtype(), w.dtype(), y.dtype(), "layernorm_forward", [&](auto t_, auto x_, auto y_) {
     using T = decltype(t_);
     using X = decltype(x_);
     using Y = decltype(y_);
@@ -377,7 +349,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
   MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "layernorm_backward: shapes");
   check_on_gpu({&dy, &x, &w, &mean, &rstd, &dx, &dw, &db}, "layernorm_backward");
-  bwd_types(dy, x, w, dx, "layernorm_backward", [&](auto t_, auto x_, auto d_) {
+  norm_bwd_types(dy.dtype(), x.dtype(), w.dtype(), dx.dtype(), "layernorm_backward", [&](auto t_, auto x_, auto d_) {
     using T = decltype(t_);
     using X = decltype(x_);
     using D = decltype(d_);
@@ -390,7 +362,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor&
   int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
   MT_CHECK(w.numel() == C && y.numel() == x.numel() && rstd.numel() >= N, "rmsnorm_forward: shapes");
   check_on_gpu({&x, &w, &y, &rstd}, "rmsnorm_forward");
-  fwd_types(x, w, y, "rmsnorm_forward", [&](auto t_, auto x_, auto y_) {
+  norm_fwd_types(x.dtype(), w.dtype(), y.dtype(), "rmsnorm_forward", [&](auto t_, auto x_, auto y_) {
     using T = decltype(t_);
     using X = decltype(x_);
     using Y = decltype(y_);
@@ -404,7 +376,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   int64_t C = x.dim(-1), N = C == 0 ? 0 : x.numel() / C;
   MT_CHECK(dy.numel() == x.numel() && dx.numel() == x.numel() && dw.numel() == C, "rmsnorm_backward: shapes");
   check_on_gpu({&dy, &x, &w, &rstd, &dx, &dw}, "rmsnorm_backward");
-  bwd_types(dy, x, w, dx, "rmsnorm_backward", [&](auto t_, auto x_, auto d_) {
+  norm_bwd_types(dy.dtype(), x.dtype(), w.dtype(), dx.dtype(), "rmsnorm_backward", [&](auto t_, auto x_, auto d_) {
     using T = decltype(t_);
     using X = decltype(x_);
     using D = decltype(d_);
