@@ -69,10 +69,11 @@ void x_types(DType x, const char* op, const char* what, F&& f) {
                               dtype_name(x), dtype_name(dtype_of<T>()), dtype_name(dtype_of<T>())));
 }
 
-// The parameters' compute type, fp32 or fp64 (the CPU twins' float_types
-// message for any other).
+// float_types(dtype, [&](auto tag) { using T = decltype(tag); ... }): the
+// fp32/fp64 dispatch of the CPU and CUDA twins (a lambda, not a macro, so
+// that its body may hold OpenMP pragmas).
 template <typename F>
-void param_types(DType dt, F&& f) {
+void float_types(DType dt, F&& f) {
   switch (dt) {
     case DType::kF32: f(float{}); break;
     case DType::kF64: f(double{}); break;
@@ -85,7 +86,7 @@ void param_types(DType dt, F&& f) {
 // with fp32 T) and Y that of y (out_types).
 template <typename F>
 void norm_fwd_types(DType x, DType w, DType y, const char* op, F&& f) {
-  param_types(w, [&](auto t_) {
+  float_types(w, [&](auto t_) {
     using T = decltype(t_);
     x_types<T>(x, op, "x", [&](auto x_) {
       out_types<T>(y, op, [&](auto y_) { f(T{}, decltype(x_){}, decltype(y_){}); });
@@ -97,7 +98,7 @@ void norm_fwd_types(DType x, DType w, DType y, const char* op, F&& f) {
 template <typename F>
 void norm_bwd_types(DType dy, DType x, DType w, DType dx, const char* op, F&& f) {
   MT_CHECK(dx == x, fmt::format("{}: x and dx must share one dtype (got {}, {})", op, dtype_name(x), dtype_name(dx)));
-  param_types(w, [&](auto t_) {
+  float_types(w, [&](auto t_) {
     using T = decltype(t_);
     x_types<T>(x, op, "x", [&](auto x_) {
       x_types<T>(dy, op, "dy", [&](auto d_) { f(T{}, decltype(x_){}, decltype(d_){}); });

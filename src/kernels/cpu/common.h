@@ -28,17 +28,6 @@
 
 namespace mt::kernels::cpu {
 
-// float_types(dtype, [&](auto tag) { using T = decltype(tag); ... }): the
-// lambda form, for bodies that hold OpenMP pragmas (not allowed in macro args).
-template <typename F>
-void float_types(DType dt, F&& f) {
-  switch (dt) {
-    case DType::kF32: f(float{}); break;
-    case DType::kF64: f(double{}); break;
-    default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
-  }
-}
-
 // ld<T>(v): a stored value (storage_types, kernels/out_types.h) widened to
 // the compute type T, exactly.
 template <typename T, typename S>

@@ -42,17 +42,6 @@ inline unsigned row_grid(int64_t rows) {
   return static_cast<unsigned>(rows);
 }
 
-// float_types(dtype, [&](auto tag) { using T = decltype(tag); ... }): the
-// fp32/fp64 dispatch of kernels/cpu/common.h, same message for other dtypes.
-template <typename F>
-void float_types(DType dt, F&& f) {
-  switch (dt) {
-    case DType::kF32: f(float{}); break;
-    case DType::kF64: f(double{}); break;
-    default: MT_CHECK(false, fmt::format("unsupported dtype {}", dtype_name(dt)));
-  }
-}
-
 // Pointer of type T, or nullptr for an undefined (optional) tensor.
 template <typename T>
 T* opt_ptr(const Tensor& t) {
