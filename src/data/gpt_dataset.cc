@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "core/file.h"
+#include "data/mock_dataset.h"
 #include "data/npy.h"
 
 namespace mt::data {
@@ -200,7 +201,7 @@ Status check_indices(const GptIndices& r, int64_t num_sequences, const std::stri
 
 }  // namespace
 
-Result<std::shared_ptr<GptDataset>> GptDataset::build(std::shared_ptr<const IndexedDataset> ds, Split split, IndexRange range,
+Result<std::shared_ptr<GptDataset>> GptDataset::build(std::shared_ptr<const Documents> ds, Split split, IndexRange range,
                                                       std::optional<int64_t> num_samples, const GptDatasetConfig& cfg,
                                                       std::string* log) {
   auto out = std::make_shared<GptDataset>();
@@ -414,10 +415,30 @@ Result<std::array<std::shared_ptr<SampleSource>, 3>> build_train_valid_test(cons
                                                                              std::array<bool, 3> wanted) {
   std::array<std::shared_ptr<SampleSource>, 3> out;
   const bool per_split = !cfg.train_data_path.empty() || !cfg.valid_data_path.empty() || !cfg.test_data_path.empty();
-  if (per_split && !cfg.data_path.empty())
-    return Status::invalid("give either --data-path or --train/valid/test-data-path, not both (a single data source must be provided)");
-  if (!per_split && cfg.data_path.empty()) return Status::invalid("--data-path is required");
+  if ((per_split && !cfg.data_path.empty()) || (cfg.mock && (per_split || !cfg.data_path.empty())))
+    return Status::invalid("give one of --mock-data, --data-path or --train/valid/test-data-path (a single data source must be provided)");
+  if (!cfg.mock && !per_split && cfg.data_path.empty()) return Status::invalid("--data-path (or --mock-data) is required");
   if (cfg.gpt.seq_length < 2) return Status::invalid("--seq-length must be at least 2");
+  auto note = [&](const std::string& s) {
+    if (log && !s.empty()) log->push_back(s);
+  };
+
+  if (cfg.mock) {
+    // Megatron: no blend means mock data, split "1,1,1", indices never cached.
+    auto docs = std::make_shared<const MockDocuments>(cfg.mock_vocab_size, cfg.mock_eod);
+    GptDatasetConfig g = cfg.gpt;
+    g.no_cache = true;
+    const auto ranges = split_ranges(*parse_split("1,1,1"), docs->num_sequences());
+    for (int si = 0; si < 3; ++si) {
+      if (!wanted[si] || !ranges[si] || ranges[si]->size() == 0) continue;
+      std::string line;
+      auto d = GptDataset::build(docs, static_cast<Split>(si), *ranges[si], num_samples[si], g, &line);
+      if (!d) return d.status();
+      note(line);
+      out[si] = *d;
+    }
+    return out;
+  }
 
   std::map<std::string, std::shared_ptr<const IndexedDataset>> opened;
   auto open = [&](const std::string& prefix) -> Result<std::shared_ptr<const IndexedDataset>> {
@@ -428,10 +449,6 @@ Result<std::array<std::shared_ptr<SampleSource>, 3>> build_train_valid_test(cons
     opened[prefix] = p;
     return p;
   };
-  auto note = [&](const std::string& s) {
-    if (log && !s.empty()) log->push_back(s);
-  };
-
   std::array<double, 3> split{1, 0, 0};
   if (!per_split) {
     auto s = parse_split(cfg.split);

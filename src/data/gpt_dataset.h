@@ -93,7 +93,7 @@ struct GptDatasetConfig {
 class GptDataset final : public SampleSource {
  public:
   // `log` (optional) receives one line saying whether the indices were built or loaded.
-  static Result<std::shared_ptr<GptDataset>> build(std::shared_ptr<const IndexedDataset> ds, Split split, IndexRange range,
+  static Result<std::shared_ptr<GptDataset>> build(std::shared_ptr<const Documents> ds, Split split, IndexRange range,
                                                    std::optional<int64_t> num_samples, const GptDatasetConfig& cfg,
                                                    std::string* log = nullptr);
   int64_t size() const override { return idx_.num_samples(); }
@@ -103,7 +103,7 @@ class GptDataset final : public SampleSource {
   const GptIndices& indices() const { return idx_; }
 
  private:
-  std::shared_ptr<const IndexedDataset> ds_;
+  std::shared_ptr<const Documents> ds_;
   GptIndices idx_;
   int64_t seq_length_ = 0;
   Split split_ = Split::kTrain;
@@ -149,6 +149,11 @@ struct DataConfig {
   std::vector<std::string> valid_data_path;
   std::vector<std::string> test_data_path;
   std::string split = "969, 30, 1";          // --split (Megatron's legacy default with --data-path)
+  // --mock-data: Megatron's MockGPTLowLevelDataset for the tokenizer's
+  // vocabulary size and EOD token, split "1,1,1" whatever --split says.
+  bool mock = false;
+  int64_t mock_vocab_size = 0;
+  int32_t mock_eod = 0;
   double mid_level_dataset_surplus = 0.005;  // --mid-level-dataset-surplus
   GptDatasetConfig gpt;
 };

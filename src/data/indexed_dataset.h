@@ -80,28 +80,41 @@ class IndexedDatasetWriter {
   bool legacy_unindexed_tail_ = false;
 };
 
-class IndexedDataset {
+// Sequences of tokens, as the GPT dataset reads them: a preprocessed
+// .bin/.idx pair (IndexedDataset) or --mock-data's synthetic documents.
+class Documents {
+ public:
+  virtual ~Documents() = default;
+  virtual const std::string& prefix() const = 0;  // names the source in logs and errors
+  virtual int64_t num_sequences() const = 0;
+  virtual int64_t num_tokens() const = 0;
+  virtual int32_t sequence_length(int64_t i) const = 0;
+  virtual std::vector<int32_t> sequence_lengths() const = 0;
+  // Copies tokens [offset, offset+count) of sequence `seq` into out.
+  // REQUIRES: the range lies inside the sequence (MT_CHECK).
+  virtual void read(int64_t seq, int64_t offset, int64_t count, int64_t* out) const = 0;
+};
+
+class IndexedDataset final : public Documents {
  public:
   static Result<IndexedDataset> open(const std::string& prefix);
   IndexedDataset(IndexedDataset&&) noexcept;
   IndexedDataset& operator=(IndexedDataset&&) noexcept;
   ~IndexedDataset();
 
-  const std::string& prefix() const { return prefix_; }
+  const std::string& prefix() const override { return prefix_; }
   DType dtype() const { return dtype_; }
-  int64_t num_sequences() const { return S_; }
+  int64_t num_sequences() const override { return S_; }
   int64_t num_documents() const { return D_ - 1; }  // as Megatron reports it
-  int64_t num_tokens() const { return total_tokens_; }
-  int32_t sequence_length(int64_t i) const;
+  int64_t num_tokens() const override { return total_tokens_; }
+  int32_t sequence_length(int64_t i) const override;
   int64_t sequence_pointer(int64_t i) const;  // bytes into .bin
   int64_t document_index(int64_t i) const;    // i in [0, D]
   // All sequence lengths (copied once; the GPT dataset needs them as an array).
-  std::vector<int32_t> sequence_lengths() const;
+  std::vector<int32_t> sequence_lengths() const override;
 
-  // Copies tokens [offset, offset+count) of sequence `seq` into out.
-  // REQUIRES: the range lies inside the sequence (MT_CHECK).
   void read(int64_t seq, int64_t offset, int64_t count, int32_t* out) const;
-  void read(int64_t seq, int64_t offset, int64_t count, int64_t* out) const;
+  void read(int64_t seq, int64_t offset, int64_t count, int64_t* out) const override;
   // Raw .bin bytes (for merging).
   std::span<const uint8_t> bin_bytes() const { return {bin_, bin_size_}; }
 

@@ -165,9 +165,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"use-dist-ckpt", false, kCk, kCkpt},
       {"use-checkpoint-args", false, "model flags come from the command line",
        "the model flags are not read from the checkpoint here: give them on the command line"},
-      {"mock-data", false, "no mock dataset",
-       "there is no mock dataset: make a small real one with `megatron preprocess` (README's first command "
-       "does) and pass --data-path"},
       {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
       {"log-num-zeros-in-grad", false, "not implemented",
        "counting zero gradients is not implemented: drop the flag (grad norm and, with --log-params-norm, the "

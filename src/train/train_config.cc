@@ -20,6 +20,8 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_list("train-data-path", &c.data.train_data_path, "training dataset prefixes (instead of --data-path + --split)");
   f.add_list("valid-data-path", &c.data.valid_data_path, "validation dataset prefixes");
   f.add_list("test-data-path", &c.data.test_data_path, "test dataset prefixes");
+  f.add_switch("mock-data", &c.data.mock,
+               "Megatron's synthetic documents (100000 of 1..4095 tokens: 1, 2, 3, ..., EOD) instead of a dataset, split 1,1,1");
   f.add_string("split", &c.data.split, "train,valid,test proportions of each --data-path dataset");
   f.add_string("data-cache-path", &c.data.gpt.cache_dir, "where dataset indices are cached (default: <prefix>/cache/GPTDataset_indices)");
   f.add_double("mid-level-dataset-surplus", &c.data.mid_level_dataset_surplus, "extra samples built per blended dataset", 0, 10);
@@ -198,8 +200,10 @@ std::vector<std::string> validate_train(const TrainConfig& c) {
   if (c.save_interval && c.save.empty()) err("--save-interval needs --save DIR");
   if (c.exit_signal_handler && c.save.empty()) err("--exit-signal-handler saves before exiting: give --save DIR");
   const bool per_split = !c.data.train_data_path.empty() || !c.data.valid_data_path.empty() || !c.data.test_data_path.empty();
-  if (c.data.data_path.empty() && !per_split) err("give --data-path PREFIX (a preprocessed dataset), or --train-data-path");
-  if (!c.data.data_path.empty() && per_split) err("give either --data-path or --train/valid/test-data-path: a single data source must be provided");
+  const int sources = (c.data.mock ? 1 : 0) + (c.data.data_path.empty() ? 0 : 1) + (per_split ? 1 : 0);
+  if (sources == 0) err("give --data-path PREFIX (a preprocessed dataset), --train-data-path, or --mock-data");
+  if (sources > 1)
+    err("give one of --mock-data, --data-path, --train/valid/test-data-path: a single data source must be provided");
   if (c.tokenizer.type.empty()) err("--tokenizer-type is required (e.g. GPT2BPETokenizer with --vocab-file and --merge-file)");
   if (c.eval_interval && c.eval_iters > 0 && per_split && c.data.valid_data_path.empty())
     err("--eval-interval with --train-data-path needs --valid-data-path");

@@ -378,6 +378,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   data::DataConfig dc = cfg.data;
   dc.gpt.seq_length = seq;
   dc.gpt.seed = static_cast<uint32_t>(cfg.seed);
+  dc.mock_vocab_size = tokenizer->vocab_size();
+  dc.mock_eod = tokenizer->eod();
   const bool do_eval = cfg.eval_interval && cfg.eval_iters > 0;
   std::array<std::optional<int64_t>, 3> want{train_iters * gbs, std::nullopt, std::nullopt};
   if (cfg.train_samples) want[0] = *cfg.train_samples;

@@ -282,13 +282,17 @@ TEST(Loader, SamplerMasksAndPositions) {
       EXPECT_EQ(mb->loss_mask[r * 6 + t], tok == 9 ? 0.0f : 1.0f);
       pos = tok == 9 ? 0 : pos + 1;
       seg += tok == 9;
-      if (t + 1 < 6) EXPECT_EQ(mb->labels[r * 6 + t], mb->tokens[r * 6 + t + 1]);
+      if (t + 1 < 6) {
+        EXPECT_EQ(mb->labels[r * 6 + t], mb->tokens[r * 6 + t + 1]);
+      }
     }
     auto mask = attention_mask(*mb, r);
     for (int64_t i = 0; i < 6; ++i)
       for (int64_t j = 0; j < 6; ++j) {
         const bool same = mb->segment_ids[r * 6 + i] == mb->segment_ids[r * 6 + j];
-        if (j <= i) EXPECT_EQ(mask[i * 6 + j], !same);
+        if (j <= i) {
+          EXPECT_EQ(mask[i * 6 + j], !same);
+        }
       }
   }
   // Exhaustion is an error that says what to change.
