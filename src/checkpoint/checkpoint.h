@@ -157,6 +157,11 @@ class LoadedCheckpoint {
 // the offset or key, and what was expected).
 Result<LoadedCheckpoint> load_checkpoint(const std::string& load_dir, std::optional<int64_t> iteration = std::nullopt);
 
+// The training command line stored in common.json: args.argv (a list of
+// tokens), or args as a {flag: value} object (true: a switch, false/null:
+// absent). kCorrupt naming the file when neither is there.
+Result<std::vector<std::string>> training_argv(const nlohmann::json& common, const std::string& where);
+
 // The iteration the tracker in `dir` names ("release" reads as 0), or nullopt
 // when there is no tracker (also when `dir` itself does not exist, so that a
 // first run with --load == --save starts from scratch, as in Megatron).

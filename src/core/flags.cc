@@ -254,6 +254,32 @@ Status FlagSet::parse(const std::vector<std::string>& args) {
   return Status::invalid(m);
 }
 
+std::vector<std::pair<std::string, std::vector<std::string>>> FlagSet::groups(const std::vector<std::string>& args) const {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& tok = args[i];
+    if (tok.size() < 3 || tok[0] != '-' || tok[1] != '-') {
+      out.push_back({"", {tok}});
+      continue;
+    }
+    std::string name = tok.substr(2);
+    const size_t eq = name.find('=');
+    const bool inline_value = eq != std::string::npos;
+    if (inline_value) name = name.substr(0, eq);
+    std::vector<std::string> toks{tok};
+    auto it = flags_.find(name);
+    const bool list = it == flags_.end() || it->second.is_list;
+    if (list) {
+      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) toks.push_back(args[++i]);
+    } else if (it->second.takes_value && !inline_value && i + 1 < args.size() &&
+               !(args[i + 1].rfind("--", 0) == 0 && args[i + 1].size() > 2)) {
+      toks.push_back(args[++i]);
+    }
+    out.push_back({name, std::move(toks)});
+  }
+  return out;
+}
+
 void FlagSet::parse_tokens(const std::vector<std::string>& args,
                            std::vector<std::pair<std::string, std::string>>* errors) {
   auto error = [&](const std::string& flag, std::string message) { errors->emplace_back(flag, std::move(message)); };

@@ -66,6 +66,11 @@ class FlagSet {
   // After a failed parse(): the flag the error is about ("" if none), with --.
   const std::string& error_flag() const { return error_flag_; }
   bool given(const std::string& name) const { return given_.count(name) != 0; }
+  // args cut into one (flag name, its tokens) group per flag, as parse()
+  // would read them (a switch alone; a value flag with its value; a list
+  // with every value up to the next --flag; an unknown flag likewise).
+  // Tokens that are not flags form groups with an empty name.
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups(const std::vector<std::string>& args) const;
   bool has(const std::string& name) const { return flags_.count(name) != 0; }
   std::string help() const;
   const std::string& program() const { return program_; }

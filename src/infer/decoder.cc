@@ -101,12 +101,12 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   buf_ = scratch_.carve(st);
   if (c.position_embedding == PositionEmbedding::kRope) {
     SizeTable t;
-    t.add("rope.cos", {T_max_, d_ / 2}, dt_);
-    t.add("rope.sin", {T_max_, d_ / 2}, dt_);
+    t.add("rope.cos", {T_max_, c.rotary_dim() / 2}, dt_);
+    t.add("rope.sin", {T_max_, c.rotary_dim() / 2}, dt_);
     tables_ = Arena(t.total_bytes(), "decoder-rope");
     auto v = tables_.carve(t);
     rope_cos_ = v[0], rope_sin_ = v[1];
-    k::rope_table(c.rotary_base, T_max_, d_, rope_cos_, rope_sin_);  // row t depends on t only
+    k::rope_table(model::rope_spec(c), T_max_, rope_cos_, rope_sin_);  // row t depends on t only
   }
 }
 
@@ -127,11 +127,11 @@ void Decoder::linear(const Tensor& x, int w, int b, const Tensor& y) const {
 
 void Decoder::norm(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd) const {
   const auto& P = m_.params();
+  const Tensor weight = m_.norm_weight(w);
   if (m_.config().normalization == Normalization::kLayerNorm)
-    k::layernorm_forward(x, P[static_cast<size_t>(w)], b >= 0 ? P[static_cast<size_t>(b)] : Tensor(),
-                         m_.config().norm_epsilon, y, mean, rstd);
+    k::layernorm_forward(x, weight, b >= 0 ? P[static_cast<size_t>(b)] : Tensor(), m_.config().norm_epsilon, y, mean, rstd);
   else
-    k::rmsnorm_forward(x, P[static_cast<size_t>(w)], m_.config().norm_epsilon, y, rstd);
+    k::rmsnorm_forward(x, weight, m_.config().norm_epsilon, y, rstd);
 }
 
 // The layer math of GPTModel::layer_forward with training = false, on n rows
@@ -156,7 +156,7 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
     norm(x, p.ln1_w, p.ln1_b, ln, mean, rstd);
     linear(ln, p.qkv_w, p.qkv_b, qkv);
     if (c.position_embedding == PositionEmbedding::kRope)
-      k::rope_forward(qkv, L, rope_cos_.slice(p0, p0 + n), rope_sin_.slice(p0, p0 + n));
+      k::rope_forward(qkv, L, rope_cos_.slice(p0, p0 + n), rope_sin_.slice(p0, p0 + n), c.rotary_dim());
     k::kv_cache_append(qkv, L, p0, k_cache_[l], v_cache_[l]);
     k::kv_attention(qkv, L, k_cache_[l], v_cache_[l], p0, scale, ctx);
     linear(ctx, p.proj_w, p.proj_b, tmp);

@@ -7,47 +7,11 @@
 
 namespace mt::infer {
 
-Result<std::vector<std::string>> training_argv(const nlohmann::json& common, const std::string& where) {
-  if (!common.is_object() || !common.contains("args"))
-    return Status::corrupt(fmt::format("{}: common.json has no \"args\" (the training arguments), so the model "
-                                       "cannot be rebuilt", where));
-  const nlohmann::json& a = common["args"];
-  std::vector<std::string> argv;
-  if (a.is_object() && a.contains("argv")) {
-    if (!a["argv"].is_array())
-      return Status::corrupt(fmt::format("{}: common.json args.argv must be a list of strings", where));
-    for (const auto& t : a["argv"]) {
-      if (!t.is_string()) return Status::corrupt(fmt::format("{}: common.json args.argv must be a list of strings", where));
-      argv.push_back(t.get<std::string>());
-    }
-    return argv;
-  }
-  if (!a.is_object()) return Status::corrupt(fmt::format("{}: common.json \"args\" must be an object", where));
-  for (const auto& [key, v] : a.items()) {
-    std::string flag = "--" + key;
-    for (char& c : flag)
-      if (c == '_') c = '-';
-    if (v.is_boolean()) {
-      if (v.get<bool>()) argv.push_back(flag);
-    } else if (v.is_null()) {
-      continue;
-    } else if (v.is_string()) {
-      argv.push_back(flag), argv.push_back(v.get<std::string>());
-    } else if (v.is_array()) {
-      argv.push_back(flag);
-      for (const auto& x : v) argv.push_back(x.is_string() ? x.get<std::string>() : x.dump());
-    } else {
-      argv.push_back(flag), argv.push_back(v.dump());
-    }
-  }
-  return argv;
-}
-
 Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadOptions& opt) {
   auto ck = checkpoint::load_checkpoint(load_dir, opt.iteration);
   if (!ck) return ck.status();
   const std::string where = ck->directory() + "/common.json";
-  auto argv = training_argv(ck->common(), where);
+  auto argv = checkpoint::training_argv(ck->common(), where);
   if (!argv) return argv.status();
 
   // The trainer's flags, parsed as training parsed them.

@@ -34,11 +34,6 @@ struct LoadedModel {
   std::string directory;  // .../iter_0000020
 };
 
-// The training command line stored in common.json: args.argv (a list of
-// tokens), or args as a {flag: value} object (true: a switch, false/null:
-// absent). kCorrupt naming the file when neither is there.
-Result<std::vector<std::string>> training_argv(const nlohmann::json& common, const std::string& where);
-
 // Errors: the checkpoint's (kNotFound/kCorrupt naming the directory and
 // file), a training command line that no longer parses (naming the flag), a
 // tokenizer file that cannot be opened (naming the flag to override it with),

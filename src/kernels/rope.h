@@ -1,43 +1,107 @@
 #pragma once
 // Rotary position embedding, Megatron's default (non-interleaved, "rotate
-// half"): for each q and k head vector x of width d, positions t,
-//   inv_freq_i = base^(-2i/d), i < d/2;  angle = t * inv_freq_i
-//   y[i]       = x[i] cos - x[i+d/2] sin
-//   y[i+d/2]   = x[i+d/2] cos + x[i] sin
+// half"): for each q and k head vector x, the leading r = rot_dim of its d
+// dims rotate (r = d unless --rotary-percent < 1; the rest pass through),
+// positions t:
+//   inv_freq_i = base^(-2i/r), i < r/2;  angle = (t / interp) * inv_freq_i
+//   y[i]       = x[i] cos - x[i+r/2] sin
+//   y[i+r/2]   = x[i+r/2] cos + x[i] sin
 // (megatron/core/models/common/embeddings/rotary_pos_embedding.py:
-//  emb = cat(freqs, freqs); x*cos + rotate_half(x)*sin, rotate_half = cat(-x2, x1)).
+//  emb = cat(freqs, freqs); x*cos + rotate_half(x)*sin, rotate_half = cat(-x2, x1),
+//  on t[..., :rot_dim] with t[..., rot_dim:] passed through).
+// --use-rope-scaling rescales inv_freq as Llama 3.1 does (factor
+// --rope-scaling-factor, low/high frequency factors 1 and 4, original
+// context 8192): wavelengths above 8192 are divided by the factor, below
+// 2048 kept, and in between interpolated smoothly.
 // Applied in place on the fused QKV buffer (kernels/qkv_layout.h); v is left
 // alone. Backward is the inverse rotation applied in place to dQKV.
 // qkv fp32, fp64 or bf16 (bf16 rotates in fp32 and rounds once as stored).
-// cos/sin tables: [T, d/2] in the compute dtype (fp32 for fp32 and bf16 qkv,
-// fp64 for fp64), made by rope_table.
+// cos/sin tables: [T, r/2] in the compute dtype (fp32 for fp32 and bf16 qkv,
+// fp64 for fp64), made by rope_table on the host in double arithmetic (so
+// the CPU and CUDA tables are the same bits).
 // Context parallel later passes the table rows of its own positions.
+
+#include <cmath>
+#include <vector>
 
 #include "kernels/dispatch.h"
 #include "kernels/qkv_layout.h"
 
 namespace mt::kernels {
 
+// How Megatron's RotaryEmbedding is configured.
+struct RopeSpec {
+  double base = 10000;          // --rotary-base
+  int64_t rot_dim = 0;          // int(d * --rotary-percent): leading dims rotated (even)
+  bool llama3_scaling = false;  // --use-rope-scaling
+  double scaling_factor = 8;    // --rope-scaling-factor
+  double interpolation = 1;     // --rotary-seq-len-interpolation-factor: positions are divided by it
+};
+
+// inv_freq_i for i < rot_dim/2, in double (Megatron computes the same in fp32).
+inline std::vector<double> rope_inv_freq(const RopeSpec& s) {
+  const int64_t half = s.rot_dim / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    double inv = 1.0 / std::pow(s.base, static_cast<double>(2 * i) / static_cast<double>(s.rot_dim));
+    if (s.llama3_scaling) {
+      constexpr double kOld = 8192, kLow = 1, kHigh = 4;  // original context, low/high frequency factors
+      const double wavelen = 2 * M_PI / inv;
+      if (wavelen > kOld / kLow) {
+        inv /= s.scaling_factor;
+      } else if (!(wavelen < kOld / kHigh)) {
+        const double smooth = (kOld / wavelen - kLow) / (kHigh - kLow);
+        inv = (1 - smooth) * inv / s.scaling_factor + smooth * inv;
+      }
+    }
+    f[static_cast<size_t>(i)] = inv;
+  }
+  return f;
+}
+
+// Row t of the [seq, rot_dim/2] tables: cos and sin of (t / interpolation) * inv_freq,
+// each rounded once to T. Both twins fill their tables with this.
+template <typename T>
+void fill_rope_table(const RopeSpec& s, int64_t seq, T* cos, T* sin) {
+  const std::vector<double> inv = rope_inv_freq(s);
+  const int64_t half = s.rot_dim / 2;
+  for (int64_t t = 0; t < seq; ++t) {
+    const double pos = static_cast<double>(t) * (1.0 / s.interpolation);
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = pos * inv[static_cast<size_t>(i)];
+      cos[t * half + i] = static_cast<T>(std::cos(a));
+      sin[t * half + i] = static_cast<T>(std::sin(a));
+    }
+  }
+}
+
 namespace cpu {
-void rope_table(double base, int64_t seq, int64_t head_dim, const Tensor& cos, const Tensor& sin);
-void rope_apply(const Tensor& qkv, const QkvLayout& layout, const Tensor& cos, const Tensor& sin, bool inverse);
+void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin);
+void rope_apply(const Tensor& qkv, const QkvLayout& layout, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
+                bool inverse);
 }  // namespace cpu
 #ifdef MT_HAVE_CUDA
 // The CUDA twins (kernels/cuda/rope.cu), on the rank's stream.
 namespace cuda {
-void rope_table(double base, int64_t seq, int64_t head_dim, const Tensor& cos, const Tensor& sin);
-void rope_apply(const Tensor& qkv, const QkvLayout& layout, const Tensor& cos, const Tensor& sin, bool inverse);
+void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin);
+void rope_apply(const Tensor& qkv, const QkvLayout& layout, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
+                bool inverse);
 }  // namespace cuda
 #endif
 
+inline void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin) {
+  MT_DISPATCH(rope_table, cos.device(), spec, seq, cos, sin);
+}
+// Megatron's default table: base, the whole head dimension rotated.
 inline void rope_table(double base, int64_t seq, int64_t head_dim, const Tensor& cos, const Tensor& sin) {
-  MT_DISPATCH(rope_table, cos.device(), base, seq, head_dim, cos, sin);
+  rope_table(RopeSpec{base, head_dim}, seq, cos, sin);
 }
-inline void rope_forward(const Tensor& qkv, const QkvLayout& l, const Tensor& cos, const Tensor& sin) {
-  MT_DISPATCH(rope_apply, qkv.device(), qkv, l, cos, sin, false);
+// rot_dim 0: the whole head dimension.
+inline void rope_forward(const Tensor& qkv, const QkvLayout& l, const Tensor& cos, const Tensor& sin, int64_t rot_dim = 0) {
+  MT_DISPATCH(rope_apply, qkv.device(), qkv, l, rot_dim ? rot_dim : l.head_dim, cos, sin, false);
 }
-inline void rope_backward(const Tensor& dqkv, const QkvLayout& l, const Tensor& cos, const Tensor& sin) {
-  MT_DISPATCH(rope_apply, dqkv.device(), dqkv, l, cos, sin, true);
+inline void rope_backward(const Tensor& dqkv, const QkvLayout& l, const Tensor& cos, const Tensor& sin, int64_t rot_dim = 0) {
+  MT_DISPATCH(rope_apply, dqkv.device(), dqkv, l, rot_dim ? rot_dim : l.head_dim, cos, sin, true);
 }
 
 }  // namespace mt::kernels

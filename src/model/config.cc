@@ -18,6 +18,11 @@ int64_t ModelConfig::head_dim() const {
   return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
 }
 
+int64_t ModelConfig::rotary_dim() const {
+  // Megatron: dim = int(kv_channels * rotary_percent) when rotary_percent < 1.
+  return rotary_percent < 1.0 ? static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent) : head_dim();
+}
+
 int64_t ModelConfig::query_groups() const {
   if (!group_query_attention) return num_attention_heads;
   return num_query_groups.value_or(1);
@@ -77,7 +82,16 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
   f.add_double("hidden-dropout", &c.hidden_dropout, "dropout after attention and MLP", 0, 1);
   f.add_double("attention-dropout", &c.attention_dropout, "dropout on attention probabilities", 0, 1);
   f.add_double("norm-epsilon", &c.norm_epsilon, "epsilon of LayerNorm/RMSNorm", 0, 1);
+  f.add_switch("apply-layernorm-1p", &c.apply_layernorm_1p,
+               "zero-centred norm weights: every LayerNorm/RMSNorm multiplies by 1 + gamma, gamma initialised to 0");
   f.add_double("rotary-base", &c.rotary_base, "base of the rotary position embedding", 1, 1e12);
+  f.add_double("rotary-percent", &c.rotary_percent, "fraction of each head's dimensions that RoPE rotates (the rest pass through)",
+               0, 1);
+  f.add_int("rotary-seq-len-interpolation-factor", &c.rotary_seq_len_interpolation_factor,
+            "RoPE position interpolation: positions are divided by this factor", 1, 1 << 20);
+  f.add_switch("use-rope-scaling", &c.use_rope_scaling,
+               "Llama 3.1 RoPE frequency scaling (low/high frequency factors 1 and 4, original context 8192)");
+  f.add_double("rope-scaling-factor", &c.rope_scaling_factor, "the factor of --use-rope-scaling", 1e-6, 1e6);
   f.add_double("init-method-std", &c.init_method_std, "standard deviation of the normal initialisation", 0, 10);
   f.add_switch("openai-gelu", &c.openai_gelu, "tanh approximation of GELU (OpenAI's)");
   f.add_switch("apply-residual-connection-post-layernorm", &c.apply_residual_connection_post_layernorm,

@@ -45,7 +45,12 @@ struct ModelConfig {
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
   double norm_epsilon = 1e-5;           // --norm-epsilon
+  bool apply_layernorm_1p = false;      // --apply-layernorm-1p: norms multiply by 1 + gamma (gamma zero-centred)
   double rotary_base = 10000;           // --rotary-base
+  double rotary_percent = 1.0;          // --rotary-percent: fraction of the head dimension rotated
+  std::optional<int64_t> rotary_seq_len_interpolation_factor;  // positions divided by it
+  bool use_rope_scaling = false;        // --use-rope-scaling: Llama 3.1 frequency scaling
+  double rope_scaling_factor = 8.0;     // --rope-scaling-factor
   double init_method_std = 0.02;        // --init-method-std
   bool openai_gelu = false;             // --openai-gelu: tanh approximation of GELU
   bool apply_residual_connection_post_layernorm = false;  // residual taken after the norm
@@ -57,6 +62,7 @@ struct ModelConfig {
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;
   int64_t head_dim() const;            // d
+  int64_t rotary_dim() const;          // int(d * rotary_percent): the leading dims RoPE rotates
   int64_t query_groups() const;        // g
   int64_t norm_params_per_norm() const;  // h (RMSNorm) or 2h (LayerNorm): ν·h
   int64_t moe_ffn() const { return moe_ffn_hidden_size.value_or(ffn()); }

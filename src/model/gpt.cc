@@ -248,6 +248,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
       errs.push_back(fmt::format("head dim {} exceeds the attention kernel's {}", cfg.head_dim(), k::kAttnMaxHeadDim));
     if (cfg.position_embedding == PositionEmbedding::kRope && cfg.head_dim() % 2)
       errs.push_back("--position-embedding-type rope needs an even head dimension");
+    else if (cfg.position_embedding == PositionEmbedding::kRope && (cfg.rotary_dim() <= 0 || cfg.rotary_dim() % 2))
+      errs.push_back(fmt::format("--rotary-percent {} rotates {} of the head's {} dimensions: RoPE needs an even, positive "
+                                 "number (e.g. --rotary-percent {})",
+                                 cfg.rotary_percent, cfg.rotary_dim(), cfg.head_dim(),
+                                 std::max<int64_t>(2, cfg.rotary_dim() / 2 * 2) / static_cast<double>(cfg.head_dim())));
     if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute && cfg.max_position_embeddings < T)
       errs.push_back(fmt::format("--max-position-embeddings {} is below the sequence length {}",
                                  cfg.max_position_embeddings, T));
@@ -388,8 +393,12 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   }
 
   if (cfg.position_embedding == PositionEmbedding::kRope) {
-    t.rope.add("rope.cos", {T, cfg.head_dim() / 2}, dt);
-    t.rope.add("rope.sin", {T, cfg.head_dim() / 2}, dt);
+    t.rope.add("rope.cos", {T, cfg.rotary_dim() / 2}, dt);
+    t.rope.add("rope.sin", {T, cfg.rotary_dim() / 2}, dt);
+  }
+  if (cfg.apply_layernorm_1p) {  // --apply-layernorm-1p: a row of ones and the 1 + gamma each norm uses
+    t.rope.add("norm1p.ones", {h}, dt);
+    t.rope.add("norm1p.weight", {h}, dt);
   }
 
   // Scratch: the peak of the allocations forward() and backward() make, in
@@ -565,10 +574,21 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   ws_resid_ = std::move(t.ws_resid);
   if (plan_.scratch) scratch_ = Arena(plan_.scratch, "scratch", opt.device);
   if (plan_.tables) {
-    tables_ = Arena(plan_.tables, "rope-tables", opt.device);
+    tables_ = Arena(plan_.tables, "tables", opt.device);
     auto v = tables_.carve(t.rope);
-    rope_cos_ = v[0], rope_sin_ = v[1];
-    k::rope_table(cfg.rotary_base, T_, cfg.head_dim(), rope_cos_, rope_sin_);
+    size_t next = 0;
+    if (cfg.position_embedding == PositionEmbedding::kRope) {
+      rope_cos_ = v[next++], rope_sin_ = v[next++];
+      k::rope_table(rope_spec(cfg), T_, rope_cos_, rope_sin_);
+    }
+    if (cfg.apply_layernorm_1p) {
+      norm_ones_ = v[next++], norm_w1_ = v[next++];
+      std::vector<double> one(static_cast<size_t>(cfg.hidden_size), 1.0);
+      std::vector<float> onef(one.begin(), one.end());
+      copy_tensor(opt.dtype == DType::kF64 ? Tensor(one.data(), {cfg.hidden_size}, DType::kF64)
+                                    : Tensor(onef.data(), {cfg.hidden_size}, DType::kF32),
+                  norm_ones_);
+    }
   }
 }
 
@@ -777,19 +797,32 @@ void GPTModel::reduce_tp_replicated_grads() {
     if (specs_[i].shard == ShardKind::kReplicated) opt_.tp_comm->all_reduce(grads_[i]);
 }
 
+Tensor GPTModel::norm_weight(int w) const {
+  if (!cfg_.apply_layernorm_1p) return params_[w];
+  // Zero-centred gamma: the norm multiplies by 1 + gamma (computed in the
+  // parameters' dtype, as Megatron's weight + 1), and gamma's gradient is
+  // the gradient with respect to 1 + gamma.
+  const Tensor& g = params_[w];
+  const Tensor out = norm_w1_.slice(0, g.numel());
+  k::add(g, norm_ones_.slice(0, g.numel()), out);
+  return out;
+}
+
 void GPTModel::norm_fwd(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const Tensor weight = norm_weight(w);
   if (cfg_.normalization == Normalization::kLayerNorm)
-    k::layernorm_forward(x, params_[w], b >= 0 ? params_[b] : Tensor(), cfg_.norm_epsilon, y, mean, rstd);
+    k::layernorm_forward(x, weight, b >= 0 ? params_[b] : Tensor(), cfg_.norm_epsilon, y, mean, rstd);
   else
-    k::rmsnorm_forward(x, params_[w], cfg_.norm_epsilon, y, rstd);
+    k::rmsnorm_forward(x, weight, cfg_.norm_epsilon, y, rstd);
 }
 
 void GPTModel::norm_bwd(const Tensor& dy, const Tensor& x, int w, int b, const Tensor& mean, const Tensor& rstd,
                         const Tensor& dx) {
+  const Tensor weight = norm_weight(w);
   if (cfg_.normalization == Normalization::kLayerNorm)
-    k::layernorm_backward(dy, x, params_[w], mean, rstd, dx, grads_[w], b >= 0 ? grads_[b] : Tensor());
+    k::layernorm_backward(dy, x, weight, mean, rstd, dx, grads_[w], b >= 0 ? grads_[b] : Tensor());
   else
-    k::rmsnorm_backward(dy, x, params_[w], rstd, dx, grads_[w]);
+    k::rmsnorm_backward(dy, x, weight, rstd, dx, grads_[w]);
 }
 
 namespace {
@@ -837,7 +870,7 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   column_fwd_input(ln1, a.ln1);
   linear_fwd(a.ln1, p.qkv_w, p.qkv_b, a.qkv);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
-  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_);
+  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim());
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
                          dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
   ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
@@ -894,7 +927,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   const Tensor& dproj = hd > 0 ? dtmp : dresid;
   row_linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
   k::attention_backward(a.qkv, ctx, dctx, lse, L, ao, dqkv);
-  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_backward(dqkv, L, rope_cos_, rope_sin_);
+  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_backward(dqkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim());
   column_linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
   if (post) {
     k::add_inplace(dln, dresid);

@@ -85,6 +85,7 @@
 #include "core/arena.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kernels/rope.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -165,6 +166,13 @@ struct GPTOptions {
 // bf16 under bf16_compute without fp32_residual, else the model dtype.
 inline DType residual_dtype(const GPTOptions& o) {
   return o.bf16_compute && !o.fp32_residual ? DType::kBF16 : o.dtype;
+}
+
+// The rotary embedding the model flags ask for (--rotary-base, --rotary-percent,
+// --rotary-seq-len-interpolation-factor, --use-rope-scaling, --rope-scaling-factor).
+inline kernels::RopeSpec rope_spec(const ModelConfig& c) {
+  return kernels::RopeSpec{c.rotary_base, c.rotary_dim(), c.use_rope_scaling, c.rope_scaling_factor,
+                           static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1))};
 }
 
 // Where backward finalises, and forward first reads, groups of parameters
@@ -287,6 +295,10 @@ class GPTModel {
   DType residual_dtype() const { return rs_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const std::vector<Tensor>& params() const { return params_; }
+  // The weight norm parameter w multiplies by: params()[w], or with
+  // --apply-layernorm-1p 1 + params()[w] (written to a model buffer that the
+  // next call overwrites).
+  Tensor norm_weight(int w) const;
   const std::vector<Tensor>& grads() const { return grads_; }
   // Index of a parameter by Megatron name, or -1.
   int find(const std::string& name) const;
@@ -378,7 +390,8 @@ class GPTModel {
   std::vector<Slot> slots_;
   std::vector<std::array<int, 12>> ws_layers_;  // workspace table entries per group position
   std::vector<int> ws_resid_;
-  Tensor rope_cos_, rope_sin_;  // [T, d/2] in tables_
+  Tensor rope_cos_, rope_sin_;  // [T, r/2] in tables_
+  Tensor norm_ones_, norm_w1_;  // --apply-layernorm-1p: ones [h], and 1 + gamma of the norm being run
   std::function<void(int)> backward_hook_, forward_hook_;
 };
 

@@ -128,7 +128,9 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
     add("embedding.position_embeddings.weight", {c.max_position_embeddings, h}, ShardKind::kReplicated, -1,
         InitKind::kNormal, true, -1);
   auto norm = [&](const std::string& prefix, int layer) {
-    add(prefix + ".weight", {h}, ShardKind::kReplicated, -1, InitKind::kOnes, false, layer);
+    // --apply-layernorm-1p stores gamma - 1 (zero-centred), initialised to 0.
+    add(prefix + ".weight", {h}, ShardKind::kReplicated, -1, c.apply_layernorm_1p ? InitKind::kZeros : InitKind::kOnes,
+        false, layer);
     if (ln) add(prefix + ".bias", {h}, ShardKind::kReplicated, -1, InitKind::kZeros, false, layer);
   };
   for (int i = 0; i < static_cast<int>(c.num_layers); ++i) {

@@ -200,9 +200,7 @@ void AdamWOptimizer::step(double lr, double wd) {
 double AdamWOptimizer::grad_norm() const { return norm_of(model_.grads()); }
 double AdamWOptimizer::params_norm() const { return norm_of(model_.params()); }
 
-// The global L2 norm of `tensors` (the model's gradients or parameters, in
-// parameter order), each element counted once.
-double AdamWOptimizer::norm_of(const std::vector<Tensor>& grads) const {
+std::vector<Tensor> AdamWOptimizer::counted_parts(const std::vector<Tensor>& tensors) const {
   const auto& specs = model_.specs();
   // Replicated parameters are identical on every TP rank: count them on TP rank 0 only.
   // A tied word embedding on the last pipeline stage is a copy of the first
@@ -215,18 +213,33 @@ double AdamWOptimizer::norm_of(const std::vector<Tensor>& grads) const {
   if (distributed()) {
     for (const StateRange& r : ranges_) {
       const size_t i = static_cast<size_t>(r.param);
-      if (counted(i)) parts.push_back(flat_slice(grads[i], r.begin, r.end));
+      if (counted(i)) parts.push_back(flat_slice(tensors[i], r.begin, r.end));
     }
   } else {
-    for (size_t i = 0; i < grads.size(); ++i)
-      if (counted(i)) parts.push_back(grads[i]);
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (counted(i)) parts.push_back(tensors[i]);
   }
+  return parts;
+}
+
+double AdamWOptimizer::sum_over_model(double v) const {
+  v = sum_over(par_.tp, v);
+  if (distributed()) v = sum_over(par_.dp, v);
+  return sum_over(par_.pp, v);
+}
+
+// The global L2 norm of `tensors` (the model's gradients or parameters, in
+// parameter order), each element counted once.
+double AdamWOptimizer::norm_of(const std::vector<Tensor>& tensors) const {
   double s = 0;
-  for (double v : sums_of_squares(parts)) s += v;  // in parameter order
-  s = sum_over(par_.tp, s);
-  if (distributed()) s = sum_over(par_.dp, s);
-  s = sum_over(par_.pp, s);
-  return std::sqrt(s);
+  for (double v : sums_of_squares(counted_parts(tensors))) s += v;  // in parameter order
+  return std::sqrt(sum_over_model(s));
+}
+
+int64_t AdamWOptimizer::grad_zeros() const {
+  int64_t n = 0;
+  for (int64_t z : kernels::count_zeros_each(counted_parts(model_.grads()))) n += z;
+  return static_cast<int64_t>(sum_over_model(static_cast<double>(n)));  // exact below 2^53
 }
 
 double AdamWOptimizer::clip_grad_norm(double max_norm) {

@@ -116,6 +116,11 @@ class AdamWOptimizer {
   // stage, with the distributed optimizer each DP rank's own shard, which
   // step() has updated even while an overlapped all-gather is in flight).
   double params_norm() const;
+  // The number of zero gradient elements of the whole model
+  // (--log-num-zeros-in-grad; Megatron's count_zeros_fp32), each element
+  // counted once as params_norm() counts it. Counted on the unclipped
+  // gradients (clipping scales, it makes no zeros).
+  int64_t grad_zeros() const;
   // Megatron's clipping (see above). Returns the norm BEFORE clipping.
   // max_norm <= 0 disables clipping (the norm is still computed and returned).
   double clip_grad_norm(double max_norm);
@@ -148,6 +153,11 @@ class AdamWOptimizer {
 
  private:
   double norm_of(const std::vector<Tensor>& tensors) const;
+  // The pieces of `tensors` (gradients or parameters) this rank counts toward
+  // a whole-model statistic, and the sum of a per-rank value over the ranks
+  // that split the model (TP, PP, and DP with the distributed optimizer).
+  std::vector<Tensor> counted_parts(const std::vector<Tensor>& tensors) const;
+  double sum_over_model(double v) const;
 
   model::GPTModel& model_;
   AdamWConfig cfg_;

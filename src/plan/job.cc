@@ -163,17 +163,8 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"wandb-save-dir", true, kTb, kLogging},
       {"ckpt-format", true, kCk, kCkpt},
       {"use-dist-ckpt", false, kCk, kCkpt},
-      {"use-checkpoint-args", false, "model flags come from the command line",
-       "the model flags are not read from the checkpoint here: give them on the command line"},
       {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
-      {"log-num-zeros-in-grad", false, "not implemented",
-       "counting zero gradients is not implemented: drop the flag (grad norm and, with --log-params-norm, the "
-       "parameters' norm are logged)"},
       {"qk-layernorm", false, "not implemented", "LayerNorm on queries and keys is not implemented: drop the flag"},
-      {"apply-layernorm-1p", false, "not implemented",
-       "zero-centred LayerNorm weights (1 + gamma) are not implemented: drop the flag"},
-      {"use-rope-scaling", false, "not implemented",
-       "Llama 3.1 RoPE frequency scaling is not implemented: drop the flag"},
       {"use-torch-fsdp2", false, "no FSDP",
        "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and Adam state over DP"},
   };
@@ -202,18 +193,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
                c->refused.emplace_back("--dataloader-type",
                                        fmt::format("the {} data loader is not implemented; the samples follow "
                                                    "Megatron's default single loader (drop the flag)",
-                                                   v));
-             });
-  // --rotary-percent: only Megatron's default, rotating the whole head.
-  f.add_seen("rotary-percent", true,
-             "fraction of the head dimension rotated by RoPE: only 1.0 (Megatron's default) is implemented", {},
-             [c](const std::string& v) {
-               char* end = nullptr;
-               const double x = std::strtod(v.c_str(), &end);
-               if (end && *end == '\0' && end != v.c_str() && x == 1.0) return;
-               c->refused.emplace_back("--rotary-percent",
-                                       fmt::format("partial rotary embeddings are not implemented (got {}); "
-                                                   "use --rotary-percent 1.0 or drop the flag",
                                                    v));
              });
   // Megatron's deprecated spellings of --position-embedding-type.

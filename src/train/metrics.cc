@@ -28,11 +28,11 @@ std::string format_log_line(const IterationStats& s) {
   // plus throughput and memory.
   return fmt::format(
       " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
-      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.3f} |{} "
+      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.3f} |{}{} "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | tokens/s: {:.0f} | "
       "throughput per device (TFLOP/s): {:.3f} | MFU: {:.1f}% | memory (MiB): {} measured, {} planned, peak RSS {}",
       now_text(), s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iteration, s.learning_rate,
-      s.global_batch_size, s.loss, s.grad_norm,
+      s.global_batch_size, s.loss, s.grad_norm, s.num_zeros ? fmt::format(" num zeros: {} |", *s.num_zeros) : std::string(),
       s.params_norm ? fmt::format(" params norm: {:.3f} |", *s.params_norm) : std::string(), s.skipped_iterations,
       s.nan_iterations, s.tokens_per_s, s.tflops_per_device, s.mfu * 100, mib(s.measured_bytes), mib(s.planned_bytes),
       mib(s.peak_rss_bytes));
@@ -56,6 +56,7 @@ nlohmann::json to_json(const IterationStats& s) {
           {"memory_planned_bytes", s.planned_bytes},
           {"peak_rss_bytes", s.peak_rss_bytes}};
   if (s.params_norm) j["params_norm"] = *s.params_norm;
+  if (s.num_zeros) j["num_zeros"] = *s.num_zeros;
   return j;
 }
 

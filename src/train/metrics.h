@@ -20,6 +20,7 @@ struct IterationStats {
   double loss = 0;               // mean over the logging interval
   double grad_norm = 0;
   std::optional<double> params_norm;  // with --log-params-norm
+  std::optional<int64_t> num_zeros;   // with --log-num-zeros-in-grad
   int64_t skipped_iterations = 0, nan_iterations = 0;
   double tokens_per_s = 0;
   double tflops_per_device = 0;

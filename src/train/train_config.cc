@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
+#include <set>
 
+#include "checkpoint/checkpoint.h"
 #include "data/tokenizer_flags.h"
 
 namespace mt::train {
@@ -65,6 +68,8 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_string("metrics-file", &c.metrics_file, "JSON-lines metrics file (default: <save>/metrics.jsonl)");
   f.add_switch("log-params-norm", &c.log_params_norm,
                "the L2 norm of the fp32 parameters after each step, in the log line and the metrics");
+  f.add_switch("log-num-zeros-in-grad", &c.log_num_zeros_in_grad,
+               "log the number of zero gradient elements (each element of the model once) per iteration");
   f.add_string("tensorboard-dir", &c.tensorboard_dir,
                "write TensorBoard scalars (Megatron's: learning-rate, batch-size, lm loss, loss-scale, grad-norm, "
                "params-norm, lm loss validation, each also 'vs samples') to an event file in this directory");
@@ -91,6 +96,13 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_switch("no-load-rng", &c.no_load_rng, "do not load random-number state");
   f.add_switch("exit-on-missing-checkpoint", &c.exit_on_missing_checkpoint,
                "with --load: stop with an error when it holds no checkpoint, instead of training from scratch");
+  f.add_switch("use-checkpoint-args", &c.use_checkpoint_args,
+               "take the model flags from the --load checkpoint's stored arguments (Megatron's list: forced ones "
+               "override the command line, the others fill in flags not given)");
+  f.add_switch("no-use-tokenizer-model-from-checkpoint-args", &c.use_tokenizer_model_from_checkpoint_args,
+               "with --use-checkpoint-args, keep the command line's --tokenizer-type/--tokenizer-model", false);
+  f.add_switch("use-mp-args-from-checkpoint-args", &c.use_mp_args_from_checkpoint_args,
+               "with --use-checkpoint-args, also take the tensor/pipeline/virtual-pipeline/expert parallel sizes");
   f.add_switch("finetune", &c.finetune, "load only the model: iteration, optimizer, scheduler and data position restart");
 
   f.section("exit");
@@ -150,8 +162,10 @@ Result<std::vector<std::string>> yaml_to_args(const std::string& path) {
   return args;
 }
 
-Status parse_train_args(const std::vector<std::string>& argv, TrainConfig* cfg, FlagSet* flags, bool* help) {
-  // A --config file is applied first so that the command line wins.
+namespace {
+
+// argv with every --config YAML file's flags put first, so that the command line wins.
+Result<std::vector<std::string>> expand_config_files(const std::vector<std::string>& argv) {
   std::vector<std::string> all;
   for (size_t i = 0; i < argv.size(); ++i) {
     std::string path;
@@ -163,8 +177,111 @@ Status parse_train_args(const std::vector<std::string>& argv, TrainConfig* cfg, 
     all.insert(all.end(), extra->begin(), extra->end());
   }
   for (const auto& a : argv) all.push_back(a);
+  return all;
+}
+
+// Megatron's load_args_from_checkpoint (megatron/training/checkpointing.py),
+// in this program's flag names: (flag, forced). A forced flag is always the
+// checkpoint's (given there or not); the others only when the command line
+// does not give them.
+struct CkptArg {
+  const char* flag;
+  bool forced;
+};
+constexpr CkptArg kModelArgs[] = {
+    {"num-layers", false}, {"hidden-size", false}, {"ffn-hidden-size", false}, {"seq-length", false},
+    {"num-attention-heads", false}, {"num-query-groups", true}, {"group-query-attention", true},
+    {"kv-channels", false}, {"max-position-embeddings", false}, {"position-embedding-type", true},
+    {"use-rotary-position-embeddings", true}, {"no-position-embedding", true}, {"rotary-base", true},
+    {"rotary-percent", true}, {"disable-bias-linear", true}, {"swiglu", true},
+    {"untie-embeddings-and-output-weights", true}, {"apply-layernorm-1p", true}, {"normalization", true},
+    {"attention-dropout", true}, {"hidden-dropout", true}, {"num-experts", true}, {"moe-ffn-hidden-size", true},
+    {"moe-router-topk", true},
+    // Not in Megatron's list (its padded vocabulary comes from the tokenizer):
+    // a NullTokenizer's --vocab-size when the command line has none.
+    {"vocab-size", false}};
+constexpr CkptArg kTokenizerArgs[] = {{"tokenizer-type", true}, {"tokenizer-model", true}};
+constexpr CkptArg kParallelArgs[] = {{"tensor-model-parallel-size", true},
+                                     {"pipeline-model-parallel-size", true},
+                                     {"num-virtual-stages-per-pipeline-rank", true},
+                                     {"num-layers-per-virtual-pipeline-stage", false},
+                                     {"expert-model-parallel-size", true}};
+
+// --use-checkpoint-args: rewrites `all` (the expanded command line, already
+// parsed once into `first` / `first_flags`) with the checkpoint's flags.
+Result<std::vector<std::string>> merge_checkpoint_args(const std::vector<std::string>& all, const TrainConfig& first,
+                                                       const FlagSet& first_flags, std::vector<std::string>* notes) {
+  if (first.load.empty()) return Status::invalid("--use-checkpoint-args needs --load DIR (the checkpoint to take them from)");
+  auto tracked = checkpoint::read_tracker(first.load);
+  if (!tracked) return tracked.status();
+  std::vector<std::string> merged;
+  for (const auto& [name, toks] : first_flags.groups(all))
+    if (name != "use-checkpoint-args") merged.insert(merged.end(), toks.begin(), toks.end());
+  if (!*tracked) {
+    notes->push_back(fmt::format("--use-checkpoint-args: no checkpoint in {} to provide arguments, using the command line's",
+                                 first.load));
+    return merged;
+  }
+  auto ck = checkpoint::load_checkpoint(first.load);
+  if (!ck) return ck.status();
+  const std::string where = ck->directory() + "/common.json";
+  auto stored = checkpoint::training_argv(ck->common(), where);
+  if (!stored) return stored.status();
+  auto stored_all = expand_config_files(*stored);
+  if (!stored_all) return Status(stored_all.status().code(), where + ": " + stored_all.status().message());
+
+  std::vector<CkptArg> take(std::begin(kModelArgs), std::end(kModelArgs));
+  if (first.use_tokenizer_model_from_checkpoint_args) take.insert(take.end(), std::begin(kTokenizerArgs), std::end(kTokenizerArgs));
+  if (first.use_mp_args_from_checkpoint_args) take.insert(take.end(), std::begin(kParallelArgs), std::end(kParallelArgs));
+  std::set<std::string> from_ckpt;
+  for (const CkptArg& a : take)
+    if (a.forced || !first_flags.given(a.flag)) from_ckpt.insert(a.flag);
+  // The command line without the flags the checkpoint decides, then the checkpoint's tokens for them.
+  merged.clear();
+  for (const auto& [name, toks] : first_flags.groups(all))
+    if (name != "use-checkpoint-args" && !from_ckpt.count(name)) merged.insert(merged.end(), toks.begin(), toks.end());
+  std::set<std::string> seen;
+  for (const auto& [name, toks] : first_flags.groups(*stored_all)) {
+    if (!from_ckpt.count(name)) continue;
+    merged.insert(merged.end(), toks.begin(), toks.end());
+    std::string shown;
+    for (size_t i = 1; i < toks.size(); ++i) shown += (i > 1 ? " " : "") + toks[i];
+    if (seen.insert(name).second)
+      notes->push_back(fmt::format("setting --{}{} from checkpoint", name, shown.empty() ? "" : " to " + shown));
+  }
+  for (const CkptArg& a : take)
+    if (from_ckpt.count(a.flag) && !seen.count(a.flag) && first_flags.given(a.flag))
+      notes->push_back(fmt::format("dropping --{}: the checkpoint's arguments do not have it", a.flag));
+  notes->insert(notes->begin(), fmt::format("--use-checkpoint-args: model flags from {}", where));
+  return merged;
+}
+
+}  // namespace
+
+Status parse_train_args(const std::vector<std::string>& argv, TrainConfig* cfg, FlagSet* flags, bool* help) {
+  auto all = expand_config_files(argv);
+  if (!all) return all.status();
+  if (std::find(all->begin(), all->end(), "--use-checkpoint-args") != all->end()) {
+    // A first parse into a scratch config says where to load from and which flags are given.
+    TrainConfig first;
+    FlagSet first_flags(flags->program());
+    register_train_flags(first_flags, first, flags->has("device"));
+    bool first_help = false;
+    first_flags.add_switch("help", &first_help, "show this help");
+    if (first_flags.parse(*all) && first.use_checkpoint_args && !first_help) {
+      std::vector<std::string> notes;
+      auto merged = merge_checkpoint_args(*all, first, first_flags, &notes);
+      if (!merged) return merged.status();
+      flags->add_switch("help", help, "show this help");
+      Status st = flags->parse(*merged);
+      cfg->use_checkpoint_args = true;  // for the banner; the merged argv no longer has it
+      cfg->merged_argv = std::move(*merged);
+      cfg->checkpoint_arg_notes = std::move(notes);
+      return st;
+    }
+  }
   flags->add_switch("help", help, "show this help");
-  return flags->parse(all);
+  return flags->parse(*all);
 }
 
 std::vector<std::string> validate_train(const TrainConfig& c) {

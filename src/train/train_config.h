@@ -63,12 +63,24 @@ struct TrainConfig {
   bool exit_signal_handler = false;
   bool check_for_nan_in_loss_and_grad = false;
   bool log_params_norm = false;             // the fp32 parameters' L2 norm in the log line and metrics
+  bool log_num_zeros_in_grad = false;       // the number of zero gradient elements, likewise
   // TensorBoard scalars (Megatron's names and steps; train/tensorboard.h).
   std::string tensorboard_dir;
   int64_t tensorboard_log_interval = 1;
   bool log_timers_to_tensorboard = false, log_validation_ppl_to_tensorboard = false,
        log_world_size_to_tensorboard = false, log_loss_scale_to_tensorboard = true;
   bool exit_on_missing_checkpoint = false;  // --load without a checkpoint is an error, not a fresh start
+  // --use-checkpoint-args: the model flags come from the --load checkpoint's
+  // stored command line (Megatron's load_args_from_checkpoint list), the
+  // tokenizer's too unless --no-use-tokenizer-model-from-checkpoint-args,
+  // and the parallel sizes with --use-mp-args-from-checkpoint-args.
+  bool use_checkpoint_args = false;
+  bool use_tokenizer_model_from_checkpoint_args = true;
+  bool use_mp_args_from_checkpoint_args = false;
+  // Set by parse_train_args when --use-checkpoint-args merged a checkpoint's
+  // flags: the command line as merged (what a checkpoint of this run
+  // stores), and one line per flag taken from the checkpoint.
+  std::vector<std::string> merged_argv, checkpoint_arg_notes;
   // Runtime.
   std::optional<int64_t> threads;  // compute threads (default: all cores; 1 per rank under MPI)
   // --device: "auto" (CUDA when a GPU is usable, else the CPU), "cpu" or "cuda".

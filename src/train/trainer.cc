@@ -125,6 +125,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   TrainConfig cfg = cfg_in;
   auto& job = cfg.job;
   auto& mc = job.model;
+  for (const auto& n : cfg.checkpoint_arg_notes) std::fprintf(out, "%s\n", n.c_str());  // --use-checkpoint-args
 
   // ---- 1. Every configuration problem, before anything is allocated.
   std::vector<std::string> problems = validate_train(cfg);
@@ -223,7 +224,9 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
                                        join_lines(problems)));
   // From here on an error may hit one rank only: with several ranks it ends
   // the whole job (MPI_Abort) with the failing rank's message, never a hang.
-  auto r = train_validated(cfg, plan, std::move(tokenizer), argv, out);
+  // With --use-checkpoint-args a checkpoint of this run stores the merged
+  // command line, so that it resumes and generates without the other one.
+  auto r = train_validated(cfg, plan, std::move(tokenizer), cfg.merged_argv.empty() ? argv : cfg.merged_argv, out);
   if (!r && processes > 1) {
     std::fflush(out);
     std::fprintf(stderr, "megatron train: error on rank %d of %d: %s\n", comm::world_rank(), processes,
@@ -668,6 +671,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       }
     }
     last_norm = opt.clip_grad_norm(cfg.clip_grad);
+    const std::optional<int64_t> num_zeros =
+        cfg.log_num_zeros_in_grad ? std::optional<int64_t>(opt.grad_zeros()) : std::nullopt;
     opt.step(sched);
     const std::optional<double> params_norm =
         cfg.log_params_norm ? std::optional<double>(opt.params_norm()) : std::nullopt;
@@ -688,6 +693,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                           {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes},
                           {"pp_bytes", pp_bytes}};
     if (params_norm) row["params_norm"] = *params_norm;
+    if (num_zeros) row["num_zeros"] = *num_zeros;
     metrics.append(row);
     if (tb.is_open() && it % cfg.tensorboard_log_interval == 0) {  // Megatron's training_log scalars
       tb_pair("learning-rate", sched.lr(), it, consumed_train);
@@ -696,6 +702,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       if (cfg.log_loss_scale_to_tensorboard) tb_pair("loss-scale", 1.0, it, consumed_train);
       if (cfg.log_world_size_to_tensorboard) tb_pair("world-size", static_cast<double>(world), it, consumed_train);
       tb_pair("grad-norm", last_norm, it, consumed_train);
+      if (num_zeros) tb_pair("num-zeros", static_cast<double>(*num_zeros), it, consumed_train);
       if (params_norm) tb_pair("params-norm", *params_norm, it, consumed_train);
     }
     if (profiling && it == first_iteration + 1) {
@@ -718,7 +725,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       s.iteration = it, s.train_iters = train_iters, s.consumed_samples = consumed_train;
       s.ms_per_iteration = 1000 * secs / static_cast<double>(interval_iters);
       s.learning_rate = sched.lr(), s.global_batch_size = gbs, s.loss = interval_loss / static_cast<double>(interval_iters);
-      s.grad_norm = last_norm, s.params_norm = params_norm, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
+      s.grad_norm = last_norm, s.params_norm = params_norm, s.num_zeros = num_zeros, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
       s.tokens_per_s = static_cast<double>(gbs * seq) / (s.ms_per_iteration / 1000);
       s.tflops_per_device = flops_per_iter / (s.ms_per_iteration / 1000) / 1e12 / static_cast<double>(world);
       s.mfu = s.tflops_per_device / peak_tflops;

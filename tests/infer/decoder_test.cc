@@ -41,6 +41,13 @@ ModelConfig post_ln_style() {
   c.apply_residual_connection_post_layernorm = true, c.openai_gelu = true, c.untie_embeddings_and_output_weights = true;
   return c;
 }
+ModelConfig llama31_style() {  // Llama 3.1 RoPE scaling, half of each head rotated, interpolation 2
+  ModelConfig c = llama_style();
+  c.rotary_base = 2e5, c.rotary_percent = 0.5, c.use_rope_scaling = true, c.rope_scaling_factor = 8;
+  c.rotary_seq_len_interpolation_factor = 2;
+  c.apply_layernorm_1p = true;
+  return c;
+}
 ModelConfig mqa_style() {  // one key/value head, RoPE, LayerNorm
   ModelConfig c = llama_style();
   c.num_query_groups = 1, c.normalization = model::Normalization::kLayerNorm, c.swiglu = false;
@@ -135,7 +142,8 @@ TEST_P(DecoderVsForward, EveryPositionMatchesFp64) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
                          ::testing::Values(Case{"gpt2", gpt2_style}, Case{"llama", llama_style},
-                                           Case{"postln", post_ln_style}, Case{"mqa", mqa_style}),
+                                           Case{"postln", post_ln_style}, Case{"mqa", mqa_style},
+                                           Case{"llama31", llama31_style}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Decoder, ParametersOnlyModelAndErrors) {

@@ -304,17 +304,19 @@ TEST(CudaTwin, SwiGluMatchesCpu) {
 
 // ---------------------------------------------------------------- rope
 
+// spec.rot_dim 0: the whole head rotates.
 template <typename T>
-void rope_case(const k::QkvLayout& L, int64_t table_seq) {
+void rope_case(const k::QkvLayout& L, int64_t table_seq, k::RopeSpec spec = {}) {
   const DType dt = dtype_of<T>();
-  const std::string what = fmt::format("rope {} s={} b={} a={} g={} d={}", tname(dt), L.seq, L.batch, L.heads,
-                                       L.groups, L.head_dim);
-  const int64_t half = L.head_dim / 2;
+  if (spec.rot_dim == 0) spec.rot_dim = L.head_dim;
+  const std::string what = fmt::format("rope {} s={} b={} a={} g={} d={} r={} scaled={}", tname(dt), L.seq, L.batch,
+                                       L.heads, L.groups, L.head_dim, spec.rot_dim, spec.llama3_scaling);
+  const int64_t half = spec.rot_dim / 2, r = spec.rot_dim;
   std::vector<T> cs(static_cast<size_t>(table_seq * half)), sn(cs.size());
   Arena g = gpu_arena(kArenaBytes);
   Tensor gCos = g.alloc({table_seq, half}, dt), gSin = g.alloc({table_seq, half}, dt);
-  k::rope_table(10000.0, table_seq, L.head_dim, view(cs, {table_seq, half}), view(sn, {table_seq, half}));
-  k::rope_table(10000.0, table_seq, L.head_dim, gCos, gSin);
+  k::rope_table(spec, table_seq, view(cs, {table_seq, half}), view(sn, {table_seq, half}));
+  k::rope_table(spec, table_seq, gCos, gSin);
   expect_bitwise(to_host<T>(gCos), cs, what + " cos table");
   expect_bitwise(to_host<T>(gSin), sn, what + " sin table");
 
@@ -322,11 +324,11 @@ void rope_case(const k::QkvLayout& L, int64_t table_seq) {
   const std::vector<T> orig = qkv;
   Tensor Q = view(qkv, {L.tokens(), L.row()});
   Tensor gQ = to_device(g, Q);
-  k::rope_forward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}));
-  k::rope_forward(gQ, L, gCos, gSin);
+  k::rope_forward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}), r);
+  k::rope_forward(gQ, L, gCos, gSin, r);
   expect_close(to_host<T>(gQ), qkv, Tol<T>::tight, Tol<T>::tight, what + " forward");
-  k::rope_backward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}));
-  k::rope_backward(gQ, L, gCos, gSin);
+  k::rope_backward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}), r);
+  k::rope_backward(gQ, L, gCos, gSin, r);
   std::vector<T> back = to_host<T>(gQ);
   expect_close(back, qkv, Tol<T>::tight, Tol<T>::tight, what + " inverse");
   expect_close(back, orig, 10 * Tol<T>::tight, 10 * Tol<T>::tight, what + " inverse undoes forward");
@@ -343,6 +345,13 @@ TEST(CudaTwin, RopeTableAndApplyMatchCpu) {
   }
   rope_case<float>(gqa, 4096);  // a table longer than the sequence, large angles
   rope_case<double>(gqa, 4096);
+  // --rotary-percent: Packs (r = 8 of 16) and element by element (r = 6);
+  // Llama 3.1 scaling with position interpolation.
+  rope_case<float>(gqa, gqa.seq, {10000.0, 8});
+  rope_case<float>(gqa, gqa.seq, {10000.0, 6});
+  rope_case<double>(gqa, gqa.seq, {10000.0, 6});
+  rope_case<float>(mha, 4096, {500000.0, 64, true, 8.0, 2.0});
+  rope_case<float>(mha, mha.seq, {500000.0, 32, true, 32.0, 1.0});
 }
 
 // ---------------------------------------------------------------- bf16 storage
@@ -393,6 +402,21 @@ TEST(CudaTwin, Bf16StorageOpsMatchCpu) {
     k::rope_backward(Q, L, view(cs, {L.seq, 8}), view(sn, {L.seq, 8}));
     k::rope_backward(gQ, L, gCos, gSin);
     expect_bf16_close(to_host<bf16>(gQ), q, "rope bf16 backward");
+  }
+  for (const int64_t d : {int64_t{16}, int64_t{32}}) {  // partial rotation: r = d/2 (element by element, then Packs of 8)
+    k::QkvLayout L{.seq = 5, .batch = 2, .heads = 4, .groups = 2, .head_dim = d};
+    const int64_t r = d / 2, half = r / 2;
+    std::vector<float> cs(static_cast<size_t>(L.seq * half)), sn(cs.size());
+    k::rope_table(k::RopeSpec{10000.0, r}, L.seq, view(cs, {L.seq, half}), view(sn, {L.seq, half}));
+    Tensor gCos = to_device(g, view(cs, {L.seq, half})), gSin = to_device(g, view(sn, {L.seq, half}));
+    auto q = bf16_randn(L.tokens() * L.row(), 98, 1.0);
+    Tensor Q = view(q, {L.tokens(), L.row()}), gQ = to_device(g, Q);
+    k::rope_forward(Q, L, view(cs, {L.seq, half}), view(sn, {L.seq, half}), r);
+    k::rope_forward(gQ, L, gCos, gSin, r);
+    expect_bf16_close(to_host<bf16>(gQ), q, "partial rope bf16 forward");
+    k::rope_backward(Q, L, view(cs, {L.seq, half}), view(sn, {L.seq, half}), r);
+    k::rope_backward(gQ, L, gCos, gSin, r);
+    expect_bf16_close(to_host<bf16>(gQ), q, "partial rope bf16 backward");
   }
   {
     const int64_t F = 129;
@@ -800,6 +824,27 @@ TEST(CudaTwin, SumSquaresEachMatchesSingleCalls) {
   EXPECT_EQ(each[2], 0.0);
   EXPECT_TRUE(std::isnan(each[3]));
   EXPECT_TRUE(k::sum_squares_each({}).empty());
+}
+
+// --log-num-zeros-in-grad: the zero counts equal the CPU twin's, for a
+// tensor with a capped, striding grid, -0 counted, NaN and denormals not;
+// and the sum-of-squares mode that shares the passes is left unchanged.
+TEST(CudaTwin, CountZerosMatchesCpu) {
+  MT_REQUIRE_GPU();
+  Arena g = gpu_arena(kArenaBytes);
+  auto a = randn<float>(3000001, 131);
+  for (size_t i = 0; i < a.size(); i += 7) a[i] = (i % 2) ? 0.0f : -0.0f;
+  a[1] = std::numeric_limits<float>::quiet_NaN();
+  a[3] = 1e-40f;
+  auto b = randn<double>(333, 132);
+  b[0] = 0.0, b[332] = -0.0;
+  const std::vector<Tensor> host = {view(a, {3000001}), view(b, {333}), Tensor(a.data(), {0}, DType::kF32)};
+  std::vector<Tensor> dev;
+  for (const Tensor& t : host) dev.push_back(t.numel() ? to_device(g, t) : g.alloc({0}, DType::kF32));
+  const std::vector<int64_t> got = k::count_zeros_each(dev), want = k::count_zeros_each(host);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(want, (std::vector<int64_t>{428572, 2, 0}));
+  EXPECT_EQ(k::sum_squares(dev[1]), k::sum_squares_each({dev[1]})[0]);
 }
 
 // ---------------------------------------------------------------- adamw

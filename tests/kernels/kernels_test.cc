@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <utility>
 
@@ -324,6 +326,102 @@ TEST(Rope, RotatesHalvesAndBackwardIsTranspose) {
   d.v = proj.v;
   k::rope_backward(d.t(), L, cos.t(), sin.t());
   expect_fd_grad(qkv.v, loss, d.v, "rope dqkv");
+}
+
+// Partial rotation (--rotary-percent): the leading r dims rotate with r's
+// own frequencies, the rest of q and k pass through; backward is still the
+// transpose.
+TEST(Rope, PartialRotationLeavesTheTailAndBackwardIsTranspose) {
+  k::QkvLayout L{4, 2, 4, 2, 8};  // d = 8, r = 4
+  const int64_t r = 4, half = 2;
+  k::RopeSpec spec{10000.0, r};
+  Buf<double> qkv({L.tokens(), L.row()}), cos({L.seq, half}), sin({L.seq, half}), proj({L.tokens(), L.row()});
+  fill_normal(qkv.v, 21), fill_normal(proj.v, 22);
+  k::rope_table(spec, L.seq, cos.t(), sin.t());
+  const std::vector<double> orig = qkv.v;
+  k::rope_forward(qkv.t(), L, cos.t(), sin.t(), r);
+  const int64_t row = 2 * 2 + 1, col = L.k_col(1), i = 1;
+  const double ang = 2.0 * std::pow(10000.0, -2.0 * i / 4.0);  // base^(-2i/r), not /d
+  const double x1 = orig[row * L.row() + col + i], x2 = orig[row * L.row() + col + i + half];
+  EXPECT_NEAR(qkv[row * L.row() + col + i], x1 * std::cos(ang) - x2 * std::sin(ang), 1e-12);
+  EXPECT_NEAR(qkv[row * L.row() + col + i + half], x2 * std::cos(ang) + x1 * std::sin(ang), 1e-12);
+  for (int64_t t = 0; t < L.tokens(); ++t)
+    for (int64_t h = 0; h < L.heads; ++h)
+      for (int64_t c = r; c < L.head_dim; ++c)
+        ASSERT_EQ(qkv[t * L.row() + L.q_col(h) + c], orig[t * L.row() + L.q_col(h) + c]) << "dim " << c << " must pass through";
+  Buf<double> work({L.tokens(), L.row()}), d({L.tokens(), L.row()});
+  qkv.v = orig;
+  auto loss = [&] {
+    work.v = qkv.v;
+    k::rope_forward(work.t(), L, cos.t(), sin.t(), r);
+    return test::dot(work.v, proj.v);
+  };
+  d.v = proj.v;
+  k::rope_backward(d.t(), L, cos.t(), sin.t(), r);
+  expect_fd_grad(qkv.v, loss, d.v, "partial rope dqkv");
+  EXPECT_DEATH(k::rope_forward(qkv.t(), L, cos.t(), sin.t(), 3), "rotated dims must be even");
+  EXPECT_DEATH(k::rope_forward(qkv.t(), L, cos.t(), sin.t(), 10), "rotated dims must be even");
+}
+
+// The tables against Megatron's formulas run in float64 PyTorch
+// (tests/kernels/rope_reference.py): plain, Llama 3.1 scaling with its three
+// frequency bands, partial rotation and position interpolation.
+TEST(Rope, TablesMatchMegatronsFormulas) {
+  struct Case {
+    int64_t seq, kv;
+    double base, percent;
+    bool scaling;
+    double factor, interp;
+  };
+  const Case cases[] = {{300, 128, 500000, 1.0, true, 8, 1},   // Llama 3.1 8B
+                        {64, 64, 500000, 1.0, true, 32, 1},    // Llama 3.2's factor
+                        {50, 128, 10000, 1.0, false, 8, 1},
+                        {50, 96, 10000, 0.25, false, 8, 1},    // GPT-NeoX style partial rotation
+                        {40, 64, 1e6, 0.5, true, 16, 4}};
+  const std::string dir = std::string(MT_BINARY_DIR) + "/test-artifacts", out = dir + "/rope_ref_";
+  std::string cmd = fmt::format("mkdir -p {} && /usr/bin/python3 {}/tests/kernels/rope_reference.py {}", dir, MT_SOURCE_DIR, out);
+  for (const Case& c : cases)
+    cmd += fmt::format(" {} {} {} {} {} {} {}", c.seq, c.kv, c.base, c.percent, c.scaling ? 1 : 0, c.factor, c.interp);
+  const int rc = std::system(cmd.c_str());
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (apt install python3-torch)";
+  ASSERT_EQ(rc, 0) << cmd;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const int64_t rot = c.percent < 1 ? static_cast<int64_t>(c.kv * c.percent) : c.kv, half = rot / 2;
+    auto read = [&](const std::string& p) {
+      std::vector<double> v(static_cast<size_t>(c.seq * half));
+      std::ifstream in(p, std::ios::binary);
+      in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(double)));
+      EXPECT_EQ(in.gcount(), static_cast<std::streamsize>(v.size() * sizeof(double))) << p;
+      return v;
+    };
+    const auto rc_ = read(out + std::to_string(ci) + "cos.f64"), rs_ = read(out + std::to_string(ci) + "sin.f64");
+    k::RopeSpec spec{c.base, rot, c.scaling, c.factor, c.interp};
+    Buf<double> cos({c.seq, half}), sin({c.seq, half});
+    k::rope_table(spec, c.seq, cos.t(), sin.t());
+    double worst = 0;
+    for (size_t i = 0; i < rc_.size(); ++i) worst = std::max({worst, std::abs(cos.v[i] - rc_[i]), std::abs(sin.v[i] - rs_[i])});
+    EXPECT_LT(worst, 1e-12) << "seq " << c.seq << " kv " << c.kv << " scaling " << c.scaling;
+    if (c.scaling) {  // and the scaling changed something
+      k::RopeSpec plain = spec;
+      plain.llama3_scaling = false;
+      EXPECT_NE(k::rope_inv_freq(plain), k::rope_inv_freq(spec));
+    }
+  }
+  // The three bands, closed form: base 500000, d 128, factor 8.
+  const auto f = k::rope_inv_freq({500000, 128, true, 8, 1});
+  const auto p = k::rope_inv_freq({500000, 128, false, 8, 1});
+  int kept = 0, divided = 0, smoothed = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    const double wl = 2 * M_PI / p[i];
+    if (wl < 2048) kept += f[i] == p[i];
+    else if (wl > 8192) divided += f[i] == p[i] / 8;
+    else smoothed += f[i] < p[i] && f[i] > p[i] / 8;
+  }
+  EXPECT_EQ(kept + divided + smoothed, 64);
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(smoothed, 0);
 }
 
 // ---------------------------------------------------------------- attention
@@ -701,6 +799,15 @@ TEST(GradNorm, GlobalNormAndClipping) {
   double n = k::clip_grad_norm({a.t(), b.t()}, 1.0);
   EXPECT_NEAR(n, 5.0, 1e-12);
   EXPECT_NEAR(k::global_grad_norm({a.t(), b.t()}), 1.0, 1e-6);
+}
+
+TEST(CountZeros, PlusAndMinusZeroButNotNan) {
+  Buf<float> a({6});
+  a.v = {0.0f, -0.0f, 1e-40f, std::nanf(""), 0.0f, -2.0f};  // a denormal is not zero
+  Buf<double> b({3});
+  b.v = {0.0, 5.0, -0.0};
+  Buf<float> empty({0});
+  EXPECT_EQ(k::count_zeros_each({a.t(), b.t(), empty.t()}), (std::vector<int64_t>{3, 2, 0}));
 }
 
 TEST(Bf16, RoundsToNearestEven) {

@@ -34,6 +34,23 @@ ModelConfig llama_style() {
   return c;
 }
 
+// LLaMA-style with Llama 3.1's RoPE frequency scaling (base 2e5 puts d=8's
+// two rotated frequencies in the kept and the smoothed bands), half of each
+// head rotated, positions interpolated by 2.
+ModelConfig llama31_style() {
+  ModelConfig c = llama_style();
+  c.rotary_base = 2e5, c.rotary_percent = 0.5, c.use_rope_scaling = true, c.rope_scaling_factor = 8;
+  c.rotary_seq_len_interpolation_factor = 2;
+  c.apply_layernorm_1p = true;  // and zero-centred RMSNorm weights
+  return c;
+}
+
+ModelConfig gpt_1p_style() {  // GPT with zero-centred LayerNorm weights (--apply-layernorm-1p)
+  ModelConfig c = gpt2_style();
+  c.apply_layernorm_1p = true;
+  return c;
+}
+
 ModelConfig post_ln_style() {  // GPT with the residual after the norm and OpenAI's GELU, untied
   ModelConfig c = gpt2_style();
   c.apply_residual_connection_post_layernorm = true, c.openai_gelu = true;
@@ -46,6 +63,9 @@ nlohmann::json config_json(const ModelConfig& c) {
           {"num_query_groups", c.query_groups()}, {"kv_channels", c.head_dim()},
           {"normalization", normalization_name(c.normalization)}, {"norm_epsilon", c.norm_epsilon},
           {"position_embedding_type", position_embedding_name(c.position_embedding)}, {"rotary_base", c.rotary_base},
+          {"rotary_percent", c.rotary_percent}, {"use_rope_scaling", c.use_rope_scaling},
+          {"rope_scaling_factor", c.rope_scaling_factor}, {"apply_layernorm_1p", c.apply_layernorm_1p},
+          {"rotary_interpolation", static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1))},
           {"swiglu", c.swiglu}, {"openai_gelu", c.openai_gelu},
           {"apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm}};
 }
@@ -73,13 +93,24 @@ class VsPyTorch : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   const std::string which = GetParam();
-  ModelConfig cfg = which == "gpt2" ? gpt2_style() : which == "llama" ? llama_style() : post_ln_style();
+  ModelConfig cfg = which == "gpt2" ? gpt2_style() : which == "llama" ? llama_style() : which == "llama31" ? llama31_style()
+                    : which == "gpt1p"   ? gpt_1p_style()
+                                         : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
   auto created = GPTModel::create(cfg, opt);
   ASSERT_TRUE(created.is_ok()) << created.status().message();
   GPTModel& m = **created;
   m.init_parameters(1234);
+  if (cfg.apply_layernorm_1p) {  // zero-centred gammas start at 0: move them so that 1 + gamma varies
+    std::mt19937 g(99);
+    std::normal_distribution<float> n(0.f, 0.3f);
+    for (size_t i = 0; i < m.specs().size(); ++i)
+      if (m.specs()[i].name.find("layernorm.weight") != std::string::npos) {
+        EXPECT_EQ(m.params()[i].ptr<float>()[0], 0.f) << m.specs()[i].name << " starts at 0 with --apply-layernorm-1p";
+        for (int64_t j = 0; j < m.params()[i].numel(); ++j) m.params()[i].ptr<float>()[j] = n(g);
+      }
+  }
   std::vector<int32_t> tok, lab;
   random_batch(opt.micro_batch, cfg.seq_length, *cfg.vocab_size, 7, tok, lab);
   Tensor tt(tok.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32), lt(lab.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32);
@@ -114,7 +145,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch, ::testing::Values("gpt2", "llama", "postln"));
+INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch, ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p"));
 
 // The whole model in fp64 against central differences, with dropout on
 // (masks are regenerated from the seed, so the loss is a fixed function).

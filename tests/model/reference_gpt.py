@@ -59,6 +59,8 @@ def write_safetensors(path, tensors):
 
 
 def norm(x, w, b, cfg):
+    if cfg.get("apply_layernorm_1p", False):  # zero-centred gamma: multiply by 1 + w
+        w = w + 1
     if cfg["normalization"] == "RMSNorm":
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg["norm_epsilon"]) * w
     return F.layer_norm(x, (x.shape[-1],), w, b, cfg["norm_epsilon"])
@@ -78,11 +80,28 @@ def forward(P, tokens, labels, cfg):
     if cfg["position_embedding_type"] == "learned_absolute":
         x = x + P["embedding.position_embeddings.weight"][:T].unsqueeze(1)
     if cfg["position_embedding_type"] == "rope":
-        inv = 1.0 / (cfg["rotary_base"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-        ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
-        ang = torch.cat((ang, ang), dim=-1)  # [s, d]
+        # Megatron's RotaryEmbedding: the leading rot = int(d * rotary_percent)
+        # dims rotate; Llama 3.1 frequency scaling; positions / interpolation.
+        pct = cfg.get("rotary_percent", 1.0)
+        rot = int(d * pct) if pct < 1.0 else d
+        inv = 1.0 / (cfg["rotary_base"] ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+        if cfg.get("use_rope_scaling", False):
+            factor, old_len, low, high = cfg["rope_scaling_factor"], 8192.0, 1.0, 4.0
+            wavelen = 2 * math.pi / inv
+            scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+            smooth = (old_len / wavelen - low) / (high - low)
+            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+            inv = torch.where(medium, smoothed, scaled)
+        pos = torch.arange(T, dtype=torch.float64) * (1.0 / cfg.get("rotary_interpolation", 1.0))
+        ang = torch.outer(pos, inv)
+        ang = torch.cat((ang, ang), dim=-1)  # [s, rot]
         cos = ang.cos().float()[:, None, None, :]
         sin = ang.sin().float()[:, None, None, :]
+
+        def rope(t):
+            r, rest = t[..., :rot], t[..., rot:]
+            return torch.cat((r * cos + rotate_half(r) * sin, rest), dim=-1)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     post = cfg["apply_residual_connection_post_layernorm"]
 
@@ -102,8 +121,8 @@ def forward(P, tokens, labels, cfg):
         k = qkv[..., qpg * d: (qpg + 1) * d]  # [s, b, g, d]
         v = qkv[..., (qpg + 1) * d:]
         if cfg["position_embedding_type"] == "rope":
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q = rope(q)
+            k = rope(k)
         k = k.repeat_interleave(qpg, dim=2)  # head j uses group j // qpg
         v = v.repeat_interleave(qpg, dim=2)
         qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, a, s, d]

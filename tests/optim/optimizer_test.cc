@@ -269,6 +269,29 @@ TEST(AdamW, GradsFiniteDetectsNanAndInf) {
   EXPECT_TRUE(opt.grads_finite());
 }
 
+// --log-num-zeros-in-grad: every zero element of every gradient, +0 and -0
+// alike, NaN not, each tensor once on one rank.
+TEST(AdamW, GradZerosCountsEveryZeroElement) {
+  auto model = make_model(DType::kF32, false, 5000);
+  AdamWOptimizer opt(*model);
+  fill_grads(*model, 3, 1.0);
+  int64_t want = 0;
+  for (const auto& g : read_grads(*model))
+    for (double x : g) want += x == 0.0;
+  EXPECT_EQ(opt.grad_zeros(), want);
+  Tensor g = model->grads().front();
+  for (int64_t j = 0; j < 1000; j += 3) g.ptr<float>()[j] = 0.0f;
+  g.ptr<float>()[1] = -0.0f;
+  g.ptr<float>()[2] = std::numeric_limits<float>::quiet_NaN();
+  want = 0;
+  for (const auto& t : model->grads())
+    for (int64_t j = 0; j < t.numel(); ++j) want += t.ptr<float>()[j] == 0.0f;
+  EXPECT_GE(want, 335);
+  EXPECT_EQ(opt.grad_zeros(), want);
+  opt.clip_grad_norm(1e-3);  // clipping is applied by step(): the count is of the gradients as they are
+  EXPECT_EQ(opt.grad_zeros(), want);
+}
+
 TEST(AdamW, SchedulerOverloadAndReset) {
   auto a = make_model(DType::kF32), b = make_model(DType::kF32);
   AdamWOptimizer oa(*a), ob(*b);

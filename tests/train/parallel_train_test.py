@@ -69,7 +69,7 @@ def metrics(path):
     for line in open(path):
         j = json.loads(line)
         if "lm_loss" in j and "kind" not in j:
-            rows[j["iteration"]] = (j["lm_loss"], j["grad_norm"], j["params_norm"])
+            rows[j["iteration"]] = (j["lm_loss"], j["grad_norm"], j["params_norm"], j.get("num_zeros"))
         if "valid_lm_loss" in j:  # evaluation (through the pipeline when PP > 1)
             rows[("valid", j["iteration"])] = j["valid_lm_loss"]
     return rows
@@ -128,7 +128,8 @@ COMMON = ["--seq-length", "32", "--max-position-embeddings", "32", "--tokenizer-
           "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-3", "--min-lr", "3e-4",
           "--lr-decay-style", "cosine", "--lr-warmup-iters", "3", "--weight-decay", "0.1", "--clip-grad", "1.0",
           "--seed", "11", "--log-interval", "4", "--no-progress", "--threads", "1", "--hidden-dropout", "0",
-          "--attention-dropout", "0", "--data-cache-path", os.path.join(TMP, "cache"), "--log-params-norm"]
+          "--attention-dropout", "0", "--data-cache-path", os.path.join(TMP, "cache"), "--log-params-norm",
+          "--log-num-zeros-in-grad"]
 MODELS = {
     "gpt": ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"],
     "llama": ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "8", "--group-query-attention",
@@ -193,6 +194,14 @@ def compare(label, ref_name, name, iterations, params=True, tol=1e-5):
             worst = max(worst, e)
             if e > tol:
                 fail(f"{label}: iteration {it} {what} {b[it][k]!r} vs single rank {a[it][k]!r} (rel {e:.2e})")
+        # --log-num-zeros-in-grad: each element counted once whatever the
+        # layout. The structural zeros (a token's embedding row no batch
+        # used: thousands) must all be there; a gradient element that comes
+        # out exactly 0.0 by cancellation (or bf16 rounding) in one summation order and not in
+        # another may differ (seen: up to 4, in bf16; a missing embedding row
+        # would be 64).
+        if b[it][3] is None or a[it][3] is None or abs(b[it][3] - a[it][3]) > 8 + a[it][3] // 1000:
+            fail(f"{label}: iteration {it} num zeros {b[it][3]!r} vs single rank {a[it][3]!r}")
     for it in iterations:
         if ("valid", it) in a:
             if ("valid", it) not in b:
@@ -272,6 +281,12 @@ for model in MODELS:
         fail(f"{ref}: params norm {got!r} vs {want!r} from the checkpoint")
     if f"params norm: {got:.3f} |" not in out:
         fail(f"{ref}: the log line has no 'params norm: {got:.3f} |'")
+    # --log-num-zeros-in-grad: the untied LLaMA's word embedding has zero
+    # gradient rows for the tokens a batch lacks (h zeros each); GPT's tied
+    # one gets the output layer's gradient on every row.
+    zeros = metrics(os.path.join(TMP, ref + ".jsonl"))[ITERS][3]
+    if zeros is None or f"num zeros: {zeros} |" not in out or (zeros >= 64) != (model == "llama"):
+        fail(f"{ref}: num zeros {zeros!r} (log line: {'num zeros' in out})")
     for name, tp, pp, dp, extra in LAYOUTS:
         full = f"{model}-{name}"
         rc, out, secs = run(full, tp * pp * dp, train_flags(model, full, tp, extra, pp=pp))

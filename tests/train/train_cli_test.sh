@@ -6,6 +6,7 @@
 #    with gradient accumulation;
 #  - a save killed mid-write leaves the previous checkpoint loadable;
 #  - NaN in the loss is reported with its iteration;
+#  - --use-checkpoint-args resumes with the checkpoint's model flags;
 #  - --mock-data trains on Megatron's synthetic documents;
 #  - configuration errors are all listed at once, exit code 2.
 set -u
@@ -229,13 +230,13 @@ for needle in "accepted with no effect here: --use-flash-attn: attention is alwa
               "accepted with no effect here: --timing-log-level"; do
   grep -qF -- "$needle" "$TMP/compat.log" || fail "Megatron no-effect flags: missing '$needle'"
 done
-diff <(losses "$TMP/compat.jsonl") <(losses "$TMP/fp32-full.jsonl" | head -2) >/dev/null \
+diff <(losses "$TMP/compat.jsonl") <(losses "$TMP/fp32-full.jsonl" | sed -n 1,2p) >/dev/null \
   || fail "Megatron no-effect flags changed the losses"
 run refused --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 --wandb-project demo \
-  --ckpt-format torch_dist --rotary-percent 0.5 --fp16
+  --ckpt-format torch_dist --fp8-format hybrid --fp16
 [ $? = 2 ] || fail "refused Megatron flags should exit 2"
 for needle in "[--wandb-project] Weights & Biases logs are not written here" \
-              "[--ckpt-format] checkpoints are megatron-cpp's own" "[--rotary-percent] partial rotary embeddings" \
+              "[--ckpt-format] checkpoints are megatron-cpp's own" "[--fp8-format] fp8 training is not implemented" \
               "[--fp16] fp16 training (with loss scaling) is not implemented"; do
   grep -qF -- "$needle" "$TMP/refused.log" || { fail "refused Megatron flags: missing '$needle'"; cat "$TMP/refused.log"; }
 done
@@ -244,7 +245,7 @@ done
 # masked CRC-32C checked, and Megatron's scalars equal to the metrics file's
 # numbers (as float32), at their iterations and consumed-sample steps.
 run tb --micro-batch-size 4 --global-batch-size 4 --train-iters 6 --lr-decay-iters 40 --save-interval 6 --log-interval 3 \
-  --eval-interval 3 --eval-iters 1 --log-params-norm --tensorboard-dir "$TMP/tb" --tensorboard-log-interval 2 \
+  --eval-interval 3 --eval-iters 1 --log-params-norm --log-num-zeros-in-grad --tensorboard-dir "$TMP/tb" --tensorboard-log-interval 2 \
   --log-timers-to-tensorboard --log-validation-ppl-to-tensorboard || { fail "--tensorboard-dir run"; cat "$TMP/tb.log"; }
 /usr/bin/python3 - "$TMP" <<'PY' || fail "--tensorboard-dir: event file"
 import glob, json, math, struct, sys
@@ -301,7 +302,8 @@ for r in rows:
     if "lm_loss" in r and "kind" not in r and r["iteration"] % 2 == 0:
         it, s = r["iteration"], r["consumed_samples"]
         for tag, v in (("learning-rate", r["learning_rate"]), ("batch-size", 4.0), ("lm loss", r["lm_loss"]),
-                       ("loss-scale", 1.0), ("grad-norm", r["grad_norm"]), ("params-norm", r["params_norm"])):
+                       ("loss-scale", 1.0), ("grad-norm", r["grad_norm"]), ("params-norm", r["params_norm"]),
+                       ("num-zeros", float(r["num_zeros"]))):
             want[(tag, it)] = want[(tag + " vs samples", s)] = f32(v)
     if "valid_lm_loss" in r:
         it, s = r["iteration"], 4 * r["iteration"]
@@ -325,6 +327,40 @@ run missing --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-deca
   --exit-on-missing-checkpoint
 [ $? = 2 ] && grep -qF -- "--load $TMP/empty: no checkpoint there" "$TMP/missing.log" \
   || { fail "--exit-on-missing-checkpoint"; cat "$TMP/missing.log"; }
+# --use-checkpoint-args: a resume whose command line lacks the model flags
+# (and gives a wrong forced one, --normalization RMSNorm) takes them from
+# the checkpoint and continues exactly as the straight run; its own
+# checkpoint stores the merged flags, so generation needs none.
+CKARGS_DATA=(--seq-length 32 --max-position-embeddings 32 --data-path "$TMP/d_text_document" --split 90,10,0
+  --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 5 --weight-decay 0.1 --clip-grad 1.0
+  --seed 7 --log-interval 10 --no-progress --threads 1 --data-cache-path "$TMP/cache" --micro-batch-size 4
+  --global-batch-size 4 --train-iters 20)
+CKARGS_MODEL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --tokenizer-type NullTokenizer --vocab-size 512
+  --swiglu --disable-bias-linear --position-embedding-type rope)
+"$BIN" train "${CKARGS_MODEL[@]}" "${CKARGS_DATA[@]}" --save "$TMP/cka-full" --save-interval 20 \
+  --metrics-file "$TMP/cka-full.jsonl" >"$TMP/cka-full.log" 2>&1 || { fail "ckpt-args: straight run"; cat "$TMP/cka-full.log"; }
+"$BIN" train "${CKARGS_MODEL[@]}" "${CKARGS_DATA[@]}" --save "$TMP/cka-a" --save-interval 20 --exit-interval 10 \
+  --metrics-file "$TMP/cka-a.jsonl" >"$TMP/cka-a.log" 2>&1 || { fail "ckpt-args: first half"; cat "$TMP/cka-a.log"; }
+"$BIN" train "${CKARGS_DATA[@]}" --normalization RMSNorm --use-checkpoint-args --load "$TMP/cka-a" --save "$TMP/cka-b" \
+  --save-interval 20 --metrics-file "$TMP/cka-b.jsonl" >"$TMP/cka-b.log" 2>&1 || { fail "ckpt-args: resume"; cat "$TMP/cka-b.log"; }
+grep -q "setting --num-layers to 2 from checkpoint" "$TMP/cka-b.log" && grep -q "setting --swiglu from checkpoint" "$TMP/cka-b.log" \
+  && grep -q "dropping --normalization: the checkpoint's arguments do not have it" "$TMP/cka-b.log" \
+  || { fail "ckpt-args: notes"; cat "$TMP/cka-b.log"; }
+diff <(losses "$TMP/cka-full.jsonl" | tail -n 10) <(losses "$TMP/cka-b.jsonl") >/dev/null \
+  || { fail "ckpt-args: resumed losses differ from the straight run"; losses "$TMP/cka-full.jsonl"; losses "$TMP/cka-b.jsonl"; }
+cmp -s "$TMP/cka-full/iter_0000020/model_rank00000.safetensors" "$TMP/cka-b/iter_0000020/model_rank00000.safetensors" \
+  || fail "ckpt-args: final parameters differ from the straight run"
+python3 - "$TMP/cka-b/iter_0000020/common.json" <<'PY' || fail "ckpt-args: merged flags not stored"
+import json, sys
+argv = json.load(open(sys.argv[1]))["args"]["argv"]
+assert "--use-checkpoint-args" not in argv and "--swiglu" in argv and "--normalization" not in argv, argv
+assert argv[argv.index("--hidden-size") + 1] == "64", argv
+PY
+"$BIN" generate --load "$TMP/cka-b" --prompt "1 2 3" --max-new-tokens 4 --seed 1 >"$TMP/cka-gen.log" 2>&1 \
+  || { fail "ckpt-args: generate from the merged checkpoint"; cat "$TMP/cka-gen.log"; }
+"$BIN" train "${CKARGS_DATA[@]}" --use-checkpoint-args 2>"$TMP/err" >/dev/null
+[ $? = 2 ] && grep -q -- "--use-checkpoint-args needs --load" "$TMP/err" || { fail "ckpt-args without --load"; cat "$TMP/err"; }
+
 # --mock-data: Megatron's synthetic documents (1, 2, 3, ..., EOD). The next
 # token is the current one plus one, so even a tiny model learns it quickly:
 # the loss starts at ln(512) and falls well below it. With a dataset too it

@@ -176,4 +176,21 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
   return out;
 }
 
+std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs) {
+  std::vector<int64_t> out;
+  out.reserve(xs.size());
+  for (const Tensor& x : xs) {
+    int64_t zeros = 0;
+    float_types(x.dtype(), [&](auto tag_) {
+      using T = decltype(tag_);
+      const T* p = x.ptr<T>();
+      const int64_t n = x.numel();
+#pragma omp parallel for reduction(+ : zeros) schedule(static)
+      for (int64_t i = 0; i < n; ++i) zeros += p[i] == T(0);
+    });
+    out.push_back(zeros);
+  }
+  return out;
+}
+
 }  // namespace mt::kernels::cpu

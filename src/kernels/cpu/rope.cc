@@ -20,8 +20,8 @@ void rotate(S* x, const T* c, const T* s, int64_t half, bool inverse) {
 }
 
 template <typename S, typename T = compute_t<S>>
-void apply(S* qkv, const QkvLayout& L, const T* cos, const T* sin, bool inverse) {
-  const int64_t half = L.head_dim / 2, row = L.row();
+void apply(S* qkv, const QkvLayout& L, int64_t rot_dim, const T* cos, const T* sin, bool inverse) {
+  const int64_t half = rot_dim / 2, row = L.row();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < L.tokens(); ++r) {
     int64_t t = r / L.batch;
@@ -35,32 +35,29 @@ void apply(S* qkv, const QkvLayout& L, const T* cos, const T* sin, bool inverse)
 
 }  // namespace
 
-void rope_table(double base, int64_t seq, int64_t head_dim, const Tensor& cos, const Tensor& sin) {
-  MT_CHECK(head_dim % 2 == 0, "rope: head_dim must be even");
-  const int64_t half = head_dim / 2;
+void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin) {
+  MT_CHECK(spec.rot_dim > 0 && spec.rot_dim % 2 == 0, "rope: the rotated dimension must be even and positive");
+  const int64_t half = spec.rot_dim / 2;
   MT_CHECK(cos.numel() >= seq * half && sin.numel() >= seq * half, "rope_table: tables too small");
-  float_types(cos.dtype(), [&](auto tag_) { using T = decltype(tag_);
-    for (int64_t t = 0; t < seq; ++t)
-      for (int64_t i = 0; i < half; ++i) {
-        double inv = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(head_dim));
-        double a = static_cast<double>(t) * inv;
-        cos.ptr<T>()[t * half + i] = static_cast<T>(std::cos(a));
-        sin.ptr<T>()[t * half + i] = static_cast<T>(std::sin(a));
-      }
+  float_types(cos.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    fill_rope_table<T>(spec, seq, cos.ptr<T>(), sin.ptr<T>());
   });
 }
 
-void rope_apply(const Tensor& qkv, const QkvLayout& L, const Tensor& cos, const Tensor& sin, bool inverse) {
+void rope_apply(const Tensor& qkv, const QkvLayout& L, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
+                bool inverse) {
   L.check();
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "rope: qkv size does not match the layout");
-  MT_CHECK(L.head_dim % 2 == 0 && cos.numel() >= L.seq * L.head_dim / 2, "rope: table too small");
+  MT_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= L.head_dim, "rope: rotated dims must be even, in (0, head_dim]");
+  MT_CHECK(cos.numel() >= L.seq * rot_dim / 2 && sin.numel() >= L.seq * rot_dim / 2, "rope: table too small");
   storage_types(qkv.dtype(), [&](auto s_) {
     using S = decltype(s_);
     using T = compute_t<S>;
     MT_CHECK(cos.dtype() == dtype_of<T>() && sin.dtype() == dtype_of<T>(),
              fmt::format("rope: cos/sin tables must be {} for {} qkv (got {}, {})", dtype_name(dtype_of<T>()),
                          dtype_name(qkv.dtype()), dtype_name(cos.dtype()), dtype_name(sin.dtype())));
-    apply<S>(qkv.ptr<S>(), L, cos.ptr<T>(), sin.ptr<T>(), inverse);
+    apply<S>(qkv.ptr<S>(), L, rot_dim, cos.ptr<T>(), sin.ptr<T>(), inverse);
   });
 }
 

@@ -26,6 +26,8 @@
 // sum_squares_each: the same two passes per tensor, each total into its slot
 //   of an op-scratch array, then one copy of all totals to the host (one wait
 //   for the stream instead of one per tensor).
+// count_zeros_each: sum_squares_each's passes adding 1 per zero element
+//   (exact in double below 2^53 elements).
 #include <algorithm>
 #include <mutex>
 #include <type_traits>
@@ -156,11 +158,11 @@ __global__ void dropout_k(int64_t n, const S* x, S* y, float pf, T scale, uint64
 }
 
 template <typename T>
-__global__ void sumsq_pass1(int64_t n, const T* __restrict__ x, double* partial) {
+__global__ void sumsq_pass1(int64_t n, const T* __restrict__ x, double* partial, bool zeros) {
   double s = 0;
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
     const double v = static_cast<double>(x[e]);
-    s += v * v;
+    s += zeros ? (v == 0.0 ? 1.0 : 0.0) : v * v;
   }
   s = block_sum(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
@@ -327,9 +329,10 @@ void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t
 }
 
 namespace {
-// Queues the two passes of x's sum of squares, the total into *out (device);
-// the caller holds g_sumsq_mu (pass 1's partials are one buffer).
-void queue_sum_squares(const Tensor& x, double* out) {
+// Queues the two passes of x's sum of squares (zeros: of its count of zero
+// elements, exact in double), the total into *out (device); the caller holds
+// g_sumsq_mu (pass 1's partials are one buffer).
+void queue_sum_squares(const Tensor& x, double* out, bool zeros = false) {
   double* partial = nullptr;
   MT_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&partial), g_sumsq_partials));
   float_types(x.dtype(), [&](auto tag_) {
@@ -337,7 +340,7 @@ void queue_sum_squares(const Tensor& x, double* out) {
     const T* p = x.ptr<T>();
     const int64_t n = x.numel();
     const unsigned blocks = std::min<unsigned>(::mt::cuda::blocks_for(n, kThreads), kMaxPartials);
-    sumsq_pass1<T><<<blocks, kThreads, 0, ::mt::cuda::stream()>>>(n, p, partial);
+    sumsq_pass1<T><<<blocks, kThreads, 0, ::mt::cuda::stream()>>>(n, p, partial, zeros);
     MT_CUDA_CHECK_LAUNCH();
     sumsq_pass2<<<1, kThreads, 0, ::mt::cuda::stream()>>>(static_cast<int>(blocks), partial, out);
     MT_CUDA_CHECK_LAUNCH();
@@ -368,6 +371,22 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
   for (size_t i = 0; i < xs.size(); ++i)
     if (xs[i].numel() > 0) queue_sum_squares(xs[i], totals + i);
   ::mt::cuda::copy_d2h(out.data(), totals, bytes);  // the one wait
+  return out;
+}
+
+std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs) {
+  for (const Tensor& x : xs) check_on_gpu({&x}, "count_zeros_each");
+  std::vector<double> totals_h(xs.size(), 0.0);
+  std::vector<int64_t> out(xs.size(), 0);
+  if (xs.empty()) return out;
+  const size_t bytes = xs.size() * sizeof(double);
+  std::lock_guard<std::mutex> lock(g_sumsq_mu);
+  double* totals = static_cast<double*>(::mt::cuda::op_scratch("count_zeros_each totals", bytes));
+  ::mt::cuda::memset_zero(totals, bytes);
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (xs[i].numel() > 0) queue_sum_squares(xs[i], totals + i, /*zeros=*/true);
+  ::mt::cuda::copy_d2h(totals_h.data(), totals, bytes);  // the one wait
+  for (size_t i = 0; i < xs.size(); ++i) out[i] = static_cast<int64_t>(totals_h[i]);
   return out;
 }
 

@@ -1,19 +1,20 @@
 // CUDA twins of kernels/cpu/rope.cc: rotary position embedding on the fused
 // QKV buffer (kernels/rope.h, kernels/qkv_layout.h), fp32, fp64 or bf16.
 //
-// rope_table: computed on the HOST with the CPU twin's exact double
-// arithmetic (std::pow, std::cos, std::sin of the same glibc), then copied to
+// rope_table: computed on the HOST by the CPU twin's own fill_rope_table
+// (double std::pow, std::cos, std::sin of the same glibc), then copied to
 // the device: the tables are bitwise the CPU's, which CUDA's own pow/sin/cos
-// (up to 2 ulp) could not promise. It runs once per model, [T, d/2] values.
+// (up to 2 ulp) could not promise. It runs once per model, [T, r/2] values.
 //
 // rope_apply: grid-stride loop, one thread per W rotated pairs: item
 // e = (r * (heads + groups) + h) * (half / W) + i / W, for token row r, rotated
 // head h (q heads 0..heads-1, then one k head per group), pairs i .. i + W - 1
-// < d/2. The thread reads x[i..] and x[i + half..] of its head and writes
-// both, so no two threads touch the same element; v is never touched. Token
-// row r has position t = r / batch (rows in [s, b] order). W is a 16-byte
-// Pack of qkv's type (8 bf16, 4 fp32) when half and the pointers allow, else
-// 1; the per-element arithmetic is the same either way.
+// < half = rot_dim/2 (the dims from rot_dim to d pass through untouched).
+// The thread reads x[i..] and x[i + half..] of its head and writes both, so
+// no two threads touch the same element; v is never touched. Token row r has
+// position t = r / batch (rows in [s, b] order). W is a 16-byte Pack of
+// qkv's type (8 bf16, 4 fp32) when half, d and the pointers allow, else 1;
+// the per-element arithmetic is the same either way.
 #include <cmath>
 #include <vector>
 
@@ -62,35 +63,28 @@ __global__ void rope_rotate(int64_t items, int64_t half, int64_t nrot, int64_t h
 
 }  // namespace
 
-void rope_table(double base, int64_t seq, int64_t head_dim, const Tensor& cos, const Tensor& sin) {
-  MT_CHECK(head_dim % 2 == 0, "rope: head_dim must be even");
-  const int64_t half = head_dim / 2;
+void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin) {
+  MT_CHECK(spec.rot_dim > 0 && spec.rot_dim % 2 == 0, "rope: the rotated dimension must be even and positive");
+  const int64_t half = spec.rot_dim / 2;
   MT_CHECK(cos.numel() >= seq * half && sin.numel() >= seq * half, "rope_table: tables too small");
   check_on_gpu({&cos, &sin}, "rope_table");
   float_types(cos.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
-    T* cp = cos.ptr<T>();
-    T* sp = sin.ptr<T>();
     const int64_t n = seq * half;
     if (n <= 0) return;
     std::vector<T> hc(static_cast<size_t>(n)), hs(static_cast<size_t>(n));
-    // The CPU twin's loop, expression for expression.
-    for (int64_t t = 0; t < seq; ++t)
-      for (int64_t i = 0; i < half; ++i) {
-        double inv = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(head_dim));
-        double a = static_cast<double>(t) * inv;
-        hc[static_cast<size_t>(t * half + i)] = static_cast<T>(std::cos(a));
-        hs[static_cast<size_t>(t * half + i)] = static_cast<T>(std::sin(a));
-      }
-    ::mt::cuda::copy_h2d(cp, hc.data(), sizeof(T) * static_cast<size_t>(n));
-    ::mt::cuda::copy_h2d(sp, hs.data(), sizeof(T) * static_cast<size_t>(n));
+    fill_rope_table<T>(spec, seq, hc.data(), hs.data());  // the CPU twin's table, bit for bit
+    ::mt::cuda::copy_h2d(cos.ptr<T>(), hc.data(), sizeof(T) * static_cast<size_t>(n));
+    ::mt::cuda::copy_h2d(sin.ptr<T>(), hs.data(), sizeof(T) * static_cast<size_t>(n));
   });
 }
 
-void rope_apply(const Tensor& qkv, const QkvLayout& L, const Tensor& cos, const Tensor& sin, bool inverse) {
+void rope_apply(const Tensor& qkv, const QkvLayout& L, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
+                bool inverse) {
   L.check();
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "rope: qkv size does not match the layout");
-  MT_CHECK(L.head_dim % 2 == 0 && cos.numel() >= L.seq * L.head_dim / 2, "rope: table too small");
+  MT_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= L.head_dim, "rope: rotated dims must be even, in (0, head_dim]");
+  MT_CHECK(cos.numel() >= L.seq * rot_dim / 2 && sin.numel() >= L.seq * rot_dim / 2, "rope: table too small");
   check_on_gpu({&qkv, &cos, &sin}, "rope_apply");
   storage_types(qkv.dtype(), [&](auto tag_) {
     using S = decltype(tag_);
@@ -101,12 +95,12 @@ void rope_apply(const Tensor& qkv, const QkvLayout& L, const Tensor& cos, const 
     S* x = qkv.ptr<S>();
     const T* cp = cos.ptr<T>();
     const T* sp = sin.ptr<T>();
-    const int64_t half = L.head_dim / 2, nrot = L.heads + L.groups;
+    const int64_t half = rot_dim / 2, nrot = L.heads + L.groups;
     const int64_t n = L.tokens() * nrot * half;
     if (n == 0) return;
     const T sg = inverse ? T(-1) : T(1);
     constexpr int W = kVec<S>;
-    if (half % W == 0 && packs_fit(pack_align<S, W>(), {x}) && packs_fit(pack_align<T, W>(), {cp, sp})) {
+    if (half % W == 0 && L.head_dim % W == 0 && packs_fit(pack_align<S, W>(), {x}) && packs_fit(pack_align<T, W>(), {cp, sp})) {
       rope_rotate<W, S><<<grid_for(n / W), kThreads, 0, ::mt::cuda::stream()>>>(
           n / W, half, nrot, L.heads, L.heads_per_group(), L.head_dim, L.row(), L.batch, x, cp, sp, sg);
     } else {
