@@ -80,6 +80,11 @@ int plan_main(const std::vector<std::string>& args) {
     std::fputs(flags->help().c_str(), stdout);
     return 0;
   }
+  if (cli.train.use_checkpoint_args) {
+    std::fprintf(stderr, "megatron plan: error: --use-checkpoint-args: the planner does not read checkpoints; give the "
+                         "model flags (a checkpoint's are the \"argv\" list in its common.json)\n");
+    return 2;
+  }
   plan::PlanReport report = plan::make_plan(cli.train.job, cli.options);
   if (is_nonzero_launcher_rank() && !cli.serve) return report.valid() ? 0 : 2;
   nlohmann::json j;

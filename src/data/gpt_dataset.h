@@ -148,6 +148,8 @@ struct DataConfig {
   std::vector<std::string> train_data_path;  // --train-data-path (and valid/test): whole datasets per split
   std::vector<std::string> valid_data_path;
   std::vector<std::string> test_data_path;
+  std::string data_args_path;            // --data-args-path: a file holding --data-path's tokens
+  std::string per_split_data_args_path;  // --per-split-data-args-path: JSON {"train": ..., "valid": ..., "test": ...}
   std::string split = "969, 30, 1";          // --split (Megatron's legacy default with --data-path)
   // --mock-data: Megatron's MockGPTLowLevelDataset for the tokenizer's
   // vocabulary size and EOD token, split "1,1,1" whatever --split says.

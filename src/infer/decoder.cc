@@ -156,7 +156,7 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
     norm(x, p.ln1_w, p.ln1_b, ln, mean, rstd);
     linear(ln, p.qkv_w, p.qkv_b, qkv);
     if (c.position_embedding == PositionEmbedding::kRope)
-      k::rope_forward(qkv, L, rope_cos_.slice(p0, p0 + n), rope_sin_.slice(p0, p0 + n), c.rotary_dim());
+      k::rope_forward(qkv, L, rope_cos_.slice(p0, p0 + n), rope_sin_.slice(p0, p0 + n), c.rotary_dim(), c.rotary_interleaved);
     k::kv_cache_append(qkv, L, p0, k_cache_[l], v_cache_[l]);
     k::kv_attention(qkv, L, k_cache_[l], v_cache_[l], p0, scale, ctx);
     linear(ctx, p.proj_w, p.proj_b, tmp);

@@ -32,7 +32,7 @@ void scale_inplace(const Tensor& y, double s);
 void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t index_offset);
 double sum_squares(const Tensor& x);
 std::vector<double> sum_squares_each(const std::vector<Tensor>& xs);
-std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs);
+std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs, double scale);
 }  // namespace cpu
 #ifdef MT_HAVE_CUDA
 // The CUDA twins (kernels/cuda/elementwise.cu), on the rank's stream.
@@ -46,7 +46,7 @@ void scale_inplace(const Tensor& y, double s);
 void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t index_offset);
 double sum_squares(const Tensor& x);
 std::vector<double> sum_squares_each(const std::vector<Tensor>& xs);
-std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs);
+std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs, double scale);
 }  // namespace cuda
 #endif
 
@@ -79,11 +79,13 @@ inline std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
   if (xs.empty()) return {};
   MT_DISPATCH(sum_squares_each, xs[0].device(), xs);
 }
-// The number of elements equal to zero (+0 or -0) of each tensor of xs (all
-// on one device, fp32 or fp64): --log-num-zeros-in-grad.
-inline std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs) {
+// The number of elements x of each tensor of xs (all on one device, fp32 or
+// fp64) with x * T(scale) == 0 (+0 or -0; NaN is not): --log-num-zeros-in-grad,
+// counted as Megatron counts them, after the gradients are scaled by the
+// clipping coefficient (which flushes the tiniest values to 0).
+inline std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs, double scale = 1.0) {
   if (xs.empty()) return {};
-  MT_DISPATCH(count_zeros_each, xs[0].device(), xs);
+  MT_DISPATCH(count_zeros_each, xs[0].device(), xs, scale);
 }
 
 }  // namespace mt::kernels

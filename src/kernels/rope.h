@@ -3,12 +3,15 @@
 // half"): for each q and k head vector x, the leading r = rot_dim of its d
 // dims rotate (r = d unless --rotary-percent < 1; the rest pass through),
 // positions t:
-//   inv_freq_i = base^(-2i/r), i < r/2;  angle = (t / interp) * inv_freq_i
+//   inv_freq_i = base^(-2i/r'), i < r/2;  angle = (t / interp) * inv_freq_i
+//   (r' = Megatron's int(d * rotary_percent), r = r' rounded up to even)
 //   y[i]       = x[i] cos - x[i+r/2] sin
 //   y[i+r/2]   = x[i+r/2] cos + x[i] sin
 // (megatron/core/models/common/embeddings/rotary_pos_embedding.py:
 //  emb = cat(freqs, freqs); x*cos + rotate_half(x)*sin, rotate_half = cat(-x2, x1),
 //  on t[..., :rot_dim] with t[..., rot_dim:] passed through).
+// --rotary-interleaved pairs dims 2i and 2i+1 instead (emb = freqs each
+// repeated twice, rotate_half = stack(-x[1::2], x[::2])).
 // --use-rope-scaling rescales inv_freq as Llama 3.1 does (factor
 // --rope-scaling-factor, low/high frequency factors 1 and 4, original
 // context 8192): wavelengths above 8192 are divided by the factor, below
@@ -36,14 +39,18 @@ struct RopeSpec {
   bool llama3_scaling = false;  // --use-rope-scaling
   double scaling_factor = 8;    // --rope-scaling-factor
   double interpolation = 1;     // --rotary-seq-len-interpolation-factor: positions are divided by it
+  // Megatron's dim = int(d * --rotary-percent), the frequencies' denominator;
+  // 0: rot_dim. An odd dim gives ceil(dim/2) frequencies, so dim + 1 dims rotate.
+  int64_t freq_dim = 0;
 };
 
 // inv_freq_i for i < rot_dim/2, in double (Megatron computes the same in fp32).
 inline std::vector<double> rope_inv_freq(const RopeSpec& s) {
   const int64_t half = s.rot_dim / 2;
+  const double denom = static_cast<double>(s.freq_dim ? s.freq_dim : s.rot_dim);
   std::vector<double> f(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
-    double inv = 1.0 / std::pow(s.base, static_cast<double>(2 * i) / static_cast<double>(s.rot_dim));
+    double inv = 1.0 / std::pow(s.base, static_cast<double>(2 * i) / denom);
     if (s.llama3_scaling) {
       constexpr double kOld = 8192, kLow = 1, kHigh = 4;  // original context, low/high frequency factors
       const double wavelen = 2 * M_PI / inv;
@@ -78,14 +85,14 @@ void fill_rope_table(const RopeSpec& s, int64_t seq, T* cos, T* sin) {
 namespace cpu {
 void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin);
 void rope_apply(const Tensor& qkv, const QkvLayout& layout, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
-                bool inverse);
+                bool inverse, bool interleaved);
 }  // namespace cpu
 #ifdef MT_HAVE_CUDA
 // The CUDA twins (kernels/cuda/rope.cu), on the rank's stream.
 namespace cuda {
 void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin);
 void rope_apply(const Tensor& qkv, const QkvLayout& layout, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
-                bool inverse);
+                bool inverse, bool interleaved);
 }  // namespace cuda
 #endif
 
@@ -96,12 +103,15 @@ inline void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, con
 inline void rope_table(double base, int64_t seq, int64_t head_dim, const Tensor& cos, const Tensor& sin) {
   rope_table(RopeSpec{base, head_dim}, seq, cos, sin);
 }
-// rot_dim 0: the whole head dimension.
-inline void rope_forward(const Tensor& qkv, const QkvLayout& l, const Tensor& cos, const Tensor& sin, int64_t rot_dim = 0) {
-  MT_DISPATCH(rope_apply, qkv.device(), qkv, l, rot_dim ? rot_dim : l.head_dim, cos, sin, false);
+// rot_dim 0: the whole head dimension. interleaved (--rotary-interleaved):
+// pair i is dims (2i, 2i + 1) instead of (i, i + r/2).
+inline void rope_forward(const Tensor& qkv, const QkvLayout& l, const Tensor& cos, const Tensor& sin, int64_t rot_dim = 0,
+                         bool interleaved = false) {
+  MT_DISPATCH(rope_apply, qkv.device(), qkv, l, rot_dim ? rot_dim : l.head_dim, cos, sin, false, interleaved);
 }
-inline void rope_backward(const Tensor& dqkv, const QkvLayout& l, const Tensor& cos, const Tensor& sin, int64_t rot_dim = 0) {
-  MT_DISPATCH(rope_apply, dqkv.device(), dqkv, l, rot_dim ? rot_dim : l.head_dim, cos, sin, true);
+inline void rope_backward(const Tensor& dqkv, const QkvLayout& l, const Tensor& cos, const Tensor& sin, int64_t rot_dim = 0,
+                          bool interleaved = false) {
+  MT_DISPATCH(rope_apply, dqkv.device(), dqkv, l, rot_dim ? rot_dim : l.head_dim, cos, sin, true, interleaved);
 }
 
 }  // namespace mt::kernels

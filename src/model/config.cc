@@ -18,9 +18,16 @@ int64_t ModelConfig::head_dim() const {
   return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
 }
 
-int64_t ModelConfig::rotary_dim() const {
+int64_t ModelConfig::rotary_freq_dim() const {
   // Megatron: dim = int(kv_channels * rotary_percent) when rotary_percent < 1.
   return rotary_percent < 1.0 ? static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent) : head_dim();
+}
+
+int64_t ModelConfig::rotary_dim() const {
+  // inv_freq = 1 / base^(arange(0, dim, 2) / dim) has ceil(dim / 2) entries,
+  // and cat(freqs, freqs) rotates twice that many dims.
+  const int64_t dim = rotary_freq_dim();
+  return dim + (dim % 2);
 }
 
 int64_t ModelConfig::query_groups() const {
@@ -78,6 +85,7 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                });
   f.add_switch("swiglu", &c.swiglu, "SwiGLU MLP (gated, fc1 2F wide)");
   f.add_switch("disable-bias-linear", &c.add_bias_linear, "no biases in linear layers", false);
+  f.add_switch("add-qkv-bias", &c.add_qkv_bias, "a bias on the QKV projection, also with --disable-bias-linear");
   f.add_switch("untie-embeddings-and-output-weights", &c.untie_embeddings_and_output_weights, "separate output layer weights");
   f.add_double("hidden-dropout", &c.hidden_dropout, "dropout after attention and MLP", 0, 1);
   f.add_double("attention-dropout", &c.attention_dropout, "dropout on attention probabilities", 0, 1);
@@ -89,6 +97,8 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                0, 1);
   f.add_int("rotary-seq-len-interpolation-factor", &c.rotary_seq_len_interpolation_factor,
             "RoPE position interpolation: positions are divided by this factor", 1, 1 << 20);
+  f.add_switch("rotary-interleaved", &c.rotary_interleaved,
+               "RoPE rotates the pairs of adjacent dims (2i, 2i+1) (GPT-J style) instead of (i, i + d/2)");
   f.add_switch("use-rope-scaling", &c.use_rope_scaling,
                "Llama 3.1 RoPE frequency scaling (low/high frequency factors 1 and 4, original context 8192)");
   f.add_double("rope-scaling-factor", &c.rope_scaling_factor, "the factor of --use-rope-scaling", 1e-6, 1e6);
@@ -127,7 +137,7 @@ LayerParams layer_params(const ModelConfig& c) {
   const bool bias = c.add_bias_linear;
   p.norms = 2 * c.norm_params_per_norm();
   p.qkv_weight = h * (a + 2 * g) * d;
-  p.qkv_bias = bias ? (a + 2 * g) * d : 0;
+  p.qkv_bias = c.qkv_bias() ? (a + 2 * g) * d : 0;
   p.proj_weight = a * d * h;
   p.proj_bias = bias ? h : 0;
   if (!c.is_moe()) {

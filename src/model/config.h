@@ -41,6 +41,8 @@ struct ModelConfig {
   PositionEmbedding position_embedding = PositionEmbedding::kLearnedAbsolute;
   bool swiglu = false;
   bool add_bias_linear = true;  // --disable-bias-linear turns it off
+  bool add_qkv_bias = false;    // --add-qkv-bias: a bias on the QKV projection even without the others (Qwen-style)
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool untie_embeddings_and_output_weights = false;
   double hidden_dropout = 0.1;
   double attention_dropout = 0.1;
@@ -50,6 +52,7 @@ struct ModelConfig {
   double rotary_percent = 1.0;          // --rotary-percent: fraction of the head dimension rotated
   std::optional<int64_t> rotary_seq_len_interpolation_factor;  // positions divided by it
   bool use_rope_scaling = false;        // --use-rope-scaling: Llama 3.1 frequency scaling
+  bool rotary_interleaved = false;      // --rotary-interleaved: RoPE pairs dims (2i, 2i+1), not (i, i+r/2)
   double rope_scaling_factor = 8.0;     // --rope-scaling-factor
   double init_method_std = 0.02;        // --init-method-std
   bool openai_gelu = false;             // --openai-gelu: tanh approximation of GELU
@@ -62,7 +65,8 @@ struct ModelConfig {
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;
   int64_t head_dim() const;            // d
-  int64_t rotary_dim() const;          // int(d * rotary_percent): the leading dims RoPE rotates
+  int64_t rotary_dim() const;          // the leading dims RoPE rotates: rotary_freq_dim() rounded up to even
+  int64_t rotary_freq_dim() const;     // Megatron's dim = int(d * rotary_percent): its frequencies' denominator
   int64_t query_groups() const;        // g
   int64_t norm_params_per_norm() const;  // h (RMSNorm) or 2h (LayerNorm): ν·h
   int64_t moe_ffn() const { return moe_ffn_hidden_size.value_or(ffn()); }

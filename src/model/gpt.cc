@@ -248,11 +248,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
       errs.push_back(fmt::format("head dim {} exceeds the attention kernel's {}", cfg.head_dim(), k::kAttnMaxHeadDim));
     if (cfg.position_embedding == PositionEmbedding::kRope && cfg.head_dim() % 2)
       errs.push_back("--position-embedding-type rope needs an even head dimension");
-    else if (cfg.position_embedding == PositionEmbedding::kRope && (cfg.rotary_dim() <= 0 || cfg.rotary_dim() % 2))
-      errs.push_back(fmt::format("--rotary-percent {} rotates {} of the head's {} dimensions: RoPE needs an even, positive "
-                                 "number (e.g. --rotary-percent {})",
-                                 cfg.rotary_percent, cfg.rotary_dim(), cfg.head_dim(),
-                                 std::max<int64_t>(2, cfg.rotary_dim() / 2 * 2) / static_cast<double>(cfg.head_dim())));
+    else if (cfg.position_embedding == PositionEmbedding::kRope && cfg.rotary_freq_dim() <= 0)
+      errs.push_back(fmt::format("--rotary-percent {} rotates none of the head's {} dimensions (int({} x {}) = 0): give at "
+                                 "least {}",
+                                 cfg.rotary_percent, cfg.head_dim(), cfg.head_dim(), cfg.rotary_percent,
+                                 1.0 / static_cast<double>(cfg.head_dim())));
     if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute && cfg.max_position_embeddings < T)
       errs.push_back(fmt::format("--max-position-embeddings {} is below the sequence length {}",
                                  cfg.max_position_embeddings, T));
@@ -870,7 +870,7 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   column_fwd_input(ln1, a.ln1);
   linear_fwd(a.ln1, p.qkv_w, p.qkv_b, a.qkv);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
-  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim());
+  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
                          dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
   ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
@@ -927,7 +927,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   const Tensor& dproj = hd > 0 ? dtmp : dresid;
   row_linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
   k::attention_backward(a.qkv, ctx, dctx, lse, L, ao, dqkv);
-  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_backward(dqkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim());
+  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_backward(dqkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
   column_linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
   if (post) {
     k::add_inplace(dln, dresid);

@@ -172,7 +172,7 @@ inline DType residual_dtype(const GPTOptions& o) {
 // --rotary-seq-len-interpolation-factor, --use-rope-scaling, --rope-scaling-factor).
 inline kernels::RopeSpec rope_spec(const ModelConfig& c) {
   return kernels::RopeSpec{c.rotary_base, c.rotary_dim(), c.use_rope_scaling, c.rope_scaling_factor,
-                           static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1))};
+                           static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1)), c.rotary_freq_dim()};
 }
 
 // Where backward finalises, and forward first reads, groups of parameters
@@ -297,7 +297,8 @@ class GPTModel {
   const std::vector<Tensor>& params() const { return params_; }
   // The weight norm parameter w multiplies by: params()[w], or with
   // --apply-layernorm-1p 1 + params()[w] (written to a model buffer that the
-  // next call overwrites).
+  // next call overwrites: callers, the model and a Decoder on it, run their
+  // norms one after another on the model's one stream).
   Tensor norm_weight(int w) const;
   const std::vector<Tensor>& grads() const { return grads_; }
   // Index of a parameter by Megatron name, or -1.

@@ -238,7 +238,7 @@ double AdamWOptimizer::norm_of(const std::vector<Tensor>& tensors) const {
 
 int64_t AdamWOptimizer::grad_zeros() const {
   int64_t n = 0;
-  for (int64_t z : kernels::count_zeros_each(counted_parts(model_.grads()))) n += z;
+  for (int64_t z : kernels::count_zeros_each(counted_parts(model_.grads()), grad_scale_)) n += z;
   return static_cast<int64_t>(sum_over_model(static_cast<double>(n)));  // exact below 2^53
 }
 

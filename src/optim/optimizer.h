@@ -118,8 +118,9 @@ class AdamWOptimizer {
   double params_norm() const;
   // The number of zero gradient elements of the whole model
   // (--log-num-zeros-in-grad; Megatron's count_zeros_fp32), each element
-  // counted once as params_norm() counts it. Counted on the unclipped
-  // gradients (clipping scales, it makes no zeros).
+  // counted once as params_norm() counts it. Counted, as Megatron does, on
+  // the gradients scaled by the pending clipping coefficient (call after
+  // clip_grad_norm): a value the scaling flushes to 0 counts.
   int64_t grad_zeros() const;
   // Megatron's clipping (see above). Returns the norm BEFORE clipping.
   // max_norm <= 0 disables clipping (the norm is still computed and returned).

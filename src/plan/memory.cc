@@ -131,7 +131,7 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
   const double h = s.h, t = s.t, d = s.d, F = s.F, gate = s.gate;
   const bool bias = m.add_bias_linear;
   const double qkv_out = (s.heads_rank + 2 * s.kv_rank) * d;
-  double dense_layer = 2.0 * m.norm_params_per_norm() + h * qkv_out + (bias ? qkv_out : 0) +
+  double dense_layer = 2.0 * m.norm_params_per_norm() + h * qkv_out + (m.qkv_bias() ? qkv_out : 0) +
                        s.heads_rank * d * h + (bias ? h : 0);
   double expert_layer = 0;
   if (!m.is_moe()) {

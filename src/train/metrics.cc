@@ -32,7 +32,9 @@ std::string format_log_line(const IterationStats& s) {
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | tokens/s: {:.0f} | "
       "throughput per device (TFLOP/s): {:.3f} | MFU: {:.1f}% | memory (MiB): {} measured, {} planned, peak RSS {}",
       now_text(), s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iteration, s.learning_rate,
-      s.global_batch_size, s.loss, s.grad_norm, s.num_zeros ? fmt::format(" num zeros: {} |", *s.num_zeros) : std::string(),
+      s.global_batch_size, s.loss, s.grad_norm,
+      // Megatron reduces the count as a float32 and prints the Python float.
+      s.num_zeros ? fmt::format(" num zeros: {:.1f} |", static_cast<double>(static_cast<float>(*s.num_zeros))) : std::string(),
       s.params_norm ? fmt::format(" params norm: {:.3f} |", *s.params_norm) : std::string(), s.skipped_iterations,
       s.nan_iterations, s.tokens_per_s, s.tflops_per_device, s.mfu * 100, mib(s.measured_bytes), mib(s.planned_bytes),
       mib(s.peak_rss_bytes));

@@ -1,11 +1,13 @@
 #include "train/train_config.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "checkpoint/checkpoint.h"
 #include "data/tokenizer_flags.h"
@@ -23,6 +25,10 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_list("train-data-path", &c.data.train_data_path, "training dataset prefixes (instead of --data-path + --split)");
   f.add_list("valid-data-path", &c.data.valid_data_path, "validation dataset prefixes");
   f.add_list("test-data-path", &c.data.test_data_path, "test dataset prefixes");
+  f.add_string("data-args-path", &c.data.data_args_path,
+               "a file whose whitespace-separated tokens are --data-path's (for long blends)");
+  f.add_string("per-split-data-args-path", &c.data.per_split_data_args_path,
+               "a JSON file {\"train\": ..., \"valid\": ..., \"test\": ...}, each a list or a string of --train-data-path style tokens");
   f.add_switch("mock-data", &c.data.mock,
                "Megatron's synthetic documents (100000 of 1..4095 tokens: 1, 2, 3, ..., EOD) instead of a dataset, split 1,1,1");
   f.add_string("split", &c.data.split, "train,valid,test proportions of each --data-path dataset");
@@ -192,8 +198,9 @@ constexpr CkptArg kModelArgs[] = {
     {"num-layers", false}, {"hidden-size", false}, {"ffn-hidden-size", false}, {"seq-length", false},
     {"num-attention-heads", false}, {"num-query-groups", true}, {"group-query-attention", true},
     {"kv-channels", false}, {"max-position-embeddings", false}, {"position-embedding-type", true},
+    {"add-qkv-bias", true},
     {"use-rotary-position-embeddings", true}, {"no-position-embedding", true}, {"rotary-base", true},
-    {"rotary-percent", true}, {"disable-bias-linear", true}, {"swiglu", true},
+    {"rotary-percent", true}, {"rotary-interleaved", true}, {"disable-bias-linear", true}, {"swiglu", true},
     {"untie-embeddings-and-output-weights", true}, {"apply-layernorm-1p", true}, {"normalization", true},
     {"attention-dropout", true}, {"hidden-dropout", true}, {"num-experts", true}, {"moe-ffn-hidden-size", true},
     {"moe-router-topk", true},
@@ -216,7 +223,7 @@ Result<std::vector<std::string>> merge_checkpoint_args(const std::vector<std::st
   if (!tracked) return tracked.status();
   std::vector<std::string> merged;
   for (const auto& [name, toks] : first_flags.groups(all))
-    if (name != "use-checkpoint-args") merged.insert(merged.end(), toks.begin(), toks.end());
+    if (name != "use-checkpoint-args" && name != "config") merged.insert(merged.end(), toks.begin(), toks.end());
   if (!*tracked) {
     notes->push_back(fmt::format("--use-checkpoint-args: no checkpoint in {} to provide arguments, using the command line's",
                                  first.load));
@@ -239,7 +246,8 @@ Result<std::vector<std::string>> merge_checkpoint_args(const std::vector<std::st
   // The command line without the flags the checkpoint decides, then the checkpoint's tokens for them.
   merged.clear();
   for (const auto& [name, toks] : first_flags.groups(all))
-    if (name != "use-checkpoint-args" && !from_ckpt.count(name)) merged.insert(merged.end(), toks.begin(), toks.end());
+    if (name != "use-checkpoint-args" && name != "config" && !from_ckpt.count(name))
+      merged.insert(merged.end(), toks.begin(), toks.end());
   std::set<std::string> seen;
   for (const auto& [name, toks] : first_flags.groups(*stored_all)) {
     if (!from_ckpt.count(name)) continue;
@@ -252,6 +260,33 @@ Result<std::vector<std::string>> merge_checkpoint_args(const std::vector<std::st
   for (const CkptArg& a : take)
     if (from_ckpt.count(a.flag) && !seen.count(a.flag) && first_flags.given(a.flag))
       notes->push_back(fmt::format("dropping --{}: the checkpoint's arguments do not have it", a.flag));
+  // Model flags Megatron's list leaves to the command line although they
+  // change the model: a value that differs from the checkpoint's is warned of.
+  TrainConfig was, now;
+  FlagSet fw(first_flags.program()), fn(first_flags.program());
+  register_train_flags(fw, was, first_flags.has("device"));
+  register_train_flags(fn, now, first_flags.has("device"));
+  if (fw.parse(*stored_all) && fn.parse(merged)) {
+    const model::ModelConfig &a = was.job.model, &b = now.job.model;
+    auto warn = [&](const char* flag, const std::string& x, const std::string& y) {
+      if (x != y)
+        notes->push_back(fmt::format("warning: the checkpoint was trained with --{} {} but this run has {}: Megatron's "
+                                     "--use-checkpoint-args does not take --{}; give it to train the same model",
+                                     flag, x, y, flag));
+    };
+    auto yes = [](bool v) { return std::string(v ? "on" : "off"); };
+    auto num = [](double v) { return fmt::format("{}", v); };
+    warn("use-rope-scaling", yes(a.use_rope_scaling), yes(b.use_rope_scaling));
+    if (a.use_rope_scaling && b.use_rope_scaling) warn("rope-scaling-factor", num(a.rope_scaling_factor), num(b.rope_scaling_factor));
+    warn("rotary-seq-len-interpolation-factor", num(static_cast<double>(a.rotary_seq_len_interpolation_factor.value_or(1))),
+         num(static_cast<double>(b.rotary_seq_len_interpolation_factor.value_or(1))));
+    warn("norm-epsilon", num(a.norm_epsilon), num(b.norm_epsilon));
+    warn("openai-gelu", yes(a.openai_gelu), yes(b.openai_gelu));
+    warn("apply-residual-connection-post-layernorm", yes(a.apply_residual_connection_post_layernorm),
+         yes(b.apply_residual_connection_post_layernorm));
+    warn("make-vocab-size-divisible-by", num(static_cast<double>(a.make_vocab_size_divisible_by)),
+         num(static_cast<double>(b.make_vocab_size_divisible_by)));
+  }
   notes->insert(notes->begin(), fmt::format("--use-checkpoint-args: model flags from {}", where));
   return merged;
 }
@@ -281,7 +316,71 @@ Status parse_train_args(const std::vector<std::string>& argv, TrainConfig* cfg, 
     }
   }
   flags->add_switch("help", help, "show this help");
-  return flags->parse(*all);
+  Status st = flags->parse(*all);
+  if (st && all->size() != argv.size()) {
+    // A --config file's flags are stored in checkpoints as flags, not as a
+    // path that may change or move before a resume or a generation reads it.
+    for (const auto& [name, toks] : flags->groups(*all))
+      if (name != "config") cfg->merged_argv.insert(cfg->merged_argv.end(), toks.begin(), toks.end());
+  }
+  return st;
+}
+
+Status resolve_data_args_files(data::DataConfig* d) {
+  auto read = [](const std::string& flag, const std::string& path) -> Result<std::string> {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Status::invalid(fmt::format("{}: cannot open '{}'", flag, path));
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  auto tokens = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream ss(text);
+    for (std::string t; ss >> t;) out.push_back(t);
+    return out;
+  };
+  if (!d->data_args_path.empty()) {
+    auto text = read("--data-args-path", d->data_args_path);
+    if (!text) return text.status();
+    d->data_path = tokens(*text);
+    if (d->data_path.empty())
+      return Status::invalid(fmt::format("--data-args-path '{}' is empty: expected --data-path's tokens ([w1] p1 [w2] p2 ...)",
+                                         d->data_args_path));
+  }
+  if (!d->per_split_data_args_path.empty()) {
+    const std::string& p = d->per_split_data_args_path;
+    auto text = read("--per-split-data-args-path", p);
+    if (!text) return text.status();
+    const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object())
+      return Status::invalid(fmt::format("--per-split-data-args-path '{}' is not a JSON object with \"train\", \"valid\" and "
+                                         "\"test\" keys", p));
+    std::vector<std::string>* dst[3] = {&d->train_data_path, &d->valid_data_path, &d->test_data_path};
+    const char* keys[3] = {"train", "valid", "test"};
+    for (int i = 0; i < 3; ++i) {
+      if (!j.contains(keys[i]))
+        return Status::invalid(fmt::format("--per-split-data-args-path '{}': no \"{}\" key (give it, null or [] for no data)", p,
+                                           keys[i]));
+      const nlohmann::json& v = j[keys[i]];
+      dst[i]->clear();
+      if (v.is_null()) continue;
+      if (v.is_string()) {
+        *dst[i] = tokens(v.get<std::string>());
+      } else if (v.is_array()) {
+        for (const auto& x : v) {
+          if (x.is_string()) dst[i]->push_back(x.get<std::string>());
+          else if (x.is_number()) dst[i]->push_back(x.dump());
+          else return Status::invalid(fmt::format("--per-split-data-args-path '{}': \"{}\" holds {}, expected strings (prefixes) "
+                                                  "and numbers (weights)", p, keys[i], x.dump()));
+        }
+      } else {
+        return Status::invalid(fmt::format("--per-split-data-args-path '{}': \"{}\" must be a list or a string of "
+                                           "[weight] prefix tokens, not {}", p, keys[i], v.dump()));
+      }
+    }
+    if (d->train_data_path.empty())
+      return Status::invalid(fmt::format("--per-split-data-args-path '{}': \"train\" names no dataset", p));
+  }
+  return Status::ok();
 }
 
 std::vector<std::string> validate_train(const TrainConfig& c) {
@@ -316,13 +415,18 @@ std::vector<std::string> validate_train(const TrainConfig& c) {
     err("--save needs --save-interval (Megatron asserts it)");
   if (c.save_interval && c.save.empty()) err("--save-interval needs --save DIR");
   if (c.exit_signal_handler && c.save.empty()) err("--exit-signal-handler saves before exiting: give --save DIR");
-  const bool per_split = !c.data.train_data_path.empty() || !c.data.valid_data_path.empty() || !c.data.test_data_path.empty();
-  const int sources = (c.data.mock ? 1 : 0) + (c.data.data_path.empty() ? 0 : 1) + (per_split ? 1 : 0);
+  const bool per_split_flags = !c.data.train_data_path.empty() || !c.data.valid_data_path.empty() || !c.data.test_data_path.empty();
+  const bool per_split = per_split_flags || !c.data.per_split_data_args_path.empty();
+  const bool data_path = !c.data.data_path.empty() || !c.data.data_args_path.empty();
+  if (!c.data.data_path.empty() && !c.data.data_args_path.empty()) err("--data-path and --data-args-path: give one of them");
+  if (per_split_flags && !c.data.per_split_data_args_path.empty())
+    err("--per-split-data-args-path and --train/valid/test-data-path: give one of them");
+  const int sources = (c.data.mock ? 1 : 0) + (data_path ? 1 : 0) + (per_split ? 1 : 0);
   if (sources == 0) err("give --data-path PREFIX (a preprocessed dataset), --train-data-path, or --mock-data");
   if (sources > 1)
     err("give one of --mock-data, --data-path, --train/valid/test-data-path: a single data source must be provided");
   if (c.tokenizer.type.empty()) err("--tokenizer-type is required (e.g. GPT2BPETokenizer with --vocab-file and --merge-file)");
-  if (c.eval_interval && c.eval_iters > 0 && per_split && c.data.valid_data_path.empty())
+  if (c.eval_interval && c.eval_iters > 0 && per_split_flags && c.data.valid_data_path.empty())
     err("--eval-interval with --train-data-path needs --valid-data-path");
   // The data loader produces both (segment ids, restarted positions), but the
   // model's attention and position embedding do not consume them yet.

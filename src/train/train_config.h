@@ -78,8 +78,9 @@ struct TrainConfig {
   bool use_tokenizer_model_from_checkpoint_args = true;
   bool use_mp_args_from_checkpoint_args = false;
   // Set by parse_train_args when --use-checkpoint-args merged a checkpoint's
-  // flags: the command line as merged (what a checkpoint of this run
-  // stores), and one line per flag taken from the checkpoint.
+  // flags or a --config file was expanded: the command line as merged,
+  // without --config (what a checkpoint of this run stores); and one line
+  // per flag taken from the checkpoint.
   std::vector<std::string> merged_argv, checkpoint_arg_notes;
   // Runtime.
   std::optional<int64_t> threads;  // compute threads (default: all cores; 1 per rank under MPI)
@@ -97,6 +98,11 @@ void register_train_flags(FlagSet& flags, TrainConfig& cfg, bool with_device = t
 // Parses argv (after the subcommand). A --config YAML file is read first and
 // the command line applied on top. On error the Status names the flag or file.
 Status parse_train_args(const std::vector<std::string>& args, TrainConfig* cfg, FlagSet* flags, bool* help);
+
+// --data-args-path / --per-split-data-args-path: reads the file into
+// data_path / train,valid,test_data_path (as Megatron's
+// get_blend_and_blend_per_split). Errors name the file and what was expected.
+Status resolve_data_args_files(data::DataConfig* data);
 
 // Turns a YAML mapping of flag names (dashes or underscores) into argv tokens.
 Result<std::vector<std::string>> yaml_to_args(const std::string& path);

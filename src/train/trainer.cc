@@ -129,6 +129,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
 
   // ---- 1. Every configuration problem, before anything is allocated.
   std::vector<std::string> problems = validate_train(cfg);
+  if (Status st = resolve_data_args_files(&cfg.data); !st) problems.push_back(st.message());
   // The backend. --device auto takes the GPU when one is usable (several
   // ranks: one GPU each, by local rank; train_validated makes their groups).
   const BackendInfo backend = backend_info();
@@ -378,7 +379,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   }
 
   // ---- 4. Data.
-  data::DataConfig dc = cfg.data;
+  data::DataConfig dc = cfg.data;  // --data-args-path files already read (run_training)
   dc.gpt.seq_length = seq;
   dc.gpt.seed = static_cast<uint32_t>(cfg.seed);
   dc.mock_vocab_size = tokenizer->vocab_size();

@@ -102,14 +102,39 @@ TEST_F(MockVsNumpy, DocumentsAreMegatronsMockDocuments) {
     got.insert(got.end(), d.begin(), d.end());
   }
   EXPECT_EQ(got, docs);
-  // A read from the middle is the same tokens; a small vocabulary wraps.
+  // A read from the middle is the same tokens.
   std::vector<int64_t> part(5);
   m.read(0, 3, 5, part.data());
   EXPECT_EQ(part, std::vector<int64_t>(docs.begin() + 3, docs.begin() + 8));
+}
+
+// Without numpy: a small vocabulary wraps, each document ends with EOD, and
+// the three splits are the thirds of the 100000 documents.
+TEST(MockData, DocumentsWrapAndSplitsAreThirds) {
   MockDocuments small(5, 4);
+  ASSERT_GE(small.sequence_length(0), 8);  // 3484 (numpy's first draw)
   std::vector<int64_t> w(7);
   small.read(0, 0, 7, w.data());
   EXPECT_EQ(w, (std::vector<int64_t>{1, 2, 3, 4, 0, 1, 2}));
+  for (int64_t i : {int64_t{0}, int64_t{99999}}) {
+    std::vector<int64_t> last(1);
+    small.read(i, small.sequence_length(i) - 1, 1, last.data());
+    EXPECT_EQ(last[0], 4) << "document " << i << " ends with EOD";
+  }
+  DataConfig dc;
+  dc.mock = true, dc.mock_vocab_size = 100, dc.mock_eod = 99;
+  dc.gpt.seq_length = 64;
+  auto s = build_train_valid_test(dc, {100, 10, 10}, nullptr, {true, true, true});
+  ASSERT_TRUE(s.is_ok()) << s.status().message();
+  const std::pair<int32_t, int32_t> bounds[3] = {{0, 33333}, {33333, 66667}, {66667, 100000}};
+  for (int k = 0; k < 3; ++k) {
+    const auto* d = dynamic_cast<const GptDataset*>((*s)[k].get());
+    ASSERT_NE(d, nullptr);
+    int32_t lo = 1 << 30, hi = -1;
+    for (int32_t doc : d->indices().document_index) lo = std::min(lo, doc), hi = std::max(hi, doc);
+    EXPECT_EQ(lo, bounds[k].first) << "split " << k;
+    EXPECT_EQ(hi, bounds[k].second - 1) << "split " << k;
+  }
 }
 
 TEST_F(MockVsNumpy, MockSplitsAreOneThirdEachWithTheReferenceIndices) {
@@ -149,10 +174,6 @@ TEST_F(MockVsNumpy, MockSplitsAreOneThirdEachWithTheReferenceIndices) {
   m.read(d0, o0, first, want.data());
   EXPECT_EQ(std::vector<int64_t>(t.begin(), t.begin() + first), want);
   for (int64_t x : t) EXPECT_TRUE(x >= 0 && x < kVocab) << x;
-  // Valid split: sequences [33333, 66667).
-  const auto* valid = dynamic_cast<const GptDataset*>((*s)[1].get());
-  ASSERT_NE(valid, nullptr);
-  for (int32_t d : valid->indices().document_index) ASSERT_TRUE(d >= 33333 && d < 66667) << d;
 }
 
 TEST(MockData, OneSourceOnly) {

@@ -43,9 +43,15 @@ ModelConfig post_ln_style() {
 }
 ModelConfig llama31_style() {  // Llama 3.1 RoPE scaling, half of each head rotated, interpolation 2
   ModelConfig c = llama_style();
-  c.rotary_base = 2e5, c.rotary_percent = 0.5, c.use_rope_scaling = true, c.rope_scaling_factor = 8;
+  c.rotary_base = 2e5, c.rotary_percent = 0.4, c.use_rope_scaling = true, c.rope_scaling_factor = 8;
   c.rotary_seq_len_interpolation_factor = 2;
   c.apply_layernorm_1p = true;
+  return c;
+}
+ModelConfig qwen_style() {  // a bias on QKV only, interleaved RoPE pairs
+  ModelConfig c = llama_style();
+  c.add_qkv_bias = true;
+  c.rotary_interleaved = true;
   return c;
 }
 ModelConfig mqa_style() {  // one key/value head, RoPE, LayerNorm
@@ -92,6 +98,17 @@ void check_config(const ModelConfig& cfg, DType dt, double tol) {
   ASSERT_TRUE(created.is_ok()) << created.status().message();
   model::GPTModel& m = **created;
   m.init_parameters(42);
+  {  // biases and zero-centred gammas start at 0: move them so that their paths carry signal
+    std::mt19937 gen(5);
+    std::normal_distribution<double> nd(0.0, 0.2);
+    for (size_t i = 0; i < m.specs().size(); ++i) {
+      const std::string& name = m.specs()[i].name;
+      const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+      const bool gamma = cfg.apply_layernorm_1p && name.find("layernorm.weight") != std::string::npos;
+      if (!bias && !gamma) continue;
+      for (int64_t j = 0; j < m.params()[i].numel(); ++j) m.params()[i].ptr<T>()[j] = static_cast<T>(nd(gen));
+    }
+  }
   const int64_t Tn = cfg.seq_length, V = m.vocab();
   std::mt19937 g(3);
   std::vector<int32_t> tok2(static_cast<size_t>(2 * Tn));
@@ -143,7 +160,7 @@ TEST_P(DecoderVsForward, EveryPositionMatchesFp64) {
 INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
                          ::testing::Values(Case{"gpt2", gpt2_style}, Case{"llama", llama_style},
                                            Case{"postln", post_ln_style}, Case{"mqa", mqa_style},
-                                           Case{"llama31", llama31_style}),
+                                           Case{"llama31", llama31_style}, Case{"qwen", qwen_style}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Decoder, ParametersOnlyModelAndErrors) {

@@ -306,11 +306,11 @@ TEST(CudaTwin, SwiGluMatchesCpu) {
 
 // spec.rot_dim 0: the whole head rotates.
 template <typename T>
-void rope_case(const k::QkvLayout& L, int64_t table_seq, k::RopeSpec spec = {}) {
+void rope_case(const k::QkvLayout& L, int64_t table_seq, k::RopeSpec spec = {}, bool interleaved = false) {
   const DType dt = dtype_of<T>();
   if (spec.rot_dim == 0) spec.rot_dim = L.head_dim;
-  const std::string what = fmt::format("rope {} s={} b={} a={} g={} d={} r={} scaled={}", tname(dt), L.seq, L.batch,
-                                       L.heads, L.groups, L.head_dim, spec.rot_dim, spec.llama3_scaling);
+  const std::string what = fmt::format("rope {} s={} b={} a={} g={} d={} r={} scaled={} interleaved={}", tname(dt), L.seq,
+                                       L.batch, L.heads, L.groups, L.head_dim, spec.rot_dim, spec.llama3_scaling, interleaved);
   const int64_t half = spec.rot_dim / 2, r = spec.rot_dim;
   std::vector<T> cs(static_cast<size_t>(table_seq * half)), sn(cs.size());
   Arena g = gpu_arena(kArenaBytes);
@@ -324,11 +324,11 @@ void rope_case(const k::QkvLayout& L, int64_t table_seq, k::RopeSpec spec = {}) 
   const std::vector<T> orig = qkv;
   Tensor Q = view(qkv, {L.tokens(), L.row()});
   Tensor gQ = to_device(g, Q);
-  k::rope_forward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}), r);
-  k::rope_forward(gQ, L, gCos, gSin, r);
+  k::rope_forward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}), r, interleaved);
+  k::rope_forward(gQ, L, gCos, gSin, r, interleaved);
   expect_close(to_host<T>(gQ), qkv, Tol<T>::tight, Tol<T>::tight, what + " forward");
-  k::rope_backward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}), r);
-  k::rope_backward(gQ, L, gCos, gSin, r);
+  k::rope_backward(Q, L, view(cs, {table_seq, half}), view(sn, {table_seq, half}), r, interleaved);
+  k::rope_backward(gQ, L, gCos, gSin, r, interleaved);
   std::vector<T> back = to_host<T>(gQ);
   expect_close(back, qkv, Tol<T>::tight, Tol<T>::tight, what + " inverse");
   expect_close(back, orig, 10 * Tol<T>::tight, 10 * Tol<T>::tight, what + " inverse undoes forward");
@@ -352,6 +352,9 @@ TEST(CudaTwin, RopeTableAndApplyMatchCpu) {
   rope_case<double>(gqa, gqa.seq, {10000.0, 6});
   rope_case<float>(mha, 4096, {500000.0, 64, true, 8.0, 2.0});
   rope_case<float>(mha, mha.seq, {500000.0, 32, true, 32.0, 1.0});
+  // --rotary-interleaved, whole and partial.
+  rope_case<float>(gqa, gqa.seq, {}, true);
+  rope_case<double>(mha, mha.seq, {10000.0, 40}, true);
 }
 
 // ---------------------------------------------------------------- bf16 storage
@@ -844,7 +847,13 @@ TEST(CudaTwin, CountZerosMatchesCpu) {
   const std::vector<int64_t> got = k::count_zeros_each(dev), want = k::count_zeros_each(host);
   EXPECT_EQ(got, want);
   EXPECT_EQ(want, (std::vector<int64_t>{428572, 2, 0}));
-  EXPECT_EQ(k::sum_squares(dev[1]), k::sum_squares_each({dev[1]})[0]);
+  // Scaled by a clipping-like coefficient: a[3] = 1e-40 flushes to 0, the
+  // rest (|x| > ~1e-7 from randn) does not.
+  const std::vector<int64_t> got_s = k::count_zeros_each(dev, 1e-6), want_s = k::count_zeros_each(host, 1e-6);
+  EXPECT_EQ(got_s, want_s);
+  EXPECT_EQ(want_s[0], 428573);
+  // The sum-of-squares mode of the shared passes: the CPU's value.
+  EXPECT_NEAR(k::sum_squares(dev[1]), k::sum_squares(host[1]), 1e-12 * k::sum_squares(host[1]));
 }
 
 // ---------------------------------------------------------------- adamw

@@ -363,51 +363,9 @@ TEST(Rope, PartialRotationLeavesTheTailAndBackwardIsTranspose) {
   EXPECT_DEATH(k::rope_forward(qkv.t(), L, cos.t(), sin.t(), 10), "rotated dims must be even");
 }
 
-// The tables against Megatron's formulas run in float64 PyTorch
-// (tests/kernels/rope_reference.py): plain, Llama 3.1 scaling with its three
-// frequency bands, partial rotation and position interpolation.
-TEST(Rope, TablesMatchMegatronsFormulas) {
-  struct Case {
-    int64_t seq, kv;
-    double base, percent;
-    bool scaling;
-    double factor, interp;
-  };
-  const Case cases[] = {{300, 128, 500000, 1.0, true, 8, 1},   // Llama 3.1 8B
-                        {64, 64, 500000, 1.0, true, 32, 1},    // Llama 3.2's factor
-                        {50, 128, 10000, 1.0, false, 8, 1},
-                        {50, 96, 10000, 0.25, false, 8, 1},    // GPT-NeoX style partial rotation
-                        {40, 64, 1e6, 0.5, true, 16, 4}};
-  const std::string dir = std::string(MT_BINARY_DIR) + "/test-artifacts", out = dir + "/rope_ref_";
-  std::string cmd = fmt::format("mkdir -p {} && /usr/bin/python3 {}/tests/kernels/rope_reference.py {}", dir, MT_SOURCE_DIR, out);
-  for (const Case& c : cases)
-    cmd += fmt::format(" {} {} {} {} {} {} {}", c.seq, c.kv, c.base, c.percent, c.scaling ? 1 : 0, c.factor, c.interp);
-  const int rc = std::system(cmd.c_str());
-  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (apt install python3-torch)";
-  ASSERT_EQ(rc, 0) << cmd;
-  for (size_t ci = 0; ci < std::size(cases); ++ci) {
-    const Case& c = cases[ci];
-    const int64_t rot = c.percent < 1 ? static_cast<int64_t>(c.kv * c.percent) : c.kv, half = rot / 2;
-    auto read = [&](const std::string& p) {
-      std::vector<double> v(static_cast<size_t>(c.seq * half));
-      std::ifstream in(p, std::ios::binary);
-      in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(double)));
-      EXPECT_EQ(in.gcount(), static_cast<std::streamsize>(v.size() * sizeof(double))) << p;
-      return v;
-    };
-    const auto rc_ = read(out + std::to_string(ci) + "cos.f64"), rs_ = read(out + std::to_string(ci) + "sin.f64");
-    k::RopeSpec spec{c.base, rot, c.scaling, c.factor, c.interp};
-    Buf<double> cos({c.seq, half}), sin({c.seq, half});
-    k::rope_table(spec, c.seq, cos.t(), sin.t());
-    double worst = 0;
-    for (size_t i = 0; i < rc_.size(); ++i) worst = std::max({worst, std::abs(cos.v[i] - rc_[i]), std::abs(sin.v[i] - rs_[i])});
-    EXPECT_LT(worst, 1e-12) << "seq " << c.seq << " kv " << c.kv << " scaling " << c.scaling;
-    if (c.scaling) {  // and the scaling changed something
-      k::RopeSpec plain = spec;
-      plain.llama3_scaling = false;
-      EXPECT_NE(k::rope_inv_freq(plain), k::rope_inv_freq(spec));
-    }
-  }
+// Llama 3.1 scaling without PyTorch: each frequency is kept (wavelength
+// under 2048), divided by the factor (over 8192) or in between.
+TEST(Rope, Llama31ScalingHasThreeBands) {
   // The three bands, closed form: base 500000, d 128, factor 8.
   const auto f = k::rope_inv_freq({500000, 128, true, 8, 1});
   const auto p = k::rope_inv_freq({500000, 128, false, 8, 1});
@@ -422,6 +380,83 @@ TEST(Rope, TablesMatchMegatronsFormulas) {
   EXPECT_GT(kept, 0);
   EXPECT_GT(divided, 0);
   EXPECT_GT(smoothed, 0);
+}
+
+// --rotary-interleaved: pair i is dims (2i, 2i + 1) with frequency i; the
+// tail past r passes through; backward is the transpose.
+TEST(Rope, InterleavedPairsAdjacentDims) {
+  k::QkvLayout L{4, 2, 4, 2, 8};
+  const int64_t r = 6, half = 3;  // a partial rotation too: dims 6, 7 pass through
+  k::RopeSpec spec{10000.0, r};
+  Buf<double> qkv({L.tokens(), L.row()}), cos({L.seq, half}), sin({L.seq, half}), proj({L.tokens(), L.row()});
+  fill_normal(qkv.v, 31), fill_normal(proj.v, 32);
+  k::rope_table(spec, L.seq, cos.t(), sin.t());
+  const std::vector<double> orig = qkv.v;
+  k::rope_forward(qkv.t(), L, cos.t(), sin.t(), r, true);
+  const int64_t row = 3 * 2 + 0, col = L.q_col(2), i = 2;
+  const double ang = 3.0 * std::pow(10000.0, -2.0 * i / 6.0);
+  const double x1 = orig[row * L.row() + col + 2 * i], x2 = orig[row * L.row() + col + 2 * i + 1];
+  EXPECT_NEAR(qkv[row * L.row() + col + 2 * i], x1 * std::cos(ang) - x2 * std::sin(ang), 1e-12);
+  EXPECT_NEAR(qkv[row * L.row() + col + 2 * i + 1], x2 * std::cos(ang) + x1 * std::sin(ang), 1e-12);
+  for (int64_t c = r; c < L.head_dim; ++c) EXPECT_EQ(qkv[row * L.row() + col + c], orig[row * L.row() + col + c]);
+  Buf<double> work({L.tokens(), L.row()}), d({L.tokens(), L.row()});
+  qkv.v = orig;
+  auto loss = [&] {
+    work.v = qkv.v;
+    k::rope_forward(work.t(), L, cos.t(), sin.t(), r, true);
+    return test::dot(work.v, proj.v);
+  };
+  d.v = proj.v;
+  k::rope_backward(d.t(), L, cos.t(), sin.t(), r, true);
+  expect_fd_grad(qkv.v, loss, d.v, "interleaved rope dqkv");
+}
+
+// The tables against Megatron's formulas run in float64 PyTorch
+// (tests/kernels/rope_reference.py): plain, Llama 3.1 scaling with its three
+// frequency bands, partial rotation and position interpolation.
+TEST(Rope, TablesMatchMegatronsFormulas) {
+  struct Case {
+    int64_t seq, kv;
+    double base, percent;
+    bool scaling;
+    double factor, interp;
+  };
+  const Case cases[] = {{300, 128, 500000, 1.0, true, 8, 1},   // Llama 3.1 8B
+                        {64, 64, 500000, 1.0, true, 32, 1},    // Llama 3.2's factor
+                        {50, 128, 10000, 1.0, false, 8, 1},
+                        {50, 96, 10000, 0.25, false, 8, 1},    // GPT-NeoX style partial rotation
+                        {30, 64, 10000, 0.3, false, 8, 1},     // int(19.2) = 19: 10 frequencies over 19, 20 dims rotate
+                        {40, 64, 1e6, 0.5, true, 16, 4}};
+  const std::string dir = std::string(MT_BINARY_DIR) + "/test-artifacts", out = dir + "/rope_ref_";
+  std::string cmd = fmt::format("mkdir -p {} && /usr/bin/python3 {}/tests/kernels/rope_reference.py {}", dir, MT_SOURCE_DIR, out);
+  for (const Case& c : cases)
+    cmd += fmt::format(" {} {} {} {} {} {} {}", c.seq, c.kv, c.base, c.percent, c.scaling ? 1 : 0, c.factor, c.interp);
+  const int rc = std::system(cmd.c_str());
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (apt install python3-torch)";
+  ASSERT_EQ(rc, 0) << cmd;
+  for (size_t ci = 0; ci < std::size(cases); ++ci) {
+    const Case& c = cases[ci];
+    const int64_t dim = c.percent < 1 ? static_cast<int64_t>(c.kv * c.percent) : c.kv, rot = dim + dim % 2, half = rot / 2;
+    auto read = [&](const std::string& p) {
+      std::vector<double> v(static_cast<size_t>(c.seq * half));
+      std::ifstream in(p, std::ios::binary);
+      in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(double)));
+      EXPECT_EQ(in.gcount(), static_cast<std::streamsize>(v.size() * sizeof(double))) << p;
+      return v;
+    };
+    const auto rc_ = read(out + std::to_string(ci) + "cos.f64"), rs_ = read(out + std::to_string(ci) + "sin.f64");
+    k::RopeSpec spec{c.base, rot, c.scaling, c.factor, c.interp, dim};
+    Buf<double> cos({c.seq, half}), sin({c.seq, half});
+    k::rope_table(spec, c.seq, cos.t(), sin.t());
+    double worst = 0;
+    for (size_t i = 0; i < rc_.size(); ++i) worst = std::max({worst, std::abs(cos.v[i] - rc_[i]), std::abs(sin.v[i] - rs_[i])});
+    EXPECT_LT(worst, 1e-12) << "seq " << c.seq << " kv " << c.kv << " scaling " << c.scaling;
+    if (c.scaling) {  // and the scaling changed something
+      k::RopeSpec plain = spec;
+      plain.llama3_scaling = false;
+      EXPECT_NE(k::rope_inv_freq(plain), k::rope_inv_freq(spec));
+    }
+  }
 }
 
 // ---------------------------------------------------------------- attention
@@ -808,6 +843,9 @@ TEST(CountZeros, PlusAndMinusZeroButNotNan) {
   b.v = {0.0, 5.0, -0.0};
   Buf<float> empty({0});
   EXPECT_EQ(k::count_zeros_each({a.t(), b.t(), empty.t()}), (std::vector<int64_t>{3, 2, 0}));
+  // Scaled as the clipping coefficient scales: 1e-40f * 1e-6 underflows in fp32, -2 * 1e-6 does not.
+  EXPECT_EQ(k::count_zeros_each({a.t()}, 1e-6), (std::vector<int64_t>{4}));
+  EXPECT_EQ(k::count_zeros_each({b.t()}, 1e-300), (std::vector<int64_t>{2}));  // fp64: 5e-300 is not 0
 }
 
 TEST(Bf16, RoundsToNearestEven) {

@@ -6,8 +6,8 @@ with rope scaling, Llama 3.1's _apply_scaling (low 1, high 4, original 8192);
 positions scaled by 1 / seq_len_interpolation_factor.
 
 usage: rope_reference.py OUT_PREFIX [SEQ KV_CHANNELS BASE ROTARY_PERCENT SCALING(0|1) FACTOR INTERP]...
-writes OUT_PREFIX<k>{cos,sin}.f64 for the k-th case, each [SEQ, dim/2] raw
-little-endian float64.
+writes OUT_PREFIX<k>{cos,sin}.f64 for the k-th case, each [SEQ, ceil(dim/2)]
+raw little-endian float64.
 """
 import math
 import sys
@@ -36,7 +36,7 @@ def table(out, seq, kv, base, percent, scaling, factor, interp):
     base, percent = float(base), float(percent)
     scaling, factor, interp = scaling == "1", float(factor), float(interp)
     dim = int(kv * percent) if percent < 1.0 else kv
-    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))  # ceil(dim/2) of them
     if scaling:
         inv = apply_scaling(inv, factor)
     pos = torch.arange(seq, dtype=torch.float64) * (1 / interp)

@@ -35,13 +35,21 @@ ModelConfig llama_style() {
 }
 
 // LLaMA-style with Llama 3.1's RoPE frequency scaling (base 2e5 puts d=8's
-// two rotated frequencies in the kept and the smoothed bands), half of each
-// head rotated, positions interpolated by 2.
+// two rotated frequencies, base^(-0/3) and base^(-2/3), in the kept and the
+// divided bands), --rotary-percent 0.4 (Megatron's dim = int(3.2) = 3: two
+// frequencies over 3, four dims rotate), positions interpolated by 2.
 ModelConfig llama31_style() {
   ModelConfig c = llama_style();
-  c.rotary_base = 2e5, c.rotary_percent = 0.5, c.use_rope_scaling = true, c.rope_scaling_factor = 8;
+  c.rotary_base = 2e5, c.rotary_percent = 0.4, c.use_rope_scaling = true, c.rope_scaling_factor = 8;
   c.rotary_seq_len_interpolation_factor = 2;
   c.apply_layernorm_1p = true;  // and zero-centred RMSNorm weights
+  return c;
+}
+
+ModelConfig qwen_style() {  // LLaMA-style with a bias on QKV only (--disable-bias-linear --add-qkv-bias),
+  ModelConfig c = llama_style();  // and interleaved RoPE pairs (--rotary-interleaved)
+  c.add_qkv_bias = true;
+  c.rotary_interleaved = true;
   return c;
 }
 
@@ -65,6 +73,7 @@ nlohmann::json config_json(const ModelConfig& c) {
           {"position_embedding_type", position_embedding_name(c.position_embedding)}, {"rotary_base", c.rotary_base},
           {"rotary_percent", c.rotary_percent}, {"use_rope_scaling", c.use_rope_scaling},
           {"rope_scaling_factor", c.rope_scaling_factor}, {"apply_layernorm_1p", c.apply_layernorm_1p},
+          {"rotary_interleaved", c.rotary_interleaved},
           {"rotary_interpolation", static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1))},
           {"swiglu", c.swiglu}, {"openai_gelu", c.openai_gelu},
           {"apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm}};
@@ -95,6 +104,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   const std::string which = GetParam();
   ModelConfig cfg = which == "gpt2" ? gpt2_style() : which == "llama" ? llama_style() : which == "llama31" ? llama31_style()
                     : which == "gpt1p"   ? gpt_1p_style()
+                    : which == "qwen"    ? qwen_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -102,14 +112,23 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   ASSERT_TRUE(created.is_ok()) << created.status().message();
   GPTModel& m = **created;
   m.init_parameters(1234);
-  if (cfg.apply_layernorm_1p) {  // zero-centred gammas start at 0: move them so that 1 + gamma varies
-    std::mt19937 g(99);
-    std::normal_distribution<float> n(0.f, 0.3f);
-    for (size_t i = 0; i < m.specs().size(); ++i)
-      if (m.specs()[i].name.find("layernorm.weight") != std::string::npos) {
-        EXPECT_EQ(m.params()[i].ptr<float>()[0], 0.f) << m.specs()[i].name << " starts at 0 with --apply-layernorm-1p";
-        for (int64_t j = 0; j < m.params()[i].numel(); ++j) m.params()[i].ptr<float>()[j] = n(g);
-      }
+  // Zero-centred gammas (--apply-layernorm-1p) and the QKV bias
+  // (--add-qkv-bias) start at 0: move them so that every path carries signal.
+  std::mt19937 gen(99);
+  std::normal_distribution<float> nd(0.f, 0.3f);
+  int moved = 0;
+  for (size_t i = 0; i < m.specs().size(); ++i) {
+    const std::string& name = m.specs()[i].name;
+    const bool gamma = cfg.apply_layernorm_1p && name.find("layernorm.weight") != std::string::npos;
+    const bool qkv_bias = cfg.add_qkv_bias && name.find("linear_qkv.bias") != std::string::npos;
+    if (!gamma && !qkv_bias) continue;
+    EXPECT_EQ(m.params()[i].ptr<float>()[0], 0.f) << name << " starts at 0";
+    for (int64_t j = 0; j < m.params()[i].numel(); ++j) m.params()[i].ptr<float>()[j] = nd(gen);
+    ++moved;
+  }
+  if (cfg.add_qkv_bias) {
+    EXPECT_EQ(moved, cfg.num_layers) << "one QKV bias per layer, and no other bias";
+    for (const auto& sp : m.specs()) EXPECT_EQ(sp.name.find("linear_fc1.bias"), std::string::npos) << sp.name;
   }
   std::vector<int32_t> tok, lab;
   random_batch(opt.micro_batch, cfg.seq_length, *cfg.vocab_size, 7, tok, lab);
@@ -145,7 +164,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch, ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p"));
+INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch, ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen"));
 
 // The whole model in fp64 against central differences, with dropout on
 // (masks are regenerated from the seed, so the loss is a fixed function).

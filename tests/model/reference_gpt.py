@@ -83,8 +83,9 @@ def forward(P, tokens, labels, cfg):
         # Megatron's RotaryEmbedding: the leading rot = int(d * rotary_percent)
         # dims rotate; Llama 3.1 frequency scaling; positions / interpolation.
         pct = cfg.get("rotary_percent", 1.0)
-        rot = int(d * pct) if pct < 1.0 else d
-        inv = 1.0 / (cfg["rotary_base"] ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
+        dim = int(d * pct) if pct < 1.0 else d
+        inv = 1.0 / (cfg["rotary_base"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        rot = 2 * inv.numel()  # an odd dim rotates dim + 1 dims
         if cfg.get("use_rope_scaling", False):
             factor, old_len, low, high = cfg["rope_scaling_factor"], 8192.0, 1.0, 4.0
             wavelen = 2 * math.pi / inv
@@ -95,13 +96,22 @@ def forward(P, tokens, labels, cfg):
             inv = torch.where(medium, smoothed, scaled)
         pos = torch.arange(T, dtype=torch.float64) * (1.0 / cfg.get("rotary_interpolation", 1.0))
         ang = torch.outer(pos, inv)
-        ang = torch.cat((ang, ang), dim=-1)  # [s, rot]
+        interleaved = cfg.get("rotary_interleaved", False)
+        if interleaved:  # each frequency twice in a row; pairs (2i, 2i + 1)
+            ang = torch.stack((ang, ang), dim=-1).reshape(T, -1)
+        else:
+            ang = torch.cat((ang, ang), dim=-1)  # [s, rot]
         cos = ang.cos().float()[:, None, None, :]
         sin = ang.sin().float()[:, None, None, :]
 
+        def rotate(x):
+            if not interleaved:
+                return rotate_half(x)
+            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).reshape(x.shape)
+
         def rope(t):
             r, rest = t[..., :rot], t[..., rot:]
-            return torch.cat((r * cos + rotate_half(r) * sin, rest), dim=-1)
+            return torch.cat((r * cos + rotate(r) * sin, rest), dim=-1)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     post = cfg["apply_residual_connection_post_layernorm"]
 

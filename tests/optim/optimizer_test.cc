@@ -288,8 +288,15 @@ TEST(AdamW, GradZerosCountsEveryZeroElement) {
     for (int64_t j = 0; j < t.numel(); ++j) want += t.ptr<float>()[j] == 0.0f;
   EXPECT_GE(want, 335);
   EXPECT_EQ(opt.grad_zeros(), want);
-  opt.clip_grad_norm(1e-3);  // clipping is applied by step(): the count is of the gradients as they are
+  // Megatron counts after clipping: a value the clipping coefficient flushes
+  // to 0 in fp32 counts (clip_grad_norm only records the coefficient).
+  g.ptr<float>()[2] = 0.5f;  // no NaN in the norm (neither counts as a zero)
+  g.ptr<float>()[4] = 1e-38f, g.ptr<float>()[5] = -1e-38f;
+  opt.clip_grad_norm(1.0);
   EXPECT_EQ(opt.grad_zeros(), want);
+  opt.clip_grad_norm(1e-9);  // coefficient ~1e-11: 1e-38 * 1e-11 underflows, the O(1) gradients do not
+  ASSERT_LT(opt.pending_grad_scale(), 1e-8);
+  EXPECT_EQ(opt.grad_zeros(), want + 2);
 }
 
 TEST(AdamW, SchedulerOverloadAndReset) {

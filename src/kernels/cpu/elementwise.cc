@@ -176,7 +176,7 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
   return out;
 }
 
-std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs) {
+std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs, double scale) {
   std::vector<int64_t> out;
   out.reserve(xs.size());
   for (const Tensor& x : xs) {
@@ -184,9 +184,10 @@ std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs) {
     float_types(x.dtype(), [&](auto tag_) {
       using T = decltype(tag_);
       const T* p = x.ptr<T>();
+      const T s = static_cast<T>(scale);
       const int64_t n = x.numel();
 #pragma omp parallel for reduction(+ : zeros) schedule(static)
-      for (int64_t i = 0; i < n; ++i) zeros += p[i] == T(0);
+      for (int64_t i = 0; i < n; ++i) zeros += p[i] * s == T(0);
     });
     out.push_back(zeros);
   }

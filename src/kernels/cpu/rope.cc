@@ -8,19 +8,23 @@ namespace mt::kernels::cpu {
 namespace {
 
 // S: qkv's stored type; T = compute_t<S>, the tables' type.
+// Pair i is (x[i], x[i + half]), or (x[2i], x[2i + 1]) interleaved.
 template <typename S, typename T>
-void rotate(S* x, const T* c, const T* s, int64_t half, bool inverse) {
+void rotate(S* x, const T* c, const T* s, int64_t half, bool inverse, bool interleaved) {
   T sg = inverse ? T(-1) : T(1);
+  const int64_t step = interleaved ? 2 : 1, off = interleaved ? 1 : half;
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i) {
-    T x1 = ld<T>(x[i]), x2 = ld<T>(x[i + half]), sn = sg * s[i];
-    x[i] = to_out<S>(x1 * c[i] - x2 * sn);
-    x[i + half] = to_out<S>(x2 * c[i] + x1 * sn);
+    S* p1 = x + i * step;
+    S* p2 = p1 + off;
+    T x1 = ld<T>(*p1), x2 = ld<T>(*p2), sn = sg * s[i];
+    *p1 = to_out<S>(x1 * c[i] - x2 * sn);
+    *p2 = to_out<S>(x2 * c[i] + x1 * sn);
   }
 }
 
 template <typename S, typename T = compute_t<S>>
-void apply(S* qkv, const QkvLayout& L, int64_t rot_dim, const T* cos, const T* sin, bool inverse) {
+void apply(S* qkv, const QkvLayout& L, int64_t rot_dim, const T* cos, const T* sin, bool inverse, bool interleaved) {
   const int64_t half = rot_dim / 2, row = L.row();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < L.tokens(); ++r) {
@@ -28,8 +32,8 @@ void apply(S* qkv, const QkvLayout& L, int64_t rot_dim, const T* cos, const T* s
     const T* c = cos + t * half;
     const T* s = sin + t * half;
     S* x = qkv + r * row;
-    for (int64_t h = 0; h < L.heads; ++h) rotate(x + L.q_col(h), c, s, half, inverse);
-    for (int64_t g = 0; g < L.groups; ++g) rotate(x + L.k_col(g), c, s, half, inverse);
+    for (int64_t h = 0; h < L.heads; ++h) rotate(x + L.q_col(h), c, s, half, inverse, interleaved);
+    for (int64_t g = 0; g < L.groups; ++g) rotate(x + L.k_col(g), c, s, half, inverse, interleaved);
   }
 }
 
@@ -46,7 +50,7 @@ void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tens
 }
 
 void rope_apply(const Tensor& qkv, const QkvLayout& L, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
-                bool inverse) {
+                bool inverse, bool interleaved) {
   L.check();
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "rope: qkv size does not match the layout");
   MT_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= L.head_dim, "rope: rotated dims must be even, in (0, head_dim]");
@@ -57,7 +61,7 @@ void rope_apply(const Tensor& qkv, const QkvLayout& L, int64_t rot_dim, const Te
     MT_CHECK(cos.dtype() == dtype_of<T>() && sin.dtype() == dtype_of<T>(),
              fmt::format("rope: cos/sin tables must be {} for {} qkv (got {}, {})", dtype_name(dtype_of<T>()),
                          dtype_name(qkv.dtype()), dtype_name(cos.dtype()), dtype_name(sin.dtype())));
-    apply<S>(qkv.ptr<S>(), L, rot_dim, cos.ptr<T>(), sin.ptr<T>(), inverse);
+    apply<S>(qkv.ptr<S>(), L, rot_dim, cos.ptr<T>(), sin.ptr<T>(), inverse, interleaved);
   });
 }
 

@@ -26,8 +26,8 @@
 // sum_squares_each: the same two passes per tensor, each total into its slot
 //   of an op-scratch array, then one copy of all totals to the host (one wait
 //   for the stream instead of one per tensor).
-// count_zeros_each: sum_squares_each's passes adding 1 per zero element
-//   (exact in double below 2^53 elements).
+// count_zeros_each: sum_squares_each's passes adding 1 per element with
+//   x * scale == 0 in T (exact in double below 2^53 elements).
 #include <algorithm>
 #include <mutex>
 #include <type_traits>
@@ -158,11 +158,15 @@ __global__ void dropout_k(int64_t n, const S* x, S* y, float pf, T scale, uint64
 }
 
 template <typename T>
-__global__ void sumsq_pass1(int64_t n, const T* __restrict__ x, double* partial, bool zeros) {
+__global__ void sumsq_pass1(int64_t n, const T* __restrict__ x, double* partial, bool zeros, T scale) {
   double s = 0;
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
-    const double v = static_cast<double>(x[e]);
-    s += zeros ? (v == 0.0 ? 1.0 : 0.0) : v * v;
+    if (zeros) {
+      s += x[e] * scale == T(0) ? 1.0 : 0.0;
+    } else {
+      const double v = static_cast<double>(x[e]);
+      s += v * v;
+    }
   }
   s = block_sum(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
@@ -332,7 +336,7 @@ namespace {
 // Queues the two passes of x's sum of squares (zeros: of its count of zero
 // elements, exact in double), the total into *out (device); the caller holds
 // g_sumsq_mu (pass 1's partials are one buffer).
-void queue_sum_squares(const Tensor& x, double* out, bool zeros = false) {
+void queue_sum_squares(const Tensor& x, double* out, bool zeros = false, double scale = 1.0) {
   double* partial = nullptr;
   MT_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&partial), g_sumsq_partials));
   float_types(x.dtype(), [&](auto tag_) {
@@ -340,7 +344,7 @@ void queue_sum_squares(const Tensor& x, double* out, bool zeros = false) {
     const T* p = x.ptr<T>();
     const int64_t n = x.numel();
     const unsigned blocks = std::min<unsigned>(::mt::cuda::blocks_for(n, kThreads), kMaxPartials);
-    sumsq_pass1<T><<<blocks, kThreads, 0, ::mt::cuda::stream()>>>(n, p, partial, zeros);
+    sumsq_pass1<T><<<blocks, kThreads, 0, ::mt::cuda::stream()>>>(n, p, partial, zeros, static_cast<T>(scale));
     MT_CUDA_CHECK_LAUNCH();
     sumsq_pass2<<<1, kThreads, 0, ::mt::cuda::stream()>>>(static_cast<int>(blocks), partial, out);
     MT_CUDA_CHECK_LAUNCH();
@@ -374,7 +378,7 @@ std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
   return out;
 }
 
-std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs) {
+std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs, double scale) {
   for (const Tensor& x : xs) check_on_gpu({&x}, "count_zeros_each");
   std::vector<double> totals_h(xs.size(), 0.0);
   std::vector<int64_t> out(xs.size(), 0);
@@ -384,7 +388,7 @@ std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs) {
   double* totals = static_cast<double*>(::mt::cuda::op_scratch("count_zeros_each totals", bytes));
   ::mt::cuda::memset_zero(totals, bytes);
   for (size_t i = 0; i < xs.size(); ++i)
-    if (xs[i].numel() > 0) queue_sum_squares(xs[i], totals + i, /*zeros=*/true);
+    if (xs[i].numel() > 0) queue_sum_squares(xs[i], totals + i, /*zeros=*/true, scale);
   ::mt::cuda::copy_d2h(totals_h.data(), totals, bytes);  // the one wait
   for (size_t i = 0; i < xs.size(); ++i) out[i] = static_cast<int64_t>(totals_h[i]);
   return out;

@@ -14,7 +14,8 @@
 // no two threads touch the same element; v is never touched. Token row r has
 // position t = r / batch (rows in [s, b] order). W is a 16-byte Pack of
 // qkv's type (8 bf16, 4 fp32) when half, d and the pointers allow, else 1;
-// the per-element arithmetic is the same either way.
+// the per-element arithmetic is the same either way. Interleaved
+// (--rotary-interleaved): one thread per pair (2i, 2i + 1), element by element.
 #include <cmath>
 #include <vector>
 
@@ -30,6 +31,31 @@ using namespace ::mt::kernels::cuda::pointwise;
 // S: qkv's stored type; T = compute_t<S>, the tables' type. Item e is W
 // consecutive pairs i .. i + W - 1 (i = (e % (half / W)) * W) of rotated head
 // h of token row r (W = 1: one pair; W > 1: Packs, half % W == 0).
+// Column of rotated head h (q heads 0..heads-1, then one k head per group)
+// within a token row (QkvLayout::q_col / k_col); head counts: 32-bit division.
+__device__ __forceinline__ int64_t rotated_head_col(int64_t h, int64_t heads, int64_t hpg, int64_t d) {
+  const int hh = static_cast<int>(h), nh = static_cast<int>(heads), hp = static_cast<int>(hpg);
+  return (hh < nh ? (hh / hp) * (hp + 2) + hh % hp : (hh - nh) * (hp + 2) + hp) * d;
+}
+
+// --rotary-interleaved: item e is pair i = e % half, dims (2i, 2i + 1).
+template <typename S, typename T = compute_t<S>>
+__global__ void rope_rotate_interleaved(int64_t items, int64_t half, int64_t nrot, int64_t heads, int64_t hpg,
+                                        int64_t d, int64_t row, int64_t batch, S* qkv, const T* __restrict__ cos,
+                                        const T* __restrict__ sin, T sg) {
+  for (int64_t e = gs_begin(); e < items; e += gs_stride()) {
+    int64_t rest, i, r, h, t, b;
+    divmod(e, half, rest, i);
+    divmod(rest, nrot, r, h);
+    divmod(r, batch, t, b);
+    S* x = qkv + r * row + rotated_head_col(h, heads, hpg, d) + 2 * i;
+    const T c = cos[t * half + i], s_k = sg * sin[t * half + i];
+    const T x1 = ld<T>(x[0]), x2 = ld<T>(x[1]);
+    x[0] = to_out<S>(x1 * c - x2 * s_k);
+    x[1] = to_out<S>(x2 * c + x1 * s_k);
+  }
+}
+
 template <int W, typename S, typename T = compute_t<S>>
 __global__ void rope_rotate(int64_t items, int64_t half, int64_t nrot, int64_t heads, int64_t hpg, int64_t d,
                             int64_t row, int64_t batch, S* qkv, const T* __restrict__ cos, const T* __restrict__ sin,
@@ -41,11 +67,7 @@ __global__ void rope_rotate(int64_t items, int64_t half, int64_t nrot, int64_t h
     divmod(rest, nrot, r, h);
     divmod(r, batch, t, b);
     const int64_t i = iw * W;
-    // Column of the head within the row (QkvLayout::q_col / k_col).
-    // (h, heads and hpg are head counts: 32-bit division)
-    const int hh = static_cast<int>(h), nh = static_cast<int>(heads), hp = static_cast<int>(hpg);
-    const int64_t col = (hh < nh ? (hh / hp) * (hp + 2) + hh % hp : (hh - nh) * (hp + 2) + hp) * d;
-    S* x = qkv + r * row + col;
+    S* x = qkv + r * row + rotated_head_col(h, heads, hpg, d);
     const Pack<T, W> c = ld_pack<W>(cos + t * half + i), sn = ld_pack<W>(sin + t * half + i);
     const Pack<S, W> a = ld_pack<W>(x + i), bb = ld_pack<W>(x + i + half);
     Pack<S, W> o1, o2;
@@ -80,7 +102,7 @@ void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tens
 }
 
 void rope_apply(const Tensor& qkv, const QkvLayout& L, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
-                bool inverse) {
+                bool inverse, bool interleaved) {
   L.check();
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "rope: qkv size does not match the layout");
   MT_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= L.head_dim, "rope: rotated dims must be even, in (0, head_dim]");
@@ -100,7 +122,10 @@ void rope_apply(const Tensor& qkv, const QkvLayout& L, int64_t rot_dim, const Te
     if (n == 0) return;
     const T sg = inverse ? T(-1) : T(1);
     constexpr int W = kVec<S>;
-    if (half % W == 0 && L.head_dim % W == 0 && packs_fit(pack_align<S, W>(), {x}) && packs_fit(pack_align<T, W>(), {cp, sp})) {
+    if (interleaved) {
+      rope_rotate_interleaved<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
+          n, half, nrot, L.heads, L.heads_per_group(), L.head_dim, L.row(), L.batch, x, cp, sp, sg);
+    } else if (half % W == 0 && L.head_dim % W == 0 && packs_fit(pack_align<S, W>(), {x}) && packs_fit(pack_align<T, W>(), {cp, sp})) {
       rope_rotate<W, S><<<grid_for(n / W), kThreads, 0, ::mt::cuda::stream()>>>(
           n / W, half, nrot, L.heads, L.heads_per_group(), L.head_dim, L.row(), L.batch, x, cp, sp, sg);
     } else {
