@@ -214,6 +214,15 @@ constexpr CkptArg kParallelArgs[] = {{"tensor-model-parallel-size", true},
                                      {"num-layers-per-virtual-pipeline-stage", false},
                                      {"expert-model-parallel-size", true}};
 
+// argv's tokens without those of the flags in `drop` (and their values).
+std::vector<std::string> without_flags(const FlagSet& flags, const std::vector<std::string>& argv,
+                                       const std::set<std::string>& drop) {
+  std::vector<std::string> out;
+  for (const auto& [name, toks] : flags.groups(argv))
+    if (!drop.count(name)) out.insert(out.end(), toks.begin(), toks.end());
+  return out;
+}
+
 // --use-checkpoint-args: rewrites `all` (the expanded command line, already
 // parsed once into `first` / `first_flags`) with the checkpoint's flags.
 Result<std::vector<std::string>> merge_checkpoint_args(const std::vector<std::string>& all, const TrainConfig& first,
@@ -221,13 +230,12 @@ Result<std::vector<std::string>> merge_checkpoint_args(const std::vector<std::st
   if (first.load.empty()) return Status::invalid("--use-checkpoint-args needs --load DIR (the checkpoint to take them from)");
   auto tracked = checkpoint::read_tracker(first.load);
   if (!tracked) return tracked.status();
-  std::vector<std::string> merged;
-  for (const auto& [name, toks] : first_flags.groups(all))
-    if (name != "use-checkpoint-args" && name != "config") merged.insert(merged.end(), toks.begin(), toks.end());
+  // Neither flag belongs in the merged (stored) command line.
+  std::set<std::string> drop = {"use-checkpoint-args", "config"};
   if (!*tracked) {
     notes->push_back(fmt::format("--use-checkpoint-args: no checkpoint in {} to provide arguments, using the command line's",
                                  first.load));
-    return merged;
+    return without_flags(first_flags, all, drop);
   }
   auto ck = checkpoint::load_checkpoint(first.load);
   if (!ck) return ck.status();
@@ -244,10 +252,8 @@ Result<std::vector<std::string>> merge_checkpoint_args(const std::vector<std::st
   for (const CkptArg& a : take)
     if (a.forced || !first_flags.given(a.flag)) from_ckpt.insert(a.flag);
   // The command line without the flags the checkpoint decides, then the checkpoint's tokens for them.
-  merged.clear();
-  for (const auto& [name, toks] : first_flags.groups(all))
-    if (name != "use-checkpoint-args" && name != "config" && !from_ckpt.count(name))
-      merged.insert(merged.end(), toks.begin(), toks.end());
+  drop.insert(from_ckpt.begin(), from_ckpt.end());
+  std::vector<std::string> merged = without_flags(first_flags, all, drop);
   std::set<std::string> seen;
   for (const auto& [name, toks] : first_flags.groups(*stored_all)) {
     if (!from_ckpt.count(name)) continue;
@@ -320,8 +326,7 @@ Status parse_train_args(const std::vector<std::string>& argv, TrainConfig* cfg, 
   if (st && all->size() != argv.size()) {
     // A --config file's flags are stored in checkpoints as flags, not as a
     // path that may change or move before a resume or a generation reads it.
-    for (const auto& [name, toks] : flags->groups(*all))
-      if (name != "config") cfg->merged_argv.insert(cfg->merged_argv.end(), toks.begin(), toks.end());
+    cfg->merged_argv = without_flags(*flags, *all, {"config"});
   }
   return st;
 }

@@ -364,34 +364,31 @@ double sum_squares(const Tensor& x) {
   return total;
 }
 
-std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
-  for (const Tensor& x : xs) check_on_gpu({&x}, "sum_squares_each");
+namespace {
+// One total per tensor of xs (sum of squares, or with `zeros` the count of
+// x * scale == 0), all queued, then one copy to the host (one wait).
+std::vector<double> totals_each(const std::vector<Tensor>& xs, const char* what, bool zeros, double scale) {
+  for (const Tensor& x : xs) check_on_gpu({&x}, what);
   std::vector<double> out(xs.size(), 0.0);
   if (xs.empty()) return out;
   const size_t bytes = xs.size() * sizeof(double);
   std::lock_guard<std::mutex> lock(g_sumsq_mu);
-  double* totals = static_cast<double*>(::mt::cuda::op_scratch("sum_squares_each totals", bytes));
-  ::mt::cuda::memset_zero(totals, bytes);  // empty tensors sum to 0
+  double* totals = static_cast<double*>(::mt::cuda::op_scratch(what, bytes));
+  ::mt::cuda::memset_zero(totals, bytes);  // empty tensors total 0
   for (size_t i = 0; i < xs.size(); ++i)
-    if (xs[i].numel() > 0) queue_sum_squares(xs[i], totals + i);
+    if (xs[i].numel() > 0) queue_sum_squares(xs[i], totals + i, zeros, scale);
   ::mt::cuda::copy_d2h(out.data(), totals, bytes);  // the one wait
   return out;
 }
+}  // namespace
+
+std::vector<double> sum_squares_each(const std::vector<Tensor>& xs) {
+  return totals_each(xs, "sum_squares_each", /*zeros=*/false, 1.0);
+}
 
 std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs, double scale) {
-  for (const Tensor& x : xs) check_on_gpu({&x}, "count_zeros_each");
-  std::vector<double> totals_h(xs.size(), 0.0);
-  std::vector<int64_t> out(xs.size(), 0);
-  if (xs.empty()) return out;
-  const size_t bytes = xs.size() * sizeof(double);
-  std::lock_guard<std::mutex> lock(g_sumsq_mu);
-  double* totals = static_cast<double*>(::mt::cuda::op_scratch("count_zeros_each totals", bytes));
-  ::mt::cuda::memset_zero(totals, bytes);
-  for (size_t i = 0; i < xs.size(); ++i)
-    if (xs[i].numel() > 0) queue_sum_squares(xs[i], totals + i, /*zeros=*/true, scale);
-  ::mt::cuda::copy_d2h(totals_h.data(), totals, bytes);  // the one wait
-  for (size_t i = 0; i < xs.size(); ++i) out[i] = static_cast<int64_t>(totals_h[i]);
-  return out;
+  const std::vector<double> totals = totals_each(xs, "count_zeros_each", /*zeros=*/true, scale);
+  return std::vector<int64_t>(totals.begin(), totals.end());  // whole numbers, exact in double
 }
 
 }  // namespace mt::kernels::cuda
