@@ -61,7 +61,8 @@ class Block(nn.Module):
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
-        return x + self.c_proj2(F.gelu(self.c_fc(self.ln_2(x))))
+        # tanh GELU: what Megatron's default fused bias-GELU (and ours) computes
+        return x + self.c_proj2(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
 class GPT(nn.Module):

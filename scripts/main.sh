@@ -91,8 +91,24 @@ printf "If you want to"
 $M generate --load "$OUT/ckpt" --prompt "If you want to" --max-new-tokens 40 --temperature 1.0 --top-p 0.95 --seed 2
 echo
 
+banner "Export the checkpoint as a Hugging Face GPT2LMHeadModel (config.json, safetensors, tokenizer files)"
+rm -rf "$OUT/hf"
+$M export --load "$OUT/ckpt" --output "$OUT/hf"
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  TOK=(--tokenizer-type GPT2BPETokenizer --vocab-file data/gpt2/vocab.json --merge-file data/gpt2/merges.txt)
+  ids=$($M tokenize "${TOK[@]}" --text "If you want to" --quiet)
+  ours=$($M generate --load "$OUT/ckpt" --prompt "If you want to" --max-new-tokens 12 --temperature 0 2>/dev/null)
+  hf_ids=$(/usr/bin/python3 tests/checkpoint/hf_reference.py "$OUT/hf" greedy "$ids" 12)
+  theirs=$(echo "$hf_ids" | $M tokenize "${TOK[@]}" --decode --input - --quiet \
+    | /usr/bin/python3 -c 'import json, sys; print(json.loads(sys.stdin.readline())["text"])')
+  echo "greedy continuations of \"If you want to\" (ids $ids):"
+  echo "  megatron generate from the checkpoint:               \"$ours\""
+  echo "  the export run as transformers' GPT-2 (PyTorch, fp32): \"$theirs\""
+  [ "$ours" = "$theirs" ] && echo "  the same text" || echo "  DIFFERENT"
+fi
+
 banner "Pages and files"
 ls -1 "$OUT"/*.html
-echo "checkpoints: $OUT/ckpt (metrics: $OUT/ckpt/metrics.jsonl)"
+echo "checkpoints: $OUT/ckpt (metrics: $OUT/ckpt/metrics.jsonl); Hugging Face model: $OUT/hf"
 echo "Open the pages in a browser (they work offline), or edit a layout live with:"
 echo "  $M plan ${GPT13B[*]} --serve 8080"

@@ -12,5 +12,6 @@ int preprocess_main(const std::vector<std::string>& args);
 int tokenize_main(const std::vector<std::string>& args);
 int train_main(const std::vector<std::string>& args);
 int generate_main(const std::vector<std::string>& args);
+int export_main(const std::vector<std::string>& args);
 
 }  // namespace mt::tools

@@ -24,6 +24,8 @@ const Subcommand kSubcommands[] = {
     {"tokenize", "text to token ids and back with any --tokenizer-type (one line of ids per document)", mt::tools::tokenize_main},
     {"train", "pre-train a GPT or LLaMA-style model with Megatron-LM's flags", mt::tools::train_main},
     {"generate", "continue a --prompt with a trained checkpoint (--load), KV cache, greedy/top-k/top-p", mt::tools::generate_main},
+    {"export", "write a checkpoint (any layout) as a Hugging Face transformers model: GPT-2, LLaMA or Qwen2",
+     mt::tools::export_main},
 };
 
 void usage(FILE* out) {

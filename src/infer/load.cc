@@ -55,6 +55,8 @@ Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadO
   LoadedModel out;
   out.model = std::move(*m);
   out.tokenizer = std::move(*tok);
+  out.tokenizer_config = tk;
+  out.bf16 = tc.job.precision.bf16;
   out.iteration = ck->iteration();
   out.directory = ck->directory();
   return out;

@@ -30,6 +30,8 @@ struct LoadOptions {
 struct LoadedModel {
   std::unique_ptr<model::GPTModel> model;  // parameters only (GPTOptions::slots = 0), fp32
   std::unique_ptr<data::Tokenizer> tokenizer;
+  data::TokenizerConfig tokenizer_config;  // as resolved (files after LoadOptions' replacements)
+  bool bf16 = false;                       // trained with --bf16
   int64_t iteration = 0;
   std::string directory;  // .../iter_0000020
 };

@@ -56,6 +56,12 @@ struct ModelConfig {
   double rope_scaling_factor = 8.0;     // --rope-scaling-factor
   double init_method_std = 0.02;        // --init-method-std
   bool openai_gelu = false;             // --openai-gelu: tanh approximation of GELU
+  bool bias_gelu_fusion = true;         // --no-bias-gelu-fusion turns it off (see gelu_tanh())
+  // Megatron's GELU is the tanh approximation with --openai-gelu, and also by
+  // default: its fused bias-GELU kernel (--bias-gelu-fusion, on unless
+  // --no-bias-gelu-fusion or --disable-bias-linear) computes the tanh form.
+  // Only without that fusion does the MLP call the exact (erf) F.gelu.
+  bool gelu_tanh() const { return openai_gelu || (bias_gelu_fusion && add_bias_linear && !swiglu); }
   bool apply_residual_connection_post_layernorm = false;  // residual taken after the norm
   // Mixture of experts (0 experts = dense).
   int64_t num_experts = 0;

@@ -882,7 +882,7 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   column_fwd_input(ln2, a.ln2);
   linear_fwd(a.ln2, p.fc1_w, p.fc1_b, a.fc1);
   if (cfg_.swiglu) k::swiglu_forward(a.fc1, a.act);
-  else k::gelu_forward(cfg_.openai_gelu ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, a.act);
+  else k::gelu_forward(cfg_.gelu_tanh() ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, a.act);
   if (!out.defined()) return;  // recomputing a group's last layer: backward needs nothing after act
   residual_linear_fwd(a.act, p.fc2_w, p.fc2_b, hd, dropout_stream(s.dropout_step, l, 2), row_offset,
                       post ? ln2 : a.x_mid, tmp, out);
@@ -915,7 +915,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   const Tensor& dfc2 = hd > 0 ? dtmp : dresid;
   row_linear_bwd(a.act, p.fc2_w, p.fc2_b, dfc2, dact);
   if (cfg_.swiglu) k::swiglu_backward(a.fc1, dact, dfc1);
-  else k::gelu_backward(cfg_.openai_gelu ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, dact, dfc1);
+  else k::gelu_backward(cfg_.gelu_tanh() ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, dact, dfc1);
   column_linear_bwd(a.ln2, p.fc1_w, p.fc1_b, dfc1, dln);
   if (post) {
     k::add_inplace(dln, dresid);  // residual taken from ln2

@@ -104,7 +104,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
        "an attention implementation choice with the same math; attention here is always flash-style"},
       {"attention-softmax-in-fp32", {}, false, "the attention softmax is always computed in fp32"},
       {"no-masked-softmax-fusion", {}, false, kFusion},
-      {"no-bias-gelu-fusion", {}, false, kFusion},
       {"no-bias-swiglu-fusion", {}, false, kFusion},
       {"no-bias-dropout-fusion", {}, false, kFusion},
       {"no-rope-fusion", {}, false, kFusion},

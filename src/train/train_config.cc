@@ -288,6 +288,7 @@ Result<std::vector<std::string>> merge_checkpoint_args(const std::vector<std::st
          num(static_cast<double>(b.rotary_seq_len_interpolation_factor.value_or(1))));
     warn("norm-epsilon", num(a.norm_epsilon), num(b.norm_epsilon));
     warn("openai-gelu", yes(a.openai_gelu), yes(b.openai_gelu));
+    warn("no-bias-gelu-fusion", yes(!a.bias_gelu_fusion), yes(!b.bias_gelu_fusion));
     warn("apply-residual-connection-post-layernorm", yes(a.apply_residual_connection_post_layernorm),
          yes(b.apply_residual_connection_post_layernorm));
     warn("make-vocab-size-divisible-by", num(static_cast<double>(a.make_vocab_size_divisible_by)),

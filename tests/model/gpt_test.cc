@@ -54,8 +54,9 @@ ModelConfig qwen_style() {  // LLaMA-style with a bias on QKV only (--disable-bi
 }
 
 ModelConfig gpt_1p_style() {  // GPT with zero-centred LayerNorm weights (--apply-layernorm-1p)
-  ModelConfig c = gpt2_style();
+  ModelConfig c = gpt2_style();  // and the exact GELU (--no-bias-gelu-fusion; gpt2 has Megatron's default tanh)
   c.apply_layernorm_1p = true;
+  c.bias_gelu_fusion = false;
   return c;
 }
 
@@ -75,7 +76,7 @@ nlohmann::json config_json(const ModelConfig& c) {
           {"rope_scaling_factor", c.rope_scaling_factor}, {"apply_layernorm_1p", c.apply_layernorm_1p},
           {"rotary_interleaved", c.rotary_interleaved},
           {"rotary_interpolation", static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1))},
-          {"swiglu", c.swiglu}, {"openai_gelu", c.openai_gelu},
+          {"swiglu", c.swiglu}, {"gelu_tanh", c.gelu_tanh()},
           {"apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm}};
 }
 

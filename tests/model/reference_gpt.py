@@ -146,7 +146,7 @@ def forward(P, tokens, labels, cfg):
             gate, up = fc1.chunk(2, dim=-1)
             act = F.silu(gate) * up
         else:
-            act = F.gelu(fc1, approximate="tanh" if cfg["openai_gelu"] else "none")
+            act = F.gelu(fc1, approximate="tanh" if cfg["gelu_tanh"] else "none")
         x = (ln2 if post else x_mid) + linear(act, p + "mlp.linear_fc2")
     x = norm(x, P["decoder.final_layernorm.weight"], bias("decoder.final_layernorm.bias"), cfg)
     out_w = P["output_layer.weight"] if "output_layer.weight" in P else P["embedding.word_embeddings.weight"]

@@ -1,0 +1,99 @@
+#pragma once
+// Hugging Face export: a trained model under the transformers library's
+// parameter names and layouts, with the config.json (and tokenizer files)
+// that its AutoModelForCausalLM / AutoTokenizer read.
+//
+// Which architecture a model becomes (hf_architecture):
+//   GPT2LMHeadModel   LayerNorm, GELU, learned absolute positions, one key/value
+//                     head per query head, heads x kv-channels == hidden
+//                     (missing biases are written as zeros)
+//   LlamaForCausalLM  RMSNorm, SwiGLU, RoPE over whole heads; with
+//                     --add-bias-linear: attention_bias and mlp_bias
+//   Qwen2ForCausalLM  the same with a bias on q/k/v only (--add-qkv-bias,
+//                     --disable-bias-linear)
+// Anything else (post-norm residuals, partial RoPE, LayerNorm with SwiGLU,
+// ...) has no transformers class computing the same function: the export is
+// refused with every reason listed.
+//
+// The mapping is exact, not approximate:
+//   - linear_qkv rows, grouped per query group [q heads | k | v], are split
+//     into q_proj/k_proj/v_proj (GPT-2: concatenated [all q | all k | all v]
+//     as c_attn, whose Conv1D weights are stored [in, out], transposed);
+//   - SwiGLU's linear_fc1 [gate; up] becomes gate_proj and up_proj;
+//   - --rotary-interleaved pairs (2i, 2i+1) become transformers' rotate-half
+//     pairs (i, i + d/2) by permuting each q and k head's rows the same way
+//     (q.k is unchanged; the rotation then matches);
+//   - --apply-layernorm-1p weights are stored as 1 + gamma;
+//   - RoPE options map to rope_theta and rope_scaling ("llama3" for
+//     --use-rope-scaling, "linear" for --rotary-seq-len-interpolation-factor);
+//   - GELU: "gelu_new" (tanh) or "gelu" (erf), per ModelConfig::gelu_tanh();
+//   - the vocabulary padding rows are dropped (the tokenizer's size is
+//     vocab_size) unless keep_vocab_padding.
+//
+// Files: config.json, model.safetensors (or model-0000k-of-0000n.safetensors
+// and model.safetensors.index.json past max_shard_bytes), the tokenizer's
+// files with tokenizer_config.json. Everything is written into
+// "<out>.tmp.<pid>" and renamed to <out> when complete; an existing
+// non-empty <out> is refused, never overwritten.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace mt::model {
+class GPTModel;
+}
+
+namespace mt::checkpoint {
+
+enum class HfArch { kGpt2, kLlama, kQwen2 };
+const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", ...
+
+// The architecture `c` maps to, or kInvalidArgument listing why none does.
+Result<HfArch> hf_architecture(const model::ModelConfig& c);
+
+struct HfTokenizerInfo {
+  std::string type;  // --tokenizer-type
+  std::string vocab_file, merge_file, tokenizer_model;
+  int64_t vocab_size = 0;  // before padding
+  int32_t eod = -1;
+};
+
+struct HfExportOptions {
+  DType dtype = DType::kF32;                  // kF32 or kBF16 (round to nearest even)
+  int64_t max_shard_bytes = 5'000'000'000;    // transformers' default "5GB"
+  bool keep_vocab_padding = false;
+};
+
+// One tensor of the export, computed on demand into fp32.
+struct HfTensor {
+  std::string name;
+  Shape shape;
+  std::vector<float> data;
+};
+
+// config.json for `arch`.
+nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfTokenizerInfo& tok, int64_t vocab_rows,
+                         DType dtype);
+
+// Every exported tensor in transformers' names and layouts, from a TP = 1
+// model's fp32 parameters (the order is the one the files use).
+Result<std::vector<HfTensor>> hf_tensors(const model::GPTModel& m, HfArch arch, int64_t vocab_rows);
+
+struct HfExportSummary {
+  HfArch arch = HfArch::kGpt2;
+  int64_t tensors = 0, parameters = 0, bytes = 0, vocab_rows = 0;
+  std::vector<std::string> files;  // written, relative to the output directory
+};
+
+// Writes the whole export of a TP = 1, single-stage model `m`.
+Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInfo& tok, const HfExportOptions& opt,
+                                  const std::string& out_dir);
+
+}  // namespace mt::checkpoint

@@ -1,0 +1,325 @@
+// Hugging Face export (checkpoint/hf_export.h): the exported directory, run
+// by an independent PyTorch implementation of transformers' GPT-2 / LLaMA /
+// Qwen2 models (tests/checkpoint/hf_reference.py, from config.json and the
+// safetensors files only), gives our model's logits; the files are what
+// transformers reads; unexportable models are refused with every reason.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/hf_export.h"
+#include "core/safetensors.h"
+#include "model/gpt.h"
+
+namespace mt::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using model::ModelConfig;
+
+ModelConfig gpt2_cfg() {
+  ModelConfig c;
+  c.num_layers = 2, c.hidden_size = 32, c.num_attention_heads = 4, c.seq_length = 10;
+  c.max_position_embeddings = 16, c.vocab_size = 91, c.make_vocab_size_divisible_by = 16;  // padded to 96
+  c.hidden_dropout = 0, c.attention_dropout = 0, c.init_method_std = 0.2;
+  return c;
+}
+
+ModelConfig llama_cfg() {
+  ModelConfig c = gpt2_cfg();
+  c.hidden_size = 48, c.num_attention_heads = 6, c.group_query_attention = true, c.num_query_groups = 2;
+  c.normalization = model::Normalization::kRMSNorm, c.swiglu = true, c.ffn_hidden_size = 80;
+  c.position_embedding = model::PositionEmbedding::kRope, c.add_bias_linear = false;
+  c.untie_embeddings_and_output_weights = true, c.norm_epsilon = 1e-6, c.rotary_base = 500;
+  return c;
+}
+
+struct Case {
+  const char* name;
+  ModelConfig cfg;
+  const char* arch;
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  v.push_back({"gpt2", gpt2_cfg(), "GPT2LMHeadModel"});  // tied, biases, tanh GELU
+  {
+    ModelConfig c = gpt2_cfg();  // untied, exact GELU, no biases, zero-centred norms
+    c.untie_embeddings_and_output_weights = true, c.bias_gelu_fusion = false, c.add_bias_linear = false;
+    c.apply_layernorm_1p = true;
+    v.push_back({"gpt2_untied_erf_nobias_1p", c, "GPT2LMHeadModel"});
+  }
+  v.push_back({"llama_gqa", llama_cfg(), "LlamaForCausalLM"});
+  {
+    ModelConfig c = llama_cfg();  // interleaved RoPE pairs, Llama 3.1 scaling, zero-centred, tied, d != h/a
+    c.rotary_interleaved = true, c.use_rope_scaling = true, c.rope_scaling_factor = 8, c.rotary_base = 2e5;
+    c.apply_layernorm_1p = true, c.untie_embeddings_and_output_weights = false, c.kv_channels = 10;
+    v.push_back({"llama_interleaved_llama3_1p_tied", c, "LlamaForCausalLM"});
+  }
+  {
+    ModelConfig c = llama_cfg();  // every linear bias: attention_bias and mlp_bias
+    c.add_bias_linear = true;
+    v.push_back({"llama_bias", c, "LlamaForCausalLM"});
+  }
+  {
+    ModelConfig c = llama_cfg();  // QKV bias only, positions interpolated
+    c.add_qkv_bias = true, c.rotary_seq_len_interpolation_factor = 3;
+    v.push_back({"qwen2_linear_rope", c, "Qwen2ForCausalLM"});
+  }
+  return v;
+}
+
+std::string artifacts() {
+  const std::string dir = std::string(MT_BINARY_DIR) + "/test-artifacts/hf_export";
+  fs::create_directories(dir);
+  return dir;
+}
+
+// Random parameters everywhere, including the norms and biases that start at
+// 0 or 1, so that a wrong mapping of any tensor shows in the logits.
+std::unique_ptr<model::GPTModel> random_model(const ModelConfig& cfg, int64_t B) {
+  model::GPTOptions opt;
+  opt.micro_batch = B;
+  auto m = model::GPTModel::create(cfg, opt);
+  MT_CHECK(m.is_ok(), m.status().message());
+  (*m)->init_parameters(7);
+  std::mt19937 gen(11);
+  std::normal_distribution<float> nd(0.f, 0.3f);
+  for (size_t i = 0; i < (*m)->specs().size(); ++i) {
+    const auto& sp = (*m)->specs()[i];
+    if (sp.global_shape.ndim != 1) continue;
+    float* p = (*m)->params()[i].ptr<float>();
+    const bool gamma = sp.name.find("norm.weight") != std::string::npos && !cfg.apply_layernorm_1p;
+    for (int64_t j = 0; j < (*m)->params()[i].numel(); ++j) p[j] = (gamma ? 1.f : 0.f) + nd(gen);
+  }
+  return std::move(*m);
+}
+
+int run_reference(const std::string& args) {
+  const std::string cmd = "/usr/bin/python3 " + std::string(MT_SOURCE_DIR) + "/tests/checkpoint/hf_reference.py " + args;
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+// Our logits [T*B, Vpad] against the reference's [T*B, vocab_rows]: the
+// largest difference over the largest magnitude.
+double logits_error(const std::vector<float>& ours, int64_t Vpad, const Tensor& ref) {
+  const int64_t rows = ref.dim(0), V = ref.dim(1);
+  double diff = 0, mag = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t v = 0; v < V; ++v) {
+      const double a = ours[static_cast<size_t>(r * Vpad + v)], b = ref.ptr<float>()[r * V + v];
+      diff = std::max(diff, std::abs(a - b)), mag = std::max(mag, std::abs(b));
+    }
+  return diff / mag;
+}
+
+class HfExport : public ::testing::TestWithParam<int> {};
+
+TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
+  const Case c = cases()[static_cast<size_t>(GetParam())];
+  SCOPED_TRACE(c.name);
+  const int64_t B = 2, T = c.cfg.seq_length;
+  auto m = random_model(c.cfg, B);
+  auto arch = hf_architecture(c.cfg);
+  ASSERT_TRUE(arch.is_ok()) << arch.status().message();
+  EXPECT_STREQ(hf_arch_name(*arch), c.arch);
+
+  std::vector<int32_t> tok(static_cast<size_t>(B * T)), lab(tok.size(), 0);
+  std::mt19937 g(3);
+  for (auto& t : tok) t = static_cast<int32_t>(g() % 91);
+  Tensor tt(tok.data(), {B, T}, DType::kI32), lt(lab.data(), {B, T}, DType::kI32);
+  m->forward(0, tt, lt, 0, false);
+  const Tensor lg = m->logits(0);
+  std::vector<float> ours(lg.ptr<float>(), lg.ptr<float>() + lg.numel());
+
+  const std::string dir = artifacts() + "/" + c.name;
+  fs::remove_all(dir);
+  HfTokenizerInfo info;
+  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  HfExportOptions eo;
+  auto sum = export_hf(*m, info, eo, dir);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+  EXPECT_EQ(sum->vocab_rows, 91) << "padding rows dropped";
+  EXPECT_TRUE(fs::exists(dir + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors.index.json"));
+  const auto cfg = read_json(dir + "/config.json");
+  EXPECT_EQ(cfg["architectures"][0], c.arch);
+  EXPECT_EQ(cfg["vocab_size"], 91);
+  EXPECT_EQ(cfg["eos_token_id"], 90);
+  EXPECT_EQ(cfg["torch_dtype"], "float32");
+  // Every element of the model is exported exactly once (GPT-2 adds zero
+  // biases the model lacks; tied output layers are not written twice).
+  int64_t model_elems = 0;
+  for (size_t i = 0; i < m->specs().size(); ++i) {
+    const auto& sp = m->specs()[i];
+    const bool vocab = sp.name == "embedding.word_embeddings.weight" || sp.name == "output_layer.weight";
+    model_elems += vocab ? 91 * sp.global_shape[1] : sp.global_shape.numel();
+  }
+  if (std::string(c.arch) == "GPT2LMHeadModel" && !c.cfg.add_bias_linear) {
+    const int64_t h = c.cfg.hidden_size;
+    model_elems += c.cfg.num_layers * (3 * h + h + c.cfg.ffn() + h);  // c_attn, attn.c_proj, c_fc, mlp.c_proj biases
+  }
+  EXPECT_EQ(sum->parameters, model_elems);
+
+  const std::string in = dir + "_tokens.safetensors", out = dir + "_logits.safetensors";
+  ASSERT_TRUE(write_safetensors(in, {{"tokens", tt}}).is_ok());
+  const int rc = run_reference(dir + " logits " + in + " " + out);
+  if (rc == 77) GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (apt install python3-torch)";
+  ASSERT_EQ(rc, 0);
+  auto ref = read_safetensors(out);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().message();
+  const Tensor rl = *ref->get("logits");
+  ASSERT_EQ(rl.dim(0), B * T);
+  ASSERT_EQ(rl.dim(1), 91);
+  EXPECT_LT(logits_error(ours, m->vocab(), rl), 2e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 6), [](const auto& p) {
+  return std::string(cases()[static_cast<size_t>(p.param)].name);
+});
+
+// bf16 weights, several shards with their index, and the padded vocabulary kept.
+TEST(HfExportFiles, Bf16ShardsAndPaddedVocabulary) {
+  auto m = random_model(llama_cfg(), 1);
+  const std::string dir = artifacts() + "/bf16_shards";
+  fs::remove_all(dir);
+  HfTokenizerInfo info;
+  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  HfExportOptions eo;
+  eo.dtype = DType::kBF16, eo.max_shard_bytes = 40000, eo.keep_vocab_padding = true;
+  auto sum = export_hf(*m, info, eo, dir);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+  EXPECT_EQ(sum->vocab_rows, 96);
+  const auto index = read_json(dir + "/model.safetensors.index.json");
+  EXPECT_EQ(index["metadata"]["total_size"], sum->bytes);
+  std::set<std::string> files;
+  int64_t bytes = 0, tensors = 0;
+  for (auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  EXPECT_GT(files.size(), 2u);
+  for (const auto& f : files) {
+    auto st = read_safetensors(dir + "/" + f);
+    ASSERT_TRUE(st.is_ok()) << st.status().message();
+    EXPECT_EQ(st->metadata.at("format"), "pt");
+    for (auto& [name, t] : st->tensors) {
+      EXPECT_EQ(t.dtype(), DType::kBF16) << name;
+      EXPECT_EQ(index["weight_map"][name], f) << name;
+      bytes += static_cast<int64_t>(t.nbytes()), ++tensors;
+    }
+  }
+  EXPECT_EQ(bytes, sum->bytes);
+  EXPECT_EQ(tensors, sum->tensors);
+  EXPECT_EQ(files.size() + 2, sum->files.size()) << "shards + index + config.json";
+  const auto cfg = read_json(dir + "/config.json");
+  EXPECT_EQ(cfg["torch_dtype"], "bfloat16");
+  EXPECT_EQ(cfg["vocab_size"], 96);
+  // The bf16 values are the fp32 parameters rounded to nearest even.
+  auto st = read_safetensors(dir + "/" + index["weight_map"]["model.embed_tokens.weight"].get<std::string>());
+  const Tensor e = *st->get("model.embed_tokens.weight");
+  const float* w = m->param("embedding.word_embeddings.weight").ptr<float>();
+  for (int64_t i = 0; i < e.numel(); ++i) ASSERT_EQ(e.ptr<bf16>()[i].bits, float_to_bf16(w[i]).bits) << i;
+
+  // The reference reads the shards back: logits within bf16 rounding.
+  const int64_t T = llama_cfg().seq_length;
+  std::vector<int32_t> tok(static_cast<size_t>(T)), lab(tok.size(), 0);
+  for (int64_t i = 0; i < T; ++i) tok[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % 91);
+  Tensor tt(tok.data(), {1, T}, DType::kI32), lt(lab.data(), {1, T}, DType::kI32);
+  m->forward(0, tt, lt, 0, false);
+  std::vector<float> ours(m->logits(0).ptr<float>(), m->logits(0).ptr<float>() + m->logits(0).numel());
+  const std::string in = dir + "_tokens.safetensors", out = dir + "_logits.safetensors";
+  ASSERT_TRUE(write_safetensors(in, {{"tokens", tt}}).is_ok());
+  const int rc = run_reference(dir + " logits " + in + " " + out);
+  if (rc == 77) GTEST_SKIP() << "PyTorch is not installed";
+  ASSERT_EQ(rc, 0);
+  auto ref = read_safetensors(out);
+  ASSERT_TRUE(ref.is_ok());
+  const double err = logits_error(ours, m->vocab(), *ref->get("logits"));
+  EXPECT_LT(err, 3e-2);
+  EXPECT_GT(err, 1e-6) << "bf16 weights should not reproduce fp32 logits exactly";
+}
+
+TEST(HfExportFiles, RefusesAnExistingDirectoryAndLeavesItAlone) {
+  auto m = random_model(gpt2_cfg(), 1);
+  const std::string dir = artifacts() + "/occupied";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  { std::ofstream(dir + "/keep.txt") << "mine"; }
+  HfTokenizerInfo info;
+  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  auto sum = export_hf(*m, info, {}, dir);
+  ASSERT_FALSE(sum.is_ok());
+  EXPECT_NE(sum.status().message().find("--output"), std::string::npos) << sum.status().message();
+  EXPECT_TRUE(fs::exists(dir + "/keep.txt"));
+  EXPECT_FALSE(fs::exists(dir + "/config.json"));
+  for (const auto& e : fs::directory_iterator(artifacts()))
+    EXPECT_EQ(e.path().filename().string().find("occupied.tmp"), std::string::npos) << "no temporary left";
+  // An empty directory is taken.
+  fs::remove(dir + "/keep.txt");
+  EXPECT_TRUE(export_hf(*m, info, {}, dir).is_ok());
+  EXPECT_TRUE(fs::exists(dir + "/config.json"));
+}
+
+TEST(HfExportFiles, CopiesTheTokenizerFiles) {
+  auto m = random_model(gpt2_cfg(), 1);
+  const std::string dir = artifacts() + "/with_tokenizer", src = artifacts() + "/tok_src";
+  fs::remove_all(dir);
+  fs::create_directories(src);
+  { std::ofstream(src + "/v.json") << "{\"a\": 0}"; }
+  { std::ofstream(src + "/m.txt") << "#version: 0.2\n"; }
+  HfTokenizerInfo info;
+  info.type = "GPT2BPETokenizer", info.vocab_size = 91, info.eod = 90;
+  info.vocab_file = src + "/v.json", info.merge_file = src + "/missing.txt";
+  auto bad = export_hf(*m, info, {}, dir);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("--merge-file"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(fs::exists(dir)) << "nothing left behind on failure";
+  info.merge_file = src + "/m.txt";
+  auto ok = export_hf(*m, info, {}, dir);
+  ASSERT_TRUE(ok.is_ok()) << ok.status().message();
+  std::ifstream v(dir + "/vocab.json"), mg(dir + "/merges.txt");
+  std::string vs((std::istreambuf_iterator<char>(v)), {}), ms((std::istreambuf_iterator<char>(mg)), {});
+  EXPECT_EQ(vs, "{\"a\": 0}");
+  EXPECT_EQ(ms, "#version: 0.2\n");
+  const auto tc = read_json(dir + "/tokenizer_config.json");
+  EXPECT_EQ(tc["tokenizer_class"], "GPT2Tokenizer");
+  EXPECT_EQ(tc["eos_token"], "<|endoftext|>");
+}
+
+TEST(HfExportArch, RefusesModelsNoTransformersClassComputes) {
+  auto why = [](ModelConfig c) {
+    auto a = hf_architecture(c);
+    EXPECT_FALSE(a.is_ok());
+    return a.is_ok() ? std::string() : a.status().message();
+  };
+  ModelConfig c = gpt2_cfg();
+  c.apply_residual_connection_post_layernorm = true;
+  c.group_query_attention = true, c.num_query_groups = 2;
+  const std::string m1 = why(c);
+  EXPECT_NE(m1.find("--apply-residual-connection-post-layernorm"), std::string::npos) << m1;
+  EXPECT_NE(m1.find("--num-query-groups 2"), std::string::npos) << m1 << " (every reason listed)";
+  c = llama_cfg();
+  c.rotary_percent = 0.5;
+  EXPECT_NE(why(c).find("--rotary-percent 0.5"), std::string::npos);
+  c = llama_cfg();
+  c.normalization = model::Normalization::kLayerNorm;
+  EXPECT_NE(why(c).find("LayerNorm + SwiGLU + rope"), std::string::npos) << why(c);
+  c = gpt2_cfg();
+  c.position_embedding = model::PositionEmbedding::kRope;
+  EXPECT_NE(why(c).find("GPT2LMHeadModel needs"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mt::checkpoint

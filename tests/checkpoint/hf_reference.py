@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""Runs a Hugging Face model directory the way the transformers library defines
+GPT2LMHeadModel, LlamaForCausalLM and Qwen2ForCausalLM, in float64 PyTorch,
+from config.json and the safetensors files alone (written for megatron-cpp's
+export tests; transformers itself is not packaged in Debian).
+
+usage:
+  hf_reference.py DIR logits IN.safetensors OUT.safetensors
+      IN holds "tokens" [B, T] int32; OUT gets "logits" [T*B, vocab] float32
+      in Megatron's [s, b] row order (row t*B + b).
+  hf_reference.py DIR greedy "ID ID ..." N
+      prints the prompt's greedy continuation: up to N ids, stopping after
+      eos_token_id, on one line.
+Exit code 77 when torch is not installed.
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # pragma: no cover
+    print(f"hf_reference.py: {e}; install python3-torch python3-numpy", file=sys.stderr)
+    sys.exit(77)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    header.pop("__metadata__", None)
+    out = {}
+    for name, t in header.items():
+        b, e = t["data_offsets"]
+        raw = data[b:e]
+        if t["dtype"] == "BF16":  # numpy has no bfloat16: widen the 16 bits to float32's upper half
+            u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+            arr = u.view(np.float32)
+        else:
+            arr = np.frombuffer(raw, dtype={"F32": np.float32, "F64": np.float64, "I32": np.int32}[t["dtype"]])
+        out[name] = torch.from_numpy(arr.reshape(t["shape"]).copy())
+    return out
+
+
+def load_model_dir(d):
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    index = os.path.join(d, "model.safetensors.index.json")
+    W = {}
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    for fn in files:
+        W.update(read_safetensors(os.path.join(d, fn)))
+    return cfg, {k: v.double() for k, v in W.items()}
+
+
+def causal_attention(q, k, v):  # [B, H, T, D]
+    T = q.shape[2]
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def gpt2(cfg, W, ids):
+    B, T = ids.shape
+    E, H = cfg["n_embd"], cfg["n_head"]
+    D = E // H
+    eps = cfg["layer_norm_epsilon"]
+    act = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh")}[cfg["activation_function"]]
+    x = W["transformer.wte.weight"][ids] + W["transformer.wpe.weight"][torch.arange(T)]
+    for i in range(cfg["n_layer"]):
+        p = f"transformer.h.{i}."
+        ln = lambda t, n: F.layer_norm(t, (E,), W[p + n + ".weight"], W[p + n + ".bias"], eps)
+        conv = lambda t, n: t @ W[p + n + ".weight"] + W[p + n + ".bias"]  # Conv1D: [in, out]
+        q, k, v = conv(ln(x, "ln_1"), "attn.c_attn").split(E, dim=-1)
+        heads = lambda t: t.view(B, T, H, D).transpose(1, 2)
+        y = causal_attention(heads(q), heads(k), heads(v)).transpose(1, 2).reshape(B, T, E)
+        x = x + conv(y, "attn.c_proj")
+        x = x + conv(act(conv(ln(x, "ln_2"), "mlp.c_fc")), "mlp.c_proj")
+    x = F.layer_norm(x, (E,), W["transformer.ln_f.weight"], W["transformer.ln_f.bias"], eps)
+    head = W["transformer.wte.weight"] if cfg.get("tie_word_embeddings", True) else W["lm_head.weight"]
+    return x @ head.t()
+
+
+def rope_inv_freq(cfg, D):
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    rs = cfg.get("rope_scaling")
+    if rs is None:
+        return inv
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "linear":
+        return inv / rs["factor"]
+    assert kind == "llama3", kind
+    factor, low, high, old = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    out = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(medium, smoothed, out)
+
+
+def llama(cfg, W, ids):
+    B, T = ids.shape
+    E, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    D = cfg.get("head_dim") or E // H
+    eps = cfg["rms_norm_eps"]
+    mlp_bias = cfg.get("mlp_bias", False)
+
+    def rms(t, w):
+        return w * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps))
+
+    def lin(t, n, bias):
+        y = t @ W[n + ".weight"].t()
+        return y + W[n + ".bias"] if bias else y
+
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), rope_inv_freq(cfg, D))
+    emb = torch.cat((ang, ang), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+
+    def rotate_half(t):
+        a, b = t[..., : D // 2], t[..., D // 2:]
+        return torch.cat((-b, a), dim=-1)
+
+    x = W["model.embed_tokens.weight"][ids]
+    qkv_bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
+    o_bias = cfg["model_type"] == "llama" and cfg.get("attention_bias", False)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = rms(x, W[p + "input_layernorm.weight"])
+        q = lin(h, p + "self_attn.q_proj", qkv_bias).view(B, T, H, D).transpose(1, 2)
+        k = lin(h, p + "self_attn.k_proj", qkv_bias).view(B, T, KV, D).transpose(1, 2)
+        v = lin(h, p + "self_attn.v_proj", qkv_bias).view(B, T, KV, D).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(H // KV, dim=1)  # query head j reads key/value head j // (H / KV)
+        v = v.repeat_interleave(H // KV, dim=1)
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
+        x = x + lin(y, p + "self_attn.o_proj", o_bias)
+        h = rms(x, W[p + "post_attention_layernorm.weight"])
+        g = lin(h, p + "mlp.gate_proj", mlp_bias)
+        u = lin(h, p + "mlp.up_proj", mlp_bias)
+        x = x + lin(F.silu(g) * u, p + "mlp.down_proj", mlp_bias)
+    x = rms(x, W["model.norm.weight"])
+    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
+    return x @ head.t()
+
+
+def forward(cfg, W, ids):
+    arch = cfg["architectures"][0]
+    if arch == "GPT2LMHeadModel":
+        return gpt2(cfg, W, ids)
+    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM"):
+        return llama(cfg, W, ids)
+    raise SystemExit(f"hf_reference.py: unknown architecture {arch}")
+
+
+def write_logits(path, logits):
+    a = logits.float().contiguous().numpy()
+    b = a.tobytes()
+    h = json.dumps({"logits": {"dtype": "F32", "shape": list(a.shape), "data_offsets": [0, len(b)]}}).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        f.write(b)
+
+
+def main():
+    torch.set_num_threads(1)
+    cfg, W = load_model_dir(sys.argv[1])
+    mode = sys.argv[2]
+    if mode == "logits":
+        ids = read_safetensors(sys.argv[3])["tokens"].long()
+        logits = forward(cfg, W, ids)  # [B, T, V]
+        write_logits(sys.argv[4], logits.transpose(0, 1).reshape(-1, logits.shape[-1]))
+    elif mode == "greedy":
+        ids = [int(t) for t in sys.argv[3].split()]
+        out = []
+        for _ in range(int(sys.argv[4])):
+            nxt = int(forward(cfg, W, torch.tensor([ids + out]))[0, -1].argmax())
+            out.append(nxt)
+            if nxt == cfg.get("eos_token_id"):
+                break
+        print(" ".join(map(str, out)))
+    else:
+        raise SystemExit(f"hf_reference.py: unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
