@@ -1,6 +1,6 @@
 // megatron export: a checkpoint that `megatron train` wrote (any TP/PP/DP
 // layout) as a Hugging Face transformers model directory
-// (checkpoint/hf_export.h says which architecture and how).
+// (checkpoint/hf.h says which architecture and how).
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/hf_export.h"
+#include "checkpoint/hf.h"
 #include "commands.h"
 #include "core/flags.h"
 #include "infer/load.h"
@@ -21,9 +21,9 @@ namespace {
 
 // "5GB", "500MB", "2GiB", "123" (bytes): transformers' --max-shard-size spelling.
 std::optional<int64_t> parse_size(const std::string& s) {
-  size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  if (i == 0) return std::nullopt;
+  size_t i = 0, dots = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) dots += s[i++] == '.';
+  if (i == 0 || dots > 1) return std::nullopt;
   double v = 0;
   try {
     v = std::stod(s.substr(0, i));
@@ -91,6 +91,8 @@ int export_main(const std::vector<std::string>& args) {
     for (size_t i = 1; i < problems.size(); ++i) m += "; " + problems[i];
     return error(m);
   }
+  // Refuse an occupied --output before the checkpoint is read.
+  if (auto o = checkpoint::hf_output_path(output); !o) return error(o.status().message());
   lo.iteration = ckpt_step;
   auto loaded = infer::load_for_generation(load, lo);
   if (!loaded) return error(loaded.status().message());

@@ -796,6 +796,11 @@ Result<std::vector<std::string>> training_argv(const nlohmann::json& common, con
       if (!t.is_string()) return Status::corrupt(fmt::format("{}: common.json args.argv must be a list of strings", where));
       argv.push_back(t.get<std::string>());
     }
+    // Checkpoints written before GELU followed Megatron's default fused
+    // bias-GELU (the tanh form) computed the exact one unless --openai-gelu:
+    // they have no "gelu" key, and rebuild that model.
+    if (!a.contains("gelu") && std::find(argv.begin(), argv.end(), "--no-bias-gelu-fusion") == argv.end())
+      argv.push_back("--no-bias-gelu-fusion");
     return argv;
   }
   if (!a.is_object()) return Status::corrupt(fmt::format("{}: common.json \"args\" must be an object", where));

@@ -159,7 +159,9 @@ Result<LoadedCheckpoint> load_checkpoint(const std::string& load_dir, std::optio
 
 // The training command line stored in common.json: args.argv (a list of
 // tokens), or args as a {flag: value} object (true: a switch, false/null:
-// absent). kCorrupt naming the file when neither is there.
+// absent). kCorrupt naming the file when neither is there. An argv without
+// args.gelu (written before the GELU default became Megatron's tanh form)
+// gets --no-bias-gelu-fusion appended, so the model it trained is rebuilt.
 Result<std::vector<std::string>> training_argv(const nlohmann::json& common, const std::string& where);
 
 // The iteration the tracker in `dir` names ("release" reads as 0), or nullopt

@@ -37,7 +37,7 @@ Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadO
   auto tok = data::make_tokenizer(tk);
   if (!tok)
     return Status::invalid(fmt::format("{}\n(the tokenizer files are the training run's; if they moved, pass "
-                                       "--vocab-file/--merge-file/--tokenizer-model to megatron generate)",
+                                       "--vocab-file/--merge-file/--tokenizer-model to this command)",
                                        tok.status().message()));
   if (!mc.vocab_size || tk.type != "NullTokenizer") {
     mc.vocab_size = (*tok)->vocab_size();

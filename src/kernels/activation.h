@@ -1,7 +1,8 @@
 #pragma once
 // MLP activations.
-//   GELU exact:  y = x/2 (1 + erf(x/sqrt(2)))                       (Megatron default, F.gelu)
-//   GELU tanh:   y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (--openai-gelu)
+//   GELU exact:  y = x/2 (1 + erf(x/sqrt(2)))                       (F.gelu: Megatron without the fused bias-GELU)
+//   GELU tanh:   y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (--openai-gelu, and Megatron's default
+//                fused bias-GELU; ModelConfig::gelu_tanh() picks)
 //   SwiGLU:      x [N, 2F] = [gate | up] along the last dim (Megatron's
 //                torch.chunk(x, 2, -1)); y [N, F] = silu(gate) * up.
 // Backward WRITES dx (it does not accumulate). x is stored in fp32, fp64 or

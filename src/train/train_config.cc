@@ -445,6 +445,9 @@ nlohmann::json args_to_json(const TrainConfig& c, const std::vector<std::string>
   nlohmann::json j;
   j["argv"] = argv;
   j["seed"] = c.seed;
+  // The GELU form the model computed (see checkpoint::training_argv: a
+  // checkpoint without this key predates the tanh default).
+  j["gelu"] = c.job.model.gelu_tanh() ? "tanh" : "erf";
   return j;
 }
 

@@ -9,8 +9,8 @@ usage:
       IN holds "tokens" [B, T] int32; OUT gets "logits" [T*B, vocab] float32
       in Megatron's [s, b] row order (row t*B + b).
   hf_reference.py DIR greedy "ID ID ..." N
-      prints the prompt's greedy continuation: up to N ids, stopping after
-      eos_token_id, on one line.
+      prints the prompt's greedy continuation: up to N ids, stopping before
+      eos_token_id (as megatron generate does), on one line.
 Exit code 77 when torch is not installed.
 """
 import json
@@ -187,9 +187,9 @@ def main():
         out = []
         for _ in range(int(sys.argv[4])):
             nxt = int(forward(cfg, W, torch.tensor([ids + out]))[0, -1].argmax())
-            out.append(nxt)
             if nxt == cfg.get("eos_token_id"):
                 break
+            out.append(nxt)
         print(" ".join(map(str, out)))
     else:
         raise SystemExit(f"hf_reference.py: unknown mode {mode}")

@@ -1,10 +1,11 @@
-#include "checkpoint/hf_export.h"
+#include "checkpoint/hf.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <system_error>
 
 #include "core/dtype.h"
@@ -71,6 +72,8 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
   using nlohmann::json;
   const char* torch_dtype = dtype == DType::kBF16 ? "bfloat16" : "float32";
   const json eos = tok.eod >= 0 ? json(tok.eod) : json(nullptr);
+  // GPT-2's <|endoftext|> is its BOS too; other tokenizers' BOS is not known here.
+  const json bos = tok.type == "GPT2BPETokenizer" ? eos : json(nullptr);
   const int64_t max_pos = c.max_position_embeddings ? c.max_position_embeddings : c.seq_length;
   if (arch == HfArch::kGpt2) {
     return json{{"architectures", {hf_arch_name(arch)}},
@@ -90,10 +93,11 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
                 {"attn_pdrop", c.attention_dropout},
                 {"scale_attn_weights", true},
                 {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-                {"bos_token_id", eos},
+                {"bos_token_id", bos},
                 {"eos_token_id", eos},
                 {"use_cache", true},
-                {"torch_dtype", torch_dtype}};
+                {"torch_dtype", torch_dtype},
+                {"transformers_version", kTransformersVersion}};
   }
   json rope_scaling = nullptr;
   if (c.use_rope_scaling)
@@ -121,10 +125,11 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
          {"rope_scaling", rope_scaling},
          {"attention_dropout", c.attention_dropout},
          {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-         {"bos_token_id", eos},
+         {"bos_token_id", bos},
          {"eos_token_id", eos},
          {"use_cache", true},
-         {"torch_dtype", torch_dtype}};
+         {"torch_dtype", torch_dtype},
+         {"transformers_version", kTransformersVersion}};
   if (arch == HfArch::kLlama) {
     j["attention_bias"] = c.add_bias_linear;
     j["mlp_bias"] = c.add_bias_linear;
@@ -137,168 +142,167 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
   return j;
 }
 
-namespace {
-
-// A parameter's fp32 values by name (TP = 1, so local == global).
-class Params {
- public:
-  explicit Params(const model::GPTModel& m) : m_(m) {}
-  bool has(const std::string& name) const { return m_.find(name) >= 0; }
-  const float* get(const std::string& name) const {
-    const int i = m_.find(name);
-    MT_CHECK(i >= 0, "hf export: no parameter " + name);
-    return m_.params()[static_cast<size_t>(i)].ptr<float>();
-  }
-  int64_t numel(const std::string& name) const { return m_.params()[static_cast<size_t>(m_.find(name))].numel(); }
-
- private:
-  const model::GPTModel& m_;
-};
-
-}  // namespace
-
-Result<std::vector<HfTensor>> hf_tensors(const model::GPTModel& m, HfArch arch, int64_t vocab_rows) {
-  const model::ModelConfig& c = m.config();
-  if (m.options().tp != 1) return Status::invalid("hf export: the model must be loaded whole (tensor parallel size 1)");
-  for (const model::ParamSpec& sp : model::gpt_param_specs(c, 1))
-    if (m.find(sp.name) < 0)
-      return Status::invalid(fmt::format("hf export: the model lacks {} (load every pipeline stage)", sp.name));
-  if (m.options().dtype != DType::kF32) return Status::invalid("hf export: the model must hold fp32 parameters");
-  if (vocab_rows < 1 || vocab_rows > m.vocab())
-    return Status::invalid(fmt::format("hf export: {} vocabulary rows asked for, the model has {}", vocab_rows, m.vocab()));
-  Params P(m);
+std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t vocab_rows) {
   const int64_t h = c.hidden_size, a = c.num_attention_heads, g = c.query_groups(), d = c.head_dim();
   const int64_t qpg = a / g, F = c.ffn(), L = c.num_layers;
-  std::vector<HfTensor> out;
-  auto add = [&](std::string name, Shape shape) -> std::vector<float>& {
-    out.push_back(HfTensor{std::move(name), shape, std::vector<float>(static_cast<size_t>(shape.numel()))});
-    return out.back().data;
+  const bool bias = c.add_bias_linear, ln = c.normalization == model::Normalization::kLayerNorm;
+  const float one_p = c.apply_layernorm_1p ? 1.f : 0.f;
+  std::vector<HfMap> v;
+  auto iota = [](int64_t first, int64_t n) {
+    std::vector<int64_t> r(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) r[static_cast<size_t>(i)] = first + i;
+    return r;
   };
-  // rows [r0, r0 + n) of a row-major [*, C] parameter.
-  auto rows = [&](const std::string& name, int64_t r0, int64_t n, int64_t C, float* dst) {
-    const float* s = P.get(name) + r0 * C;
-    std::copy(s, s + n * C, dst);
+  // HF rows [0, n) = Megatron rows [first, first + n) of width cols.
+  auto rows = [&](std::string hf, std::string meg, int64_t first, int64_t n, int64_t cols, float add = 0.f) {
+    HfMap m{std::move(hf), cols == 1 ? Shape{n} : Shape{n, cols}, std::move(meg), cols, iota(first, n), false, add};
+    v.push_back(std::move(m));
   };
-  // Norm weights: 1 + gamma under --apply-layernorm-1p.
-  auto norm_w = [&](const std::string& from, const std::string& to) {
-    auto& v = add(to, {h});
-    const float* s = P.get(from);
-    for (int64_t i = 0; i < h; ++i) v[static_cast<size_t>(i)] = s[i] + (c.apply_layernorm_1p ? 1.f : 0.f);
+  // Conv1D (GPT-2): HF [cols, n], column j = Megatron row src[j].
+  auto conv = [&](std::string hf, std::string meg, std::vector<int64_t> src, int64_t cols) {
+    const int64_t n = static_cast<int64_t>(src.size());
+    v.push_back(HfMap{std::move(hf), Shape{cols, n}, std::move(meg), cols, std::move(src), true, 0.f});
+  };
+  // A 1-D HF tensor gathered from a Megatron vector (or zeros when `meg` is empty).
+  auto gather = [&](std::string hf, std::string meg, std::vector<int64_t> src) {
+    const int64_t n = static_cast<int64_t>(src.size());
+    v.push_back(HfMap{std::move(hf), Shape{n}, std::move(meg), 1, std::move(src), false, 0.f});
   };
   // The linear_qkv row of head dim t of q head j, of group j's k, or its v.
   auto q_row = [&](int64_t head, int64_t t) { return (head / qpg) * (qpg + 2) * d + (head % qpg) * d + t; };
   auto k_row = [&](int64_t grp, int64_t t) { return grp * (qpg + 2) * d + qpg * d + t; };
   auto v_row = [&](int64_t grp, int64_t t) { return grp * (qpg + 2) * d + (qpg + 1) * d + t; };
-  // rotate-half position t of a head holds interleaved dim src(t).
+  // transformers' rotate-half dim t of a q/k head is interleaved dim rot_src(t).
   auto rot_src = [&](int64_t t) {
     if (!c.rotary_interleaved) return t;
     return t < d / 2 ? 2 * t : 2 * (t - d / 2) + 1;
   };
 
   if (arch == HfArch::kGpt2) {
-    rows("embedding.word_embeddings.weight", 0, vocab_rows, h, add("transformer.wte.weight", {vocab_rows, h}).data());
-    const int64_t P_ = c.max_position_embeddings;
-    rows("embedding.position_embeddings.weight", 0, P_, h, add("transformer.wpe.weight", {P_, h}).data());
+    rows("transformer.wte.weight", "embedding.word_embeddings.weight", 0, vocab_rows, h);
+    rows("transformer.wpe.weight", "embedding.position_embeddings.weight", 0, c.max_position_embeddings, h);
+    // c_attn's output columns are [all q | all k | all v] (one k/v head per q head).
+    std::vector<int64_t> qkv_src;
+    for (int s = 0; s < 3; ++s)
+      for (int64_t head = 0; head < a; ++head)
+        for (int64_t t = 0; t < d; ++t) qkv_src.push_back(s == 0 ? q_row(head, t) : s == 1 ? k_row(head, t) : v_row(head, t));
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("decoder.layers.{}.", l), o = fmt::format("transformer.h.{}.", l);
-      norm_w(p + "input_layernorm.weight", o + "ln_1.weight");
-      rows(p + "input_layernorm.bias", 0, 1, h, add(o + "ln_1.bias", {h}).data());
-      // c_attn: Conv1D [in = h, out = 3h], output columns [all q | all k | all v].
-      {
-        const float* W = P.get(p + "self_attention.linear_qkv.weight");
-        auto& dst = add(o + "attn.c_attn.weight", {h, 3 * h});
-        for (int64_t s = 0; s < 3; ++s)
-          for (int64_t head = 0; head < a; ++head)
-            for (int64_t t = 0; t < d; ++t) {
-              const int64_t col = s * h + head * d + t;
-              const int64_t r = s == 0 ? q_row(head, t) : s == 1 ? k_row(head, t) : v_row(head, t);
-              for (int64_t i = 0; i < h; ++i) dst[static_cast<size_t>(i * 3 * h + col)] = W[r * h + i];
-            }
-        auto& b = add(o + "attn.c_attn.bias", {3 * h});  // zeros without a QKV bias
-        if (P.has(p + "self_attention.linear_qkv.bias")) {
-          const float* B = P.get(p + "self_attention.linear_qkv.bias");
-          for (int64_t s = 0; s < 3; ++s)
-            for (int64_t head = 0; head < a; ++head)
-              for (int64_t t = 0; t < d; ++t)
-                b[static_cast<size_t>(s * h + head * d + t)] =
-                    B[s == 0 ? q_row(head, t) : s == 1 ? k_row(head, t) : v_row(head, t)];
-        }
-      }
-      auto transposed = [&](const std::string& from, int64_t R, int64_t C, const std::string& to) {
-        const float* W = P.get(from);  // [R, C] -> [C, R]
-        auto& dst = add(to, {C, R});
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t col = 0; col < C; ++col) dst[static_cast<size_t>(col * R + r)] = W[r * C + col];
-      };
-      auto bias_or_zero = [&](const std::string& from, int64_t n, const std::string& to) {
-        auto& dst = add(to, {n});
-        if (P.has(from)) rows(from, 0, 1, n, dst.data());
-      };
-      transposed(p + "self_attention.linear_proj.weight", h, a * d, o + "attn.c_proj.weight");
-      bias_or_zero(p + "self_attention.linear_proj.bias", h, o + "attn.c_proj.bias");
-      norm_w(p + "pre_mlp_layernorm.weight", o + "ln_2.weight");
-      rows(p + "pre_mlp_layernorm.bias", 0, 1, h, add(o + "ln_2.bias", {h}).data());
-      transposed(p + "mlp.linear_fc1.weight", F, h, o + "mlp.c_fc.weight");
-      bias_or_zero(p + "mlp.linear_fc1.bias", F, o + "mlp.c_fc.bias");
-      transposed(p + "mlp.linear_fc2.weight", h, F, o + "mlp.c_proj.weight");
-      bias_or_zero(p + "mlp.linear_fc2.bias", h, o + "mlp.c_proj.bias");
+      const std::string qkv_bias = c.qkv_bias() ? p + "self_attention.linear_qkv.bias" : "";
+      rows(o + "ln_1.weight", p + "input_layernorm.weight", 0, h, 1, one_p);
+      rows(o + "ln_1.bias", p + "input_layernorm.bias", 0, h, 1);
+      conv(o + "attn.c_attn.weight", p + "self_attention.linear_qkv.weight", qkv_src, h);
+      gather(o + "attn.c_attn.bias", qkv_bias, qkv_src);
+      conv(o + "attn.c_proj.weight", p + "self_attention.linear_proj.weight", iota(0, h), a * d);
+      gather(o + "attn.c_proj.bias", bias ? p + "self_attention.linear_proj.bias" : "", iota(0, h));
+      rows(o + "ln_2.weight", p + "pre_mlp_layernorm.weight", 0, h, 1, one_p);
+      rows(o + "ln_2.bias", p + "pre_mlp_layernorm.bias", 0, h, 1);
+      conv(o + "mlp.c_fc.weight", p + "mlp.linear_fc1.weight", iota(0, F), h);
+      gather(o + "mlp.c_fc.bias", bias ? p + "mlp.linear_fc1.bias" : "", iota(0, F));
+      conv(o + "mlp.c_proj.weight", p + "mlp.linear_fc2.weight", iota(0, h), F);
+      gather(o + "mlp.c_proj.bias", bias ? p + "mlp.linear_fc2.bias" : "", iota(0, h));
     }
-    norm_w("decoder.final_layernorm.weight", "transformer.ln_f.weight");
-    rows("decoder.final_layernorm.bias", 0, 1, h, add("transformer.ln_f.bias", {h}).data());
-    if (c.untie_embeddings_and_output_weights)
-      rows("output_layer.weight", 0, vocab_rows, h, add("lm_head.weight", {vocab_rows, h}).data());
-    return out;
+    rows("transformer.ln_f.weight", "decoder.final_layernorm.weight", 0, h, 1, one_p);
+    rows("transformer.ln_f.bias", "decoder.final_layernorm.bias", 0, h, 1);
+    if (c.untie_embeddings_and_output_weights) rows("lm_head.weight", "output_layer.weight", 0, vocab_rows, h);
+    MT_CHECK(ln, "hf_maps: GPT-2 has LayerNorm");
+    return v;
   }
 
   // LLaMA / Qwen2.
-  rows("embedding.word_embeddings.weight", 0, vocab_rows, h, add("model.embed_tokens.weight", {vocab_rows, h}).data());
+  rows("model.embed_tokens.weight", "embedding.word_embeddings.weight", 0, vocab_rows, h);
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = fmt::format("decoder.layers.{}.", l), o = fmt::format("model.layers.{}.", l);
-    norm_w(p + "input_layernorm.weight", o + "input_layernorm.weight");
+    rows(o + "input_layernorm.weight", p + "input_layernorm.weight", 0, h, 1, one_p);
     const std::string qkv = p + "self_attention.linear_qkv.";
-    struct Part {
-      const char* name;
-      int64_t heads;
-      bool rotated;
-      int which;  // 0 q, 1 k, 2 v
-    };
-    const bool has_bias = P.has(qkv + "bias");
-    for (const Part& part : {Part{"q_proj", a, true, 0}, Part{"k_proj", g, true, 1}, Part{"v_proj", g, false, 2}}) {
-      auto src_row = [&](int64_t head, int64_t t) {
-        const int64_t u = part.rotated ? rot_src(t) : t;
-        return part.which == 0 ? q_row(head, u) : part.which == 1 ? k_row(head, u) : v_row(head, u);
-      };
-      const float* W = P.get(qkv + "weight");
-      auto& dst = add(o + "self_attn." + part.name + ".weight", {part.heads * d, h});
-      for (int64_t head = 0; head < part.heads; ++head)
-        for (int64_t t = 0; t < d; ++t) {
-          const float* s = W + src_row(head, t) * h;
-          std::copy(s, s + h, dst.data() + (head * d + t) * h);
-        }
-      if (has_bias) {
-        const float* B = P.get(qkv + "bias");
-        auto& b = add(o + "self_attn." + part.name + ".bias", {part.heads * d});
-        for (int64_t head = 0; head < part.heads; ++head)
-          for (int64_t t = 0; t < d; ++t) b[static_cast<size_t>(head * d + t)] = B[src_row(head, t)];
-      }
+    std::vector<int64_t> q, k, val;
+    for (int64_t head = 0; head < a; ++head)
+      for (int64_t t = 0; t < d; ++t) q.push_back(q_row(head, rot_src(t)));
+    for (int64_t grp = 0; grp < g; ++grp)
+      for (int64_t t = 0; t < d; ++t) k.push_back(k_row(grp, rot_src(t))), val.push_back(v_row(grp, t));
+    for (auto [name, src] : {std::pair{"q_proj", &q}, std::pair{"k_proj", &k}, std::pair{"v_proj", &val}}) {
+      const int64_t n = static_cast<int64_t>(src->size());
+      v.push_back(HfMap{o + "self_attn." + name + ".weight", Shape{n, h}, qkv + "weight", h, *src, false, 0.f});
+      if (c.qkv_bias()) gather(o + "self_attn." + name + ".bias", qkv + "bias", *src);
     }
-    rows(p + "self_attention.linear_proj.weight", 0, h, a * d, add(o + "self_attn.o_proj.weight", {h, a * d}).data());
-    if (c.add_bias_linear)
-      rows(p + "self_attention.linear_proj.bias", 0, 1, h, add(o + "self_attn.o_proj.bias", {h}).data());
-    norm_w(p + "pre_mlp_layernorm.weight", o + "post_attention_layernorm.weight");
-    rows(p + "mlp.linear_fc1.weight", 0, F, h, add(o + "mlp.gate_proj.weight", {F, h}).data());
-    rows(p + "mlp.linear_fc1.weight", F, F, h, add(o + "mlp.up_proj.weight", {F, h}).data());
-    rows(p + "mlp.linear_fc2.weight", 0, h, F, add(o + "mlp.down_proj.weight", {h, F}).data());
-    if (c.add_bias_linear) {
-      rows(p + "mlp.linear_fc1.bias", 0, F, 1, add(o + "mlp.gate_proj.bias", {F}).data());
-      rows(p + "mlp.linear_fc1.bias", F, F, 1, add(o + "mlp.up_proj.bias", {F}).data());
-      rows(p + "mlp.linear_fc2.bias", 0, h, 1, add(o + "mlp.down_proj.bias", {h}).data());
+    rows(o + "self_attn.o_proj.weight", p + "self_attention.linear_proj.weight", 0, h, a * d);
+    if (bias) rows(o + "self_attn.o_proj.bias", p + "self_attention.linear_proj.bias", 0, h, 1);
+    rows(o + "post_attention_layernorm.weight", p + "pre_mlp_layernorm.weight", 0, h, 1, one_p);
+    rows(o + "mlp.gate_proj.weight", p + "mlp.linear_fc1.weight", 0, F, h);
+    rows(o + "mlp.up_proj.weight", p + "mlp.linear_fc1.weight", F, F, h);
+    rows(o + "mlp.down_proj.weight", p + "mlp.linear_fc2.weight", 0, h, F);
+    if (bias) {
+      rows(o + "mlp.gate_proj.bias", p + "mlp.linear_fc1.bias", 0, F, 1);
+      rows(o + "mlp.up_proj.bias", p + "mlp.linear_fc1.bias", F, F, 1);
+      rows(o + "mlp.down_proj.bias", p + "mlp.linear_fc2.bias", 0, h, 1);
     }
   }
-  norm_w("decoder.final_layernorm.weight", "model.norm.weight");
-  if (c.untie_embeddings_and_output_weights)
-    rows("output_layer.weight", 0, vocab_rows, h, add("lm_head.weight", {vocab_rows, h}).data());
+  rows("model.norm.weight", "decoder.final_layernorm.weight", 0, h, 1, one_p);
+  if (c.untie_embeddings_and_output_weights) rows("lm_head.weight", "output_layer.weight", 0, vocab_rows, h);
+  return v;
+}
+
+namespace {
+
+// Whole-model checks shared by export and import.
+Status check_whole_fp32(const model::GPTModel& m, const char* what) {
+  if (m.options().tp != 1)
+    return Status::invalid(fmt::format("hf {}: the model must be loaded whole (tensor parallel size 1)", what));
+  if (m.options().dtype != DType::kF32 || m.options().device != Device::kCpu)
+    return Status::invalid(fmt::format("hf {}: the model must hold fp32 parameters in host memory", what));
+  for (const model::ParamSpec& sp : model::gpt_param_specs(m.config(), 1))
+    if (m.find(sp.name) < 0)
+      return Status::invalid(fmt::format("hf {}: the model lacks {} (load every pipeline stage)", what, sp.name));
+  return Status::ok();
+}
+
+const float* param_data(const model::GPTModel& m, const std::string& name) {
+  const int i = m.find(name);
+  MT_CHECK(i >= 0, "hf: no parameter " + name);
+  return m.params()[static_cast<size_t>(i)].ptr<float>();
+}
+
+}  // namespace
+
+namespace {
+
+// One exported tensor's fp32 values.
+std::vector<float> gather(const model::GPTModel& m, const HfMap& map) {
+  std::vector<float> out(static_cast<size_t>(map.hf_shape.numel()), 0.f);
+  if (map.meg.empty()) return out;
+  const float* s = param_data(m, map.meg);
+  const int64_t n = static_cast<int64_t>(map.src.size()), C = map.cols;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* row = s + map.src[static_cast<size_t>(j)] * C;
+    for (int64_t i = 0; i < C; ++i) out[static_cast<size_t>(map.transposed ? i * n + j : j * C + i)] = row[i] + map.add;
+  }
   return out;
+}
+
+}  // namespace
+
+Result<std::vector<HfTensor>> hf_tensors(const model::GPTModel& m, HfArch arch, int64_t vocab_rows) {
+  MT_RETURN_IF_ERROR(check_whole_fp32(m, "export"));
+  if (vocab_rows < 1 || vocab_rows > m.vocab())
+    return Status::invalid(fmt::format("hf export: {} vocabulary rows asked for, the model has {}", vocab_rows, m.vocab()));
+  std::vector<HfTensor> out;
+  for (const HfMap& map : hf_maps(m.config(), arch, vocab_rows)) out.push_back(HfTensor{map.hf, map.hf_shape, gather(m, map)});
+  return out;
+}
+
+Result<std::string> hf_output_path(const std::string& out_dir) {
+  if (out_dir.empty()) return Status::invalid("--output: empty path");
+  fs::path out = fs::absolute(fs::path(out_dir)).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "hf/" names hf
+  std::error_code ec;
+  const auto st = fs::symlink_status(out, ec);
+  if (fs::exists(st) && !(fs::is_directory(st) && fs::is_empty(out, ec)))
+    return Status::invalid(fmt::format("--output '{}' exists and is not an empty directory: choose a new directory "
+                                       "(nothing there is overwritten)",
+                                       out_dir));
+  if (out.filename().empty() || out == out.root_path())
+    return Status::invalid(fmt::format("--output '{}': name a directory to create", out_dir));
+  return out.string();
 }
 
 namespace {
@@ -343,23 +347,25 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
   if (opt.dtype != DType::kF32 && opt.dtype != DType::kBF16)
     return Status::invalid("hf export: the dtype must be fp32 or bf16");
   if (opt.max_shard_bytes < 1) return Status::invalid("hf export: the shard size must be positive");
+  MT_RETURN_IF_ERROR(check_whole_fp32(m, "export"));
   auto arch = hf_architecture(m.config());
   if (!arch) return arch.status();
-  const fs::path out(out_dir);
-  std::error_code ec;
-  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
-    return Status::invalid(fmt::format("--output '{}' exists and is not an empty directory: choose a new directory "
-                                       "(nothing there is overwritten)",
-                                       out_dir));
+  auto out_str = hf_output_path(out_dir);
+  if (!out_str) return out_str.status();
+  const auto out = std::optional<fs::path>(fs::path(*out_str));
   int64_t vocab_rows = m.vocab();
   if (!opt.keep_vocab_padding && tok.vocab_size > 0 && tok.vocab_size <= m.vocab()) vocab_rows = tok.vocab_size;
-  auto tensors = hf_tensors(m, *arch, vocab_rows);
-  if (!tensors) return tensors.status();
+  const std::vector<HfMap> maps = hf_maps(m.config(), *arch, vocab_rows);
 
-  const fs::path tmp = out.string() + fmt::format(".tmp.{}", static_cast<long>(::getpid()));
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return Status::io_error(fmt::format("cannot create '{}': {}", tmp.string(), ec.message()));
+  // A new temporary directory beside the output.
+  std::error_code ec;
+  fs::path tmp;
+  for (int k = 0;; ++k) {
+    tmp = out->parent_path() / fmt::format("{}.tmp.{}.{}", out->filename().string(), static_cast<long>(::getpid()), k);
+    if (fs::create_directories(tmp, ec)) break;
+    if (ec || k > 1000) return Status::io_error(fmt::format("cannot create a directory beside '{}': {}", out_dir,
+                                                            ec ? ec.message() : "every name is taken"));
+  }
   auto fail = [&](Status st) -> Status {
     std::error_code ignore;
     fs::remove_all(tmp, ignore);
@@ -370,35 +376,40 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
   sum.arch = *arch;
   sum.vocab_rows = vocab_rows;
   // Shards in order, each closed before it passes max_shard_bytes (a single
-  // tensor larger than that gets a shard of its own).
-  const size_t esize = dtype_size(opt.dtype);
+  // tensor larger than that gets a shard of its own); each shard's tensors
+  // are computed only while it is written.
+  const int64_t esize = static_cast<int64_t>(dtype_size(opt.dtype));
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0;
-  for (size_t i = 0; i < tensors->size(); ++i) {
-    const int64_t b = (*tensors)[i].shape.numel() * static_cast<int64_t>(esize);
+  for (size_t i = 0; i < maps.size(); ++i) {
+    const int64_t b = maps[i].hf_shape.numel() * esize;
     if (in_shard > 0 && in_shard + b > opt.max_shard_bytes) shards.emplace_back(), in_shard = 0;
     shards.back().push_back(i);
     in_shard += b;
     sum.bytes += b;
-    sum.parameters += (*tensors)[i].shape.numel();
+    sum.parameters += maps[i].hf_shape.numel();
   }
-  sum.tensors = static_cast<int64_t>(tensors->size());
+  sum.tensors = static_cast<int64_t>(maps.size());
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
     const std::string file = shards.size() == 1 ? "model.safetensors"
                                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+    std::vector<std::vector<float>> f32;
     std::vector<std::vector<bf16>> lowp;
     std::vector<NamedTensor> named;
+    f32.reserve(shards[s].size()), lowp.reserve(shards[s].size());
     for (size_t i : shards[s]) {
-      HfTensor& t = (*tensors)[i];
+      const HfMap& map = maps[i];
+      f32.push_back(gather(m, map));
       if (opt.dtype == DType::kBF16) {
-        lowp.emplace_back(t.data.size());
-        for (size_t j = 0; j < t.data.size(); ++j) lowp.back()[j] = float_to_bf16(t.data[j]);
-        named.push_back({t.name, Tensor(lowp.back().data(), t.shape, DType::kBF16)});
+        lowp.emplace_back(f32.back().size());
+        for (size_t j = 0; j < f32.back().size(); ++j) lowp.back()[j] = float_to_bf16(f32.back()[j]);
+        std::vector<float>().swap(f32.back());
+        named.push_back({map.hf, Tensor(lowp.back().data(), map.hf_shape, DType::kBF16)});
       } else {
-        named.push_back({t.name, Tensor(t.data.data(), t.shape, DType::kF32)});
+        named.push_back({map.hf, Tensor(f32.back().data(), map.hf_shape, DType::kF32)});
       }
-      weight_map[t.name] = file;
+      weight_map[map.hf] = file;
     }
     if (Status st = write_safetensors((tmp / file).string(), named, {{"format", "pt"}}); !st) return fail(st);
     sum.files.push_back(file);
@@ -414,8 +425,10 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
   sum.files.push_back("config.json");
   if (Status st = write_tokenizer_files(tok, m.config(), tmp, &sum.files); !st) return fail(st);
 
-  if (fs::exists(out, ec)) fs::remove(out, ec);  // an empty directory (checked above)
-  fs::rename(tmp, out, ec);
+  // The output may be an empty directory (checked by hf_output_path): it is
+  // replaced; anything else there is never touched.
+  if (fs::is_directory(fs::symlink_status(*out, ec))) fs::remove(*out, ec);
+  fs::rename(tmp, *out, ec);
   if (ec)
     return fail(Status::io_error(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), out_dir, ec.message())));
   return sum;

@@ -1,10 +1,11 @@
-// Hugging Face export (checkpoint/hf_export.h): the exported directory, run
+// Hugging Face export and import (checkpoint/hf.h): the exported directory, run
 // by an independent PyTorch implementation of transformers' GPT-2 / LLaMA /
 // Qwen2 models (tests/checkpoint/hf_reference.py, from config.json and the
 // safetensors files only), gives our model's logits; the files are what
 // transformers reads; unexportable models are refused with every reason.
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -15,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/hf_export.h"
+#include "checkpoint/hf.h"
 #include "core/safetensors.h"
 #include "model/gpt.h"
 
@@ -59,9 +60,10 @@ std::vector<Case> cases() {
   }
   v.push_back({"llama_gqa", llama_cfg(), "LlamaForCausalLM"});
   {
-    ModelConfig c = llama_cfg();  // interleaved RoPE pairs, Llama 3.1 scaling, zero-centred, tied, d != h/a
+    ModelConfig c = llama_cfg();  // interleaved RoPE pairs, Llama 3.1 scaling (d 16, base 2e5: wavelengths in
+    // all three bands, one of 2810 in the smoothed one), zero-centred, tied, d != h/a
     c.rotary_interleaved = true, c.use_rope_scaling = true, c.rope_scaling_factor = 8, c.rotary_base = 2e5;
-    c.apply_layernorm_1p = true, c.untie_embeddings_and_output_weights = false, c.kv_channels = 10;
+    c.apply_layernorm_1p = true, c.untie_embeddings_and_output_weights = false, c.kv_channels = 16;
     v.push_back({"llama_interleaved_llama3_1p_tied", c, "LlamaForCausalLM"});
   }
   {
@@ -266,10 +268,13 @@ TEST(HfExportFiles, RefusesAnExistingDirectoryAndLeavesItAlone) {
   EXPECT_FALSE(fs::exists(dir + "/config.json"));
   for (const auto& e : fs::directory_iterator(artifacts()))
     EXPECT_EQ(e.path().filename().string().find("occupied.tmp"), std::string::npos) << "no temporary left";
-  // An empty directory is taken.
+  // An empty directory is taken, also named with a trailing slash.
   fs::remove(dir + "/keep.txt");
-  EXPECT_TRUE(export_hf(*m, info, {}, dir).is_ok());
+  auto again = export_hf(*m, info, {}, dir + "/");
+  EXPECT_TRUE(again.is_ok()) << again.status().message();
   EXPECT_TRUE(fs::exists(dir + "/config.json"));
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
 TEST(HfExportFiles, CopiesTheTokenizerFiles) {

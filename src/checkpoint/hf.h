@@ -52,6 +52,10 @@ class GPTModel;
 
 namespace mt::checkpoint {
 
+// The oldest transformers release that reads every field written here
+// (Llama's head_dim and mlp_bias, rope_type "llama3"); config.json says so.
+inline constexpr const char* kTransformersVersion = "4.45.0";
+
 enum class HfArch { kGpt2, kLlama, kQwen2 };
 const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", ...
 
@@ -71,7 +75,23 @@ struct HfExportOptions {
   bool keep_vocab_padding = false;
 };
 
-// One tensor of the export, computed on demand into fp32.
+// How one transformers tensor is made of a Megatron parameter (both
+// directions: export gathers, import scatters back). Megatron parameters are
+// viewed as rows of `cols` elements (a vector: rows of 1).
+struct HfMap {
+  std::string hf;                // transformers name
+  Shape hf_shape;
+  std::string meg;               // Megatron name; empty: zeros (GPT-2 biases the model lacks)
+  int64_t cols = 1;              // elements per Megatron row
+  std::vector<int64_t> src;      // the Megatron row of each HF row (transposed: of each HF column)
+  bool transposed = false;       // HF [cols, src.size()]: Conv1D's [in, out] (GPT-2)
+  float add = 0;                 // HF = Megatron + add (1 for --apply-layernorm-1p weights)
+};
+
+// The whole mapping for `arch` with `vocab_rows` vocabulary rows.
+std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t vocab_rows);
+
+// One tensor of the export, computed into fp32.
 struct HfTensor {
   std::string name;
   Shape shape;
@@ -91,6 +111,11 @@ struct HfExportSummary {
   int64_t tensors = 0, parameters = 0, bytes = 0, vocab_rows = 0;
   std::vector<std::string> files;  // written, relative to the output directory
 };
+
+// The absolute, normalised directory an export into `out_dir` creates
+// ("hf/" names hf), or kInvalidArgument when it exists and is not an empty
+// directory (a symbolic link counts as existing).
+Result<std::string> hf_output_path(const std::string& out_dir);
 
 // Writes the whole export of a TP = 1, single-stage model `m`.
 Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInfo& tok, const HfExportOptions& opt,
