@@ -13,5 +13,6 @@ int tokenize_main(const std::vector<std::string>& args);
 int train_main(const std::vector<std::string>& args);
 int generate_main(const std::vector<std::string>& args);
 int export_main(const std::vector<std::string>& args);
+int import_main(const std::vector<std::string>& args);
 
 }  // namespace mt::tools

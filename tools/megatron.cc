@@ -26,6 +26,8 @@ const Subcommand kSubcommands[] = {
     {"generate", "continue a --prompt with a trained checkpoint (--load), KV cache, greedy/top-k/top-p", mt::tools::generate_main},
     {"export", "write a checkpoint (any layout) as a Hugging Face transformers model: GPT-2, LLaMA or Qwen2",
      mt::tools::export_main},
+    {"import", "read a Hugging Face GPT-2, LLaMA or Qwen2 model directory as a checkpoint (--finetune, generate)",
+     mt::tools::import_main},
 };
 
 void usage(FILE* out) {

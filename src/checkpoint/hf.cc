@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <set>
 #include <optional>
 #include <system_error>
+#include <cmath>
 
 #include "core/dtype.h"
 #include "core/file.h"
@@ -434,4 +437,280 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
   return sum;
 }
 
+// ---- Import ----------------------------------------------------------------
+
+Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string& where) {
+  using nlohmann::json;
+  std::vector<std::string> why;
+  if (!j.is_object()) return Status::corrupt(fmt::format("{}: not a JSON object", where));
+  auto num = [&](const char* key, std::optional<double> def) -> std::optional<double> {
+    if (!j.contains(key) || j[key].is_null()) {
+      if (!def) why.push_back(fmt::format("\"{}\" is missing", key));
+      return def;
+    }
+    if (!j[key].is_number()) {
+      why.push_back(fmt::format("\"{}\" is {}, expected a number", key, j[key].dump()));
+      return def;
+    }
+    return j[key].get<double>();
+  };
+  auto integer = [&](const char* key, std::optional<int64_t> def) -> int64_t {
+    auto v = num(key, def ? std::optional<double>(static_cast<double>(*def)) : std::nullopt);
+    if (!v) return 0;
+    if (*v != std::floor(*v) || *v < 1 || *v > 1e12) {
+      why.push_back(fmt::format("\"{}\" is {}, expected a positive integer", key, *v));
+      return 0;
+    }
+    return static_cast<int64_t>(*v);
+  };
+  auto flag_b = [&](const char* key, bool def) {
+    if (!j.contains(key) || j[key].is_null()) return def;
+    if (!j[key].is_boolean()) {
+      why.push_back(fmt::format("\"{}\" is {}, expected true or false", key, j[key].dump()));
+      return def;
+    }
+    return j[key].get<bool>();
+  };
+  auto str = [&](const char* key, const std::string& def) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : def;
+  };
+  auto fmt_num = [](double v) { return fmt::format("{}", v); };
+  std::string arch_name;
+  if (j.contains("architectures") && j["architectures"].is_array() && j["architectures"].size() == 1 &&
+      j["architectures"][0].is_string())
+    arch_name = j["architectures"][0].get<std::string>();
+  HfImportFlags out;
+  std::vector<std::string>& f = out.flags;
+  auto add = [&](std::string flag, std::string value = {}) {
+    f.push_back(std::move(flag));
+    if (!value.empty()) f.push_back(std::move(value));
+  };
+  if (arch_name == "GPT2LMHeadModel") {
+    out.arch = HfArch::kGpt2;
+    const int64_t h = integer("n_embd", std::nullopt), L = integer("n_layer", std::nullopt);
+    const int64_t a = integer("n_head", std::nullopt), P = integer("n_positions", std::nullopt);
+    const int64_t F = j.contains("n_inner") && !j["n_inner"].is_null() ? integer("n_inner", std::nullopt) : 4 * h;
+    out.vocab_size = integer("vocab_size", std::nullopt);
+    const std::string act = str("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu")
+      why.push_back(fmt::format("activation_function \"{}\" (Megatron's GPT has GELU: gelu_new or gelu)", act));
+    if (flag_b("scale_attn_by_inverse_layer_idx", false))
+      why.push_back("scale_attn_by_inverse_layer_idx (Megatron scales attention by 1/sqrt(d) only)");
+    if (!flag_b("scale_attn_weights", true)) why.push_back("scale_attn_weights false (Megatron scales by 1/sqrt(d))");
+    add("--num-layers", std::to_string(L)), add("--hidden-size", std::to_string(h));
+    add("--ffn-hidden-size", std::to_string(F)), add("--num-attention-heads", std::to_string(a));
+    add("--max-position-embeddings", std::to_string(P));
+    add("--norm-epsilon", fmt_num(num("layer_norm_epsilon", 1e-5).value_or(1e-5)));
+    add("--hidden-dropout", fmt_num(num("resid_pdrop", 0.1).value_or(0.1)));
+    add("--attention-dropout", fmt_num(num("attn_pdrop", 0.1).value_or(0.1)));
+    if (act == "gelu") add("--no-bias-gelu-fusion");
+    if (!flag_b("tie_word_embeddings", true)) add("--untie-embeddings-and-output-weights");
+  } else if (arch_name == "LlamaForCausalLM" || arch_name == "Qwen2ForCausalLM") {
+    const bool qwen = arch_name == "Qwen2ForCausalLM";
+    out.arch = qwen ? HfArch::kQwen2 : HfArch::kLlama;
+    const int64_t h = integer("hidden_size", std::nullopt), L = integer("num_hidden_layers", std::nullopt);
+    const int64_t a = integer("num_attention_heads", std::nullopt), F = integer("intermediate_size", std::nullopt);
+    const int64_t g = integer("num_key_value_heads", a);
+    const int64_t d = integer("head_dim", a > 0 ? std::optional<int64_t>(h / a) : std::nullopt);
+    out.vocab_size = integer("vocab_size", std::nullopt);
+    const int64_t P = integer("max_position_embeddings", 2048);
+    if (str("hidden_act", "silu") != "silu")
+      why.push_back(fmt::format("hidden_act \"{}\" (Megatron's SwiGLU gates with silu)", str("hidden_act", "")));
+    if (a > 0 && g > 0 && a % g) why.push_back(fmt::format("{} heads do not split into {} key/value groups", a, g));
+    if (qwen && flag_b("use_sliding_window", false)) why.push_back("use_sliding_window (no sliding-window attention here)");
+    const bool attn_bias = !qwen && flag_b("attention_bias", false), mlp_bias = !qwen && flag_b("mlp_bias", false);
+    if (attn_bias != mlp_bias)
+      why.push_back("attention_bias and mlp_bias differ (Megatron's --add-bias-linear puts biases on both or neither)");
+    add("--num-layers", std::to_string(L)), add("--hidden-size", std::to_string(h));
+    add("--ffn-hidden-size", std::to_string(F)), add("--num-attention-heads", std::to_string(a));
+    if (g != a) add("--group-query-attention"), add("--num-query-groups", std::to_string(g));
+    if (a > 0 && d != h / a) add("--kv-channels", std::to_string(d));
+    add("--normalization", "RMSNorm"), add("--swiglu"), add("--position-embedding-type", "rope");
+    add("--norm-epsilon", fmt_num(num("rms_norm_eps", 1e-6).value_or(1e-6)));
+    add("--rotary-base", fmt_num(num("rope_theta", 10000.0).value_or(10000.0)));
+    add("--max-position-embeddings", std::to_string(P));
+    add("--hidden-dropout", "0");
+    add("--attention-dropout", fmt_num(num("attention_dropout", 0.0).value_or(0.0)));
+    if (qwen) add("--disable-bias-linear"), add("--add-qkv-bias");
+    else if (!attn_bias) add("--disable-bias-linear");
+    if (!flag_b("tie_word_embeddings", false)) add("--untie-embeddings-and-output-weights");
+    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+      const json& rs = j["rope_scaling"];
+      const std::string kind = rs.is_object() ? (rs.contains("rope_type") && rs["rope_type"].is_string()
+                                                     ? rs["rope_type"].get<std::string>()
+                                                     : rs.contains("type") && rs["type"].is_string() ? rs["type"].get<std::string>() : "")
+                                              : "";
+      auto rnum = [&](const char* k) -> std::optional<double> {
+        if (!rs.contains(k) || !rs[k].is_number()) return std::nullopt;
+        return rs[k].get<double>();
+      };
+      if (kind == "llama3") {
+        if (rnum("low_freq_factor") != 1.0 || rnum("high_freq_factor") != 4.0 ||
+            rnum("original_max_position_embeddings") != 8192.0 || !rnum("factor"))
+          why.push_back(fmt::format("rope_scaling {} (Megatron's --use-rope-scaling has low/high frequency factors 1 and 4 "
+                                    "and an original context of 8192)",
+                                    rs.dump()));
+        else
+          add("--use-rope-scaling"), add("--rope-scaling-factor", fmt_num(*rnum("factor")));
+      } else if (kind == "linear") {
+        const auto fac = rnum("factor");
+        if (!fac || *fac != std::floor(*fac) || *fac < 1)
+          why.push_back(fmt::format("rope_scaling {} (--rotary-seq-len-interpolation-factor takes an integer)", rs.dump()));
+        else
+          add("--rotary-seq-len-interpolation-factor", std::to_string(static_cast<int64_t>(*fac)));
+      } else {
+        why.push_back(fmt::format("rope_scaling {} (only \"llama3\" and \"linear\" have Megatron flags)", rs.dump()));
+      }
+    }
+    if (j.contains("partial_rotary_factor") && j["partial_rotary_factor"].is_number() &&
+        j["partial_rotary_factor"].get<double>() != 1.0)
+      why.push_back("partial_rotary_factor (LlamaForCausalLM rotates whole heads)");
+  } else {
+    why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM and "
+                              "Qwen2ForCausalLM)",
+                              j.contains("architectures") ? j["architectures"].dump() : "missing"));
+  }
+  if (!why.empty()) {
+    std::string msg = fmt::format("{}: cannot be imported:", where);
+    for (const auto& w : why) msg += "\n  - " + w;
+    return Status::invalid(msg);
+  }
+  return out;
+}
+
+Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m, std::vector<std::string>* notes) {
+  MT_RETURN_IF_ERROR(check_whole_fp32(m, "import"));
+  const fs::path root(dir);
+  // The files: the index's shards, or model.safetensors.
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (fs::exists(root / "model.safetensors.index.json", ec)) {
+    std::ifstream in(root / "model.safetensors.index.json");
+    const nlohmann::json idx = nlohmann::json::parse(in, nullptr, false);
+    if (idx.is_discarded() || !idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object())
+      return Status::corrupt(fmt::format("'{}': expected a JSON object with a \"weight_map\" object",
+                                         (root / "model.safetensors.index.json").string()));
+    std::set<std::string> seen;
+    for (const auto& [name, file] : idx["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        return Status::corrupt(fmt::format("'{}': weight_map[\"{}\"] is {}, expected a file name in the directory",
+                                           (root / "model.safetensors.index.json").string(), name, file.dump()));
+      if (seen.insert(file.get<std::string>()).second) files.push_back(file.get<std::string>());
+    }
+  } else if (fs::exists(root / "model.safetensors", ec)) {
+    files.push_back("model.safetensors");
+  } else {
+    return Status::not_found(fmt::format("'{}' has neither model.safetensors nor model.safetensors.index.json (only "
+                                         "safetensors weights are read; a pytorch_model.bin is a pickle)",
+                                         dir));
+  }
+  std::vector<MappedSafetensors> mapped;
+  std::map<std::string, std::pair<size_t, std::string>> where;  // hf name -> (file index, key in the file)
+  for (const auto& fn : files) {
+    auto f = MappedSafetensors::open((root / fn).string());
+    if (!f) return f.status();
+    for (const auto& [key, t] : f->tensors()) {
+      (void)t;
+      std::string name = key;
+      // GPT-2 files from the Hub name tensors without the "transformer." prefix.
+      if (arch == HfArch::kGpt2 && key.rfind("transformer.", 0) != 0 && key != "lm_head.weight") name = "transformer." + key;
+      if (!where.emplace(name, std::make_pair(mapped.size(), key)).second)
+        return Status::corrupt(fmt::format("'{}': tensor '{}' is stored twice", f->path(), key));
+    }
+    mapped.push_back(std::move(*f));
+  }
+
+  const model::ModelConfig& c = m.config();
+  const int64_t V = m.vocab(), h = c.hidden_size;
+  // Vocabulary rows in the files (the embedding's).
+  const std::string embed = arch == HfArch::kGpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  auto ew = where.find(embed);
+  if (ew == where.end()) return Status::not_found(fmt::format("'{}': no tensor {}", dir, embed));
+  const MappedTensor& et = mapped[ew->second.first].tensors().at(ew->second.second);
+  if (et.shape.ndim != 2 || et.shape[1] != h)
+    return Status::invalid(fmt::format("'{}': {} has shape {}, expected [vocab, {}]", dir, embed, et.shape.str(), h));
+  const int64_t file_rows = et.shape[0], rows = std::min(file_rows, V);
+  if (c.vocab_size && file_rows < *c.vocab_size)
+    return Status::invalid(fmt::format("'{}': {} has {} rows but the tokenizer has {} tokens: use the model's own "
+                                       "tokenizer",
+                                       dir, embed, file_rows, *c.vocab_size));
+  if (file_rows > V && notes)
+    notes->push_back(fmt::format("the files hold {} vocabulary rows and the model {} (the tokenizer's {} padded): rows "
+                                 "{}..{} are dropped",
+                                 file_rows, V, c.vocab_size.value_or(0), V, file_rows - 1));
+
+  std::map<std::string, std::vector<uint8_t>> covered;
+  for (size_t i = 0; i < m.specs().size(); ++i)
+    covered[m.specs()[i].name].assign(static_cast<size_t>(m.params()[i].numel()), 0);
+  std::set<std::string> used;
+  for (const HfMap& map : hf_maps(c, arch, rows)) {
+    if (map.meg.empty()) continue;
+    auto it = where.find(map.hf);
+    if (it == where.end())
+      return Status::not_found(fmt::format("'{}': no tensor {} (needed for {})", dir, map.hf, map.meg));
+    used.insert(map.hf);
+    const MappedSafetensors& file = mapped[it->second.first];
+    const MappedTensor& t = file.tensors().at(it->second.second);
+    const bool vocab = map.meg == "embedding.word_embeddings.weight" || map.meg == "output_layer.weight";
+    Shape want = map.hf_shape;
+    if (vocab) want.d[0] = file_rows;
+    if (!(t.shape == want))
+      return Status::invalid(fmt::format("'{}': tensor '{}' has shape {}, expected {} for this config.json",
+                                         file.path(), it->second.second, t.shape.str(), want.str()));
+    if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16" && t.dtype != "F64")
+      return Status::invalid(fmt::format("'{}': tensor '{}' is {}, expected a floating dtype", file.path(),
+                                         it->second.second, t.dtype));
+    const int i = m.find(map.meg);
+    float* dst = m.params()[static_cast<size_t>(i)].ptr<float>();
+    std::vector<uint8_t>& cov = covered[map.meg];
+    const int64_t n = static_cast<int64_t>(map.src.size()), C = map.cols;
+    for (int64_t jj = 0; jj < n; ++jj)
+      for (int64_t k = 0; k < C; ++k) {
+        const int64_t from = map.transposed ? k * n + jj : jj * C + k;
+        const size_t to = static_cast<size_t>(map.src[static_cast<size_t>(jj)] * C + k);
+        dst[to] = mapped_float(t, from) - map.add;
+        cov[to] += 1;
+      }
+  }
+  // Megatron's padding rows: copies of the last row (Megatron's converter's choice).
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
+    const int i = m.find(name);
+    if (i < 0) continue;
+    float* w = m.params()[static_cast<size_t>(i)].ptr<float>();
+    std::vector<uint8_t>& cov = covered[name];
+    for (int64_t r = rows; r < V; ++r)
+      for (int64_t k = 0; k < h; ++k) {
+        w[r * h + k] = w[(rows - 1) * h + k];
+        cov[static_cast<size_t>(r * h + k)] += 1;
+      }
+  }
+  for (const auto& [name, cov] : covered)
+    for (size_t k = 0; k < cov.size(); ++k)
+      if (cov[k] != 1)
+        return Status::internal(fmt::format("hf import: element {} of {} was set {} times", k, name, int(cov[k])));
+  // Tensors left over: transformers' buffers are expected; anything else
+  // would be a part of the model this build does not compute.
+  std::vector<std::string> unknown;
+  for (const auto& [name, loc] : where) {
+    if (used.count(name)) continue;
+    auto ends_with = [&](std::string_view tail) {
+      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    const bool buffer = ends_with("rotary_emb.inv_freq") ||
+                        (arch == HfArch::kGpt2 && (ends_with(".attn.bias") || ends_with(".attn.masked_bias")));
+    const bool tied_head = name == "lm_head.weight" && !c.untie_embeddings_and_output_weights;
+    if (!buffer && !tied_head) unknown.push_back(loc.second);
+  }
+  if (!unknown.empty()) {
+    std::string list;
+    for (size_t k = 0; k < unknown.size() && k < 8; ++k) list += (k ? ", " : "") + unknown[k];
+    if (unknown.size() > 8) list += fmt::format(", ... ({} in all)", unknown.size());
+    return Status::invalid(fmt::format("'{}': tensors this model has no place for: {} (a config.json setting this "
+                                       "build does not model?)",
+                                       dir, list));
+  }
+  return Status::ok();
+}
+
 }  // namespace mt::checkpoint
+

@@ -121,4 +121,28 @@ Result<std::string> hf_output_path(const std::string& out_dir);
 Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInfo& tok, const HfExportOptions& opt,
                                   const std::string& out_dir);
 
+// ---- Import: a transformers model directory as a Megatron model ----------
+//
+// The inverse of the export, from the same mapping table: config.json gives
+// the Megatron model flags (hf_import_flags) and the safetensors files
+// (model.safetensors, or the shards model.safetensors.index.json lists; F32,
+// BF16, F16 or F64) give every parameter (hf_import_weights). Megatron's
+// padded vocabulary rows past the file's take the last row, as Megatron's
+// checkpoint converter does; rows the model has no room for are dropped with
+// a note. Settings no Megatron flag expresses are refused with every reason.
+
+struct HfImportFlags {
+  HfArch arch = HfArch::kGpt2;
+  std::vector<std::string> flags;  // megatron train's model flags (no tokenizer, no --seq-length)
+  int64_t vocab_size = 0;          // config.json's vocab_size: rows in the files
+};
+Result<HfImportFlags> hf_import_flags(const nlohmann::json& config, const std::string& where);
+
+// Reads every parameter of `m` (TP = 1, fp32, host memory, built from
+// hf_import_flags' flags) from the model directory `dir`. Errors name the
+// file and tensor: a missing tensor, a shape that differs, a tensor the
+// model has no place for (other than transformers' non-parameter buffers).
+Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m, std::vector<std::string>* notes);
+
 }  // namespace mt::checkpoint
+

@@ -7,6 +7,14 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+
 namespace mt {
 
 const char* safetensors_dtype_name(DType t) {
@@ -98,6 +106,133 @@ Result<SafetensorsFile> read_safetensors(const std::string& path) {
     f.tensors[name] = Tensor(f.data.data() + b, s, dt);
   }
   return f;
+}
+
+namespace {
+
+int mapped_dtype_size(const std::string& d) {
+  if (d == "F64" || d == "I64") return 8;
+  if (d == "F32" || d == "I32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL") return 1;
+  return 0;
+}
+
+}  // namespace
+
+MappedSafetensors::MappedSafetensors(MappedSafetensors&& o) noexcept { *this = std::move(o); }
+
+MappedSafetensors& MappedSafetensors::operator=(MappedSafetensors&& o) noexcept {
+  if (this != &o) {
+    if (base_) ::munmap(const_cast<char*>(base_), size_);
+    path_ = std::move(o.path_), base_ = o.base_, size_ = o.size_;
+    tensors_ = std::move(o.tensors_), metadata_ = std::move(o.metadata_);
+    o.base_ = nullptr, o.size_ = 0;
+  }
+  return *this;
+}
+
+MappedSafetensors::~MappedSafetensors() {
+  if (base_) ::munmap(const_cast<char*>(base_), size_);
+}
+
+Result<MappedSafetensors> MappedSafetensors::open(const std::string& path) {
+  MappedSafetensors f;
+  f.path_ = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::not_found(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::invalid(fmt::format("'{}' is not a regular file", path));
+  }
+  f.size_ = static_cast<size_t>(st.st_size);
+  if (f.size_ < 8) {
+    ::close(fd);
+    return Status::corrupt(fmt::format("'{}': {} bytes; a safetensors file starts with an 8-byte header length", path,
+                                       f.size_));
+  }
+  void* m = ::mmap(nullptr, f.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return Status::io_error(fmt::format("cannot map '{}': {}", path, std::strerror(errno)));
+  f.base_ = static_cast<const char*>(m);
+  uint64_t n = 0;
+  std::memcpy(&n, f.base_, 8);
+  if (n > (uint64_t{100} << 20) || n > f.size_ - 8)
+    return Status::corrupt(fmt::format("'{}': offset 0: header length {} exceeds the file ({} bytes) or 100 MB", path,
+                                       n, f.size_));
+  const char* data = f.base_ + 8 + n;
+  const uint64_t data_size = f.size_ - 8 - n;
+  nlohmann::json h = nlohmann::json::parse(f.base_ + 8, data, nullptr, false);
+  if (h.is_discarded() || !h.is_object())
+    return Status::corrupt(fmt::format("'{}': offset 8: the {}-byte header is not a JSON object", path, n));
+  for (const auto& [key, v] : h.items()) {
+    if (key == "__metadata__") {
+      if (!v.is_object()) return Status::corrupt(fmt::format("'{}': __metadata__ is not an object", path));
+      for (const auto& [k, val] : v.items()) f.metadata_[k] = val.is_string() ? val.get<std::string>() : val.dump();
+      continue;
+    }
+    const std::string where = fmt::format("'{}': tensor '{}'", path, key);
+    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() || !v.contains("shape") ||
+        !v["shape"].is_array() || !v.contains("data_offsets") || !v["data_offsets"].is_array())
+      return Status::corrupt(where + ": expected an object with dtype, shape and data_offsets");
+    MappedTensor t;
+    t.dtype = v["dtype"].get<std::string>();
+    const int es = mapped_dtype_size(t.dtype);
+    if (!es) return Status::corrupt(fmt::format("{}: unknown dtype {}", where, v["dtype"].dump()));
+    if (v["shape"].size() > static_cast<size_t>(kMaxDims))
+      return Status::corrupt(fmt::format("{}: {} dimensions (at most {})", where, v["shape"].size(), kMaxDims));
+    uint64_t want = static_cast<uint64_t>(es);
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) return Status::corrupt(where + ": shape is not a list of non-negative integers");
+      const uint64_t x = d.get<uint64_t>();
+      if (x > (uint64_t{1} << 62) || __builtin_mul_overflow(want, x, &want))
+        return Status::corrupt(where + ": shape is too large");
+      t.shape.d[static_cast<size_t>(t.shape.ndim++)] = static_cast<int64_t>(x);
+    }
+    const auto& r = v["data_offsets"];
+    if (r.size() != 2 || !r[0].is_number_unsigned() || !r[1].is_number_unsigned() ||
+        r[1].get<uint64_t>() < r[0].get<uint64_t>())
+      return Status::corrupt(where + ": data_offsets is not [begin, end] with begin <= end");
+    const uint64_t b = r[0].get<uint64_t>(), e = r[1].get<uint64_t>();
+    if (e - b != want || e > data_size)
+      return Status::corrupt(fmt::format("{}: data_offsets [{}, {}] (file offset {}) do not hold {} {} bytes of shape {} "
+                                         "within the {} data bytes (file truncated?)",
+                                         where, b, e, 8 + n + b, want, t.dtype, t.shape.str(), data_size));
+    t.data = data + b, t.bytes = want, t.file_offset = 8 + n + b;
+    f.tensors_[key] = t;
+  }
+  return f;
+}
+
+float mapped_float(const MappedTensor& t, int64_t i) {
+  const char* p = t.data + static_cast<size_t>(i) * static_cast<size_t>(mapped_dtype_size(t.dtype));
+  if (t.dtype == "F32") {
+    float x;
+    std::memcpy(&x, p, 4);
+    return x;
+  }
+  if (t.dtype == "BF16") {
+    uint16_t u;
+    std::memcpy(&u, p, 2);
+    return bf16_to_float(bf16{u});
+  }
+  if (t.dtype == "F16") {
+    uint16_t u;
+    std::memcpy(&u, p, 2);
+    const int sign = u >> 15, ex = (u >> 10) & 31, man = u & 1023;
+    float v = ex == 0 ? std::ldexp(static_cast<float>(man), -24)
+              : ex == 31 ? (man ? NAN : INFINITY)
+                         : std::ldexp(static_cast<float>(man | 1024), ex - 25);
+    return sign ? -v : v;
+  }
+  if (t.dtype == "F64") {
+    double x;
+    std::memcpy(&x, p, 8);
+    return static_cast<float>(x);
+  }
+  MT_CHECK(false, "mapped_float: " + t.dtype + " is not a floating dtype");
+  return 0;
 }
 
 }  // namespace mt

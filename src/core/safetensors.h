@@ -43,4 +43,43 @@ struct SafetensorsFile {
 
 Result<SafetensorsFile> read_safetensors(const std::string& path);
 
+// A safetensors file from anywhere (a downloaded model), mapped read-only
+// and checked before anything is used: the header is a JSON object of
+// {dtype: string, shape: [non-negative ints, at most kMaxDims],
+// data_offsets: [begin <= end]} entries whose byte ranges lie inside the file
+// and match shape x dtype size (known dtypes: F64 F32 F16 BF16 I64 I32 I16
+// I8 U8 BOOL). Malformed input is a kCorrupt naming the file, the tensor and
+// the offset; nothing is read out of bounds.
+struct MappedTensor {
+  std::string dtype;  // safetensors' name, e.g. "BF16"
+  Shape shape;
+  const char* data = nullptr;
+  uint64_t bytes = 0;
+  uint64_t file_offset = 0;  // of the first byte, for error messages
+};
+class MappedSafetensors {
+ public:
+  static Result<MappedSafetensors> open(const std::string& path);
+  MappedSafetensors() = default;
+  MappedSafetensors(MappedSafetensors&& o) noexcept;
+  MappedSafetensors& operator=(MappedSafetensors&& o) noexcept;
+  MappedSafetensors(const MappedSafetensors&) = delete;
+  MappedSafetensors& operator=(const MappedSafetensors&) = delete;
+  ~MappedSafetensors();
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, MappedTensor>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::string path_;
+  const char* base_ = nullptr;
+  size_t size_ = 0;
+  std::map<std::string, MappedTensor> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Element i of a floating tensor (F64, F32, F16, BF16) as a float.
+float mapped_float(const MappedTensor& t, int64_t i);
+
 }  // namespace mt

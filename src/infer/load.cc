@@ -7,19 +7,14 @@
 
 namespace mt::infer {
 
-Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadOptions& opt) {
-  auto ck = checkpoint::load_checkpoint(load_dir, opt.iteration);
-  if (!ck) return ck.status();
-  const std::string where = ck->directory() + "/common.json";
-  auto argv = checkpoint::training_argv(ck->common(), where);
-  if (!argv) return argv.status();
-
+Result<RebuiltConfig> config_from_training_argv(const std::vector<std::string>& argv, const std::string& where,
+                                                const LoadOptions& opt) {
   // The trainer's flags, parsed as training parsed them.
   train::TrainConfig tc;
   FlagSet flags("megatron train");
   train::register_train_flags(flags, tc);
   bool help = false;
-  Status st = train::parse_train_args(*argv, &tc, &flags, &help);
+  Status st = train::parse_train_args(argv, &tc, &flags, &help);
   if (!st) return Status::invalid(fmt::format("{}: the stored training arguments do not parse: {}", where, st.message()));
   model::ModelConfig mc = tc.job.model;
   // Megatron pads the vocabulary to a multiple of divisible_by x TP: keep the
@@ -43,20 +38,36 @@ Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadO
     mc.vocab_size = (*tok)->vocab_size();
     mc.vocab_file.clear();
   }
+  RebuiltConfig r;
+  r.model = mc;
+  r.tokenizer = std::move(*tok);
+  r.tokenizer_config = tk;
+  r.bf16 = tc.job.precision.bf16;
+  return r;
+}
+
+Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadOptions& opt) {
+  auto ck = checkpoint::load_checkpoint(load_dir, opt.iteration);
+  if (!ck) return ck.status();
+  const std::string where = ck->directory() + "/common.json";
+  auto argv = checkpoint::training_argv(ck->common(), where);
+  if (!argv) return argv.status();
+  auto rc = config_from_training_argv(*argv, where, opt);
+  if (!rc) return rc.status();
 
   model::GPTOptions mo;
   mo.micro_batch = 1;
-  mo.seq_length = mc.seq_length;
+  mo.seq_length = rc->model.seq_length;
   mo.slots = 0;  // parameters only
-  auto m = model::GPTModel::create(mc, mo);
+  auto m = model::GPTModel::create(rc->model, mo);
   if (!m) return Status::invalid(fmt::format("{}: {}", where, m.status().message()));
   Status ls = checkpoint::load_training_state(*ck, **m, nullptr);
   if (!ls) return ls;
   LoadedModel out;
   out.model = std::move(*m);
-  out.tokenizer = std::move(*tok);
-  out.tokenizer_config = tk;
-  out.bf16 = tc.job.precision.bf16;
+  out.tokenizer = std::move(rc->tokenizer);
+  out.tokenizer_config = rc->tokenizer_config;
+  out.bf16 = rc->bf16;
   out.iteration = ck->iteration();
   out.directory = ck->directory();
   return out;

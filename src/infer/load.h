@@ -36,6 +36,19 @@ struct LoadedModel {
   std::string directory;  // .../iter_0000020
 };
 
+// The ModelConfig and tokenizer a training command line describes, resolved
+// as training resolves them (the vocabulary from the tokenizer; the padded
+// vocabulary of the run's TP size kept, so every stored row has a place).
+// `where` names the source in errors.
+struct RebuiltConfig {
+  model::ModelConfig model;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  data::TokenizerConfig tokenizer_config;
+  bool bf16 = false;
+};
+Result<RebuiltConfig> config_from_training_argv(const std::vector<std::string>& argv, const std::string& where,
+                                                const LoadOptions& opt = {});
+
 // Errors: the checkpoint's (kNotFound/kCorrupt naming the directory and
 // file), a training command line that no longer parses (naming the flag), a
 // tokenizer file that cannot be opened (naming the flag to override it with),

@@ -4,8 +4,11 @@
 # Hugging Face models; an independent PyTorch run of the exported files
 # (tests/checkpoint/hf_reference.py, transformers' semantics) continues a
 # prompt greedily exactly as `megatron generate` does from the checkpoint.
+# The LLaMA export imported back (`megatron import`) continues the same way
+# and fine-tunes from the trained loss on 2 TP ranks.
 # Also: bf16 by default after --bf16, the index of a sharded export, and the
-# errors (occupied --output, bad --dtype/--max-shard-size, unexportable model).
+# errors (occupied --output, bad --dtype/--max-shard-size, unexportable model,
+# import over a checkpoint, a config.json no Megatron flag describes).
 set -u
 BIN=${1:?usage: export_cli_test.sh path/to/megatron source-dir}
 SRC=${2:?usage: export_cli_test.sh path/to/megatron source-dir}
@@ -39,7 +42,7 @@ LLAMA=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-att
   --untie-embeddings-and-output-weights --rotary-interleaved --bf16)
 
 mpirun -n 2 --oversubscribe "$BIN" train "${COMMON[@]}" "${LLAMA[@]}" --tensor-model-parallel-size 2 \
-  --train-iters 600 --save "$TMP/llama" >"$TMP/llama.log" 2>&1 || { fail "train llama (TP 2)"; tail -20 "$TMP/llama.log"; }
+  --train-iters 600 --save "$TMP/llama" --metrics-file "$TMP/llama.jsonl" >"$TMP/llama.log" 2>&1 || { fail "train llama (TP 2)"; tail -20 "$TMP/llama.log"; }
 
 # Default dtype after --bf16 is bf16; --dtype fp32 for the exact comparison.
 "$BIN" export --load "$TMP/llama" --output "$TMP/hf-bf16" >"$TMP/e1.log" 2>&1 || { fail "export bf16"; cat "$TMP/e1.log"; }
@@ -67,6 +70,31 @@ else
   theirs16=$(/usr/bin/python3 "$REF" "$TMP/hf-bf16" greedy "$P1" 8)
   [ "$ours" = "$theirs16" ] || echo "note: the bf16 export continues '$theirs16' (bf16 rounding of the weights)"
 fi
+
+# Import the export back: the same continuation (the interleaved RoPE came
+# back as rotate-half with permuted q/k rows: the same function), and
+# fine-tuning starts from the trained loss, on 2 TP ranks again.
+"$BIN" import --hf "$TMP/hf" --save "$TMP/imp" >"$TMP/i1.log" 2>&1 || { fail "import"; cat "$TMP/i1.log"; }
+grep -q "LlamaForCausalLM" "$TMP/i1.log" && grep -q "NullTokenizer" "$TMP/i1.log" || { fail "import summary"; cat "$TMP/i1.log"; }
+back=$("$BIN" generate --load "$TMP/imp" --prompt "$P1" --temperature 0 --max-new-tokens 8 2>/dev/null)
+[ -n "$back" ] && [ "$back" = "$ours" ] || fail "imported model continues '$back', the original '$ours'"
+echo "llama greedy after export + import: '$back'"
+mpirun -n 2 --oversubscribe "$BIN" train "${COMMON[@]}" --load "$TMP/imp" --finetune --use-checkpoint-args \
+  --tensor-model-parallel-size 2 --train-iters 6 --lr-warmup-iters 1 --log-interval 1 --save "$TMP/ft" --metrics-file "$TMP/ft.jsonl" \
+  >"$TMP/ft.log" 2>&1 || { fail "fine-tune the imported model"; tail -20 "$TMP/ft.log"; }
+python3 -c "
+import json,sys
+first=[json.loads(l) for l in open(sys.argv[1]) if 'lm_loss' in l][0]
+trained=[json.loads(l) for l in open(sys.argv[2]) if 'lm_loss' in l][-1]
+print('fine-tune from the import: first loss %.3f, the trained run ended at %.3f (ln 510 = 6.23)' % (first['lm_loss'], trained['lm_loss']))
+assert first['iteration']==1 and first['lm_loss'] < 0.5*6.23, first
+" "$TMP/ft.jsonl" "$TMP/llama.jsonl" || fail "fine-tuning did not start from the imported weights"
+"$BIN" import --hf "$TMP/hf" --save "$TMP/imp" 2>"$TMP/err"; rc=$?
+[ $rc = 2 ] && grep -q "already holds a checkpoint" "$TMP/err" || { fail "import over a checkpoint: rc $rc"; cat "$TMP/err"; }
+mkdir -p "$TMP/badhf" && echo '{"architectures": ["LlamaForCausalLM"], "hidden_act": "relu"}' >"$TMP/badhf/config.json"
+"$BIN" import --hf "$TMP/badhf" --save "$TMP/imp2" 2>"$TMP/err"; rc=$?
+[ $rc = 2 ] && grep -q 'hidden_act "relu"' "$TMP/err" && grep -q '"hidden_size" is missing' "$TMP/err" \
+  && [ ! -e "$TMP/imp2/latest_checkpointed_iteration.txt" ] || { fail "import of a bad config.json: rc $rc"; cat "$TMP/err"; }
 
 # GPT-2 style (LayerNorm, GELU, learned positions, tied embeddings), one rank.
 "$BIN" train "${COMMON[@]}" --num-layers 2 --hidden-size 64 --num-attention-heads 4 --train-iters 600 \

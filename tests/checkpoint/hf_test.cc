@@ -17,6 +17,10 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/hf.h"
+#include "core/flags.h"
+#include <fmt/format.h>
+#include <cstring>
+#include <map>
 #include "core/safetensors.h"
 #include "model/gpt.h"
 
@@ -324,6 +328,197 @@ TEST(HfExportArch, RefusesModelsNoTransformersClassComputes) {
   c = gpt2_cfg();
   c.position_embedding = model::PositionEmbedding::kRope;
   EXPECT_NE(why(c).find("GPT2LMHeadModel needs"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mt::checkpoint
+
+namespace mt::checkpoint {
+namespace {
+
+// Import is the export's inverse: export a model, import the directory
+// (config.json -> Megatron flags, files -> parameters), and get the same
+// function (logits); and where the transformers form has the same
+// parametrisation (not --apply-layernorm-1p, --rotary-interleaved, or a
+// GPT-2 without biases), the same parameters bit for bit (Megatron's padding
+// rows: copies of the last row).
+class HfRoundTrip : public ::testing::TestWithParam<int> {};
+
+TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
+  const Case c = cases()[static_cast<size_t>(GetParam())];
+  SCOPED_TRACE(c.name);
+  auto m = random_model(c.cfg, 1);
+  const std::string dir = artifacts() + "/roundtrip_" + c.name;
+  fs::remove_all(dir);
+  HfTokenizerInfo info;
+  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  HfExportOptions eo;
+  eo.max_shard_bytes = 30000;  // several shards: the index is read back too
+  ASSERT_TRUE(export_hf(*m, info, eo, dir).is_ok());
+
+  auto flags = hf_import_flags(read_json(dir + "/config.json"), dir + "/config.json");
+  ASSERT_TRUE(flags.is_ok()) << flags.status().message();
+  EXPECT_STREQ(hf_arch_name(flags->arch), c.arch);
+  EXPECT_EQ(flags->vocab_size, 91);
+  ModelConfig mc;
+  FlagSet fs_("import");
+  model::register_model_flags(fs_, mc);
+  std::string joined;
+  for (const auto& t : flags->flags) joined += t + " ";
+  ASSERT_TRUE(fs_.parse(flags->flags).is_ok()) << joined;
+  mc.seq_length = c.cfg.seq_length, mc.vocab_size = 91, mc.make_vocab_size_divisible_by = 16;
+  model::GPTOptions opt;
+  auto m2 = model::GPTModel::create(mc, opt);
+  ASSERT_TRUE(m2.is_ok()) << m2.status().message() << " from " << joined;
+  std::vector<std::string> notes;
+  Status st = hf_import_weights(dir, flags->arch, **m2, &notes);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  const bool same_form = !c.cfg.apply_layernorm_1p && !c.cfg.rotary_interleaved &&
+                         !(flags->arch == HfArch::kGpt2 && !c.cfg.add_bias_linear);
+  if (same_form) ASSERT_EQ((*m2)->specs().size(), m->specs().size()) << joined;
+  for (size_t i = 0; same_form && i < m->specs().size(); ++i) {
+    const std::string& name = m->specs()[i].name;
+    ASSERT_EQ((*m2)->specs()[i].name, name);
+    const Tensor a = m->params()[i], b = (*m2)->params()[i];
+    ASSERT_EQ(a.numel(), b.numel()) << name;
+    const bool vocab = name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
+    const int64_t h = c.cfg.hidden_size;
+    for (int64_t k = 0; k < a.numel(); ++k) {
+      const int64_t row = vocab ? k / h : 0;
+      const float want = vocab && row >= 91 ? a.ptr<float>()[90 * h + k % h] : a.ptr<float>()[k];
+      if (b.ptr<float>()[k] != want) {
+        ADD_FAILURE() << name << " element " << k << ": " << b.ptr<float>()[k] << " != " << want;
+        break;
+      }
+    }
+  }
+  // The same function: logits over the real vocabulary agree exactly.
+  const int64_t T = c.cfg.seq_length;
+  std::vector<int32_t> tok(static_cast<size_t>(T)), lab(tok.size(), 0);
+  for (int64_t i = 0; i < T; ++i) tok[static_cast<size_t>(i)] = static_cast<int32_t>((i * 29 + 3) % 91);
+  Tensor tt(tok.data(), {1, T}, DType::kI32), lt(lab.data(), {1, T}, DType::kI32);
+  m->forward(0, tt, lt, 0, false);
+  (*m2)->forward(0, tt, lt, 0, false);
+  const Tensor l1 = m->logits(0), l2 = (*m2)->logits(0);
+  double diff = 0, mag = 0;
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t v = 0; v < 91; ++v) {
+      const double x = l1.ptr<float>()[r * l1.dim(1) + v], y = l2.ptr<float>()[r * l2.dim(1) + v];
+      diff = std::max(diff, std::abs(x - y)), mag = std::max(mag, std::abs(x));
+    }
+  if (same_form) EXPECT_EQ(diff, 0) << "same parameters, same logits";
+  EXPECT_LT(diff / mag, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 6), [](const auto& p) {
+  return std::string(cases()[static_cast<size_t>(p.param)].name);
+});
+
+TEST(HfImport, RefusesWhatNoMegatronFlagExpresses) {
+  auto why = [](const char* text) {
+    auto r = hf_import_flags(nlohmann::json::parse(text), "config.json");
+    EXPECT_FALSE(r.is_ok()) << text;
+    return r.is_ok() ? std::string() : r.status().message();
+  };
+  const std::string a = why(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 100, "hidden_act": "gelu",
+      "attention_bias": true, "mlp_bias": false, "rope_scaling": {"rope_type": "yarn", "factor": 4}})");
+  EXPECT_NE(a.find("hidden_act \"gelu\""), std::string::npos) << a;
+  EXPECT_NE(a.find("attention_bias and mlp_bias differ"), std::string::npos) << a;
+  EXPECT_NE(a.find("yarn"), std::string::npos) << a;
+  EXPECT_NE(why(R"({"architectures": ["MistralForCausalLM"]})").find("MistralForCausalLM"), std::string::npos);
+  EXPECT_NE(why(R"({"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2, "n_head": 4,
+      "n_positions": 32, "vocab_size": 100, "activation_function": "relu"})").find("relu"), std::string::npos);
+  EXPECT_NE(why(R"({"architectures": ["GPT2LMHeadModel"], "n_layer": 2})").find("\"n_embd\" is missing"),
+            std::string::npos);
+}
+
+// Files from elsewhere: GPT-2's Hub naming (no "transformer." prefix, the
+// attention-mask buffers), F16 weights; tensors that do not fit are named.
+TEST(HfImport, ReadsHubGpt2NamingAndF16AndNamesWhatDoesNotFit) {
+  auto m = random_model(gpt2_cfg(), 1);
+  const std::string dir = artifacts() + "/hub_gpt2";
+  fs::remove_all(dir);
+  HfTokenizerInfo info;
+  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  ASSERT_TRUE(export_hf(*m, info, {}, dir).is_ok());
+  // Rewrite model.safetensors as the Hub stores GPT-2: names without the
+  // prefix, F16 values, plus the causal-mask buffers.
+  auto orig = read_safetensors(dir + "/model.safetensors");
+  ASSERT_TRUE(orig.is_ok());
+  auto to_half = [](float f) -> uint16_t {  // round to nearest (values here are normal and small)
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    const int ex = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
+    uint32_t man = u & 0x7fffffu;
+    if (ex <= 0) return static_cast<uint16_t>(sign);  // flush tiny values
+    uint32_t h = sign | (static_cast<uint32_t>(ex) << 10) | (man >> 13);
+    if ((man & 0x1fffu) > 0x1000u || ((man & 0x1fffu) == 0x1000u && (h & 1u))) ++h;
+    return static_cast<uint16_t>(h);
+  };
+  std::string header = "{";
+  std::string blob;
+  bool first = true;
+  auto put = [&](const std::string& name, const std::string& dtype, const Shape& s, const std::string& bytes) {
+    std::string shape;
+    for (int k = 0; k < s.ndim; ++k) shape += (k ? "," : "") + std::to_string(s[k]);
+    header += fmt::format("{}\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", first ? "" : ",", name,
+                          dtype, shape, blob.size(), blob.size() + bytes.size());
+    blob += bytes;
+    first = false;
+  };
+  std::map<std::string, std::vector<float>> halves;  // what the F16 values are, as floats
+  for (const auto& [name, t] : orig->tensors) {
+    std::string bytes(static_cast<size_t>(t.numel()) * 2, '\0');
+    for (int64_t k = 0; k < t.numel(); ++k) {
+      const uint16_t hv = to_half(t.ptr<float>()[k]);
+      std::memcpy(bytes.data() + 2 * k, &hv, 2);
+    }
+    put(name.substr(std::string("transformer.").size()), "F16", t.shape(), bytes);
+  }
+  put("h.0.attn.bias", "F32", Shape{1, 1, 4, 4}, std::string(64, '\0'));
+  put("h.1.attn.masked_bias", "F32", Shape{1}, std::string(4, '\0'));
+  header += "}";
+  {
+    std::ofstream f(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << blob;
+  }
+  auto flags = hf_import_flags(read_json(dir + "/config.json"), "config.json");
+  ASSERT_TRUE(flags.is_ok());
+  ModelConfig mc;
+  FlagSet fl("import");
+  model::register_model_flags(fl, mc);
+  ASSERT_TRUE(fl.parse(flags->flags).is_ok());
+  mc.seq_length = 10, mc.vocab_size = 91, mc.make_vocab_size_divisible_by = 16;
+  auto m2 = model::GPTModel::create(mc, {});
+  ASSERT_TRUE(m2.is_ok());
+  Status st = hf_import_weights(dir, flags->arch, **m2, nullptr);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  // Parameters equal the original rounded to fp16 (ln weights: 1 + noise).
+  const float* w = (*m2)->param("decoder.layers.1.mlp.linear_fc2.weight").ptr<float>();
+  const float* w0 = m->param("decoder.layers.1.mlp.linear_fc2.weight").ptr<float>();
+  double worst = 0;  // the error over fp16's: half an ulp relative, values below 2^-14 flushed to 0
+  for (int64_t k = 0; k < (*m2)->param("decoder.layers.1.mlp.linear_fc2.weight").numel(); ++k)
+    worst = std::max(worst, std::abs(double(w[k]) - w0[k]) / (std::abs(double(w0[k])) * 0.000489 + 6.2e-5));
+  EXPECT_LE(worst, 1.0);
+  EXPECT_GT(worst, 0) << "the F16 file was read";
+
+  // A tensor the model has no place for is named.
+  ModelConfig small = mc;
+  small.num_layers = 1;
+  auto m3 = model::GPTModel::create(small, {});
+  ASSERT_TRUE(m3.is_ok());
+  st = hf_import_weights(dir, flags->arch, **m3, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("h.1.ln_1.weight"), std::string::npos) << st.message();
+  // A truncated file is a clear error, not a crash.
+  fs::resize_file(dir + "/model.safetensors", fs::file_size(dir + "/model.safetensors") - 100);
+  st = hf_import_weights(dir, flags->arch, **m2, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
 }
 
 }  // namespace
