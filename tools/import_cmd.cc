@@ -30,14 +30,14 @@ int import_main(const std::vector<std::string>& args) {
                 "Reads a Hugging Face transformers model directory (config.json, model.safetensors or its shards) of\n"
                 "GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM and writes it as a megatron-cpp checkpoint\n"
                 "(iteration 0) with the equivalent Megatron model flags. Then: megatron generate --load SAVE, or\n"
-                "megatron train --load SAVE --finetune --use-checkpoint-args ... under any parallel layout.\n"
-                "The tokenizer is found in the directory (vocab.json + merges.txt: GPT2BPETokenizer; tokenizer.model:\n"
-                "SentencePieceTokenizer) unless --tokenizer-type says; otherwise NullTokenizer over the vocabulary.\n"
+                "megatron train --load SAVE --finetune with the model flags it prints, under any parallel layout.\n"
+                "The tokenizer is found in the directory (GPT-2: vocab.json + merges.txt; tokenizer.model: SentencePiece)\n"
+                "unless --tokenizer-type says; otherwise NullTokenizer over the vocabulary (EOD: eos_token_id).\n"
                 "Exit code 0: written; 2: bad flags, files or a model no Megatron flag describes; 1: I/O.");
   flags.section("import");
   flags.add_string("hf", &hf, "the transformers model directory (required)");
   flags.add_string("save", &save, "new checkpoint directory (required; must not hold a checkpoint)");
-  flags.add_int("seq-length", &seq_length, "--seq-length stored with the model (default: its max_position_embeddings)",
+  flags.add_int("seq-length", &seq_length, "--seq-length stored with the model (default: its max_position_embeddings, at most 4096)",
                 1, int64_t{1} << 24);
   flags.add_int("make-vocab-size-divisible-by", &divisible_by, "Megatron's vocabulary padding multiple (default 128)", 1,
                 int64_t{1} << 20);
@@ -69,12 +69,11 @@ int import_main(const std::vector<std::string>& args) {
 
   // config.json -> Megatron's model flags.
   const fs::path cfg_path = dir / "config.json";
-  std::ifstream in(cfg_path);
-  if (!in) return error(fmt::format("--hf {}: no config.json there", hf));
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json cfg = nlohmann::json::parse(text.str(), nullptr, false);
-  if (cfg.is_discarded()) return error(fmt::format("'{}' is not valid JSON", cfg_path.string()));
+  auto cfg_read = checkpoint::hf_read_json(cfg_path.string());
+  if (!cfg_read)
+    return error(cfg_read.status().code() == StatusCode::kNotFound ? fmt::format("--hf {}: no config.json there", hf)
+                                                                    : cfg_read.status().message());
+  const nlohmann::json& cfg = *cfg_read;
   auto model_flags = checkpoint::hf_import_flags(cfg, cfg_path.string());
   if (!model_flags) return error(model_flags.status().message());
   std::vector<std::string> argv = model_flags->flags;
@@ -83,8 +82,12 @@ int import_main(const std::vector<std::string>& args) {
   std::vector<std::string> notes;
   auto here = [&](const char* f) { return fs::exists(dir / f, ec); };
   auto abs = [&](const std::string& p) { return fs::absolute(p, ec).string(); };
+  if (tokenizer_type.empty() && (!vocab_file.empty() || !merge_file.empty() || !tokenizer_model.empty()))
+    return error("--vocab-file/--merge-file/--tokenizer-model need --tokenizer-type (which tokenizer reads them)");
   if (tokenizer_type.empty()) {
-    if (here("vocab.json") && here("merges.txt")) {
+    // GPT-2's byte-level BPE only for GPT-2 itself: other models' vocab.json
+    // pairs with pre-tokenisers (and added tokens) GPT2BPETokenizer lacks.
+    if (model_flags->arch == checkpoint::HfArch::kGpt2 && here("vocab.json") && here("merges.txt")) {
       tokenizer_type = "GPT2BPETokenizer";
       vocab_file = (dir / "vocab.json").string(), merge_file = (dir / "merges.txt").string();
     } else if (here("tokenizer.model")) {
@@ -92,21 +95,31 @@ int import_main(const std::vector<std::string>& args) {
       tokenizer_model = (dir / "tokenizer.model").string();
     } else {
       tokenizer_type = "NullTokenizer";
-      notes.push_back(fmt::format("no vocab.json + merges.txt or tokenizer.model in {}: NullTokenizer over {} ids "
-                                  "(give --tokenizer-type and its files for text)",
+      notes.push_back(fmt::format("no tokenizer this build reads in {} (GPT-2's vocab.json + merges.txt, or a "
+                                  "SentencePiece tokenizer.model): NullTokenizer over {} ids; give --tokenizer-type "
+                                  "and its files for text",
                                   hf, model_flags->vocab_size));
     }
   }
   argv.insert(argv.end(), {"--tokenizer-type", tokenizer_type});
-  if (tokenizer_type == "NullTokenizer") argv.insert(argv.end(), {"--vocab-size", std::to_string(model_flags->vocab_size)});
+  if (tokenizer_type == "NullTokenizer") {
+    argv.insert(argv.end(), {"--vocab-size", std::to_string(model_flags->vocab_size)});
+    // The model's end-of-sequence id as EOD (NullTokenizer's default is the last id).
+    if (cfg.contains("eos_token_id") && cfg["eos_token_id"].is_number_integer()) {
+      const int64_t eos = cfg["eos_token_id"].get<int64_t>();
+      if (eos >= 0 && eos < model_flags->vocab_size && eos != model_flags->vocab_size - 1)
+        argv.insert(argv.end(), {"--null-tokenizer-eod-id", std::to_string(eos)});
+    }
+  }
   if (!vocab_file.empty()) argv.insert(argv.end(), {"--vocab-file", abs(vocab_file)});
   if (!merge_file.empty()) argv.insert(argv.end(), {"--merge-file", abs(merge_file)});
   if (!tokenizer_model.empty()) argv.insert(argv.end(), {"--tokenizer-model", abs(tokenizer_model)});
-  // --seq-length: the given one, else the model's positions.
+  // --seq-length: the given one, else the model's positions up to 4096.
   int64_t max_pos = 0;
   for (size_t i = 0; i + 1 < argv.size(); ++i)
-    if (argv[i] == "--max-position-embeddings") max_pos = std::stoll(argv[i + 1]);
-  argv.insert(argv.end(), {"--seq-length", std::to_string(seq_length.value_or(max_pos))});
+    if (argv[i] == "--max-position-embeddings") max_pos = std::stoll(argv[i + 1]);  // written by hf_import_flags
+  argv.insert(argv.end(), {"--seq-length", std::to_string(seq_length.value_or(std::min<int64_t>(max_pos, 4096)))});
+  if (cfg.contains("torch_dtype") && cfg["torch_dtype"] == "bfloat16") argv.push_back("--bf16");
   if (divisible_by) argv.insert(argv.end(), {"--make-vocab-size-divisible-by", std::to_string(*divisible_by)});
 
   auto rebuilt = infer::config_from_training_argv(argv, "megatron import");
@@ -131,14 +144,17 @@ int import_main(const std::vector<std::string>& args) {
   for (const auto& n : notes) std::printf("note: %s\n", n.c_str());
   int64_t params = 0;
   for (const auto& p : (*m)->params()) params += p.numel();
-  std::string joined;
-  for (const auto& t : model_flags->flags) joined += " " + t;
   std::printf("imported %s (%s, %lld parameters, vocabulary %lld padded to %lld) into %s, iteration 0\n", hf.c_str(),
               checkpoint::hf_arch_name(model_flags->arch), static_cast<long long>(params),
               static_cast<long long>(rebuilt->tokenizer->vocab_size()), static_cast<long long>((*m)->vocab()),
               save.c_str());
-  std::printf("model flags:%s\n", joined.c_str());
-  std::printf("next: megatron train --load %s --finetune --use-checkpoint-args [data and training flags]\n", save.c_str());
+  // Megatron's --use-checkpoint-args does not take every model flag (the
+  // norm epsilon, RoPE scaling, the GELU form, the tokenizer files): the
+  // fine-tuning command spells them all out.
+  std::string all;
+  for (const auto& t : argv) all += " " + (t.find(' ') == std::string::npos ? t : "'" + t + "'");
+  std::printf("generate: megatron generate --load %s --prompt TEXT\n", save.c_str());
+  std::printf("fine-tune: megatron train --load %s --finetune%s [data and training flags]\n", save.c_str(), all.c_str());
   return 0;
 }
 

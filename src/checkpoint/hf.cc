@@ -439,6 +439,38 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
 
 // ---- Import ----------------------------------------------------------------
 
+namespace {
+
+// A JSON value from an untrusted file, short and without recursion (dump()
+// recurses: a deeply nested value would exhaust the stack).
+std::string brief(const nlohmann::json& v) {
+  if (v.is_primitive()) {
+    std::string s = v.dump();
+    return s.size() > 80 ? s.substr(0, 80) + "..." : s;
+  }
+  if (v.is_array() && v.size() == 1 && v[0].is_string()) return v.dump().substr(0, 80);
+  return fmt::format("a JSON {} of {} entries", v.type_name(), v.size());
+}
+
+}  // namespace
+
+Result<nlohmann::json> hf_read_json(const std::string& path, int64_t max_bytes) {
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) return Status::not_found(fmt::format("'{}' does not exist", path));
+  if (!fs::is_regular_file(st)) return Status::invalid(fmt::format("'{}' is not a regular file", path));
+  const auto size = fs::file_size(path, ec);
+  if (ec || static_cast<int64_t>(size) > max_bytes)
+    return Status::invalid(fmt::format("'{}' is {} bytes; a JSON file here is at most {}", path, size, max_bytes));
+  std::ifstream in(path, std::ios::binary);
+  std::string text(static_cast<size_t>(size), '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(size)))
+    return Status::io_error(fmt::format("cannot read '{}'", path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return Status::corrupt(fmt::format("'{}' is not valid JSON", path));
+  return j;
+}
+
 Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string& where) {
   using nlohmann::json;
   std::vector<std::string> why;
@@ -449,7 +481,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       return def;
     }
     if (!j[key].is_number()) {
-      why.push_back(fmt::format("\"{}\" is {}, expected a number", key, j[key].dump()));
+      why.push_back(fmt::format("\"{}\" is {}, expected a number", key, brief(j[key])));
       return def;
     }
     return j[key].get<double>();
@@ -466,13 +498,18 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
   auto flag_b = [&](const char* key, bool def) {
     if (!j.contains(key) || j[key].is_null()) return def;
     if (!j[key].is_boolean()) {
-      why.push_back(fmt::format("\"{}\" is {}, expected true or false", key, j[key].dump()));
+      why.push_back(fmt::format("\"{}\" is {}, expected true or false", key, brief(j[key])));
       return def;
     }
     return j[key].get<bool>();
   };
   auto str = [&](const char* key, const std::string& def) {
-    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : def;
+    if (!j.contains(key) || j[key].is_null()) return def;
+    if (!j[key].is_string()) {
+      why.push_back(fmt::format("\"{}\" is {}, expected a string", key, brief(j[key])));
+      return def;
+    }
+    return j[key].get<std::string>().substr(0, 60);
   };
   auto fmt_num = [](double v) { return fmt::format("{}", v); };
   std::string arch_name;
@@ -513,7 +550,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     const int64_t g = integer("num_key_value_heads", a);
     const int64_t d = integer("head_dim", a > 0 ? std::optional<int64_t>(h / a) : std::nullopt);
     out.vocab_size = integer("vocab_size", std::nullopt);
-    const int64_t P = integer("max_position_embeddings", 2048);
+    const int64_t P = integer("max_position_embeddings", qwen ? 32768 : 2048);  // the two configs' defaults
     if (str("hidden_act", "silu") != "silu")
       why.push_back(fmt::format("hidden_act \"{}\" (Megatron's SwiGLU gates with silu)", str("hidden_act", "")));
     if (a > 0 && g > 0 && a % g) why.push_back(fmt::format("{} heads do not split into {} key/value groups", a, g));
@@ -527,39 +564,58 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     if (a > 0 && d != h / a) add("--kv-channels", std::to_string(d));
     add("--normalization", "RMSNorm"), add("--swiglu"), add("--position-embedding-type", "rope");
     add("--norm-epsilon", fmt_num(num("rms_norm_eps", 1e-6).value_or(1e-6)));
-    add("--rotary-base", fmt_num(num("rope_theta", 10000.0).value_or(10000.0)));
     add("--max-position-embeddings", std::to_string(P));
     add("--hidden-dropout", "0");
     add("--attention-dropout", fmt_num(num("attention_dropout", 0.0).value_or(0.0)));
     if (qwen) add("--disable-bias-linear"), add("--add-qkv-bias");
     else if (!attn_bias) add("--disable-bias-linear");
     if (!flag_b("tie_word_embeddings", false)) add("--untie-embeddings-and-output-weights");
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-      const json& rs = j["rope_scaling"];
-      const std::string kind = rs.is_object() ? (rs.contains("rope_type") && rs["rope_type"].is_string()
-                                                     ? rs["rope_type"].get<std::string>()
-                                                     : rs.contains("type") && rs["type"].is_string() ? rs["type"].get<std::string>() : "")
-                                              : "";
-      auto rnum = [&](const char* k) -> std::optional<double> {
-        if (!rs.contains(k) || !rs[k].is_number()) return std::nullopt;
-        return rs[k].get<double>();
+    // RoPE: rope_theta and rope_scaling (transformers 4.x), or one
+    // rope_parameters object (transformers 5), which wins; rope_type
+    // "default" (or none) is plain RoPE.
+    const json* rp = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? &j["rope_parameters"] : nullptr;
+    const json* rs = rp ? rp : j.contains("rope_scaling") && !j["rope_scaling"].is_null() ? &j["rope_scaling"] : nullptr;
+    double theta = num("rope_theta", 10000.0).value_or(10000.0);
+    if (rp && rp->contains("rope_theta")) {
+      if ((*rp)["rope_theta"].is_number())
+        theta = (*rp)["rope_theta"].get<double>();
+      else
+        why.push_back(fmt::format("rope_parameters.rope_theta is {}, expected a number", brief((*rp)["rope_theta"])));
+    }
+    add("--rotary-base", fmt_num(theta));
+    if (rs && !rs->is_object()) {
+      why.push_back(fmt::format("rope_scaling is {}, expected an object or null", brief(*rs)));
+    } else if (rs) {
+      auto rstr = [&](const char* k) {
+        return rs->contains(k) && (*rs)[k].is_string() ? (*rs)[k].get<std::string>() : std::string();
       };
-      if (kind == "llama3") {
+      const std::string kind = !rstr("rope_type").empty() ? rstr("rope_type") : !rstr("type").empty() ? rstr("type") : "default";
+      auto rnum = [&](const char* k) -> std::optional<double> {
+        if (!rs->contains(k) || !(*rs)[k].is_number()) return std::nullopt;
+        return (*rs)[k].get<double>();
+      };
+      const auto fac = rnum("factor");
+      if (kind == "default") {
+      } else if (kind == "llama3") {
         if (rnum("low_freq_factor") != 1.0 || rnum("high_freq_factor") != 4.0 ||
-            rnum("original_max_position_embeddings") != 8192.0 || !rnum("factor"))
-          why.push_back(fmt::format("rope_scaling {} (Megatron's --use-rope-scaling has low/high frequency factors 1 and 4 "
-                                    "and an original context of 8192)",
-                                    rs.dump()));
+            rnum("original_max_position_embeddings") != 8192.0 || !fac)
+          why.push_back(fmt::format("rope_type llama3 with factor {}, low_freq_factor {}, high_freq_factor {}, "
+                                    "original_max_position_embeddings {} (Megatron's --use-rope-scaling has 1, 4 and 8192)",
+                                    fac.value_or(0), rnum("low_freq_factor").value_or(0),
+                                    rnum("high_freq_factor").value_or(0), rnum("original_max_position_embeddings").value_or(0)));
         else
-          add("--use-rope-scaling"), add("--rope-scaling-factor", fmt_num(*rnum("factor")));
+          add("--use-rope-scaling"), add("--rope-scaling-factor", fmt_num(*fac));
       } else if (kind == "linear") {
-        const auto fac = rnum("factor");
-        if (!fac || *fac != std::floor(*fac) || *fac < 1)
-          why.push_back(fmt::format("rope_scaling {} (--rotary-seq-len-interpolation-factor takes an integer)", rs.dump()));
+        if (!fac || *fac != std::floor(*fac) || *fac < 1 || *fac > 1e6)
+          why.push_back(fmt::format("rope_type linear with factor {} (--rotary-seq-len-interpolation-factor takes an "
+                                    "integer)",
+                                    fac.value_or(0)));
         else
           add("--rotary-seq-len-interpolation-factor", std::to_string(static_cast<int64_t>(*fac)));
       } else {
-        why.push_back(fmt::format("rope_scaling {} (only \"llama3\" and \"linear\" have Megatron flags)", rs.dump()));
+        why.push_back(fmt::format("rope_type \"{}\" (only \"default\", \"llama3\" and \"linear\" have Megatron "
+                                  "flags)",
+                                  kind.substr(0, 40)));
       }
     }
     if (j.contains("partial_rotary_factor") && j["partial_rotary_factor"].is_number() &&
@@ -568,7 +624,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
   } else {
     why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM and "
                               "Qwen2ForCausalLM)",
-                              j.contains("architectures") ? j["architectures"].dump() : "missing"));
+                              j.contains("architectures") ? brief(j["architectures"]) : "missing"));
   }
   if (!why.empty()) {
     std::string msg = fmt::format("{}: cannot be imported:", where);
@@ -585,16 +641,18 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
   std::vector<std::string> files;
   std::error_code ec;
   if (fs::exists(root / "model.safetensors.index.json", ec)) {
-    std::ifstream in(root / "model.safetensors.index.json");
-    const nlohmann::json idx = nlohmann::json::parse(in, nullptr, false);
-    if (idx.is_discarded() || !idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object())
+    auto read = hf_read_json((root / "model.safetensors.index.json").string(), int64_t{64} << 20);
+    if (!read) return read.status();
+    const nlohmann::json& idx = *read;
+    if (!idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object())
       return Status::corrupt(fmt::format("'{}': expected a JSON object with a \"weight_map\" object",
                                          (root / "model.safetensors.index.json").string()));
     std::set<std::string> seen;
     for (const auto& [name, file] : idx["weight_map"].items()) {
       if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
         return Status::corrupt(fmt::format("'{}': weight_map[\"{}\"] is {}, expected a file name in the directory",
-                                           (root / "model.safetensors.index.json").string(), name, file.dump()));
+                                           (root / "model.safetensors.index.json").string(), name.substr(0, 200),
+                                           brief(file)));
       if (seen.insert(file.get<std::string>()).second) files.push_back(file.get<std::string>());
     }
   } else if (fs::exists(root / "model.safetensors", ec)) {
@@ -630,6 +688,7 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
   if (et.shape.ndim != 2 || et.shape[1] != h)
     return Status::invalid(fmt::format("'{}': {} has shape {}, expected [vocab, {}]", dir, embed, et.shape.str(), h));
   const int64_t file_rows = et.shape[0], rows = std::min(file_rows, V);
+  if (file_rows < 1) return Status::invalid(fmt::format("'{}': {} has no rows", dir, embed));
   if (c.vocab_size && file_rows < *c.vocab_size)
     return Status::invalid(fmt::format("'{}': {} has {} rows but the tokenizer has {} tokens: use the model's own "
                                        "tokenizer",
@@ -639,10 +698,12 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
                                  "{}..{} are dropped",
                                  file_rows, V, c.vocab_size.value_or(0), V, file_rows - 1));
 
-  std::map<std::string, std::vector<uint8_t>> covered;
-  for (size_t i = 0; i < m.specs().size(); ++i)
-    covered[m.specs()[i].name].assign(static_cast<size_t>(m.params()[i].numel()), 0);
+  // Elements written per parameter: each map covers distinct elements (the
+  // round-trip tests check the table), so every element is set exactly once
+  // when the counts reach the sizes.
+  std::map<std::string, int64_t> written;
   std::set<std::string> used;
+  std::vector<float> vals;
   for (const HfMap& map : hf_maps(c, arch, rows)) {
     if (map.meg.empty()) continue;
     auto it = where.find(map.hf);
@@ -657,37 +718,34 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
     if (!(t.shape == want))
       return Status::invalid(fmt::format("'{}': tensor '{}' has shape {}, expected {} for this config.json",
                                          file.path(), it->second.second, t.shape.str(), want.str()));
-    if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16" && t.dtype != "F64")
-      return Status::invalid(fmt::format("'{}': tensor '{}' is {}, expected a floating dtype", file.path(),
-                                         it->second.second, t.dtype));
+    vals.resize(static_cast<size_t>(t.shape.numel()));
+    if (Status st = mapped_to_floats(t, vals.data()); !st)
+      return Status::invalid(fmt::format("'{}': tensor '{}': {}", file.path(), it->second.second, st.message()));
     const int i = m.find(map.meg);
     float* dst = m.params()[static_cast<size_t>(i)].ptr<float>();
-    std::vector<uint8_t>& cov = covered[map.meg];
     const int64_t n = static_cast<int64_t>(map.src.size()), C = map.cols;
     for (int64_t jj = 0; jj < n; ++jj)
       for (int64_t k = 0; k < C; ++k) {
-        const int64_t from = map.transposed ? k * n + jj : jj * C + k;
-        const size_t to = static_cast<size_t>(map.src[static_cast<size_t>(jj)] * C + k);
-        dst[to] = mapped_float(t, from) - map.add;
-        cov[to] += 1;
+        const float v = vals[static_cast<size_t>(map.transposed ? k * n + jj : jj * C + k)];
+        if (!std::isfinite(v))
+          return Status::invalid(fmt::format("'{}': tensor '{}' holds a non-finite value ({}) at element {}", file.path(),
+                                             it->second.second, v, map.transposed ? k * n + jj : jj * C + k));
+        dst[map.src[static_cast<size_t>(jj)] * C + k] = v - map.add;
       }
+    written[map.meg] += n * C;
   }
   // Megatron's padding rows: copies of the last row (Megatron's converter's choice).
   for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
     const int i = m.find(name);
     if (i < 0) continue;
     float* w = m.params()[static_cast<size_t>(i)].ptr<float>();
-    std::vector<uint8_t>& cov = covered[name];
-    for (int64_t r = rows; r < V; ++r)
-      for (int64_t k = 0; k < h; ++k) {
-        w[r * h + k] = w[(rows - 1) * h + k];
-        cov[static_cast<size_t>(r * h + k)] += 1;
-      }
+    for (int64_t r = rows; r < V; ++r) std::copy(w + (rows - 1) * h, w + rows * h, w + r * h);
+    written[name] += (V - rows) * h;
   }
-  for (const auto& [name, cov] : covered)
-    for (size_t k = 0; k < cov.size(); ++k)
-      if (cov[k] != 1)
-        return Status::internal(fmt::format("hf import: element {} of {} was set {} times", k, name, int(cov[k])));
+  for (size_t i = 0; i < m.specs().size(); ++i)
+    if (written[m.specs()[i].name] != m.params()[i].numel())
+      return Status::internal(fmt::format("hf import: {} of {} elements of {} were set", written[m.specs()[i].name],
+                                          m.params()[i].numel(), m.specs()[i].name));
   // Tensors left over: transformers' buffers are expected; anything else
   // would be a part of the model this build does not compute.
   std::vector<std::string> unknown;

@@ -131,6 +131,10 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
 // checkpoint converter does; rows the model has no room for are dropped with
 // a note. Settings no Megatron flag expresses are refused with every reason.
 
+// A JSON file from a model directory: a regular file of at most max_bytes,
+// parsed without exceptions (kCorrupt naming the file when it is not JSON).
+Result<nlohmann::json> hf_read_json(const std::string& path, int64_t max_bytes = int64_t{16} << 20);
+
 struct HfImportFlags {
   HfArch arch = HfArch::kGpt2;
   std::vector<std::string> flags;  // megatron train's model flags (no tokenizer, no --seq-length)

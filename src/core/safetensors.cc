@@ -111,11 +111,21 @@ Result<SafetensorsFile> read_safetensors(const std::string& path) {
 namespace {
 
 int mapped_dtype_size(const std::string& d) {
-  if (d == "F64" || d == "I64") return 8;
-  if (d == "F32" || d == "I32") return 4;
-  if (d == "F16" || d == "BF16" || d == "I16") return 2;
-  if (d == "I8" || d == "U8" || d == "BOOL") return 1;
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2" || d == "F8_E8M0") return 1;
   return 0;
+}
+
+// A JSON value from an untrusted file, short and without recursion (dump()
+// recurses: a deeply nested value would exhaust the stack).
+std::string json_brief(const nlohmann::json& v) {
+  if (v.is_primitive()) {
+    std::string s = v.dump();
+    return s.size() > 80 ? s.substr(0, 80) + "..." : s;
+  }
+  return fmt::format("a JSON {} of {} entries", v.type_name(), v.size());
 }
 
 }  // namespace
@@ -139,8 +149,12 @@ MappedSafetensors::~MappedSafetensors() {
 Result<MappedSafetensors> MappedSafetensors::open(const std::string& path) {
   MappedSafetensors f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::not_found(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+  // O_NONBLOCK: a FIFO in place of the file must not block the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const std::string msg = fmt::format("cannot open '{}': {}", path, std::strerror(errno));
+    return errno == ENOENT ? Status::not_found(msg) : Status::io_error(msg);
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -169,7 +183,7 @@ Result<MappedSafetensors> MappedSafetensors::open(const std::string& path) {
   for (const auto& [key, v] : h.items()) {
     if (key == "__metadata__") {
       if (!v.is_object()) return Status::corrupt(fmt::format("'{}': __metadata__ is not an object", path));
-      for (const auto& [k, val] : v.items()) f.metadata_[k] = val.is_string() ? val.get<std::string>() : val.dump();
+      for (const auto& [k, val] : v.items()) f.metadata_[k] = val.is_string() ? val.get<std::string>() : json_brief(val);
       continue;
     }
     const std::string where = fmt::format("'{}': tensor '{}'", path, key);
@@ -179,7 +193,7 @@ Result<MappedSafetensors> MappedSafetensors::open(const std::string& path) {
     MappedTensor t;
     t.dtype = v["dtype"].get<std::string>();
     const int es = mapped_dtype_size(t.dtype);
-    if (!es) return Status::corrupt(fmt::format("{}: unknown dtype {}", where, v["dtype"].dump()));
+    if (!es) return Status::corrupt(fmt::format("{}: unknown dtype {}", where, json_brief(v["dtype"])));
     if (v["shape"].size() > static_cast<size_t>(kMaxDims))
       return Status::corrupt(fmt::format("{}: {} dimensions (at most {})", where, v["shape"].size(), kMaxDims));
     uint64_t want = static_cast<uint64_t>(es);
@@ -203,6 +217,18 @@ Result<MappedSafetensors> MappedSafetensors::open(const std::string& path) {
     f.tensors_[key] = t;
   }
   return f;
+}
+
+Status mapped_to_floats(const MappedTensor& t, float* out) {
+  const int64_t n = t.shape.numel();
+  if (t.dtype == "F32") {
+    std::memcpy(out, t.data, static_cast<size_t>(n) * 4);
+  } else if (t.dtype == "BF16" || t.dtype == "F16" || t.dtype == "F64") {
+    for (int64_t i = 0; i < n; ++i) out[i] = mapped_float(t, i);
+  } else {
+    return Status::invalid(fmt::format("tensor of dtype {}: expected F32, BF16, F16 or F64", t.dtype));
+  }
+  return Status::ok();
 }
 
 float mapped_float(const MappedTensor& t, int64_t i) {

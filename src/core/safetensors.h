@@ -47,9 +47,10 @@ Result<SafetensorsFile> read_safetensors(const std::string& path);
 // and checked before anything is used: the header is a JSON object of
 // {dtype: string, shape: [non-negative ints, at most kMaxDims],
 // data_offsets: [begin <= end]} entries whose byte ranges lie inside the file
-// and match shape x dtype size (known dtypes: F64 F32 F16 BF16 I64 I32 I16
-// I8 U8 BOOL). Malformed input is a kCorrupt naming the file, the tensor and
-// the offset; nothing is read out of bounds.
+// and match shape x dtype size (known dtypes: F64 F32 F16 BF16 F8_E4M3
+// F8_E5M2 F8_E8M0 I64 I32 I16 I8 U64 U32 U16 U8 BOOL). Malformed input is a
+// kCorrupt naming the file, the tensor and the offset; nothing is read out of
+// bounds; a FIFO or device in place of the file is refused, not waited on.
 struct MappedTensor {
   std::string dtype;  // safetensors' name, e.g. "BF16"
   Shape shape;
@@ -81,5 +82,8 @@ class MappedSafetensors {
 
 // Element i of a floating tensor (F64, F32, F16, BF16) as a float.
 float mapped_float(const MappedTensor& t, int64_t i);
+// The whole tensor as floats into out[numel]; kInvalidArgument for a
+// non-floating dtype.
+Status mapped_to_floats(const MappedTensor& t, float* out);
 
 }  // namespace mt

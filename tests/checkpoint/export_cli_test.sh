@@ -79,7 +79,10 @@ grep -q "LlamaForCausalLM" "$TMP/i1.log" && grep -q "NullTokenizer" "$TMP/i1.log
 back=$("$BIN" generate --load "$TMP/imp" --prompt "$P1" --temperature 0 --max-new-tokens 8 2>/dev/null)
 [ -n "$back" ] && [ "$back" = "$ours" ] || fail "imported model continues '$back', the original '$ours'"
 echo "llama greedy after export + import: '$back'"
-mpirun -n 2 --oversubscribe "$BIN" train "${COMMON[@]}" --load "$TMP/imp" --finetune --use-checkpoint-args \
+# The fine-tuning command import prints, with this test's data and schedule.
+read -r -a FT <<<"$(sed -n 's/^fine-tune: megatron train --load [^ ]* --finetune \(.*\) \[data and training flags\]$/\1/p' "$TMP/i1.log")"
+[ ${#FT[@]} -gt 10 ] || { fail "import prints the fine-tuning flags"; cat "$TMP/i1.log"; }
+mpirun -n 2 --oversubscribe "$BIN" train "${FT[@]}" "${COMMON[@]}" --load "$TMP/imp" --finetune \
   --tensor-model-parallel-size 2 --train-iters 6 --lr-warmup-iters 1 --log-interval 1 --save "$TMP/ft" --metrics-file "$TMP/ft.jsonl" \
   >"$TMP/ft.log" 2>&1 || { fail "fine-tune the imported model"; tail -20 "$TMP/ft.log"; }
 python3 -c "

@@ -5,6 +5,7 @@
 // transformers reads; unexportable models are refused with every reason.
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cmath>
@@ -521,5 +522,168 @@ TEST(HfImport, ReadsHubGpt2NamingAndF16AndNamesWhatDoesNotFit) {
   EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
 }
 
+
+// config.json files as the Hub has them (defaults left out) give exactly
+// the Megatron flags of the same model.
+TEST(HfImport, HubConfigsGiveTheirMegatronFlags) {
+  auto flags = [](const char* text) {
+    auto r = hf_import_flags(nlohmann::json::parse(text), "config.json");
+    EXPECT_TRUE(r.is_ok()) << (r.is_ok() ? "" : r.status().message());
+    std::string out;
+    if (r.is_ok())
+      for (const auto& t : r->flags) out += (out.empty() ? "" : " ") + t;
+    return out;
+  };
+  // openai-community/gpt2
+  EXPECT_EQ(flags(R"({"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+      "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+      "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12,
+      "n_positions": 1024, "resid_pdrop": 0.1, "vocab_size": 50257})"),
+            "--num-layers 12 --hidden-size 768 --ffn-hidden-size 3072 --num-attention-heads 12 "
+            "--max-position-embeddings 1024 --norm-epsilon 1e-05 --hidden-dropout 0.1 --attention-dropout 0.1");
+  // meta-llama/Llama-2-7b-hf (no num_key_value_heads default needed; tie false by default)
+  EXPECT_EQ(flags(R"({"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+      "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama", "num_attention_heads": 32,
+      "num_hidden_layers": 32, "rms_norm_eps": 1e-05, "vocab_size": 32000, "torch_dtype": "float16"})"),
+            "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 11008 --num-attention-heads 32 "
+            "--normalization RMSNorm --swiglu --position-embedding-type rope --norm-epsilon 1e-05 "
+            "--max-position-embeddings 4096 --hidden-dropout 0 --attention-dropout 0 --disable-bias-linear "
+            "--untie-embeddings-and-output-weights --rotary-base 10000");
+  // Qwen/Qwen2-0.5B (defaults: max_position_embeddings 32768 when absent)
+  EXPECT_EQ(flags(R"({"architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 896,
+      "intermediate_size": 4864, "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+      "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+      "use_sliding_window": false, "vocab_size": 151936})"),
+            "--num-layers 24 --hidden-size 896 --ffn-hidden-size 4864 --num-attention-heads 14 "
+            "--group-query-attention --num-query-groups 2 --normalization RMSNorm --swiglu --position-embedding-type rope "
+            "--norm-epsilon 1e-06 --max-position-embeddings 32768 --hidden-dropout 0 "
+            "--attention-dropout 0 --disable-bias-linear --add-qkv-bias --rotary-base 1000000");
+  // Llama 3.1 in transformers 4.x, and the same in 5.x's rope_parameters.
+  const std::string l31 =
+      "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention "
+      "--num-query-groups 8 --normalization RMSNorm --swiglu --position-embedding-type rope --norm-epsilon 1e-05 "
+      "--max-position-embeddings 131072 --hidden-dropout 0 --attention-dropout 0 "
+      "--disable-bias-linear --untie-embeddings-and-output-weights --rotary-base 500000 --use-rope-scaling "
+      "--rope-scaling-factor 8";
+  EXPECT_EQ(flags(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+      "max_position_embeddings": 131072, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+      "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "vocab_size": 128256, "rope_scaling": {"factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+      "rope_type": "llama3"}})"),
+            l31);
+  EXPECT_EQ(flags(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+      "max_position_embeddings": 131072, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+      "rms_norm_eps": 1e-05, "vocab_size": 128256, "rope_parameters": {"rope_theta": 500000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+      "rope_type": "llama3"}})"),
+            l31);
+  // rope_type "default" is plain RoPE in either form.
+  const std::string plain = flags(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+      "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100, "rope_scaling": {"rope_type": "default"}})");
+  EXPECT_NE(plain.find("--rotary-base 10000"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("scaling"), std::string::npos) << plain;
+}
+
+// The vocabulary: more rows in the files than the model has are dropped
+// (with a note), fewer rows than the tokenizer's tokens are refused; BF16
+// files are read exactly.
+TEST(HfImport, VocabularyRowsAndBf16Files) {
+  auto m = random_model(llama_cfg(), 1);
+  const std::string dir = artifacts() + "/vocab_bf16";
+  fs::remove_all(dir);
+  HfTokenizerInfo info;
+  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  HfExportOptions eo;
+  eo.dtype = DType::kBF16, eo.keep_vocab_padding = true;  // 96 rows in the files
+  ASSERT_TRUE(export_hf(*m, info, eo, dir).is_ok());
+  auto flags = hf_import_flags(read_json(dir + "/config.json"), "config.json");
+  ASSERT_TRUE(flags.is_ok());
+  EXPECT_EQ(flags->vocab_size, 96);
+  auto model_for = [&](int64_t vocab, int64_t divisible) {
+    ModelConfig mc;
+    FlagSet fl("import");
+    model::register_model_flags(fl, mc);
+    EXPECT_TRUE(fl.parse(flags->flags).is_ok());
+    mc.seq_length = 10, mc.vocab_size = vocab, mc.make_vocab_size_divisible_by = divisible;
+    auto r = model::GPTModel::create(mc, {});
+    MT_CHECK(r.is_ok(), r.status().message());
+    return std::move(*r);
+  };
+  auto small = model_for(91, 1);  // 91 rows: 5 of the file's dropped
+  std::vector<std::string> notes;
+  Status st = hf_import_weights(dir, flags->arch, *small, &notes);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("96 vocabulary rows"), std::string::npos) << notes[0];
+  for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight", "decoder.layers.0.mlp.linear_fc1.weight"}) {
+    const Tensor a = m->param(name), b = small->param(name);
+    for (int64_t k = 0; k < b.numel(); ++k)
+      ASSERT_EQ(b.ptr<float>()[k], bf16_to_float(float_to_bf16(a.ptr<float>()[k]))) << name << " " << k;
+  }
+  auto big = model_for(100, 1);  // the tokenizer has more ids than the files have rows
+  st = hf_import_weights(dir, flags->arch, *big, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("the tokenizer has 100 tokens"), std::string::npos) << st.message();
+}
+
+// Malformed safetensors files: each a clear kCorrupt (or a refusal), never a
+// crash, an out-of-bounds read or a hang.
+TEST(HfImport, MalformedSafetensorsAreRefusedClearly) {
+  const std::string dir = artifacts() + "/bad_files";
+  fs::create_directories(dir);
+  auto file = [&](const std::string& name, const std::string& header, size_t data_bytes, int64_t claimed = -1) {
+    const std::string path = dir + "/" + name;
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    const uint64_t n = claimed >= 0 ? static_cast<uint64_t>(claimed) : header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << std::string(data_bytes, '\0');
+    return path;
+  };
+  struct Bad {
+    const char* name;
+    std::string header;
+    size_t data;
+    int64_t claimed;
+    const char* says;
+  };
+  const std::vector<Bad> bad = {
+      {"len.safetensors", "{}", 0, 1 << 20, "exceeds the file"},
+      {"array.safetensors", "[1, 2]", 0, -1, "not a JSON object"},
+      {"json.safetensors", "{\"a\": ", 0, -1, "not a JSON object"},
+      {"size.safetensors", R"({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 12]}})", 16, -1, "do not hold"},
+      {"past.safetensors", R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", 16, -1, "truncated"},
+      {"order.safetensors", R"({"w": {"dtype": "F32", "shape": [0], "data_offsets": [8, 4]}})", 16, -1, "begin <= end"},
+      {"neg.safetensors", R"({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", 16, -1, "non-negative"},
+      {"dtype.safetensors", R"({"w": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 1]}})", 16, -1, "unknown dtype"},
+      {"huge.safetensors", R"({"w": {"dtype": "F32", "shape": [4611686018427387904, 8], "data_offsets": [0, 4]}})", 16, -1,
+       "too large"},
+      {"type.safetensors", R"({"w": {"dtype": 7, "shape": [1], "data_offsets": [0, 4]}})", 16, -1, "expected an object"},
+  };
+  for (const Bad& b : bad) {
+    auto r = MappedSafetensors::open(file(b.name, b.header, b.data, b.claimed));
+    ASSERT_FALSE(r.is_ok()) << b.name;
+    EXPECT_NE(r.status().message().find(b.says), std::string::npos) << b.name << ": " << r.status().message();
+  }
+  // A FIFO where a file should be is refused at once (no blocking open).
+  const std::string fifo = dir + "/fifo.safetensors";
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto r = MappedSafetensors::open(fifo);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("not a regular file"), std::string::npos) << r.status().message();
+  // A deeply nested config value is reported, not recursed into.
+  std::string deep = "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": ";
+  for (int i = 0; i < 100000; ++i) deep += "[";
+  for (int i = 0; i < 100000; ++i) deep += "]";
+  deep += "}";
+  auto parsed = nlohmann::json::parse(deep, nullptr, false);
+  if (!parsed.is_discarded()) {
+    auto f = hf_import_flags(parsed, "config.json");
+    ASSERT_FALSE(f.is_ok());
+    EXPECT_NE(f.status().message().find("\"hidden_size\" is a JSON array"), std::string::npos) << f.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace mt::checkpoint
+
