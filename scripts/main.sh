@@ -93,17 +93,19 @@ echo
 
 banner "Export the checkpoint as a Hugging Face GPT2LMHeadModel (config.json, safetensors, tokenizer files)"
 rm -rf "$OUT/hf"
-$M export --load "$OUT/ckpt" --output "$OUT/hf"
+$M export --load "$OUT/ckpt" --output "$OUT/hf" --dtype fp32   # fp32: an exact check below (--dtype bf16 halves it)
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   TOK=(--tokenizer-type GPT2BPETokenizer --vocab-file data/gpt2/vocab.json --merge-file data/gpt2/merges.txt)
-  ids=$($M tokenize "${TOK[@]}" --text "If you want to" --quiet)
-  ours=$($M generate --load "$OUT/ckpt" --prompt "If you want to" --max-new-tokens 12 --temperature 0 2>/dev/null)
-  hf_ids=$(/usr/bin/python3 tests/checkpoint/hf_reference.py "$OUT/hf" greedy "$ids" 12)
+  prompt="def main("
+  ids=$($M tokenize "${TOK[@]}" --text "$prompt" --quiet)
+  ours=$($M generate --load "$OUT/ckpt" --prompt "$prompt" --max-new-tokens 16 --temperature 0 2>/dev/null)
+  hf_ids=$(/usr/bin/python3 tests/checkpoint/hf_reference.py "$OUT/hf" greedy "$ids" 16)
   theirs=$(echo "$hf_ids" | $M tokenize "${TOK[@]}" --decode --input - --quiet \
     | /usr/bin/python3 -c 'import json, sys; print(json.loads(sys.stdin.readline())["text"])')
-  echo "greedy continuations of \"If you want to\" (ids $ids):"
-  echo "  megatron generate from the checkpoint:               \"$ours\""
-  echo "  the export run as transformers' GPT-2 (PyTorch, fp32): \"$theirs\""
+  show() { /usr/bin/python3 -c 'import sys; print(repr(sys.argv[1]))' "$1"; }
+  echo "greedy continuations of \"$prompt\" (ids $ids), as Python strings:"
+  echo "  megatron generate from the checkpoint:        $(show "$ours")"
+  echo "  the export run as transformers' GPT-2 (PyTorch): $(show "$theirs")"
   [ "$ours" = "$theirs" ] && echo "  the same text" || echo "  DIFFERENT"
 fi
 

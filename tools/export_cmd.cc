@@ -13,6 +13,7 @@
 #include "checkpoint/hf.h"
 #include "commands.h"
 #include "core/flags.h"
+#include "data/sentencepiece_tokenizer.h"
 #include "infer/load.h"
 
 namespace mt::tools {
@@ -105,6 +106,10 @@ int export_main(const std::vector<std::string>& args) {
   tok.tokenizer_model = tc.tokenizer_model;
   tok.vocab_size = loaded->tokenizer->vocab_size();
   tok.eod = loaded->tokenizer->eod();
+  if (const auto* sp = dynamic_cast<const data::SentencePieceTokenizer*>(loaded->tokenizer.get())) {
+    tok.bos = sp->bos();
+    tok.bos_piece = sp->piece(sp->bos()), tok.eos_piece = sp->piece(sp->eod()), tok.unk_piece = sp->piece(sp->unk());
+  }
   checkpoint::HfExportOptions eo;
   eo.dtype = dtype == "bf16" || (dtype == "auto" && loaded->bf16) ? DType::kBF16 : DType::kF32;
   eo.max_shard_bytes = *shard_bytes;

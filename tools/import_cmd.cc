@@ -28,7 +28,8 @@ int import_main(const std::vector<std::string>& args) {
   bool help = false;
   FlagSet flags("megatron import",
                 "Reads a Hugging Face transformers model directory (config.json, model.safetensors or its shards) of\n"
-                "GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM and writes it as a megatron-cpp checkpoint\n"
+                "GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM and writes it as a\n"
+                "megatron-cpp checkpoint "
                 "(iteration 0) with the equivalent Megatron model flags. Then: megatron generate --load SAVE, or\n"
                 "megatron train --load SAVE --finetune with the model flags it prints, under any parallel layout.\n"
                 "The tokenizer is found in the directory (GPT-2: vocab.json + merges.txt; tokenizer.model: SentencePiece)\n"
@@ -118,7 +119,18 @@ int import_main(const std::vector<std::string>& args) {
   int64_t max_pos = 0;
   for (size_t i = 0; i + 1 < argv.size(); ++i)
     if (argv[i] == "--max-position-embeddings") max_pos = std::stoll(argv[i + 1]);  // written by hf_import_flags
-  argv.insert(argv.end(), {"--seq-length", std::to_string(seq_length.value_or(std::min<int64_t>(max_pos, 4096)))});
+  int64_t seq = seq_length.value_or(std::min<int64_t>(max_pos, 4096));
+  if (model_flags->max_seq_length) {
+    if (seq_length && *seq_length > *model_flags->max_seq_length)
+      return error(fmt::format("--seq-length {}: the model's sliding window is {} tokens and attention here is full "
+                               "causal, the same only up to the window; use --seq-length {} or less",
+                               *seq_length, *model_flags->max_seq_length, *model_flags->max_seq_length));
+    seq = std::min(seq, *model_flags->max_seq_length);
+    notes.push_back(fmt::format("sliding_window {}: the imported model equals the original on sequences of up to {} "
+                                "tokens; keep --seq-length at most that when training it",
+                                *model_flags->max_seq_length, *model_flags->max_seq_length));
+  }
+  argv.insert(argv.end(), {"--seq-length", std::to_string(seq)});
   if (cfg.contains("torch_dtype") && cfg["torch_dtype"] == "bfloat16") argv.push_back("--bf16");
   if (divisible_by) argv.insert(argv.end(), {"--make-vocab-size-divisible-by", std::to_string(*divisible_by)});
 

@@ -75,8 +75,8 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
   using nlohmann::json;
   const char* torch_dtype = dtype == DType::kBF16 ? "bfloat16" : "float32";
   const json eos = tok.eod >= 0 ? json(tok.eod) : json(nullptr);
-  // GPT-2's <|endoftext|> is its BOS too; other tokenizers' BOS is not known here.
-  const json bos = tok.type == "GPT2BPETokenizer" ? eos : json(nullptr);
+  // GPT-2's <|endoftext|> is its BOS too; SentencePiece models name theirs.
+  const json bos = tok.type == "GPT2BPETokenizer" ? eos : tok.bos >= 0 ? json(tok.bos) : json(nullptr);
   const int64_t max_pos = c.max_position_embeddings ? c.max_position_embeddings : c.seq_length;
   if (arch == HfArch::kGpt2) {
     return json{{"architectures", {hf_arch_name(arch)}},
@@ -335,6 +335,9 @@ Status write_tokenizer_files(const HfTokenizerInfo& tok, const model::ModelConfi
     // Megatron's SentencePiece tokenizer adds no BOS/EOS when it encodes.
     cfg = {{"tokenizer_class", "LlamaTokenizer"}, {"model_max_length", max_len}, {"add_bos_token", false},
            {"add_eos_token", false}};
+    if (!tok.bos_piece.empty()) cfg["bos_token"] = tok.bos_piece;
+    if (!tok.eos_piece.empty()) cfg["eos_token"] = tok.eos_piece;
+    if (!tok.unk_piece.empty()) cfg["unk_token"] = tok.unk_piece;
   } else {
     return Status::ok();  // NullTokenizer: ids are the text; nothing to write
   }
@@ -542,20 +545,31 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     add("--attention-dropout", fmt_num(num("attn_pdrop", 0.1).value_or(0.1)));
     if (act == "gelu") add("--no-bias-gelu-fusion");
     if (!flag_b("tie_word_embeddings", true)) add("--untie-embeddings-and-output-weights");
-  } else if (arch_name == "LlamaForCausalLM" || arch_name == "Qwen2ForCausalLM") {
-    const bool qwen = arch_name == "Qwen2ForCausalLM";
-    out.arch = qwen ? HfArch::kQwen2 : HfArch::kLlama;
+  } else if (arch_name == "LlamaForCausalLM" || arch_name == "Qwen2ForCausalLM" || arch_name == "MistralForCausalLM") {
+    const bool qwen = arch_name == "Qwen2ForCausalLM", mistral = arch_name == "MistralForCausalLM";
+    out.arch = qwen ? HfArch::kQwen2 : HfArch::kLlama;  // Mistral: Llama's tensors and names
     const int64_t h = integer("hidden_size", std::nullopt), L = integer("num_hidden_layers", std::nullopt);
     const int64_t a = integer("num_attention_heads", std::nullopt), F = integer("intermediate_size", std::nullopt);
     const int64_t g = integer("num_key_value_heads", a);
     const int64_t d = integer("head_dim", a > 0 ? std::optional<int64_t>(h / a) : std::nullopt);
     out.vocab_size = integer("vocab_size", std::nullopt);
-    const int64_t P = integer("max_position_embeddings", qwen ? 32768 : 2048);  // the two configs' defaults
+    const int64_t P = integer("max_position_embeddings", qwen ? 32768 : mistral ? 131072 : 2048);  // the configs' defaults
+    if (mistral) {
+      // Sliding-window attention (MistralConfig's default window is 4096)
+      // equals full causal attention on sequences no longer than the window.
+      if (!j.contains("sliding_window")) {
+        out.max_seq_length = 4096;
+      } else if (!j["sliding_window"].is_null()) {
+        out.max_seq_length = integer("sliding_window", std::nullopt);
+      }
+      if (out.max_seq_length && *out.max_seq_length >= P) out.max_seq_length.reset();
+    }
     if (str("hidden_act", "silu") != "silu")
       why.push_back(fmt::format("hidden_act \"{}\" (Megatron's SwiGLU gates with silu)", str("hidden_act", "")));
     if (a > 0 && g > 0 && a % g) why.push_back(fmt::format("{} heads do not split into {} key/value groups", a, g));
     if (qwen && flag_b("use_sliding_window", false)) why.push_back("use_sliding_window (no sliding-window attention here)");
-    const bool attn_bias = !qwen && flag_b("attention_bias", false), mlp_bias = !qwen && flag_b("mlp_bias", false);
+    const bool attn_bias = !qwen && !mistral && flag_b("attention_bias", false);
+    const bool mlp_bias = !qwen && !mistral && flag_b("mlp_bias", false);
     if (attn_bias != mlp_bias)
       why.push_back("attention_bias and mlp_bias differ (Megatron's --add-bias-linear puts biases on both or neither)");
     add("--num-layers", std::to_string(L)), add("--hidden-size", std::to_string(h));
@@ -622,8 +636,8 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
         j["partial_rotary_factor"].get<double>() != 1.0)
       why.push_back("partial_rotary_factor (LlamaForCausalLM rotates whole heads)");
   } else {
-    why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM and "
-                              "Qwen2ForCausalLM)",
+    why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM, "
+                              "MistralForCausalLM and Qwen2ForCausalLM)",
                               j.contains("architectures") ? brief(j["architectures"]) : "missing"));
   }
   if (!why.empty()) {

@@ -37,6 +37,7 @@
 // non-empty <out> is refused, never overwritten.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,9 @@ struct HfTokenizerInfo {
   std::string vocab_file, merge_file, tokenizer_model;
   int64_t vocab_size = 0;  // before padding
   int32_t eod = -1;
+  int32_t bos = -1;        // SentencePiece: the model's BOS id (GPT-2: eod)
+  // SentencePiece: the special pieces, for tokenizer_config.json.
+  std::string bos_piece, eos_piece, unk_piece;
 };
 
 struct HfExportOptions {
@@ -123,7 +127,9 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
 
 // ---- Import: a transformers model directory as a Megatron model ----------
 //
-// The inverse of the export, from the same mapping table: config.json gives
+// The inverse of the export, from the same mapping table (MistralForCausalLM
+// reads as LlamaForCausalLM, its tensors and names being Llama's, up to its
+// sliding window): config.json gives
 // the Megatron model flags (hf_import_flags) and the safetensors files
 // (model.safetensors, or the shards model.safetensors.index.json lists; F32,
 // BF16, F16 or F64) give every parameter (hf_import_weights). Megatron's
@@ -139,6 +145,9 @@ struct HfImportFlags {
   HfArch arch = HfArch::kGpt2;
   std::vector<std::string> flags;  // megatron train's model flags (no tokenizer, no --seq-length)
   int64_t vocab_size = 0;          // config.json's vocab_size: rows in the files
+  // Mistral's sliding window when shorter than its positions: the model is
+  // the same as Megatron's full causal attention only up to this length.
+  std::optional<int64_t> max_seq_length;
 };
 Result<HfImportFlags> hf_import_flags(const nlohmann::json& config, const std::string& where);
 

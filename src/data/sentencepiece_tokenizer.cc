@@ -62,4 +62,11 @@ Result<std::string> SentencePieceTokenizer::decode(std::span<const int32_t> ids)
   return text;
 }
 
+int32_t SentencePieceTokenizer::unk() const { return sp_->unk_id(); }
+
+std::string SentencePieceTokenizer::piece(int32_t id) const {
+  if (id < 0 || id >= vocab_size_) return {};
+  return sp_->IdToPiece(id);
+}
+
 }  // namespace mt::data

@@ -46,6 +46,10 @@ class SentencePieceTokenizer final : public Tokenizer {
   int32_t pad() const override { return pad_; }
   std::string name() const override { return type_; }
   int32_t bos() const { return bos_; }
+  int32_t unk() const;
+  // The piece of an id ("<s>", "</s>", "<unk>", ...); empty for -1 or an id
+  // outside the vocabulary.
+  std::string piece(int32_t id) const;
 
  private:
   SentencePieceTokenizer() = default;

@@ -427,7 +427,7 @@ TEST(HfImport, RefusesWhatNoMegatronFlagExpresses) {
   EXPECT_NE(a.find("hidden_act \"gelu\""), std::string::npos) << a;
   EXPECT_NE(a.find("attention_bias and mlp_bias differ"), std::string::npos) << a;
   EXPECT_NE(a.find("yarn"), std::string::npos) << a;
-  EXPECT_NE(why(R"({"architectures": ["MistralForCausalLM"]})").find("MistralForCausalLM"), std::string::npos);
+  EXPECT_NE(why(R"({"architectures": ["PhiForCausalLM"]})").find("PhiForCausalLM"), std::string::npos);
   EXPECT_NE(why(R"({"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2, "n_head": 4,
       "n_positions": 32, "vocab_size": 100, "activation_function": "relu"})").find("relu"), std::string::npos);
   EXPECT_NE(why(R"({"architectures": ["GPT2LMHeadModel"], "n_layer": 2})").find("\"n_embd\" is missing"),
@@ -577,6 +577,22 @@ TEST(HfImport, HubConfigsGiveTheirMegatronFlags) {
       "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
       "rope_type": "llama3"}})"),
             l31);
+  // Mistral: Llama's model; full attention equals its sliding window only up
+  // to the window (v0.1: 4096 of 32768 positions; v0.3: no window).
+  auto mistral = [](const char* window) {
+    return hf_import_flags(nlohmann::json::parse(std::string(R"({"architectures": ["MistralForCausalLM"],
+        "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+        "vocab_size": 32768)") + window + "}"),
+                           "config.json");
+  };
+  auto v3 = mistral(R"(, "sliding_window": null)"), v1 = mistral(R"(, "sliding_window": 4096)");
+  ASSERT_TRUE(v3.is_ok() && v1.is_ok());
+  EXPECT_EQ(v3->arch, HfArch::kLlama);
+  EXPECT_FALSE(v3->max_seq_length.has_value());
+  EXPECT_EQ(v1->max_seq_length, 4096);
+  EXPECT_EQ(v1->flags, v3->flags);
+  EXPECT_EQ(mistral("")->max_seq_length, 4096) << "MistralConfig's default window";
   // rope_type "default" is plain RoPE in either form.
   const std::string plain = flags(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
       "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100, "rope_scaling": {"rope_type": "default"}})");
