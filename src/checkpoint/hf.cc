@@ -88,7 +88,7 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
                 {"n_layer", c.num_layers},
                 {"n_head", c.num_attention_heads},
                 {"n_inner", c.ffn()},
-                {"activation_function", c.gelu_tanh() ? "gelu_new" : "gelu"},
+                {"activation_function", c.squared_relu ? "relu2" : c.gelu_tanh() ? "gelu_new" : "gelu"},
                 {"layer_norm_epsilon", c.norm_epsilon},
                 {"initializer_range", c.init_method_std},
                 {"resid_pdrop", c.hidden_dropout},
@@ -532,8 +532,10 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     const int64_t F = j.contains("n_inner") && !j["n_inner"].is_null() ? integer("n_inner", std::nullopt) : 4 * h;
     out.vocab_size = integer("vocab_size", std::nullopt);
     const std::string act = str("activation_function", "gelu_new");
-    if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu")
-      why.push_back(fmt::format("activation_function \"{}\" (Megatron's GPT has GELU: gelu_new or gelu)", act));
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu" && act != "relu2")
+      why.push_back(fmt::format("activation_function \"{}\" (Megatron's GPT has GELU, gelu_new or gelu, or squared "
+                                "ReLU, relu2)",
+                                act));
     if (flag_b("scale_attn_by_inverse_layer_idx", false))
       why.push_back("scale_attn_by_inverse_layer_idx (Megatron scales attention by 1/sqrt(d) only)");
     if (!flag_b("scale_attn_weights", true)) why.push_back("scale_attn_weights false (Megatron scales by 1/sqrt(d))");
@@ -544,6 +546,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     add("--hidden-dropout", fmt_num(num("resid_pdrop", 0.1).value_or(0.1)));
     add("--attention-dropout", fmt_num(num("attn_pdrop", 0.1).value_or(0.1)));
     if (act == "gelu") add("--no-bias-gelu-fusion");
+    if (act == "relu2") add("--squared-relu"), add("--no-bias-gelu-fusion");
     if (!flag_b("tie_word_embeddings", true)) add("--untie-embeddings-and-output-weights");
   } else if (arch_name == "LlamaForCausalLM" || arch_name == "Qwen2ForCausalLM" || arch_name == "MistralForCausalLM") {
     const bool qwen = arch_name == "Qwen2ForCausalLM", mistral = arch_name == "MistralForCausalLM";

@@ -27,6 +27,7 @@
 //   - RoPE options map to rope_theta and rope_scaling ("llama3" for
 //     --use-rope-scaling, "linear" for --rotary-seq-len-interpolation-factor);
 //   - GELU: "gelu_new" (tanh) or "gelu" (erf), per ModelConfig::gelu_tanh();
+//     --squared-relu: "relu2";
 //   - the vocabulary padding rows are dropped (the tokenizer's size is
 //     vocab_size) unless keep_vocab_padding.
 //

@@ -164,7 +164,7 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
     norm(xm, p.ln2_w, p.ln2_b, ln, mean, rstd);
     linear(ln, p.fc1_w, p.fc1_b, fc1);
     if (c.swiglu) k::swiglu_forward(fc1, act);
-    else k::gelu_forward(c.gelu_tanh() ? k::GeluKind::kTanh : k::GeluKind::kExact, fc1, act);
+    else k::gelu_forward(model::mlp_activation(c), fc1, act);
     linear(act, p.fc2_w, p.fc2_b, tmp);
     k::add(post ? ln : xm, tmp, x);
   }

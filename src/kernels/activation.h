@@ -3,6 +3,7 @@
 //   GELU exact:  y = x/2 (1 + erf(x/sqrt(2)))                       (F.gelu: Megatron without the fused bias-GELU)
 //   GELU tanh:   y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (--openai-gelu, and Megatron's default
 //                fused bias-GELU; ModelConfig::gelu_tanh() picks)
+//   squared ReLU: y = max(x, 0)^2                                 (--squared-relu; Megatron's squared_relu)
 //   SwiGLU:      x [N, 2F] = [gate | up] along the last dim (Megatron's
 //                torch.chunk(x, 2, -1)); y [N, F] = silu(gate) * up.
 // Backward WRITES dx (it does not accumulate). x is stored in fp32, fp64 or
@@ -18,7 +19,9 @@
 
 namespace mt::kernels {
 
-enum class GeluKind { kExact, kTanh };
+// The non-gated MLP activation gelu_forward/gelu_backward compute: a GELU
+// form, or squared ReLU (kept in one op: the same elementwise shape).
+enum class GeluKind { kExact, kTanh, kSquaredRelu };
 
 namespace cpu {
 void gelu_forward(GeluKind kind, const Tensor& x, const Tensor& y);

@@ -104,6 +104,9 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
   f.add_double("rope-scaling-factor", &c.rope_scaling_factor, "the factor of --use-rope-scaling", 1e-6, 1e6);
   f.add_double("init-method-std", &c.init_method_std, "standard deviation of the normal initialisation", 0, 10);
   f.add_switch("openai-gelu", &c.openai_gelu, "tanh approximation of GELU (OpenAI's)");
+  f.add_switch("squared-relu", &c.squared_relu,
+               "squared ReLU, relu(x)^2, as the MLP activation (Megatron's; needs --no-bias-gelu-fusion or "
+               "--disable-bias-linear, as there)");
   f.add_switch("no-bias-gelu-fusion", &c.bias_gelu_fusion,
                "exact (erf) GELU: Megatron's default fused bias-GELU computes the tanh approximation, as here "
                "without this flag (with biases)",

@@ -57,6 +57,7 @@ struct ModelConfig {
   double init_method_std = 0.02;        // --init-method-std
   bool openai_gelu = false;             // --openai-gelu: tanh approximation of GELU
   bool bias_gelu_fusion = true;         // --no-bias-gelu-fusion turns it off (see gelu_tanh())
+  bool squared_relu = false;            // --squared-relu: the MLP computes relu(x)^2 instead of GELU
   // Megatron's GELU is the tanh approximation with --openai-gelu, and also by
   // default: its fused bias-GELU kernel (--bias-gelu-fusion, on unless
   // --no-bias-gelu-fusion or --disable-bias-linear) computes the tanh form.

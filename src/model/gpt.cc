@@ -257,6 +257,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
       errs.push_back(fmt::format("--max-position-embeddings {} is below the sequence length {}",
                                  cfg.max_position_embeddings, T));
     if (cfg.is_moe()) errs.push_back("--num-experts: mixture of experts is not implemented in the model yet");
+    if (cfg.squared_relu && cfg.swiglu) errs.push_back("--squared-relu and --swiglu are two MLP activations: give one");
+    if (cfg.squared_relu && cfg.bias_gelu_fusion && cfg.add_bias_linear)
+      errs.push_back("--squared-relu: Megatron's fused bias-activation (on by default) takes only GELU and SwiGLU and "
+                     "refuses it; add --no-bias-gelu-fusion (or --disable-bias-linear)");
   }
   if (opt.tp < 1 || opt.tp_rank < 0 || opt.tp_rank >= opt.tp)
     errs.push_back(fmt::format("tensor-parallel rank {} outside [0, {})", opt.tp_rank, opt.tp));
@@ -882,7 +886,7 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   column_fwd_input(ln2, a.ln2);
   linear_fwd(a.ln2, p.fc1_w, p.fc1_b, a.fc1);
   if (cfg_.swiglu) k::swiglu_forward(a.fc1, a.act);
-  else k::gelu_forward(cfg_.gelu_tanh() ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, a.act);
+  else k::gelu_forward(mlp_activation(cfg_), a.fc1, a.act);
   if (!out.defined()) return;  // recomputing a group's last layer: backward needs nothing after act
   residual_linear_fwd(a.act, p.fc2_w, p.fc2_b, hd, dropout_stream(s.dropout_step, l, 2), row_offset,
                       post ? ln2 : a.x_mid, tmp, out);
@@ -915,7 +919,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   const Tensor& dfc2 = hd > 0 ? dtmp : dresid;
   row_linear_bwd(a.act, p.fc2_w, p.fc2_b, dfc2, dact);
   if (cfg_.swiglu) k::swiglu_backward(a.fc1, dact, dfc1);
-  else k::gelu_backward(cfg_.gelu_tanh() ? k::GeluKind::kTanh : k::GeluKind::kExact, a.fc1, dact, dfc1);
+  else k::gelu_backward(mlp_activation(cfg_), a.fc1, dact, dfc1);
   column_linear_bwd(a.ln2, p.fc1_w, p.fc1_b, dfc1, dln);
   if (post) {
     k::add_inplace(dln, dresid);  // residual taken from ln2

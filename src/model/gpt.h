@@ -85,6 +85,7 @@
 #include "core/arena.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kernels/activation.h"
 #include "kernels/rope.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -164,6 +165,12 @@ struct GPTOptions {
 
 // The residual stream's dtype under these options (GPTModel::residual_dtype()):
 // bf16 under bf16_compute without fp32_residual, else the model dtype.
+// The non-gated MLP activation: --squared-relu, else GELU's tanh or erf form
+// (ModelConfig::gelu_tanh()).
+inline kernels::GeluKind mlp_activation(const ModelConfig& c) {
+  return c.squared_relu ? kernels::GeluKind::kSquaredRelu : c.gelu_tanh() ? kernels::GeluKind::kTanh : kernels::GeluKind::kExact;
+}
+
 inline DType residual_dtype(const GPTOptions& o) {
   return o.bf16_compute && !o.fp32_residual ? DType::kBF16 : o.dtype;
 }

@@ -201,6 +201,7 @@ constexpr CkptArg kModelArgs[] = {
     {"add-qkv-bias", true},
     {"use-rotary-position-embeddings", true}, {"no-position-embedding", true}, {"rotary-base", true},
     {"rotary-percent", true}, {"rotary-interleaved", true}, {"disable-bias-linear", true}, {"swiglu", true},
+    {"squared-relu", true},
     {"untie-embeddings-and-output-weights", true}, {"apply-layernorm-1p", true}, {"normalization", true},
     {"attention-dropout", true}, {"hidden-dropout", true}, {"num-experts", true}, {"moe-ffn-hidden-size", true},
     {"moe-router-topk", true},

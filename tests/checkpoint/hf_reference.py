@@ -74,7 +74,8 @@ def gpt2(cfg, W, ids):
     E, H = cfg["n_embd"], cfg["n_head"]
     D = E // H
     eps = cfg["layer_norm_epsilon"]
-    act = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh")}[cfg["activation_function"]]
+    act = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+           "relu2": lambda x: torch.square(F.relu(x))}[cfg["activation_function"]]
     x = W["transformer.wte.weight"][ids] + W["transformer.wpe.weight"][torch.arange(T)]
     for i in range(cfg["n_layer"]):
         p = f"transformer.h.{i}."

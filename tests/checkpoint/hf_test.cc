@@ -63,6 +63,11 @@ std::vector<Case> cases() {
     c.apply_layernorm_1p = true;
     v.push_back({"gpt2_untied_erf_nobias_1p", c, "GPT2LMHeadModel"});
   }
+  {
+    ModelConfig c = gpt2_cfg();  // squared ReLU: transformers' "relu2"
+    c.squared_relu = true, c.bias_gelu_fusion = false;
+    v.push_back({"gpt2_relu2", c, "GPT2LMHeadModel"});
+  }
   v.push_back({"llama_gqa", llama_cfg(), "LlamaForCausalLM"});
   {
     ModelConfig c = llama_cfg();  // interleaved RoPE pairs, Llama 3.1 scaling (d 16, base 2e5: wavelengths in
@@ -195,7 +200,7 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
   EXPECT_LT(logits_error(ours, m->vocab(), rl), 2e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 6), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 7), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -411,7 +416,7 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
   EXPECT_LT(diff / mag, 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 6), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 7), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 

@@ -216,7 +216,7 @@ TEST(CudaTwin, NormAndActivationBf16OutputsMatchCpu) {
     }
     expect_bf16_close(to_host<bf16>(gY), y, rms ? "rmsnorm bf16 y" : "layernorm bf16 y");
   }
-  for (k::GeluKind kind : {k::GeluKind::kExact, k::GeluKind::kTanh}) {
+  for (k::GeluKind kind : {k::GeluKind::kExact, k::GeluKind::kTanh, k::GeluKind::kSquaredRelu}) {
     std::vector<bf16> y(static_cast<size_t>(N * C));
     Tensor gY = g.alloc({N, C}, DType::kBF16);
     k::gelu_forward(kind, X, view(y, {N, C}));
@@ -235,7 +235,8 @@ TEST(CudaTwin, NormAndActivationBf16OutputsMatchCpu) {
 
 template <typename T>
 void gelu_case(GeluKind kind, int64_t n) {
-  const std::string what = fmt::format("gelu {} {} n={}", kind == GeluKind::kExact ? "exact" : "tanh",
+  const std::string what = fmt::format("gelu {} {} n={}",
+                                       kind == GeluKind::kExact ? "exact" : kind == GeluKind::kTanh ? "tanh" : "squared-relu",
                                        tname(dtype_of<T>()), n);
   auto x = randn<T>(n, 21 + n, 2.0), dy = randn<T>(n, 22);
   std::vector<T> y(x.size()), dx(x.size());
@@ -253,7 +254,7 @@ void gelu_case(GeluKind kind, int64_t n) {
 TEST(CudaTwin, GeluExactAndTanhMatchCpu) {
   MT_REQUIRE_GPU();
   for (int64_t n : {10007, 1, 0})
-    for (GeluKind kind : {GeluKind::kExact, GeluKind::kTanh}) {
+    for (GeluKind kind : {GeluKind::kExact, GeluKind::kTanh, GeluKind::kSquaredRelu}) {
       gelu_case<float>(kind, n);
       gelu_case<double>(kind, n);
     }
@@ -379,7 +380,7 @@ TEST(CudaTwin, Bf16StorageOpsMatchCpu) {
     k::swiglu_backward(X, Dy, view(dx, {N, 2 * F}));
     k::swiglu_backward(gX, gDy, gDx);
     expect_bf16_close(to_host<bf16>(gDx), dx, "swiglu bf16 backward");
-    for (GeluKind kind : {GeluKind::kExact, GeluKind::kTanh}) {
+    for (GeluKind kind : {GeluKind::kExact, GeluKind::kTanh, GeluKind::kSquaredRelu}) {
       const int64_t n = N * F;
       Tensor X1 = X.view({2 * n}).slice(0, n), gX1 = gX.view({2 * n}).slice(0, n);
       std::vector<bf16> y1(static_cast<size_t>(n)), dx1(static_cast<size_t>(n));

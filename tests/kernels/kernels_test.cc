@@ -240,8 +240,8 @@ TEST(RMSNorm, BackwardMatchesFiniteDifferences) {
 
 // ---------------------------------------------------------------- activations
 
-TEST(Gelu, ExactAndTanhMatchClosedFormAndFiniteDifferences) {
-  for (auto kind : {k::GeluKind::kExact, k::GeluKind::kTanh}) {
+TEST(Gelu, ExactTanhAndSquaredReluMatchClosedFormAndFiniteDifferences) {
+  for (auto kind : {k::GeluKind::kExact, k::GeluKind::kTanh, k::GeluKind::kSquaredRelu}) {
     Buf<double> x({40}), y({40}), proj({40}), dx({40});
     fill_normal(x.v, 8, 2.0), fill_normal(proj.v, 9);
     auto loss = [&] {
@@ -253,7 +253,17 @@ TEST(Gelu, ExactAndTanhMatchClosedFormAndFiniteDifferences) {
     double want = kind == k::GeluKind::kExact
                       ? 0.5 * x0 * (1 + std::erf(x0 / std::sqrt(2.0)))
                       : 0.5 * x0 * (1 + std::tanh(std::sqrt(2 / M_PI) * (x0 + 0.044715 * x0 * x0 * x0)));
+    if (kind == k::GeluKind::kSquaredRelu) want = x0 > 0 ? x0 * x0 : 0.0;
     EXPECT_NEAR(y[0], want, 1e-14);
+    if (kind == k::GeluKind::kSquaredRelu) {  // both sides of 0
+      int neg = 0, pos = 0;
+      for (int i = 0; i < 40; ++i) {
+        (x[i] < 0 ? neg : pos) += 1;
+        EXPECT_EQ(y[i], x[i] > 0 ? x[i] * x[i] : 0.0);
+      }
+      EXPECT_GT(neg, 5);
+      EXPECT_GT(pos, 5);
+    }
     k::gelu_backward(kind, x.t(), proj.t(), dx.t());
     expect_fd_grad(x.v, loss, dx.v, "gelu dx");
   }

@@ -60,6 +60,12 @@ ModelConfig gpt_1p_style() {  // GPT with zero-centred LayerNorm weights (--appl
   return c;
 }
 
+ModelConfig squared_relu_style() {  // GPT with --squared-relu (and --no-bias-gelu-fusion, as Megatron requires)
+  ModelConfig c = gpt2_style();
+  c.squared_relu = true, c.bias_gelu_fusion = false;
+  return c;
+}
+
 ModelConfig post_ln_style() {  // GPT with the residual after the norm and OpenAI's GELU, untied
   ModelConfig c = gpt2_style();
   c.apply_residual_connection_post_layernorm = true, c.openai_gelu = true;
@@ -76,7 +82,7 @@ nlohmann::json config_json(const ModelConfig& c) {
           {"rope_scaling_factor", c.rope_scaling_factor}, {"apply_layernorm_1p", c.apply_layernorm_1p},
           {"rotary_interleaved", c.rotary_interleaved},
           {"rotary_interpolation", static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1))},
-          {"swiglu", c.swiglu}, {"gelu_tanh", c.gelu_tanh()},
+          {"swiglu", c.swiglu}, {"gelu_tanh", c.gelu_tanh()}, {"squared_relu", c.squared_relu},
           {"apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm}};
 }
 
@@ -106,6 +112,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   ModelConfig cfg = which == "gpt2" ? gpt2_style() : which == "llama" ? llama_style() : which == "llama31" ? llama31_style()
                     : which == "gpt1p"   ? gpt_1p_style()
                     : which == "qwen"    ? qwen_style()
+                    : which == "sqrelu"  ? squared_relu_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -165,7 +172,25 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch, ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen"));
+INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
+                         ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu"));
+
+// --squared-relu is refused where Megatron refuses it: with its default fused
+// bias-activation (GELU/SwiGLU only), and beside --swiglu.
+TEST(GPTModel, SquaredReluNeedsNoBiasGeluFusion) {
+  ModelConfig c = gpt2_style();
+  c.squared_relu = true;
+  auto m = GPTModel::create(c, {});
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("--no-bias-gelu-fusion"), std::string::npos) << m.status().message();
+  c.add_bias_linear = false;  // no bias: Megatron turns the fusion off
+  EXPECT_TRUE(GPTModel::create(c, {}).is_ok());
+  c = llama_style();
+  c.squared_relu = true;
+  m = GPTModel::create(c, {});
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("--squared-relu and --swiglu"), std::string::npos) << m.status().message();
+}
 
 // The whole model in fp64 against central differences, with dropout on
 // (masks are regenerated from the seed, so the loss is a fixed function).

@@ -145,6 +145,8 @@ def forward(P, tokens, labels, cfg):
         if cfg["swiglu"]:
             gate, up = fc1.chunk(2, dim=-1)
             act = F.silu(gate) * up
+        elif cfg.get("squared_relu", False):  # Megatron's squared_relu: relu(x) ** 2
+            act = torch.pow(F.relu(fc1), 2)
         else:
             act = F.gelu(fc1, approximate="tanh" if cfg["gelu_tanh"] else "none")
         x = (ln2 if post else x_mid) + linear(act, p + "mlp.linear_fc2")

@@ -1,5 +1,6 @@
 #include "kernels/activation.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/common.h"
@@ -22,6 +23,12 @@ void gelu_fwd(GeluKind k, int64_t n, const S* xs, Y* y) {
       const T x = ld<T>(xs[i]);
       y[i] = to_out<Y>(T(0.5) * x * (T(1) + verf(x * T(kInvSqrt2))));
     }
+  } else if (k == GeluKind::kSquaredRelu) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const T r = std::max(ld<T>(xs[i]), T(0));
+      y[i] = to_out<Y>(r * r);
+    }
   } else {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
@@ -42,6 +49,12 @@ void gelu_bwd(GeluKind k, int64_t n, const S* xs, const S* dys, S* dx) {
       T cdf = T(0.5) * (T(1) + verf(x * T(kInvSqrt2)));
       T pdf = T(kInvSqrt2Pi) * vexp(T(-0.5) * x * x);
       dx[i] = to_out<S>(ld<T>(dys[i]) * (cdf + x * pdf));
+    }
+  } else if (k == GeluKind::kSquaredRelu) {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const T r = std::max(ld<T>(xs[i]), T(0));
+      dx[i] = to_out<S>(ld<T>(dys[i]) * (T(2) * r));
     }
   } else {
 #pragma omp parallel for simd schedule(static)

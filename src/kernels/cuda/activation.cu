@@ -34,12 +34,15 @@ __device__ __forceinline__ double tanh_t(double x) { return tanh(x); }
 
 // S: the stored type of x (and of dy, dx in backward); T = compute_t<S>.
 template <typename S, typename Y>
-__global__ void gelu_fwd(bool exact, int64_t n, const S* x, Y* y) {
+__global__ void gelu_fwd(GeluKind kind, int64_t n, const S* x, Y* y) {
   using T = compute_t<S>;
   for (int64_t i = gs_begin(); i < n; i += gs_stride()) {
     const T xi = ld<T>(x[i]);
-    if (exact) {
+    if (kind == GeluKind::kExact) {
       y[i] = to_out<Y>(T(0.5) * xi * (T(1) + erf_t(xi * T(kInvSqrt2))));
+    } else if (kind == GeluKind::kSquaredRelu) {
+      const T r = xi > T(0) ? xi : T(0);
+      y[i] = to_out<Y>(r * r);
     } else {
       const T u = T(kSqrt2OverPi) * (xi + T(0.044715) * xi * xi * xi);
       y[i] = to_out<Y>(T(0.5) * xi * (T(1) + tanh_t(u)));
@@ -48,11 +51,14 @@ __global__ void gelu_fwd(bool exact, int64_t n, const S* x, Y* y) {
 }
 
 template <typename S>
-__global__ void gelu_bwd(bool exact, int64_t n, const S* x, const S* dy, S* dx) {
+__global__ void gelu_bwd(GeluKind kind, int64_t n, const S* x, const S* dy, S* dx) {
   using T = compute_t<S>;
   for (int64_t i = gs_begin(); i < n; i += gs_stride()) {
     const T xi = ld<T>(x[i]), d = ld<T>(dy[i]);
-    if (exact) {
+    if (kind == GeluKind::kSquaredRelu) {
+      const T r = xi > T(0) ? xi : T(0);
+      dx[i] = to_out<S>(d * (T(2) * r));
+    } else if (kind == GeluKind::kExact) {
       const T cdf = T(0.5) * (T(1) + erf_t(xi * T(kInvSqrt2)));
       const T pdf = T(kInvSqrt2Pi) * exp_t(T(-0.5) * xi * xi);
       dx[i] = to_out<S>(d * (cdf + xi * pdf));
@@ -144,7 +150,7 @@ void gelu_forward(GeluKind k, const Tensor& x, const Tensor& y) {
       Y* yp = y.ptr<Y>();
       const int64_t n = x.numel();
       if (n == 0) return;
-      gelu_fwd<S, Y><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, yp);
+      gelu_fwd<S, Y><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k, n, xp, yp);
       MT_CUDA_CHECK_LAUNCH();
     });
   });
@@ -160,7 +166,7 @@ void gelu_backward(GeluKind k, const Tensor& x, const Tensor& dy, const Tensor& 
     S* dxp = dx.ptr<S>();
     const int64_t n = x.numel();
     if (n == 0) return;
-    gelu_bwd<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k == GeluKind::kExact, n, xp, dyp, dxp);
+    gelu_bwd<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(k, n, xp, dyp, dxp);
     MT_CUDA_CHECK_LAUNCH();
   });
 }
