@@ -78,8 +78,18 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
   // GPT-2's <|endoftext|> is its BOS too; SentencePiece models name theirs.
   const json bos = tok.type == "GPT2BPETokenizer" ? eos : tok.bos >= 0 ? json(tok.bos) : json(nullptr);
   const int64_t max_pos = c.max_position_embeddings ? c.max_position_embeddings : c.seq_length;
+  // The keys every architecture's config.json has.
+  auto with_common_keys = [&](json j) {
+    j["tie_word_embeddings"] = !c.untie_embeddings_and_output_weights;
+    j["bos_token_id"] = bos;
+    j["eos_token_id"] = eos;
+    j["use_cache"] = true;
+    j["torch_dtype"] = torch_dtype;
+    j["transformers_version"] = kTransformersVersion;
+    return j;
+  };
   if (arch == HfArch::kGpt2) {
-    return json{{"architectures", {hf_arch_name(arch)}},
+    json j{{"architectures", {hf_arch_name(arch)}},
                 {"model_type", "gpt2"},
                 {"vocab_size", vocab_rows},
                 {"n_positions", max_pos},
@@ -94,13 +104,8 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
                 {"resid_pdrop", c.hidden_dropout},
                 {"embd_pdrop", c.hidden_dropout},
                 {"attn_pdrop", c.attention_dropout},
-                {"scale_attn_weights", true},
-                {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-                {"bos_token_id", bos},
-                {"eos_token_id", eos},
-                {"use_cache", true},
-                {"torch_dtype", torch_dtype},
-                {"transformers_version", kTransformersVersion}};
+                {"scale_attn_weights", true}};
+    return with_common_keys(std::move(j));
   }
   json rope_scaling = nullptr;
   if (c.use_rope_scaling)
@@ -126,13 +131,7 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
          {"rms_norm_eps", c.norm_epsilon},
          {"rope_theta", c.rotary_base},
          {"rope_scaling", rope_scaling},
-         {"attention_dropout", c.attention_dropout},
-         {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-         {"bos_token_id", bos},
-         {"eos_token_id", eos},
-         {"use_cache", true},
-         {"torch_dtype", torch_dtype},
-         {"transformers_version", kTransformersVersion}};
+         {"attention_dropout", c.attention_dropout}};
   if (arch == HfArch::kLlama) {
     j["attention_bias"] = c.add_bias_linear;
     j["mlp_bias"] = c.add_bias_linear;
@@ -142,7 +141,7 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
   }
-  return j;
+  return with_common_keys(std::move(j));
 }
 
 std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t vocab_rows) {
@@ -442,20 +441,6 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
 
 // ---- Import ----------------------------------------------------------------
 
-namespace {
-
-// A JSON value from an untrusted file, short and without recursion (dump()
-// recurses: a deeply nested value would exhaust the stack).
-std::string brief(const nlohmann::json& v) {
-  if (v.is_primitive()) {
-    std::string s = v.dump();
-    return s.size() > 80 ? s.substr(0, 80) + "..." : s;
-  }
-  if (v.is_array() && v.size() == 1 && v[0].is_string()) return v.dump().substr(0, 80);
-  return fmt::format("a JSON {} of {} entries", v.type_name(), v.size());
-}
-
-}  // namespace
 
 Result<nlohmann::json> hf_read_json(const std::string& path, int64_t max_bytes) {
   std::error_code ec;
@@ -484,7 +469,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       return def;
     }
     if (!j[key].is_number()) {
-      why.push_back(fmt::format("\"{}\" is {}, expected a number", key, brief(j[key])));
+      why.push_back(fmt::format("\"{}\" is {}, expected a number", key, json_brief(j[key])));
       return def;
     }
     return j[key].get<double>();
@@ -501,7 +486,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
   auto flag_b = [&](const char* key, bool def) {
     if (!j.contains(key) || j[key].is_null()) return def;
     if (!j[key].is_boolean()) {
-      why.push_back(fmt::format("\"{}\" is {}, expected true or false", key, brief(j[key])));
+      why.push_back(fmt::format("\"{}\" is {}, expected true or false", key, json_brief(j[key])));
       return def;
     }
     return j[key].get<bool>();
@@ -509,7 +494,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
   auto str = [&](const char* key, const std::string& def) {
     if (!j.contains(key) || j[key].is_null()) return def;
     if (!j[key].is_string()) {
-      why.push_back(fmt::format("\"{}\" is {}, expected a string", key, brief(j[key])));
+      why.push_back(fmt::format("\"{}\" is {}, expected a string", key, json_brief(j[key])));
       return def;
     }
     return j[key].get<std::string>().substr(0, 60);
@@ -597,11 +582,11 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       if ((*rp)["rope_theta"].is_number())
         theta = (*rp)["rope_theta"].get<double>();
       else
-        why.push_back(fmt::format("rope_parameters.rope_theta is {}, expected a number", brief((*rp)["rope_theta"])));
+        why.push_back(fmt::format("rope_parameters.rope_theta is {}, expected a number", json_brief((*rp)["rope_theta"])));
     }
     add("--rotary-base", fmt_num(theta));
     if (rs && !rs->is_object()) {
-      why.push_back(fmt::format("rope_scaling is {}, expected an object or null", brief(*rs)));
+      why.push_back(fmt::format("rope_scaling is {}, expected an object or null", json_brief(*rs)));
     } else if (rs) {
       auto rstr = [&](const char* k) {
         return rs->contains(k) && (*rs)[k].is_string() ? (*rs)[k].get<std::string>() : std::string();
@@ -641,7 +626,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
   } else {
     why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM, "
                               "MistralForCausalLM and Qwen2ForCausalLM)",
-                              j.contains("architectures") ? brief(j["architectures"]) : "missing"));
+                              j.contains("architectures") ? json_brief(j["architectures"]) : "missing"));
   }
   if (!why.empty()) {
     std::string msg = fmt::format("{}: cannot be imported:", where);
@@ -669,7 +654,7 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
       if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
         return Status::corrupt(fmt::format("'{}': weight_map[\"{}\"] is {}, expected a file name in the directory",
                                            (root / "model.safetensors.index.json").string(), name.substr(0, 200),
-                                           brief(file)));
+                                           json_brief(file)));
       if (seen.insert(file.get<std::string>()).second) files.push_back(file.get<std::string>());
     }
   } else if (fs::exists(root / "model.safetensors", ec)) {

@@ -118,17 +118,17 @@ int mapped_dtype_size(const std::string& d) {
   return 0;
 }
 
-// A JSON value from an untrusted file, short and without recursion (dump()
-// recurses: a deeply nested value would exhaust the stack).
+
+}  // namespace
+
 std::string json_brief(const nlohmann::json& v) {
   if (v.is_primitive()) {
     std::string s = v.dump();
     return s.size() > 80 ? s.substr(0, 80) + "..." : s;
   }
+  if (v.is_array() && v.size() == 1 && v[0].is_string()) return v.dump().substr(0, 80);
   return fmt::format("a JSON {} of {} entries", v.type_name(), v.size());
 }
-
-}  // namespace
 
 MappedSafetensors::MappedSafetensors(MappedSafetensors&& o) noexcept { *this = std::move(o); }
 

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -79,6 +81,11 @@ class MappedSafetensors {
   std::map<std::string, MappedTensor> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// A JSON value from an untrusted file for an error message: short, and
+// without recursion (dump() recurses: a deeply nested value would exhaust
+// the stack).
+std::string json_brief(const nlohmann::json& v);
 
 // Element i of a floating tensor (F64, F32, F16, BF16) as a float.
 float mapped_float(const MappedTensor& t, int64_t i);

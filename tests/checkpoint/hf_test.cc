@@ -115,6 +115,13 @@ std::unique_ptr<model::GPTModel> random_model(const ModelConfig& cfg, int64_t B)
   return std::move(*m);
 }
 
+// The test models' tokenizer: NullTokenizer over 91 ids, EOD 90.
+HfTokenizerInfo null_tokenizer() {
+  HfTokenizerInfo info;
+  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  return info;
+}
+
 int run_reference(const std::string& args) {
   const std::string cmd = "/usr/bin/python3 " + std::string(MT_SOURCE_DIR) + "/tests/checkpoint/hf_reference.py " + args;
   const int rc = std::system(cmd.c_str());
@@ -160,8 +167,7 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
 
   const std::string dir = artifacts() + "/" + c.name;
   fs::remove_all(dir);
-  HfTokenizerInfo info;
-  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  const HfTokenizerInfo info = null_tokenizer();
   HfExportOptions eo;
   auto sum = export_hf(*m, info, eo, dir);
   ASSERT_TRUE(sum.is_ok()) << sum.status().message();
@@ -209,8 +215,7 @@ TEST(HfExportFiles, Bf16ShardsAndPaddedVocabulary) {
   auto m = random_model(llama_cfg(), 1);
   const std::string dir = artifacts() + "/bf16_shards";
   fs::remove_all(dir);
-  HfTokenizerInfo info;
-  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  const HfTokenizerInfo info = null_tokenizer();
   HfExportOptions eo;
   eo.dtype = DType::kBF16, eo.max_shard_bytes = 40000, eo.keep_vocab_padding = true;
   auto sum = export_hf(*m, info, eo, dir);
@@ -269,8 +274,7 @@ TEST(HfExportFiles, RefusesAnExistingDirectoryAndLeavesItAlone) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   { std::ofstream(dir + "/keep.txt") << "mine"; }
-  HfTokenizerInfo info;
-  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  const HfTokenizerInfo info = null_tokenizer();
   auto sum = export_hf(*m, info, {}, dir);
   ASSERT_FALSE(sum.is_ok());
   EXPECT_NE(sum.status().message().find("--output"), std::string::npos) << sum.status().message();
@@ -356,8 +360,7 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
   auto m = random_model(c.cfg, 1);
   const std::string dir = artifacts() + "/roundtrip_" + c.name;
   fs::remove_all(dir);
-  HfTokenizerInfo info;
-  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  const HfTokenizerInfo info = null_tokenizer();
   HfExportOptions eo;
   eo.max_shard_bytes = 30000;  // several shards: the index is read back too
   ASSERT_TRUE(export_hf(*m, info, eo, dir).is_ok());
@@ -445,8 +448,7 @@ TEST(HfImport, ReadsHubGpt2NamingAndF16AndNamesWhatDoesNotFit) {
   auto m = random_model(gpt2_cfg(), 1);
   const std::string dir = artifacts() + "/hub_gpt2";
   fs::remove_all(dir);
-  HfTokenizerInfo info;
-  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  const HfTokenizerInfo info = null_tokenizer();
   ASSERT_TRUE(export_hf(*m, info, {}, dir).is_ok());
   // Rewrite model.safetensors as the Hub stores GPT-2: names without the
   // prefix, F16 values, plus the causal-mask buffers.
@@ -612,8 +614,7 @@ TEST(HfImport, VocabularyRowsAndBf16Files) {
   auto m = random_model(llama_cfg(), 1);
   const std::string dir = artifacts() + "/vocab_bf16";
   fs::remove_all(dir);
-  HfTokenizerInfo info;
-  info.type = "NullTokenizer", info.vocab_size = 91, info.eod = 90;
+  const HfTokenizerInfo info = null_tokenizer();
   HfExportOptions eo;
   eo.dtype = DType::kBF16, eo.keep_vocab_padding = true;  // 96 rows in the files
   ASSERT_TRUE(export_hf(*m, info, eo, dir).is_ok());
