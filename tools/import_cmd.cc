@@ -15,6 +15,7 @@
 #include "checkpoint/hf.h"
 #include "commands.h"
 #include "core/flags.h"
+#include "data/hf_tokenizer.h"
 #include "infer/load.h"
 #include "model/gpt.h"
 
@@ -94,10 +95,18 @@ int import_main(const std::vector<std::string>& args) {
     } else if (here("tokenizer.model")) {
       tokenizer_type = "SentencePieceTokenizer";
       tokenizer_model = (dir / "tokenizer.model").string();
+    } else if (auto hft = here("tokenizer.json") ? data::HfTokenizer::load(dir.string())
+                                                  : Result<std::unique_ptr<data::HfTokenizer>>(Status::not_found(""));
+               hft) {
+      tokenizer_type = "HuggingFaceTokenizer";
+      tokenizer_model = dir.string();
     } else {
+      if (here("tokenizer.json"))
+        notes.push_back(fmt::format("tokenizer.json is not read: {}", hft.status().message()));
       tokenizer_type = "NullTokenizer";
-      notes.push_back(fmt::format("no tokenizer this build reads in {} (GPT-2's vocab.json + merges.txt, or a "
-                                  "SentencePiece tokenizer.model): NullTokenizer over {} ids; give --tokenizer-type "
+      notes.push_back(fmt::format("no tokenizer this build reads in {} (GPT-2's vocab.json + merges.txt, a "
+                                  "SentencePiece tokenizer.model or a byte-level BPE tokenizer.json): NullTokenizer "
+                                  "over {} ids; give --tokenizer-type "
                                   "and its files for text",
                                   hf, model_flags->vocab_size));
     }

@@ -103,7 +103,6 @@ int tokenize_main(const std::vector<std::string>& args) {
   std::string input, output, text;
   std::vector<std::string> json_keys;
   bool append_eod = false, decode = false, help = false, quiet = false;
-  std::optional<int64_t> null_eod, null_pad;
   FlagSet f("megatron tokenize",
             "Prints the token ids of a text (--text) or of each JSON line of --input, one line of\n"
             "space-separated ids per document; --decode turns such lines back into {\"text\": ...} lines.\n"
@@ -114,8 +113,6 @@ int tokenize_main(const std::vector<std::string>& args) {
   f.add_list("json-keys", &json_keys, "keys of each JSON line to tokenize, in order (default: text)");
   f.add_switch("decode", &decode, "read lines of ids and print each decoded text as a JSON line");
   data::register_tokenizer_flags(f, tok_cfg);
-  f.add_int("null-tokenizer-eod-id", &null_eod, "NullTokenizer's EOD id; unset: --vocab-size - 1");
-  f.add_int("null-tokenizer-pad-id", &null_pad, "NullTokenizer's pad id; unset: -1 (no pad)");
   f.section("output");
   f.add_switch("append-eod", &append_eod, "end each non-empty document with the EOD id, as preprocess --append-eod");
   f.add_string("output", &output, "write here instead of stdout");
@@ -137,8 +134,6 @@ int tokenize_main(const std::vector<std::string>& args) {
   if (f.given("text") == !input.empty())
     return fail("give exactly one of --text and --input");
   if (json_keys.empty()) json_keys = {"text"};
-  tok_cfg.null_eod_id = null_eod;
-  tok_cfg.null_pad_id = null_pad;
   auto made = data::make_tokenizer(tok_cfg);
   if (!made) return fail(made.status().message());
   const data::Tokenizer& tok = **made;

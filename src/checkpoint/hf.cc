@@ -337,8 +337,18 @@ Status write_tokenizer_files(const HfTokenizerInfo& tok, const model::ModelConfi
     if (!tok.bos_piece.empty()) cfg["bos_token"] = tok.bos_piece;
     if (!tok.eos_piece.empty()) cfg["eos_token"] = tok.eos_piece;
     if (!tok.unk_piece.empty()) cfg["unk_token"] = tok.unk_piece;
+  } else if (tok.type == "HuggingFaceTokenizer") {
+    // The files themselves: transformers reads tokenizer.json as Megatron did.
+    std::error_code ec;
+    const fs::path src = fs::is_directory(tok.tokenizer_model, ec) ? fs::path(tok.tokenizer_model)
+                                                                   : fs::path(tok.tokenizer_model).parent_path();
+    if (Status st = copy((src / "tokenizer.json").string(), "tokenizer-model", "tokenizer.json"); !st) return st;
+    for (const char* f : {"tokenizer_config.json", "special_tokens_map.json"})
+      if (fs::exists(src / f, ec))
+        if (Status st = copy((src / f).string(), "tokenizer-model", f); !st) return st;
+    return Status::ok();
   } else {
-    return Status::ok();  // NullTokenizer: ids are the text; nothing to write
+    return Status::ok();  // NullTokenizer: ids are the text; TikTokenizer: no transformers format; nothing to write
   }
   if (Status st = write_file_atomic((dir / "tokenizer_config.json").string(), cfg.dump(2) + "\n"); !st) return st;
   files->push_back("tokenizer_config.json");

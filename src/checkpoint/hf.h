@@ -66,10 +66,10 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c);
 
 struct HfTokenizerInfo {
   std::string type;  // --tokenizer-type
-  std::string vocab_file, merge_file, tokenizer_model;
+  std::string vocab_file, merge_file, tokenizer_model;  // HuggingFaceTokenizer: a directory or its tokenizer.json
   int64_t vocab_size = 0;  // before padding
   int32_t eod = -1;
-  int32_t bos = -1;        // SentencePiece: the model's BOS id (GPT-2: eod)
+  int32_t bos = -1;        // SentencePiece, HuggingFaceTokenizer: the BOS id (GPT-2: eod)
   // SentencePiece: the special pieces, for tokenizer_config.json.
   std::string bos_piece, eos_piece, unk_piece;
 };

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "data/byte_bpe.h"
 #include "data/unicode.h"
 
 namespace mt::data {
@@ -148,198 +149,7 @@ std::string replace_invalid_utf8(std::string_view s) {
   return out;
 }
 
-// ---------------------------------------------------------------------------
-// Tables
-// ---------------------------------------------------------------------------
-
 namespace {
-
-inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 32;
-  x *= 0xD6E8FEB86659FD93ull;
-  x ^= x >> 32;
-  return x;
-}
-
-// The first min(n, 8) bytes of p as a little-endian integer, zero-padded,
-// without reading past p + n.
-inline uint64_t load_head(const char* p, size_t n) {
-  uint64_t w = 0;
-  if (n >= 8) {
-    std::memcpy(&w, p, 8);
-    return w;
-  }
-  unsigned shift = 0;
-  if (n & 4) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    w = v;
-    p += 4;
-    shift = 32;
-  }
-  if (n & 2) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
-    w |= static_cast<uint64_t>(v) << shift;
-    p += 2;
-    shift += 16;
-  }
-  if (n & 1) w |= static_cast<uint64_t>(static_cast<unsigned char>(*p)) << shift;
-  return w;
-}
-
-// Hash of a byte string whose head (load_head) is already known.
-inline uint64_t hash_bytes(const char* p, size_t n, uint64_t head) {
-  uint64_t h = (head ^ (n * 0xFF51AFD7ED558CCDull)) * 0xC2B2AE3D27D4EB4Full;
-  for (size_t i = 8; i < n; i += 8) {
-    const uint64_t w = load_head(p + i, n - i);
-    h = ((h ^ (h >> 29)) ^ w) * 0xC2B2AE3D27D4EB4Full;
-  }
-  return mix64(h);
-}
-
-inline uint64_t hash_bytes(const char* p, size_t n) { return hash_bytes(p, n, load_head(p, n)); }
-
-// Token bytes -> id: open addressing. Each slot keeps the token's length and
-// first 8 bytes, so most lookups (pieces average ~5 bytes) touch one slot
-// and no other memory.
-class BytesMap {
- public:
-  void build(const std::string* arena, const std::vector<uint32_t>* off) {
-    arena_ = arena;
-    off_ = off;
-    const size_t n = off->size() - 1;
-    size_t cap = 16;
-    while (cap < 2 * n) cap <<= 1;
-    mask_ = cap - 1;
-    slots_.assign(cap, Slot{0, 0, -1});
-    for (size_t id = 0; id < n; ++id) {
-      const std::string_view b = bytes(static_cast<int32_t>(id));
-      const uint64_t head = load_head(b.data(), b.size());
-      size_t i = hash_bytes(b.data(), b.size(), head) & mask_;
-      while (slots_[i].id >= 0) i = (i + 1) & mask_;
-      slots_[i] = Slot{head, static_cast<uint32_t>(b.size()), static_cast<int32_t>(id)};
-    }
-  }
-  int32_t find(std::string_view key) const {
-    const uint64_t head = load_head(key.data(), key.size());
-    return find(key, head, hash_bytes(key.data(), key.size(), head));
-  }
-  // Starts loading the slot a key with hash h would probe first.
-  void prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
-  int32_t find(std::string_view key, uint64_t head, uint64_t h) const {
-    const uint32_t len = static_cast<uint32_t>(key.size());
-    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
-      if (s.id < 0) return -1;
-      if (s.head == head && s.len == len &&
-          (len <= 8 || std::memcmp(arena_->data() + (*off_)[s.id] + 8, key.data() + 8, len - 8) == 0))
-        return s.id;
-    }
-  }
-
- private:
-  struct Slot {
-    uint64_t head;
-    uint32_t len;
-    int32_t id;
-  };
-  std::string_view bytes(int32_t id) const {
-    return std::string_view(*arena_).substr((*off_)[id], (*off_)[id + 1] - (*off_)[id]);
-  }
-  const std::string* arena_ = nullptr;
-  const std::vector<uint32_t>* off_ = nullptr;
-  std::vector<Slot> slots_;
-  size_t mask_ = 0;
-};
-
-// (left id, right id) -> (rank, merged id).
-class MergeMap {
- public:
-  static constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
-  void reserve(size_t n) {
-    size_t cap = 16;
-    while (cap < 2 * n) cap <<= 1;
-    mask_ = cap - 1;
-    slots_.assign(cap, Slot{kEmpty, 0, 0});
-  }
-  // Later inserts of the same pair overwrite (a repeated merge keeps its last rank).
-  void insert(int32_t a, int32_t b, int32_t rank, int32_t merged) {
-    const uint64_t key = pack(a, b);
-    for (size_t i = mix64(key) & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i].key == kEmpty || slots_[i].key == key) {
-        slots_[i] = Slot{key, rank, merged};
-        return;
-      }
-    }
-  }
-  void prefetch(int32_t a, int32_t b) const { __builtin_prefetch(&slots_[mix64(pack(a, b)) & mask_]); }
-  // Rank of merging a,b (kNone if they do not merge); *merged gets the result.
-  inline int32_t find(int32_t a, int32_t b, int32_t* merged) const {
-    const uint64_t key = pack(a, b);
-    for (size_t i = mix64(key) & mask_;; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
-      if (s.key == key) {
-        *merged = s.merged;
-        return s.rank;
-      }
-      if (s.key == kEmpty) return kNone;
-    }
-  }
-
- private:
-  static constexpr uint64_t kEmpty = ~0ull;
-  static uint64_t pack(int32_t a, int32_t b) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
-  }
-  struct Slot {
-    uint64_t key;
-    int32_t rank;
-    int32_t merged;
-  };
-  std::vector<Slot> slots_;
-  size_t mask_ = 0;
-};
-
-// GPT-2's byte <-> printable-character alphabet (bytes_to_unicode): the
-// printable Latin-1 bytes stand for themselves, the other 68 bytes map to
-// U+0100 onwards in byte order.
-struct ByteAlphabet {
-  std::array<char32_t, 256> to_cp{};
-  std::array<int16_t, 512> to_byte{};
-  ByteAlphabet() {
-    to_byte.fill(-1);
-    int n = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      to_cp[b] = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
-      to_byte[to_cp[b]] = static_cast<int16_t>(b);
-    }
-  }
-};
-
-const ByteAlphabet& alphabet() {
-  static const ByteAlphabet a;
-  return a;
-}
-
-// A token string in GPT-2's alphabet -> its bytes; false if a character is
-// not in the alphabet (*bad gets it).
-bool alphabet_to_bytes(std::string_view s, std::string* out, char32_t* bad) {
-  out->clear();
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const auto* end = p + s.size();
-  while (p < end) {
-    const Utf8Char ch = decode_utf8(p, end);
-    if (!ch.valid || ch.cp >= 512 || alphabet().to_byte[ch.cp] < 0) {
-      *bad = ch.cp;
-      return false;
-    }
-    out->push_back(static_cast<char>(alphabet().to_byte[ch.cp]));
-    p += ch.len;
-  }
-  return true;
-}
 
 Result<std::string> read_whole_file(const std::string& path, const std::string& flag) {
   std::ifstream f(path, std::ios::binary);
@@ -359,77 +169,6 @@ std::string printable(std::string_view s) {
   return out;
 }
 
-// ---------------------------------------------------------------------------
-// Per-thread cache of BPE results for pieces that are not whole tokens.
-// ---------------------------------------------------------------------------
-
-constexpr size_t kCacheMaxPiece = 256;    // longer pieces are not cached
-constexpr size_t kCacheSlots = 1 << 16;   // cleared when half full
-
-std::atomic<uint64_t> g_next_instance{1};
-
-class PieceCache {
- public:
-  void reset(uint64_t owner) {
-    owner_ = owner;
-    clear();
-  }
-  uint64_t owner() const { return owner_; }
-  // Appends the cached ids of `piece` to *out; false if absent.
-  bool lookup(std::string_view piece, uint64_t head, uint64_t h, std::vector<int32_t>* out) const {
-    if (slots_.empty()) return false;
-    const uint32_t tag = static_cast<uint32_t>(h >> 32) | 1u;
-    for (size_t i = h & (kCacheSlots - 1);; i = (i + 1) & (kCacheSlots - 1)) {
-      const Slot& s = slots_[i];
-      if (s.tag == 0) return false;
-      if (s.tag == tag && s.head == head && s.key_len == piece.size() &&
-          (piece.size() <= 8 ||
-           std::memcmp(keys_.data() + s.key_off + 8, piece.data() + 8, piece.size() - 8) == 0)) {
-        const int32_t* ids = ids_.data() + s.ids_off;
-        out->insert(out->end(), ids, ids + s.n_ids);
-        return true;
-      }
-    }
-  }
-  void insert(std::string_view piece, uint64_t head, uint64_t h, const int32_t* ids, size_t n) {
-    if (slots_.empty()) slots_.assign(kCacheSlots, Slot{});
-    if (used_ >= kCacheSlots / 2) clear();
-    const uint32_t tag = static_cast<uint32_t>(h >> 32) | 1u;
-    size_t i = h & (kCacheSlots - 1);
-    while (slots_[i].tag != 0) i = (i + 1) & (kCacheSlots - 1);
-    slots_[i] = Slot{head, tag, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()),
-                     static_cast<uint16_t>(piece.size()), static_cast<uint16_t>(n)};
-    keys_.append(piece);
-    ids_.insert(ids_.end(), ids, ids + n);
-    ++used_;
-  }
-
- private:
-  struct Slot {
-    uint64_t head = 0;  // first 8 bytes of the piece
-    uint32_t tag = 0;   // 0 = empty
-    uint32_t key_off = 0, ids_off = 0;
-    uint16_t key_len = 0, n_ids = 0;
-  };
-  void clear() {
-    if (!slots_.empty()) std::fill(slots_.begin(), slots_.end(), Slot{});
-    keys_.clear();
-    ids_.clear();
-    used_ = 0;
-  }
-  uint64_t owner_ = 0;
-  std::vector<Slot> slots_;
-  std::string keys_;
-  std::vector<int32_t> ids_;
-  size_t used_ = 0;
-};
-
-PieceCache& thread_cache(uint64_t owner) {
-  thread_local PieceCache cache;
-  if (cache.owner() != owner) cache.reset(owner);
-  return cache;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -437,93 +176,7 @@ PieceCache& thread_cache(uint64_t owner) {
 // ---------------------------------------------------------------------------
 
 struct Gpt2BpeTokenizer::Impl {
-  std::string arena;              // all token bytes
-  std::vector<uint32_t> off;      // token id -> offset in arena (size V + 1)
-  BytesMap vocab;                 // bytes -> id
-  MergeMap merges;                // (a, b) -> (rank, merged)
-  std::array<int32_t, 256> byte_id{};
-  std::vector<uint8_t> whole_ok;  // id -> its own bytes BPE to exactly [id]
-  uint64_t instance = 0;
-
-  std::string_view bytes(int32_t id) const {
-    return std::string_view(arena).substr(off[id], off[id + 1] - off[id]);
-  }
-  int64_t size() const { return static_cast<int64_t>(off.size()) - 1; }
-
-  // BPE of `piece` (>= 2 bytes), appended to *out.
-  void bpe(std::string_view piece, std::vector<int32_t>* out) const {
-    constexpr size_t kSmall = 96;
-    const size_t n = piece.size();
-    if (n > kSmall) return bpe_heap(piece, out);
-    int32_t ids[kSmall], rank[kSmall], merged[kSmall];
-    for (size_t i = 0; i < n; ++i) ids[i] = byte_id[static_cast<unsigned char>(piece[i])];
-    size_t m = n;
-    // The first lookups are independent: start all their loads at once.
-    for (size_t i = 0; i + 1 < m; ++i) merges.prefetch(ids[i], ids[i + 1]);
-    for (size_t i = 0; i + 1 < m; ++i) rank[i] = merges.find(ids[i], ids[i + 1], &merged[i]);
-    rank[m - 1] = MergeMap::kNone;
-    while (m > 1) {
-      // Lowest rank, leftmost on ties (equal rank = the same pair).
-      size_t best = 0;
-      int32_t r = rank[0];
-      for (size_t i = 1; i + 1 < m; ++i)
-        if (rank[i] < r) {
-          r = rank[i];
-          best = i;
-        }
-      if (r == MergeMap::kNone) break;
-      ids[best] = merged[best];
-      const size_t tail = m - best - 2;
-      std::memmove(ids + best + 1, ids + best + 2, tail * sizeof(int32_t));
-      std::memmove(rank + best + 1, rank + best + 2, tail * sizeof(int32_t));
-      std::memmove(merged + best + 1, merged + best + 2, tail * sizeof(int32_t));
-      --m;
-      rank[m - 1] = MergeMap::kNone;
-      if (best + 1 < m) rank[best] = merges.find(ids[best], ids[best + 1], &merged[best]);
-      else rank[best] = MergeMap::kNone;
-      if (best > 0) rank[best - 1] = merges.find(ids[best - 1], ids[best], &merged[best - 1]);
-    }
-    out->insert(out->end(), ids, ids + m);
-  }
-
-  // O(n log n) BPE for long pieces: a linked list of symbols and a heap of
-  // candidate merges ordered by (rank, position); stale entries are skipped.
-  void bpe_heap(std::string_view piece, std::vector<int32_t>* out) const {
-    const size_t n = piece.size();
-    std::vector<int32_t> id(n), next(n), prev(n);
-    for (size_t i = 0; i < n; ++i) {
-      id[i] = byte_id[static_cast<unsigned char>(piece[i])];
-      next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
-      prev[i] = static_cast<int32_t>(i) - 1;
-    }
-    using Entry = std::pair<uint64_t, uint64_t>;  // (rank << 32 | pos, merged)
-    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
-    auto push = [&](int32_t i) {
-      if (i < 0 || next[i] < 0) return;
-      int32_t m;
-      const int32_t r = merges.find(id[i], id[next[i]], &m);
-      if (r != MergeMap::kNone)
-        heap.push({(static_cast<uint64_t>(r) << 32) | static_cast<uint32_t>(i), static_cast<uint32_t>(m)});
-    };
-    for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
-    while (!heap.empty()) {
-      const auto [key, m] = heap.top();
-      heap.pop();
-      const int32_t i = static_cast<int32_t>(key & 0xFFFFFFFFu);
-      const int32_t r = static_cast<int32_t>(key >> 32);
-      if (id[i] < 0 || next[i] < 0) continue;
-      int32_t cur;
-      if (merges.find(id[i], id[next[i]], &cur) != r) continue;  // the pair changed
-      const int32_t j = next[i];
-      id[i] = static_cast<int32_t>(m);
-      id[j] = -1;
-      next[i] = next[j];
-      if (next[j] >= 0) prev[next[j]] = i;
-      push(prev[i]);
-      push(i);
-    }
-    for (int32_t i = 0; i >= 0; i = next[i]) out->push_back(id[i]);
-  }
+  std::unique_ptr<BytePairEncoder> bpe;
 };
 
 Gpt2BpeTokenizer::Gpt2BpeTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -566,27 +219,24 @@ Result<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::from_strings(std::st
     if (seen[id]) return Status::corrupt(fmt::format("{}: id {} is used twice", vocab_name, id));
     seen[id] = 1;
     char32_t bad;
-    if (!alphabet_to_bytes(it.key(), &bytes, &bad))
+    if (!byte_level_to_bytes(it.key(), &bytes, &bad))
       return Status::corrupt(fmt::format(
           "{}: entry \"{}\" (id {}) has character U+{:04X}, which is not in GPT-2's byte alphabet", vocab_name,
           printable(it.key()), id, static_cast<uint32_t>(bad)));
     tok[id] = bytes;
   }
-  impl->off.resize(V + 1);
-  for (size_t id = 0; id < V; ++id) {
-    impl->off[id] = static_cast<uint32_t>(impl->arena.size());
-    impl->arena += tok[id];
-  }
-  impl->off[V] = static_cast<uint32_t>(impl->arena.size());
-  impl->vocab.build(&impl->arena, &impl->off);
+  for (size_t id = 0; id < V; ++id)
+    if (tok[id].empty()) return Status::corrupt(fmt::format("{}: id {} is the empty string", vocab_name, id));
+  auto engine = BytePairEncoder::create(std::move(tok), vocab_name);
+  if (!engine) return engine.status();
+  impl->bpe = std::move(*engine);
+  BytePairEncoder& bpe = *impl->bpe;
   for (int b = 0; b < 256; ++b) {
-    const char c = static_cast<char>(b);
-    impl->byte_id[b] = impl->vocab.find(std::string_view(&c, 1));
-    if (impl->byte_id[b] < 0)
+    if (bpe.byte_id(static_cast<uint8_t>(b)) < 0)
       return Status::corrupt(fmt::format("{}: no token for the single byte 0x{:02x} (character U+{:04X})",
-                                         vocab_name, b, static_cast<uint32_t>(alphabet().to_cp[b])));
+                                         vocab_name, b, static_cast<uint32_t>(byte_level_char(static_cast<uint8_t>(b)))));
   }
-  const int32_t eod = impl->vocab.find("<|endoftext|>");
+  const int32_t eod = bpe.find("<|endoftext|>");
   if (eod < 0) return Status::corrupt(fmt::format("{}: no \"<|endoftext|>\" entry (GPT-2's EOD)", vocab_name));
 
   // merges.txt: optional "#version" first line, then "a b" per line by rank.
@@ -615,11 +265,11 @@ Result<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::from_strings(std::st
       return Status::corrupt(fmt::format("{}: line {}: expected two tokens separated by a space, got \"{}\"",
                                          merge_name, line_no, printable(line)));
     char32_t bad;
-    if (!alphabet_to_bytes(parts[0], &left, &bad) || !alphabet_to_bytes(parts[1], &right, &bad))
+    if (!byte_level_to_bytes(parts[0], &left, &bad) || !byte_level_to_bytes(parts[1], &right, &bad))
       return Status::corrupt(fmt::format("{}: line {}: character U+{:04X} is not in GPT-2's byte alphabet",
                                          merge_name, line_no, static_cast<uint32_t>(bad)));
-    const int32_t a = impl->vocab.find(left), b = impl->vocab.find(right);
-    const int32_t m = impl->vocab.find(left + right);
+    const int32_t a = bpe.find(left), b = bpe.find(right);
+    const int32_t m = bpe.find(left + right);
     if (a < 0 || b < 0 || m < 0) {
       const std::string missing = a < 0 ? std::string(parts[0]) : b < 0 ? std::string(parts[1])
                                                                         : std::string(parts[0]) + std::string(parts[1]);
@@ -629,93 +279,43 @@ Result<std::unique_ptr<Gpt2BpeTokenizer>> Gpt2BpeTokenizer::from_strings(std::st
     list.push_back({a, b, m});
   }
   if (list.empty()) return Status::corrupt(fmt::format("{}: no merges", merge_name));
-  impl->merges.reserve(list.size());
-  for (size_t r = 0; r < list.size(); ++r)
-    impl->merges.insert(list[r][0], list[r][1], static_cast<int32_t>(r), list[r][2]);
-
+  bpe.set_merges(list);
   // A whole piece equal to a token is that token only if the token's own BPE
   // gives it back (true for all of GPT-2's; not guaranteed for any files).
-  impl->whole_ok.assign(V, 0);
-  std::vector<int32_t> ids;
-  for (size_t id = 0; id < V; ++id) {
-    const std::string_view b = impl->bytes(static_cast<int32_t>(id));
-    if (b.size() <= 1) {
-      impl->whole_ok[id] = b.size() == 1;
-      continue;
-    }
-    ids.clear();
-    impl->bpe(b, &ids);
-    impl->whole_ok[id] = ids.size() == 1 && ids[0] == static_cast<int32_t>(id);
-  }
-  impl->instance = g_next_instance.fetch_add(1);
+  Status st = bpe.finish(BytePairEncoder::WholePiece::kIfBpeAgrees, vocab_name);
+  if (!st) return st;
   auto t = std::unique_ptr<Gpt2BpeTokenizer>(new Gpt2BpeTokenizer(std::move(impl)));
   t->eod_ = eod;
   return t;
 }
 
-int64_t Gpt2BpeTokenizer::vocab_size() const { return impl_->size(); }
+int64_t Gpt2BpeTokenizer::vocab_size() const { return impl_->bpe->size(); }
 
-std::string_view Gpt2BpeTokenizer::token_bytes(int32_t id) const { return impl_->bytes(id); }
+std::string_view Gpt2BpeTokenizer::token_bytes(int32_t id) const { return impl_->bpe->bytes(id); }
 
 void Gpt2BpeTokenizer::bpe_fast(std::string_view piece, std::vector<int32_t>* out) const {
-  if (piece.empty()) return;
-  if (piece.size() == 1) {
-    out->push_back(impl_->byte_id[static_cast<unsigned char>(piece[0])]);
-    return;
-  }
-  impl_->bpe(piece, out);
+  impl_->bpe->bpe(piece, out);
 }
 
 std::vector<int32_t> Gpt2BpeTokenizer::bpe_reference(std::string_view piece) const {
-  // Megatron's loop, on symbol ids: find the lowest-ranked adjacent pair,
-  // merge all its occurrences left to right, repeat until nothing merges.
-  std::vector<int32_t> word;
-  for (unsigned char c : piece) word.push_back(impl_->byte_id[c]);
-  while (word.size() > 1) {
-    int32_t best = MergeMap::kNone, a = -1, b = -1, m = -1;
-    for (size_t i = 0; i + 1 < word.size(); ++i) {
-      int32_t merged;
-      const int32_t r = impl_->merges.find(word[i], word[i + 1], &merged);
-      if (r < best) {
-        best = r;
-        a = word[i];
-        b = word[i + 1];
-        m = merged;
-      }
-    }
-    if (best == MergeMap::kNone) break;
-    std::vector<int32_t> next;
-    for (size_t i = 0; i < word.size();) {
-      if (i + 1 < word.size() && word[i] == a && word[i + 1] == b) {
-        next.push_back(m);
-        i += 2;
-      } else {
-        next.push_back(word[i++]);
-      }
-    }
-    word.swap(next);
-  }
-  return word;
+  return impl_->bpe->bpe_reference(piece);
 }
 
 void Gpt2BpeTokenizer::encode(std::string_view text, std::vector<int32_t>* out) const {
-  const Impl& im = *impl_;
-  PieceCache* cache = nullptr;
+  const BytePairEncoder& bpe = *impl_->bpe;
   // Software-pipelined by one piece: the next piece is found and its
   // vocabulary slot prefetched before the current one is looked up, which
   // hides most of the cache miss on the (2 MB) table.
   struct Piece {
     size_t begin = 0, end = 0;
-    uint64_t head = 0, hash = 0;
+    BytePairEncoder::Key key;
   };
   auto scan = [&](size_t begin, Piece* p) {
     p->begin = begin;
     p->end = gpt2_piece_end(text, begin);
-    const size_t n = p->end - begin;
-    if (n > 1) {
-      p->head = load_head(text.data() + begin, n);
-      p->hash = hash_bytes(text.data() + begin, n, p->head);
-      im.vocab.prefetch(p->hash);
+    if (p->end - begin > 1) {
+      p->key = BytePairEncoder::key(text.substr(begin, p->end - begin));
+      bpe.prefetch(p->key);
     }
   };
   if (text.empty()) return;
@@ -724,21 +324,7 @@ void Gpt2BpeTokenizer::encode(std::string_view text, std::vector<int32_t>* out) 
   while (cur.begin < text.size()) {
     if (cur.end < text.size()) scan(cur.end, &next);
     else next.begin = text.size();
-    const std::string_view piece = text.substr(cur.begin, cur.end - cur.begin);
-    if (piece.size() == 1) {
-      out->push_back(im.byte_id[static_cast<unsigned char>(piece[0])]);
-    } else if (const int32_t id = im.vocab.find(piece, cur.head, cur.hash); id >= 0 && im.whole_ok[id]) {
-      out->push_back(id);
-    } else if (piece.size() > kCacheMaxPiece) {
-      im.bpe(piece, out);
-    } else {
-      if (cache == nullptr) cache = &thread_cache(im.instance);
-      if (!cache->lookup(piece, cur.head, cur.hash, out)) {
-        const size_t before = out->size();
-        im.bpe(piece, out);
-        cache->insert(piece, cur.head, cur.hash, out->data() + before, out->size() - before);
-      }
-    }
+    bpe.encode_piece(text.substr(cur.begin, cur.end - cur.begin), cur.key, out);
     cur = next;
   }
 }
@@ -753,17 +339,18 @@ Status Gpt2BpeTokenizer::encode_checked(std::string_view text, std::vector<int32
 }
 
 Result<std::string> Gpt2BpeTokenizer::decode(std::span<const int32_t> ids) const {
-  const int64_t V = impl_->size();
+  const BytePairEncoder& bpe = *impl_->bpe;
+  const int64_t V = bpe.size();
   size_t total = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= V)
       return Status::invalid(fmt::format("GPT2BPETokenizer: token id {} at position {} is outside the vocabulary [0, {})",
                                          ids[i], i, V));
-    total += impl_->off[ids[i] + 1] - impl_->off[ids[i]];
+    total += bpe.bytes(ids[i]).size();
   }
   std::string out;
   out.reserve(total);
-  for (int32_t id : ids) out += impl_->bytes(id);
+  for (int32_t id : ids) out += bpe.bytes(id);
   return out;
 }
 

@@ -3,20 +3,23 @@
 #include <fmt/format.h>
 
 #include "data/gpt2_bpe.h"
+#include "data/hf_tokenizer.h"
 #include "data/null_tokenizer.h"
 #include "data/sentencepiece_tokenizer.h"
+#include "data/tiktoken_tokenizer.h"
 
 namespace mt::data {
 
 namespace {
 
 constexpr const char* kSupported =
-    "GPT2BPETokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, NullTokenizer";
+    "GPT2BPETokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, TikTokenizer, "
+    "HuggingFaceTokenizer (byte-level BPE tokenizer.json), NullTokenizer";
 
 // Megatron --tokenizer-type values this implementation does not provide.
 bool known_but_unsupported(const std::string& t) {
-  return t == "BertWordPieceLowerCase" || t == "BertWordPieceCase" || t == "HuggingFaceTokenizer" ||
-         t == "TikTokenizer" || t == "MultimodalTokenizer" || t == "NullMultimodalTokenizer" ||
+  return t == "BertWordPieceLowerCase" || t == "BertWordPieceCase" ||
+         t == "MultimodalTokenizer" || t == "NullMultimodalTokenizer" ||
          t == "SFTTokenizer";
 }
 
@@ -41,6 +44,23 @@ Result<std::unique_ptr<Tokenizer>> make_tokenizer(const TokenizerConfig& cfg) {
     if (cfg.tokenizer_model.empty())
       return Status::invalid(fmt::format("--tokenizer-model is required with --tokenizer-type {} (a SentencePiece .model file)", t));
     return upcast(SentencePieceTokenizer::load(cfg.tokenizer_model, t));
+  }
+  if (t == "TikTokenizer") {
+    if (cfg.tokenizer_model.empty())
+      return Status::invalid("--tokenizer-model is required with --tokenizer-type TikTokenizer (a JSON list of "
+                             "{rank, token_bytes, token_str})");
+    TikTokenizer::Options o;
+    if (!cfg.tiktoken_pattern.empty()) o.pattern = cfg.tiktoken_pattern;
+    o.num_special_tokens = cfg.tiktoken_num_special_tokens;
+    o.special_tokens = cfg.special_tokens;
+    if (cfg.vocab_size) o.vocab_size = *cfg.vocab_size;
+    return upcast(TikTokenizer::load(cfg.tokenizer_model, o));
+  }
+  if (t == "HuggingFaceTokenizer") {
+    if (cfg.tokenizer_model.empty())
+      return Status::invalid("--tokenizer-model is required with --tokenizer-type HuggingFaceTokenizer (a local "
+                             "directory with tokenizer.json; hub names are not downloaded)");
+    return upcast(HfTokenizer::load(cfg.tokenizer_model, cfg.hf_include_special_tokens));
   }
   if (t == "NullTokenizer") {
     if (!cfg.vocab_size)

@@ -3,6 +3,12 @@
 //   GPT2BPETokenizer        byte-level BPE from vocab.json + merges.txt, GPT-2's
 //                           pre-tokenisation pattern; EOD <|endoftext|>
 //   SentencePieceTokenizer  a .model file through libsentencepiece (LLaMA-2 style)
+//   TikTokenizer            Megatron's tiktoken format (a JSON list of ranked
+//                           base64 tokens) with special tokens first and its
+//                           v1/v2 patterns (data/tiktoken_tokenizer.h)
+//   HuggingFaceTokenizer    a byte-level BPE tokenizer.json (and its
+//                           tokenizer_config.json) from --tokenizer-model DIR
+//                           (data/hf_tokenizer.h)
 //   NullTokenizer           --vocab-size N; text is whitespace-separated ids;
 //                           EOD = N - 1 (Megatron-Core >= 0.18)
 // encode() and decode() are const and safe to call from several threads at
@@ -49,8 +55,12 @@ struct TokenizerConfig {
   std::string type;              // --tokenizer-type
   std::string vocab_file;        // --vocab-file (GPT2BPETokenizer: vocab.json / encoder.json)
   std::string merge_file;        // --merge-file (merges.txt / vocab.bpe)
-  std::string tokenizer_model;   // --tokenizer-model (SentencePiece .model)
-  std::optional<int64_t> vocab_size;  // --vocab-size (NullTokenizer)
+  std::string tokenizer_model;   // --tokenizer-model (SentencePiece .model, TikTokenizer .json)
+  std::optional<int64_t> vocab_size;  // --vocab-size (NullTokenizer; TikTokenizer, default 131072)
+  std::string tiktoken_pattern;  // --tiktoken-pattern v1|v2 (empty: v2)
+  int64_t tiktoken_num_special_tokens = 1000;  // --tiktoken-num-special-tokens
+  std::vector<std::string> special_tokens;     // --tokenizer-special-tokens
+  bool hf_include_special_tokens = true;       // off: --tokenizer-hf-no-include-special-tokens
   std::optional<int64_t> null_eod_id;  // --null-tokenizer-eod-id (default vocab_size - 1)
   std::optional<int64_t> null_pad_id;  // --null-tokenizer-pad-id (default -1: none)
 };

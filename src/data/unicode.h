@@ -25,6 +25,22 @@ enum class CharClass : uint8_t {
 // Class of a code point; kOther for anything above U+10FFFF.
 CharClass char_class(char32_t cp);
 
+// Unicode General_Category values (scripts/gen_unicode_tables.py --gc, same
+// Unicode version as char_class).
+enum class GeneralCategory : uint8_t {
+  kLu, kLl, kLt, kLm, kLo, kMn, kMc, kMe, kNd, kNl, kNo, kPc, kPd, kPs, kPe,
+  kPi, kPf, kPo, kSm, kSc, kSk, kSo, kZs, kZl, kZp, kCc, kCf, kCs, kCo, kCn,
+};
+constexpr int kNumGeneralCategories = 30;
+
+// General_Category of cp in the low 5 bits, plus kWhiteSpaceBit when cp has
+// the White_Space property. Above U+10FFFF: Cn, not white space.
+constexpr uint8_t kWhiteSpaceBit = 32;
+uint8_t unicode_props(char32_t cp);
+inline GeneralCategory general_category(char32_t cp) {
+  return static_cast<GeneralCategory>(unicode_props(cp) & 31);
+}
+
 struct Utf8Char {
   char32_t cp;   // the code point, or the byte value when !valid
   uint8_t len;   // bytes consumed (1..4; 1 when !valid)
@@ -37,6 +53,20 @@ Utf8Char decode_utf8(const unsigned char* p, const unsigned char* end);
 // Byte offset of the first invalid UTF-8 sequence in `s`, or npos if `s` is
 // valid UTF-8.
 size_t find_invalid_utf8(std::string_view s);
+
+// Byte offset of the first code point of `s` whose NFC_Quick_Check is No or
+// Maybe, or npos: text without one is in Unicode Normalization Form C already
+// (invalid UTF-8 bytes are skipped here).
+size_t find_nfc_quick_check_failure(std::string_view s);
+
+// Unicode Normalization Form C of `s` (UAX #15: canonical decomposition,
+// canonical ordering, canonical composition; Hangul algorithmically), the
+// normalizer of Hugging Face tokenizers such as Qwen2's. Text that passes the
+// quick check is returned as it is. Invalid UTF-8 bytes are kept, each acting
+// as a starter that composes with nothing.
+std::string nfc(std::string_view s);
+// Canonical_Combining_Class of cp.
+uint8_t combining_class(char32_t cp);
 
 // Appends the UTF-8 encoding of cp (REQUIRES: cp <= 0x10FFFF).
 void append_utf8(char32_t cp, std::string* out);

@@ -24,7 +24,7 @@ Result<RebuiltConfig> config_from_training_argv(const std::vector<std::string>& 
   // Tokenizer, as run_training builds it (train/trainer.cc).
   data::TokenizerConfig tk = tc.tokenizer;
   tk.vocab_file = mc.vocab_file;
-  if (tk.type == "NullTokenizer") tk.vocab_size = mc.vocab_size;
+  if (tk.type == "NullTokenizer" || tk.type == "TikTokenizer") tk.vocab_size = mc.vocab_size;
   if (!opt.vocab_file.empty()) tk.vocab_file = opt.vocab_file;
   if (!opt.merge_file.empty()) tk.merge_file = opt.merge_file;
   if (!opt.tokenizer_model.empty()) tk.tokenizer_model = opt.tokenizer_model;

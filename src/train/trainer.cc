@@ -145,7 +145,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
                                    backend.cuda_devices));
   data::TokenizerConfig tc = cfg.tokenizer;
   tc.vocab_file = mc.vocab_file;
-  if (tc.type == "NullTokenizer") tc.vocab_size = mc.vocab_size;
+  if (tc.type == "NullTokenizer" || tc.type == "TikTokenizer") tc.vocab_size = mc.vocab_size;
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (!tc.type.empty()) {
     auto tok = data::make_tokenizer(tc);
@@ -256,7 +256,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   std::string group_kind = "MPI";
   if (uses_nccl_groups(cfg.device, world)) {
 #ifdef MT_HAVE_NCCL
-    if (Status s = comm::init_nccl(); !s.ok()) return s;
+    if (Status s = comm::init_nccl(); !s) return s;
     make_group = [](const std::vector<int>& members, const std::string& name) {
       return device_group_kind(name) ? comm::make_nccl_group(members, name) : comm::make_group(members, name);
     };

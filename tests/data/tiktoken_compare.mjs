@@ -1,14 +1,25 @@
-// Token-id equality between `megatron tokenize --tokenizer-type GPT2BPETokenizer`
-// and tiktoken's `gpt2` encoding (npm tiktoken, OpenAI's Rust core compiled to
-// WASM), document by document, on:
+// Token-id equality between `megatron tokenize` and tiktoken (npm tiktoken,
+// OpenAI's Rust core compiled to WASM), document by document. MODE:
+//   gpt2    --tokenizer-type GPT2BPETokenizer vs tiktoken's `gpt2` encoding
+//           (`<|endoftext|>` inside text is ordinary text on both sides)
+//   tik-v1  --tokenizer-type TikTokenizer --tiktoken-pattern v1 on a Megatron
+//           vocabulary file made from cl100k_base's ranks (single bytes moved
+//           to ranks 0..255 as Megatron's format requires; the merges are
+//           unchanged), 1010 special tokens of which 9 named, --vocab-size
+//           cutting the file to its first 60000 tokens
+//   tik-v2  TikTokenizer, pattern v2, o200k_base's ranks, Megatron's default
+//           1000 special tokens, the whole file
+// For TikTokenizer the reference is a tiktoken Encoding built as Megatron's
+// TikTokenTokenizer builds it (ranks + N, the specials 0..N-1, the pattern)
+// and encoding with allowed_special "all", as Megatron's text_to_ids does.
+// Inputs:
 //   1. the whole default corpus (data/corpus/corpus.jsonl, built by scripts/setup.sh),
 //   2. ../shared/testdata/megatron-preprocess/small.jsonl (Megatron's golden input),
 //   3. every code point of planes 0-3 and 14 (and a sample of the rest) in
 //      contexts that expose its class (letter, number, whitespace, other),
 //   4. seeded random strings over all the pattern's branches.
-// `<|endoftext|>` inside text is ordinary text on both sides.
 //
-// usage: node tiktoken_compare.mjs MEGATRON_BINARY SOURCE_DIR SMALL_JSONL WORK_DIR
+// usage: node tiktoken_compare.mjs MEGATRON_BINARY SOURCE_DIR SMALL_JSONL WORK_DIR [MODE]
 // Exit 0: equal; 1: a difference (the first ones are printed); 77: skipped
 // (tiktoken or the GPT-2 files are not installed, or the corpus is missing
 // while everything else matched).
@@ -18,7 +29,8 @@ import { createRequire } from "node:module";
 import fs from "node:fs";
 import path from "node:path";
 
-const [megatronArg, rootArg, smallJsonl, workDir] = process.argv.slice(2);
+const [megatronArg, rootArg, smallJsonl, workDir, modeArg] = process.argv.slice(2);
+const mode = modeArg || "gpt2";
 const megatron = megatronArg && path.resolve(megatronArg);
 const root = rootArg && path.resolve(rootArg);
 if (!workDir) {
@@ -40,13 +52,40 @@ if (!fs.existsSync(vocab) || !fs.existsSync(merges)) {
   process.exit(77);
 }
 fs.mkdirSync(workDir, { recursive: true });
-const enc = tiktoken.get_encoding("gpt2");
+
+const TIK = {
+  "tik-v1": { encoding: "cl100k_base", pattern: "v1", numSpecial: 1010, vocabSize: 60000,
+              specials: ["<sep>", "<cls>", "<pad>", "<mask>", "</s>", "<s>", "<unk>", "<|im_start|>", "<|im_end|>"] },
+  "tik-v2": { encoding: "o200k_base", pattern: "v2", numSpecial: 1000, vocabSize: null,
+              specials: ["<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>"] },
+};
+let enc, tokenizerArgs, allowed;
+if (mode === "gpt2") {
+  enc = tiktoken.get_encoding("gpt2");
+  tokenizerArgs = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges];
+  allowed = [];  // no special tokens: <|endoftext|> is text
+} else if (TIK[mode]) {
+  const t = TIK[mode];
+  const { megatronTokens, writeMegatronFile, megatronEncoder } = await import(
+    path.join(root, "scripts/tiktoken_megatron.mjs"));
+  const list = megatronTokens(t.encoding);
+  const file = path.join(workDir, `${t.encoding}.megatron.json`);
+  writeMegatronFile(list, file);
+  const vocabSize = t.vocabSize || list.length + t.numSpecial;
+  enc = megatronEncoder(list, { pattern: t.pattern, numSpecial: t.numSpecial, specials: t.specials, vocabSize });
+  tokenizerArgs = ["--tokenizer-type", "TikTokenizer", "--tokenizer-model", file, "--tiktoken-pattern", t.pattern,
+                   "--tiktoken-num-special-tokens", String(t.numSpecial), "--vocab-size", String(vocabSize),
+                   "--tokenizer-special-tokens", ...t.specials];
+  allowed = "all";
+} else {
+  console.error(`unknown MODE ${mode}: gpt2, tik-v1 or tik-v2`);
+  process.exit(2);
+}
 
 // Our ids for each JSON line of `file`, as arrays of numbers.
 function ours(file) {
   const out = path.join(workDir, path.basename(file) + ".ids");
-  execFileSync(megatron, ["tokenize", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab,
-                          "--merge-file", merges, "--input", file, "--output", out],
+  execFileSync(megatron, ["tokenize", ...tokenizerArgs, "--input", file, "--output", out],
                { stdio: ["ignore", "inherit", "inherit"] });
   const lines = fs.readFileSync(out, "utf8").split("\n");
   lines.pop();  // after the last '\n'
@@ -65,7 +104,7 @@ function compare(label, file) {
   }
   let tokens = 0, bytes = 0, bad = 0;
   for (let i = 0; i < texts.length; i++) {
-    const ref = enc.encode(texts[i], [], []);  // no special tokens: <|endoftext|> is text
+    const ref = enc.encode(texts[i], allowed, []);
     const got = mine[i].length ? mine[i].split(" ").map(Number) : [];
     tokens += ref.length;
     bytes += Buffer.byteLength(texts[i]);
@@ -85,7 +124,7 @@ function compare(label, file) {
     }
   }
   failures += bad;
-  console.log(`${label}: ${texts.length} documents, ${(bytes / 1e6).toFixed(2)} MB, ${tokens} tokens: ` +
+  console.log(`${mode} ${label}: ${texts.length} documents, ${(bytes / 1e6).toFixed(2)} MB, ${tokens} tokens: ` +
               (bad ? `${bad} documents DIFFER` : "identical") + ` (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
 }
 
@@ -120,7 +159,8 @@ function randomDocs() {
   const pool = ["a", "Z", "s", "t", "re", "ve", "ll", "m", "d", "é", "ß", "中", "ア", "ー", "0", "9", "٣", "½", "Ⅳ",
                 " ", " ", " ", "  ", "\t", "\n", "\r\n", "\v", "\f", "\u00a0", "\u3000", "\u2028", "\u0085",
                 "\u1680", "'", "'", ".", ",", "!", "-", "_", "\u0301", "\u200b", "\u200d", "\ufeff", "😀", "🏽",
-                "\u001c", "#", "\"", "<|endoftext|>", "the", " the", "Hello", "1234567", "=".repeat(150),
+                "\u001c", "#", "\"", "<|endoftext|>", "</s>", "<s>", "<pad>", "<SPECIAL_17>", "<SPECIAL_", "<|im_end|>",
+                "/", "\n/", "Ǆ", "ǅ", "ʰ", "\u0300", "IJ", "McDonald", "iPhone", "ÀÉ", "the", " the", "Hello", "1234567", "=".repeat(150),
                 "a".repeat(120), "ab".repeat(70), "\n\n\n", "    "];
   const docs = [];
   for (let i = 0; i < 20000; i++) {

@@ -2,9 +2,18 @@
 // against Python's `regex` module on every code point, ids against Megatron's
 // golden preprocess output, the fast BPE against the textbook loop, threads,
 // round trips, bad files), SentencePiece against Debian's spm_encode/spm_decode
-// on a model trained here, NullTokenizer, make_tokenizer's messages.
+// on a model trained here, NullTokenizer, make_tokenizer's messages; the
+// pre-tokenisation regex engine against Python's `regex` module on tiktoken's,
+// Megatron's and Hugging Face models' patterns and on syntax they do not use,
+// General_Category on every code point; TikTokenizer on a vocabulary built
+// here (ids, specials, decode, each bad-file message); NFC against Python's
+// unicodedata; HuggingFaceTokenizer on a tokenizer.json built here (template,
+// added tokens, options, each refusal).
 // Token equality with tiktoken on the whole default corpus is
-// tests/data/tiktoken_compare.mjs (ctest: data.tiktoken_compare).
+// tests/data/tiktoken_compare.mjs (ctest: data.tiktoken_compare for GPT-2,
+// data.tiktoken_compare_v1/_v2 for TikTokenizer on cl100k/o200k ranks);
+// HuggingFaceTokenizer's against tokenizers.js is
+// tests/data/hf_tokenizer_compare.mjs (ctest: data.hf_tokenizer_compare).
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -19,8 +28,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/byte_bpe.h"
 #include "data/gpt2_bpe.h"
+#include "data/hf_tokenizer.h"
 #include "data/null_tokenizer.h"
+#include "data/pretok_regex.h"
+#include "data/tiktoken_tokenizer.h"
 #include "data/sentencepiece_tokenizer.h"
 #include "data/tokenizer.h"
 #include "data/unicode.h"
@@ -623,7 +636,7 @@ TEST(MakeTokenizer, TypesAndMessages) {
   EXPECT_NE(msg(s).find("not a SentencePiece model"), std::string::npos);
 
   TokenizerConfig u;
-  u.type = "HuggingFaceTokenizer";
+  u.type = "SFTTokenizer";
   EXPECT_NE(msg(u).find("does not provide"), std::string::npos);
   u.type = "GPT2BPE";
   EXPECT_NE(msg(u).find("unknown; supported: GPT2BPETokenizer"), std::string::npos);
@@ -771,6 +784,460 @@ TEST_F(SentencePieceTest, ThreadsInvalidUtf8AndRange) {
     });
   for (auto& x : th) x.join();
   EXPECT_EQ(ok, std::vector<int>(4, 1));
+}
+
+// ---------------------------------------------------------------------------
+// Pre-tokenisation regex engine
+// ---------------------------------------------------------------------------
+
+// Every code point's General_Category and White_Space bit equal what Python's
+// `regex` module matches with \p{Lu} ... \p{Cn} and \s.
+TEST(Unicode, GeneralCategoryMatchesPythonRegex) {
+  if (!have_python_regex()) GTEST_SKIP() << "python3-regex is not installed (scripts/setup.sh installs it)";
+  const std::string out = temp_dir() + "/gc.bin";
+  const std::string py_file = temp_dir() + "/gc.py";
+  std::ofstream(py_file) << "import regex,sys\n"
+                            "s=''.join(chr(c) for c in range(0x110000))\n"
+                            "b=bytearray(0x110000)\n"
+                            "names='Lu Ll Lt Lm Lo Mn Mc Me Nd Nl No Pc Pd Ps Pe Pi Pf Po Sm Sc Sk So Zs Zl Zp Cc Cf "
+                            "Cs Co Cn'.split()\n"
+                            "for v,n in enumerate(names):\n"
+                            "  for m in regex.finditer(r'\\p{'+n+'}',s): b[m.start()]=v\n"
+                            "for m in regex.finditer(r'\\s',s): b[m.start()]|=32\n"
+                            "open(sys.argv[1],'wb').write(b)\n";
+  ASSERT_EQ(run("/usr/bin/python3 " + py_file + " " + out), 0);
+  const std::string ref = read_file(out);
+  ASSERT_EQ(ref.size(), 0x110000u);
+  int mismatches = 0;
+  for (char32_t cp = 0; cp < 0x110000; ++cp)
+    if (unicode_props(cp) != static_cast<uint8_t>(ref[cp]) && ++mismatches <= 10)
+      ADD_FAILURE() << std::hex << "U+" << static_cast<uint32_t>(cp) << ": ours " << int(unicode_props(cp))
+                    << ", python regex " << int(static_cast<uint8_t>(ref[cp]));
+  EXPECT_EQ(mismatches, 0);
+}
+
+// The patterns byte-level tokenizers use, and constructs they do not, split
+// random text exactly as Python's `regex` module (backtracking, leftmost-first
+// alternation, possessive and atomic groups, lookahead) finds matches.
+TEST(PretokRegex, MatchesPythonRegex) {
+  if (!have_python_regex()) GTEST_SKIP() << "python3-regex is not installed (scripts/setup.sh installs it)";
+  const std::vector<std::string> patterns = {
+      // GPT-2 (r50k), cl100k (Llama 3), o200k, Qwen2, Megatron's TikTokenizer v1 and v2
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      kTiktokenPatternV1,
+      kTiktokenPatternV2,
+      // constructs: lazy, counted, possessive and atomic groups, lookahead, \P, \d, \S, ., ranges, escapes
+      R"(\p{L}+?\p{N}|\p{L}{2,3}?|[a-fA-F0-9]{2,4}|(?:ab|a)*+c|(?>\s+)x|\S)",
+      R"((?=\p{Lu})\p{L}{1,2}|\d+|\D\D?|.)",
+      R"(\P{L}+|\p{Letter}|\p{Lu}\p{Ll}*|[\t-\r ]+|[^\n]{1,4}?'|\.)",
+      R"((?i:ab|st|k)+|(?:x|y){2}z?|[\p{P}\p{S}]+|(?!\s)\X?)",
+  };
+  // (?!\s)\X? above is not supported on purpose: compile must refuse it.
+  const char32_t pool[] = {U'a', U'b', U'c', U'x', U'y', U'z', U'Z', U'A', U'S', U'T', U'K', U's', U't', U'k',
+                           U'r', U'e', U'v', U'l', U'm', U'd', 0x17F, 0x212A, 0xE9, 0xC9, 0xDF, 0x1C4, 0x1C5, 0x2B0,
+                           0x4E2D, 0x30A2, 0x30FC, U'0', U'9', U'F', 0x663, 0xBD, 0x2163, U' ', U' ', U' ', U'\t',
+                           U'\n', U'\r', 0x0B, 0x0C, 0xA0, 0x3000, 0x2028, 0x85, 0x1680, U'\'', U'\'', U'.', U',',
+                           U'!', U'-', U'_', U'/', 0x301, 0x300, 0x200B, 0x200D, 0xFEFF, 0x1F600, 0x1F3FD, 0x1C,
+                           U'#', U'"', U'<', U'|', U'$', U'+', 0xE000, 0x378};
+  std::mt19937 rng(4321);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 3000; ++i) {
+    std::string s;
+    const int n = static_cast<int>(rng() % 28);
+    for (int k = 0; k < n; ++k) append_utf8(pool[rng() % std::size(pool)], &s);
+    texts.push_back(s);
+  }
+  const std::string dir = temp_dir();
+  std::ofstream(dir + "/regex_cases.json") << nlohmann::json{{"patterns", patterns}, {"texts", texts}}.dump();
+  std::ofstream(dir + "/regex_split.py")
+      << "import json,sys,regex\n"
+         "d=json.load(open(sys.argv[1]))\n"
+         "out=[]\n"
+         "for p in d['patterns']:\n"
+         "  try: r=regex.compile(p,regex.V0)\n"
+         "  except Exception: out.append(None); continue\n"
+         "  out.append([[m.group(0) for m in r.finditer(t) if m.group(0)] for t in d['texts']])\n"
+         "print(json.dumps(out))\n";
+  std::string out;
+  ASSERT_EQ(run("/usr/bin/python3 " + dir + "/regex_split.py " + dir + "/regex_cases.json", &out), 0);
+  const auto ref = nlohmann::json::parse(out);
+  ASSERT_EQ(ref.size(), patterns.size());
+  for (size_t p = 0; p < patterns.size(); ++p) {
+    auto re = PretokRegex::compile(patterns[p]);
+    if (p + 1 == patterns.size()) {  // \X: refused, naming its offset
+      ASSERT_FALSE(re.is_ok());
+      EXPECT_NE(re.status().message().find("at byte 48: a supported escape (\\X is not supported)"), std::string::npos)
+          << re.status().message();
+      continue;
+    }
+    ASSERT_TRUE(re.is_ok()) << re.status().message();
+    ASSERT_TRUE(ref[p].is_array()) << "python could not compile pattern " << p;
+    int bad = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      std::vector<std::string> got;
+      size_t covered = 0;
+      re->split(texts[i], [&](size_t b, size_t e, bool matched) {
+        EXPECT_EQ(b, covered);
+        covered = e;
+        if (matched) got.push_back(texts[i].substr(b, e - b));
+      });
+      EXPECT_EQ(covered, texts[i].size());
+      const auto expected = ref[p][i].get<std::vector<std::string>>();
+      if (got != expected && ++bad <= 3)
+        ADD_FAILURE() << "pattern " << p << " case " << i << ": " << nlohmann::json(texts[i]).dump()
+                      << "\n  ours:   " << nlohmann::json(got).dump() << "\n  python: " << ref[p][i].dump();
+    }
+    EXPECT_EQ(bad, 0) << "pattern " << p << ": " << patterns[p];
+  }
+}
+
+TEST(PretokRegex, GapsInvalidUtf8AndMatchAt) {
+  auto re = PretokRegex::compile(R"(\p{L}+|\s)");
+  ASSERT_TRUE(re.is_ok());
+  std::vector<std::tuple<std::string, bool>> parts;
+  const std::string text = "ab 12\xFF" "c\xE2\x82";
+  re->split(text, [&](size_t b, size_t e, bool m) { parts.emplace_back(text.substr(b, e - b), m); });
+  const std::vector<std::tuple<std::string, bool>> want = {
+      {"ab", true}, {" ", true}, {"12\xFF", false}, {"c", true}, {"\xE2\x82", false}};
+  EXPECT_EQ(parts, want);
+  EXPECT_EQ(re->match_at(text, 0), 2u);
+  EXPECT_EQ(re->match_at(text, 3), std::string::npos);  // '1' starts no match
+  // An invalid byte is "other": [^\s\p{L}] takes it, \S too, \s and \p{L} do not.
+  auto other = PretokRegex::compile(R"([^\s\p{L}]+)");
+  ASSERT_TRUE(other.is_ok());
+  EXPECT_EQ(other->match_at("\xFF\xFE" "a", 0), 2u);
+  auto non_space = PretokRegex::compile(R"(\S+)");
+  ASSERT_TRUE(non_space.is_ok());
+  EXPECT_EQ(non_space->match_at("a\xFF b", 0), 2u);
+}
+
+TEST(PretokRegex, RefusesWhatItDoesNotSupportWithTheOffset) {
+  auto msg = [](std::string_view p) {
+    auto r = PretokRegex::compile(p);
+    return r.is_ok() ? std::string("OK") : r.status().message();
+  };
+  const std::pair<const char*, const char*> cases[] = {
+      {R"(a|\w+)", "at byte 3: a supported escape (\\w is not supported)"},
+      {R"(^a)", "at byte 0: no anchors"},
+      {R"(\p{Han}+)", "at byte 7: a General_Category name in \\p{Han}"},
+      {R"((?<=a)b)", "at byte 2: ':', '=', '!', '>' or 'i:' after '(?'"},
+      {R"(a**)", "a repeated group that can match the empty string"},
+      {R"([z-a])", "a range a-b with a <= b"},
+      {R"((ab)", "')' closing the group"},
+      {R"([ab)", "']' closing the character class"},
+      {R"(ab))", "an unmatched ')'"},
+      {R"(a{3,2})", "a repetition {n,m} with m < n"},
+      {R"(*a)", "something to repeat before the quantifier"},
+      {R"((?i:é))", "only ASCII letters"},
+      {R"([[:alpha:]])", "no nested '['"},
+  };
+  for (const auto& [p, want] : cases) EXPECT_NE(msg(p).find(want), std::string::npos) << p << " -> " << msg(p);
+  EXPECT_NE(msg("(a|b").find("pre-tokenisation pattern \"(a|b\""), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------
+// TikTokenizer (Megatron's tiktoken format)
+// ---------------------------------------------------------------------------
+
+std::string b64(std::string_view s) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 3 <= s.size(); i += 3) {
+    const uint32_t w = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8) | uint8_t(s[i + 2]);
+    for (int k2 = 18; k2 >= 0; k2 -= 6) out += k[(w >> k2) & 63];
+  }
+  if (s.size() - i == 1) {
+    const uint32_t w = uint8_t(s[i]) << 16;
+    out += std::string{k[w >> 18], k[(w >> 12) & 63], '=', '='};
+  } else if (s.size() - i == 2) {
+    const uint32_t w = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8);
+    out += std::string{k[w >> 18], k[(w >> 12) & 63], k[(w >> 6) & 63], '='};
+  }
+  return out;
+}
+
+// 256 bytes, then "he", "ll", "hell", "hello", " w", " wor", "or" by rank.
+nlohmann::json tiny_tiktoken() {
+  nlohmann::json j = nlohmann::json::array();
+  std::vector<std::string> toks;
+  for (int b = 0; b < 256; ++b) toks.emplace_back(1, static_cast<char>(b));
+  for (const char* t : {"he", "ll", "hell", "hello", " w", "or", " wor"}) toks.emplace_back(t);
+  for (size_t r = 0; r < toks.size(); ++r)
+    j.push_back({{"rank", r}, {"token_bytes", b64(toks[r])}, {"token_str", r < 128 || r >= 256 ? toks[r] : "?"}});
+  return j;
+}
+
+TEST(TikTokenizer, IdsSpecialsAndDecode) {
+  TikTokenizer::Options o;
+  o.num_special_tokens = 10;
+  o.vocab_size = 10 + 263;
+  auto t = TikTokenizer::from_string(tiny_tiktoken().dump(), "tiny", o);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  const TikTokenizer& tk = **t;
+  EXPECT_EQ(tk.vocab_size(), 273);
+  EXPECT_EQ(tk.eod(), 2);  // </s>
+  EXPECT_EQ(tk.pad(), 4);  // <pad>
+  EXPECT_EQ(tk.bos(), 1);
+  std::vector<int32_t> ids;
+  tk.encode("hello world</s><SPECIAL_9><SPECIAL_10>x", &ids);
+  // hello (259+10), " wor" (262+10), l d, </s>, <SPECIAL_9>, then "<SPECIAL_10>" is text: 10 specials are 0..9.
+  std::vector<int32_t> want = {269, 272, 'l' + 10, 'd' + 10, 2, 9};
+  for (char c : std::string("<SPECIAL_10>")) want.push_back(c + 10);
+  want.push_back('x' + 10);
+  EXPECT_EQ(ids, want);
+  auto text = tk.decode(ids);
+  ASSERT_TRUE(text.is_ok());
+  EXPECT_EQ(*text, "hello world</s><SPECIAL_9><SPECIAL_10>x");
+  EXPECT_FALSE(tk.decode(std::vector<int32_t>{273}).is_ok());
+  // Merges by rank: "hell" beats "he"+"ll"... "shell" -> s, hell.
+  ids.clear();
+  tk.encode("shell", &ids);
+  EXPECT_EQ(ids, (std::vector<int32_t>{'s' + 10, 258 + 10}));
+  // --vocab-size below the file: the file is cut (no "hello", " wor").
+  o.vocab_size = 10 + 259;
+  auto cut = TikTokenizer::from_string(tiny_tiktoken().dump(), "tiny", o);
+  ASSERT_TRUE(cut.is_ok()) << cut.status().message();
+  ids.clear();
+  (*cut)->encode("hello", &ids);
+  EXPECT_EQ(ids, (std::vector<int32_t>{258 + 10, 'o' + 10}));
+  EXPECT_FALSE((*cut)->encode_checked("a\xFF", &ids).is_ok());
+}
+
+TEST(TikTokenizer, BadFilesAndOptionsNameWhatIsWrong) {
+  TikTokenizer::Options o;
+  o.num_special_tokens = 10;
+  o.vocab_size = 273;
+  auto msg = [&](const std::string& json, TikTokenizer::Options opt) {
+    auto t = TikTokenizer::from_string(json, "--tokenizer-model f.json", opt);
+    return t.is_ok() ? std::string("OK") : t.status().message();
+  };
+  const nlohmann::json good = tiny_tiktoken();
+  EXPECT_EQ(msg(good.dump(), o), "OK");
+  EXPECT_NE(msg("{", o).find("--tokenizer-model f.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(msg("{}", o).find("expected a JSON list"), std::string::npos);
+  auto o2 = o;
+  o2.vocab_size = 300;
+  EXPECT_NE(msg(good.dump(), o2).find("holds 263 tokens, but --vocab-size 300 with --tiktoken-num-special-tokens 10 "
+                                      "needs 290 (Megatron asserts the same); fix: --vocab-size 273"),
+            std::string::npos);
+  auto j = good;
+  j[5]["rank"] = 6;
+  EXPECT_NE(msg(j.dump(), o).find("entry 5: rank must be 5"), std::string::npos);
+  j = good;
+  j[3]["token_bytes"] = "@@";
+  EXPECT_NE(msg(j.dump(), o).find("entry 3: token_bytes is not non-empty standard base64"), std::string::npos);
+  j = good;
+  j[7]["token_bytes"] = b64("x");
+  EXPECT_NE(msg(j.dump(), o).find("entry 7: the first 256 tokens must be the single bytes"), std::string::npos);
+  j = good;
+  j[260]["token_bytes"] = b64("he");
+  EXPECT_NE(msg(j.dump(), o).find("tokens 256 and 260 have the same bytes"), std::string::npos);
+  j = good;
+  j[9].erase("token_str");
+  EXPECT_NE(msg(j.dump(), o).find("entry 9: expected exactly the keys rank, token_bytes, token_str"), std::string::npos);
+  auto o3 = o;
+  o3.pattern = "v3";
+  o3.special_tokens = {"<s>", "<s>"};
+  const std::string m = msg(good.dump(), o3);
+  EXPECT_NE(m.find("--tiktoken-pattern v3: expected v1 or v2"), std::string::npos) << m;
+  EXPECT_NE(m.find("\"<s>\" is given twice"), std::string::npos) << m;
+  EXPECT_NE(m.find("(missing: <unk> </s> <mask> <pad> <cls> <sep>)"), std::string::npos) << m;
+  auto o4 = o;
+  o4.num_special_tokens = 5;
+  EXPECT_NE(msg(good.dump(), o4).find("--tiktoken-num-special-tokens 5: must be at least the 7"), std::string::npos);
+  auto o5 = o;
+  o5.special_tokens = {"<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>", "<SPECIAL_9>"};
+  EXPECT_NE(msg(good.dump(), o5).find("collides with the generated <SPECIAL_k> names"), std::string::npos);
+  TokenizerConfig c;
+  c.type = "TikTokenizer";
+  auto made = make_tokenizer(c);
+  ASSERT_FALSE(made.is_ok());
+  EXPECT_NE(made.status().message().find("--tokenizer-model is required with --tokenizer-type TikTokenizer"),
+            std::string::npos);
+  c.tokenizer_model = "/no/such.json";
+  made = make_tokenizer(c);
+  ASSERT_FALSE(made.is_ok());
+  EXPECT_NE(made.status().message().find("--tokenizer-model /no/such.json: cannot open"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------
+// NFC
+// ---------------------------------------------------------------------------
+
+// Every code point Python's unicodedata (Unicode 14) assigns, alone and among
+// combining marks and Hangul jamo, normalises as Python's NFC does.
+TEST(Unicode, NfcMatchesPythonUnicodedata) {
+  const std::string dir = temp_dir();
+  std::ofstream(dir + "/nfc.py")
+      << "import json,sys,unicodedata as u\n"
+         "cases=[]\n"
+         "for c in range(0x110000):\n"
+         "  if 0xD800<=c<=0xDFFF or u.category(chr(c))=='Cn': continue\n"
+         "  ch=chr(c)\n"
+         "  for t in (ch, 'a'+ch+'\\u0301', ch+'\\u0327\\u0301', '\\u1100'+ch, ch+'\\u11a8', ch+'\\u0300\\u0316'):\n"
+         "    n=u.normalize('NFC',t)\n"
+         "    if n!=t or c%7==0: cases.append([t,n])\n"
+         "extra=['e\\u0301','\\u1100\\u1161\\u11a8','o\\u0308\\u0304','q\\u0307\\u0323','\\u212b','A\\u030a\\u0301',"
+         "'\\u0b47\\u0b3e','\\u0301a','\\u0958\\u093c','\\u1e0b\\u0323','\\u00c5\\u0327']\n"
+         "cases+=[[t,u.normalize('NFC',t)] for t in extra]\n"
+         "json.dump(cases,open(sys.argv[1],'w'))\n";
+  ASSERT_EQ(run("/usr/bin/python3 " + dir + "/nfc.py " + dir + "/nfc.json"), 0);
+  const auto cases = nlohmann::json::parse(read_file(dir + "/nfc.json"));
+  ASSERT_GT(cases.size(), 10000u);
+  int bad = 0;
+  for (const auto& c : cases) {
+    const std::string in = c[0].get<std::string>(), want = c[1].get<std::string>();
+    const std::string got = nfc(in);
+    if (got != want && ++bad <= 10)
+      ADD_FAILURE() << "nfc(" << nlohmann::json(in).dump() << ") = " << nlohmann::json(got).dump() << ", python "
+                    << nlohmann::json(want).dump();
+  }
+  EXPECT_EQ(bad, 0) << "of " << cases.size();
+  EXPECT_EQ(nfc("plain"), "plain");
+  EXPECT_EQ(nfc("e\xCC\x81\xFF"), "\xC3\xA9\xFF");  // invalid bytes kept
+  EXPECT_EQ(find_nfc_quick_check_failure("abc\xC3\xA9"), std::string_view::npos);
+  EXPECT_EQ(find_nfc_quick_check_failure("ab" "e\xCC\x81"), 3u);
+}
+
+// ---------------------------------------------------------------------------
+// HuggingFaceTokenizer
+// ---------------------------------------------------------------------------
+
+// A byte-level tokenizer.json: 256 bytes, merges h+e, l+l, he+ll, Ġ+w;
+// Llama 3's layout (Split + ByteLevel, BOS template, added tokens above).
+nlohmann::json tiny_hf() {
+  nlohmann::json vocab = nlohmann::json::object();
+  auto bl = [](std::string_view bytes) {
+    std::string s;
+    for (unsigned char b : bytes) append_utf8(byte_level_char(b), &s);
+    return s;
+  };
+  for (int b = 0; b < 256; ++b) vocab[bl(std::string(1, static_cast<char>(b)))] = b;
+  vocab[bl("he")] = 256;
+  vocab[bl("ll")] = 257;
+  vocab[bl("hell")] = 258;
+  vocab[bl(" w")] = 259;
+  nlohmann::json j = {
+      {"version", "1.0"},
+      {"added_tokens",
+       {{{"id", 260}, {"content", "<bos>"}, {"special", true}, {"normalized", false}, {"lstrip", false},
+         {"rstrip", false}, {"single_word", false}},
+        {{"id", 261}, {"content", "<eos>"}, {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", R"( ?\p{L}+|\p{N}|\s+|[^\s\p{L}\p{N}]+)"}}}, {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", "<bos>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens", {{"<bos>", {{"id", "<bos>"}, {"ids", {260}}, {"tokens", {"<bos>"}}}}}}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"byte_fallback", false}, {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", {bl("h") + " " + bl("e"), nlohmann::json::array({bl("l"), bl("l")}), bl("he") + " " + bl("ll"),
+                    bl(" ") + " " + bl("w")}}}}};
+  return j;
+}
+
+std::string write_hf(const std::string& name, const nlohmann::json& tj, const nlohmann::json& cfg) {
+  const std::string dir = temp_dir() + "/" + name;
+  fs::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << tj.dump();
+  if (!cfg.is_null()) std::ofstream(dir + "/tokenizer_config.json") << cfg.dump();
+  return dir;
+}
+
+TEST(HfTokenizer, TemplateAddedTokensAndDecode) {
+  const std::string dir = write_hf("tiny", tiny_hf(), {{"eos_token", {{"content", "<eos>"}}}, {"bos_token", "<bos>"},
+                                                       {"pad_token", "<eos>"}});
+  auto t = HfTokenizer::load(dir);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  const HfTokenizer& tk = **t;
+  EXPECT_EQ(tk.vocab_size(), 262);
+  EXPECT_EQ(tk.eod(), 261);
+  EXPECT_EQ(tk.pad(), 261);
+  EXPECT_EQ(tk.bos(), 260);
+  std::vector<int32_t> ids;
+  tk.encode("hello world<eos>7", &ids);
+  // <bos>, "hello" -> hell + o, " world" -> " w" o r l d, <eos>, 7
+  EXPECT_EQ(ids, (std::vector<int32_t>{260, 258, 'o', 259, 'o', 'r', 'l', 'd', 261, '7'}));
+  auto text = tk.decode(ids);
+  ASSERT_TRUE(text.is_ok());
+  EXPECT_EQ(*text, "<bos>hello world<eos>7");
+  EXPECT_FALSE(tk.decode(std::vector<int32_t>{262}).is_ok());
+  EXPECT_FALSE(tk.encode_checked("a\xFF", &ids).is_ok());
+  // Megatron's --tokenizer-hf-no-include-special-tokens: no template.
+  auto plain = HfTokenizer::load(dir + "/tokenizer.json", /*include_special_tokens=*/false);
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  ids.clear();
+  (*plain)->encode("he<bos>", &ids);
+  EXPECT_EQ(ids, (std::vector<int32_t>{256, 260}));
+  // Through make_tokenizer.
+  TokenizerConfig c;
+  c.type = "HuggingFaceTokenizer";
+  c.tokenizer_model = dir;
+  auto made = make_tokenizer(c);
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  EXPECT_EQ((*made)->name(), "HuggingFaceTokenizer");
+}
+
+TEST(HfTokenizer, RefusesWhatItCannotRunNamingIt) {
+  const nlohmann::json cfg = {{"eos_token", "<eos>"}};
+  auto msg = [&](const std::string& name, const nlohmann::json& tj, const nlohmann::json& c) {
+    auto t = HfTokenizer::load(write_hf(name, tj, c));
+    return t.is_ok() ? std::string("OK") : t.status().message();
+  };
+  EXPECT_EQ(msg("ok", tiny_hf(), cfg), "OK");
+  EXPECT_NE(msg("noeos", tiny_hf(), nullptr).find("no eos_token in tokenizer_config.json"), std::string::npos);
+  EXPECT_NE(msg("badeos", tiny_hf(), {{"eos_token", "</s>"}}).find("eos_token \"</s>\" is not a token"),
+            std::string::npos);
+  auto j = tiny_hf();
+  j["model"]["type"] = "WordPiece";
+  EXPECT_NE(msg("wp", j, cfg).find("model type \"WordPiece\" is not supported"), std::string::npos);
+  j = tiny_hf();
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
+  EXPECT_NE(msg("meta", j, cfg).find("pre_tokenizer: pre-tokenizer type \"Metaspace\" is not supported"),
+            std::string::npos);
+  j = tiny_hf();
+  j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed";
+  EXPECT_NE(msg("removed", j, cfg).find("pre_tokenizer.pretokenizers[0]: a Split pre-tokenizer is supported with "
+                                        "behavior \"Isolated\""),
+            std::string::npos);
+  j = tiny_hf();
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = R"(\w+)";
+  EXPECT_NE(msg("regex", j, cfg).find("pre_tokenizer.pretokenizers[0]: pre-tokenisation pattern"), std::string::npos);
+  j = tiny_hf();
+  j["added_tokens"][0]["lstrip"] = true;
+  EXPECT_NE(msg("lstrip", j, cfg).find("added_tokens[0] (\"<bos>\"): \"lstrip\": true is not supported"),
+            std::string::npos);
+  j = tiny_hf();
+  j["added_tokens"][1]["id"] = 300;
+  EXPECT_NE(msg("gap", j, cfg).find("must be 260..261 without gaps"), std::string::npos);
+  j = tiny_hf();
+  j["model"]["byte_fallback"] = true;
+  j["normalizer"] = {{"type", "Lowercase"}};
+  const std::string m = msg("several", j, cfg);
+  EXPECT_NE(m.find("model.byte_fallback true"), std::string::npos) << m;
+  EXPECT_NE(m.find("normalizer \"Lowercase\""), std::string::npos) << m;
+  j = tiny_hf();
+  j["model"]["merges"][1] = "x yz";
+  EXPECT_NE(msg("merge", j, cfg).find("model.merges[1]: \"yz\" is not in model.vocab"), std::string::npos);
+  j = tiny_hf();
+  j["model"]["vocab"]["\xE2\x82\xAC"] = 260;  // '€' is not a byte-level character
+  EXPECT_NE(msg("alphabet", j, cfg).find("is not in the byte-level alphabet"), std::string::npos);
+  const std::string empty = temp_dir() + "/empty_dir";
+  fs::create_directories(empty);
+  auto t = HfTokenizer::load(empty);
+  ASSERT_FALSE(t.is_ok());
+  EXPECT_NE(t.status().message().find("no tokenizer.json in this directory"), std::string::npos);
 }
 
 }  // namespace
