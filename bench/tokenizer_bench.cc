@@ -3,7 +3,9 @@
 // WASM, run by node in the same invocation), both on one thread, median of
 // several runs; plus ours on two threads and the vocabulary load time. Then
 // TikTokenizer (Megatron's format, pattern v2) on o200k_base's ranks against
-// the tiktoken Encoding Megatron builds over the same file.
+// the tiktoken Encoding Megatron builds over the same file. Then
+// HuggingFaceTokenizer on cl100k_base's ranks as a Llama 3-style tokenizer.json
+// against tokenizers.js (npm @huggingface/tokenizers) on the same file.
 // Target: ours >= 25 MB/s on one core (tiktoken WASM measured 8.2 MB/s here).
 //
 // usage: tokenizer_bench [CORPUS.jsonl [VOCAB.json MERGES.txt]] [--runs N]
@@ -21,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/gpt2_bpe.h"
+#include "data/hf_tokenizer.h"
 #include "data/tiktoken_tokenizer.h"
 
 using Clock = std::chrono::steady_clock;
@@ -39,10 +42,11 @@ struct PeerRun {
   int64_t tokens = -1;
 };
 
-// Runs bench/tiktoken_bench.mjs (extra: its optional MEGATRON_FILE argument).
-PeerRun run_tiktoken(const std::string& root, const std::string& corpus, int runs, size_t bytes,
-                     const std::string& extra) {
-  const std::string cmd = "node '" + root + "/bench/tiktoken_bench.mjs' '" + root + "' '" + corpus + "' " +
+// Runs bench/SCRIPT (tiktoken_bench.mjs, hf_tokenizers_bench.mjs) with its
+// optional last argument.
+PeerRun run_peer(const std::string& script, const std::string& root, const std::string& corpus, int runs,
+                 size_t bytes, const std::string& extra) {
+  const std::string cmd = "node '" + root + "/bench/" + script + "' '" + root + "' '" + corpus + "' " +
                           std::to_string(runs) + (extra.empty() ? "" : " '" + extra + "'") + " 2>&1";
   std::string out;
   if (FILE* p = popen(cmd.c_str(), "r")) {
@@ -140,7 +144,7 @@ int main(int argc, char** argv) {
   }
 
   // tiktoken, one thread, same texts.
-  const PeerRun tik = run_tiktoken(root, corpus, runs, bytes, "");
+  const PeerRun tik = run_peer("tiktoken_bench.mjs", root, corpus, runs, bytes, "");
   const double tik_s = tik.seconds;
   const int64_t tik_tokens = tik.tokens;
 
@@ -159,7 +163,7 @@ int main(int argc, char** argv) {
 
   // TikTokenizer on o200k_base's ranks (the file is written by the node side).
   const std::string file = "/tmp/mt_tokenizer_bench_o200k." + std::to_string(getpid()) + ".json";
-  const PeerRun mtik = run_tiktoken(root, corpus, runs, bytes, file);
+  const PeerRun mtik = run_peer("tiktoken_bench.mjs", root, corpus, runs, bytes, file);
   mt::data::TikTokenizer::Options topt;
   topt.vocab_size = 200998;  // o200k_base's 199998 tokens + 1000 specials
   t0 = Clock::now();
@@ -185,5 +189,34 @@ int main(int argc, char** argv) {
   std::printf("tokens: ours %lld, tiktoken %lld (%s)\n", static_cast<long long>(ttokens),
               static_cast<long long>(mtik.tokens), ttokens == mtik.tokens ? "same" : "DIFFERENT");
   if (mtik.seconds > 0) std::printf("ratio ours/tiktoken, 1 thread: %.2fx\n", mtik.seconds / median(tone));
+
+  // HuggingFaceTokenizer (the directory is written by the node side).
+  const std::string hf_dir = "/tmp/mt_tokenizer_bench_hf." + std::to_string(getpid());
+  const PeerRun hfjs = run_peer("hf_tokenizers_bench.mjs", root, corpus, runs, bytes, hf_dir);
+  t0 = Clock::now();
+  auto ht = mt::data::HfTokenizer::load(hf_dir);
+  const double hload_s = seconds_since(t0);
+  std::remove((hf_dir + "/tokenizer.json").c_str());
+  std::remove((hf_dir + "/tokenizer_config.json").c_str());
+  std::remove(hf_dir.c_str());
+  if (!ht) {
+    std::printf("\nHuggingFaceTokenizer: not run (%s)\n", ht.status().message().c_str());
+    return 0;
+  }
+  std::vector<double> hone;
+  int64_t htokens = 0;
+  for (int r = 0; r < runs; ++r) {
+    t0 = Clock::now();
+    htokens = encode_all(**ht, docs, 0, 1);
+    hone.push_back(seconds_since(t0));
+  }
+  std::printf("\n%-34s %10s %10s\n", "HuggingFaceTokenizer, Llama 3 layout", "MB/s", "Mtokens/s");
+  std::printf("%-34s %10.1f %10.2f\n", "ours, 1 thread", mb / median(hone), htokens / median(hone) / 1e6);
+  if (hfjs.seconds > 0)
+    std::printf("%-34s %10.1f %10.2f\n", "tokenizers.js, 1 thread", mb / hfjs.seconds, hfjs.tokens / hfjs.seconds / 1e6);
+  std::printf("tokenizer.json load: %.0f ms\n", hload_s * 1e3);
+  std::printf("tokens: ours %lld, tokenizers.js %lld (%s)\n", static_cast<long long>(htokens),
+              static_cast<long long>(hfjs.tokens), htokens == hfjs.tokens ? "same" : "DIFFERENT");
+  if (hfjs.seconds > 0) std::printf("ratio ours/tokenizers.js, 1 thread: %.2fx\n", hfjs.seconds / median(hone));
   return 0;
 }

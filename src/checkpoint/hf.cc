@@ -340,9 +340,10 @@ Status write_tokenizer_files(const HfTokenizerInfo& tok, const model::ModelConfi
   } else if (tok.type == "HuggingFaceTokenizer") {
     // The files themselves: transformers reads tokenizer.json as Megatron did.
     std::error_code ec;
-    const fs::path src = fs::is_directory(tok.tokenizer_model, ec) ? fs::path(tok.tokenizer_model)
-                                                                   : fs::path(tok.tokenizer_model).parent_path();
-    if (Status st = copy((src / "tokenizer.json").string(), "tokenizer-model", "tokenizer.json"); !st) return st;
+    const bool is_dir = fs::is_directory(tok.tokenizer_model, ec);
+    const fs::path src = is_dir ? fs::path(tok.tokenizer_model) : fs::path(tok.tokenizer_model).parent_path();
+    const fs::path json_file = is_dir ? src / "tokenizer.json" : fs::path(tok.tokenizer_model);
+    if (Status st = copy(json_file.string(), "tokenizer-model", "tokenizer.json"); !st) return st;
     for (const char* f : {"tokenizer_config.json", "special_tokens_map.json"})
       if (fs::exists(src / f, ec))
         if (Status st = copy((src / f).string(), "tokenizer-model", f); !st) return st;

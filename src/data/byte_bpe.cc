@@ -219,7 +219,7 @@ struct BytePairEncoder::Impl {
     for (size_t i = 0; i + 1 < m; ++i) rank[i] = merges.find(ids[i], ids[i + 1], &merged[i]);
     rank[m - 1] = MergeMap::kNone;
     while (m > 1) {
-      // Lowest rank, leftmost on ties (equal rank = the same pair).
+      // Lowest rank, leftmost on ties.
       size_t best = 0;
       int32_t r = rank[0];
       for (size_t i = 1; i + 1 < m; ++i)
@@ -360,6 +360,7 @@ int64_t BytePairEncoder::size() const { return impl_->size(); }
 std::string_view BytePairEncoder::bytes(int32_t id) const { return impl_->bytes(id); }
 int32_t BytePairEncoder::find(std::string_view b) const { return impl_->vocab.find(b); }
 int32_t BytePairEncoder::byte_id(uint8_t b) const { return impl_->byte_id[b]; }
+void BytePairEncoder::never_whole(int32_t id) { impl_->whole_ok[static_cast<size_t>(id)] = 0; }
 void BytePairEncoder::prefetch(const Key& k) const { impl_->vocab.prefetch(k.hash); }
 
 void BytePairEncoder::set_merges(const std::vector<std::array<int32_t, 3>>& merges) {

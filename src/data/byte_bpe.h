@@ -121,6 +121,9 @@ class BytePairEncoder {
   // and sets how a piece equal to a token is encoded. Call once, after the merges.
   Status finish(WholePiece whole, const std::string& what);
 
+  // Token `id` is never a whole piece's lookup result (a vocabulary entry
+  // that stands for text BPE cannot produce). Call after finish().
+  void never_whole(int32_t id);
   int32_t byte_id(uint8_t b) const;
   // Starts loading the vocabulary slot of a piece (to hide the cache miss
   // while the previous piece is encoded).

@@ -91,6 +91,11 @@ struct HfTokenizer::Impl {
   size_t added_max_len = 0;
   std::vector<std::string> id_text;               // added tokens outside the model's vocabulary, by id - V
   std::vector<int32_t> prefix, suffix;            // the template's ids around the text
+  std::vector<int32_t> raw_ids;                   // vocabulary entries outside the byte-level alphabet
+  // Whether the steps come down to at most one regex split (split_regex, or
+  // none) and no inserted text: Llama 3's Split + ByteLevel, GPT-2's ByteLevel.
+  bool one_split = false;
+  const PretokRegex* split_regex = nullptr;
   bool include_special = true;
   int64_t vocab = 0;
   int32_t eod = -1, pad = -1, bos = -1;
@@ -114,6 +119,10 @@ Status HfTokenizer::Impl::parse_pre_tokenizer(const json& p, const std::string& 
         return st;
     return Status::ok();
   }
+  if (!steps.empty() && steps.back().kind == Step::kByteLevel)
+    return Status::invalid(fmt::format("{}: {}: a pre-tokenizer after ByteLevel is not supported (it would see the "
+                                       "byte-level characters)",
+                                       where, path));
   if (type == "ByteLevel") {
     Step s{Step::kByteLevel, nullptr, p.value("add_prefix_space", false)};
     if (p.value("use_regex", true)) {
@@ -137,6 +146,9 @@ Status HfTokenizer::Impl::parse_pre_tokenizer(const json& p, const std::string& 
                                          p.contains("invert") ? p["invert"].dump() : "false"));
     auto re = PretokRegex::compile(p["pattern"]["Regex"].get<std::string>());
     if (!re) return Status::invalid(fmt::format("{}: {}: {}", where, path, re.status().message()));
+    if (re->can_match_empty())
+      return Status::invalid(fmt::format("{}: {}: a Split pattern that can match the empty string is not supported",
+                                         where, path));
     steps.push_back(Step{Step::kSplit, std::make_unique<PretokRegex>(std::move(*re)), false});
     return Status::ok();
   }
@@ -251,10 +263,14 @@ Status HfTokenizer::Impl::parse(const json& tj) {
     if (seen[id]) return Status::corrupt(fmt::format("{}: model.vocab: id {} is used twice", where, id));
     seen[id] = 1;
     char32_t bad;
-    if (!byte_level_to_bytes(it.key(), &bytes, &bad) || bytes.empty())
-      return Status::invalid(fmt::format("{}: model.vocab[{}] (id {}): character U+{:04X} is not in the byte-level "
-                                         "alphabet: not a byte-level BPE vocabulary",
-                                         where, json(it.key()).dump(), id, static_cast<uint32_t>(bad)));
+    if (!byte_level_to_bytes(it.key(), &bytes, &bad) || bytes.empty()) {
+      // Not in the byte-level alphabet (DeepSeek's special tokens, say): BPE
+      // can never produce it; it stands for its own UTF-8 text, as an added
+      // token does.
+      raw_ids.push_back(static_cast<int32_t>(id));
+      tokens[id] = it.key();
+      continue;
+    }
     tokens[id] = bytes;
   }
   auto engine = BytePairEncoder::create(std::move(tokens), where + ": model.vocab");
@@ -298,6 +314,11 @@ Status HfTokenizer::Impl::parse(const json& tj) {
                               where + ": model.vocab");
       !st)
     return st;
+  for (int32_t id : raw_ids) bpe->never_whole(id);
+  if (raw_ids.size() > 16)
+    return Status::invalid(fmt::format("{}: model.vocab: {} tokens are not in the byte-level alphabet: not a "
+                                       "byte-level BPE vocabulary",
+                                       where, raw_ids.size()));
 
   // Added tokens: ids inside the vocabulary must be the same token; the rest
   // extend it.
@@ -358,6 +379,15 @@ Status HfTokenizer::Impl::parse(const json& tj) {
   if (Status st = parse_post_processor(tj.contains("post_processor") ? tj["post_processor"] : json(), "post_processor");
       !st)
     return st;
+  {
+    int regexes = 0;
+    bool inserts = false;
+    for (const Step& st : steps) {
+      inserts |= st.kind == Step::kByteLevel && st.add_prefix_space;
+      if (st.regex) ++regexes, split_regex = st.regex.get();
+    }
+    one_split = !inserts && regexes <= 1;
+  }
   for (int32_t id : prefix)
     if (id >= vocab) return Status::corrupt(fmt::format("{}: post_processor: id {} is outside the vocabulary", where, id));
   for (int32_t id : suffix)
@@ -373,10 +403,21 @@ int32_t HfTokenizer::Impl::id_of(const std::string& text) const {
   return -1;
 }
 
-void HfTokenizer::Impl::encode_segment(std::string_view text, std::vector<int32_t>* out) const {
-  if (text.empty()) return;
+void HfTokenizer::Impl::encode_segment(std::string_view raw, std::vector<int32_t>* out) const {
+  if (raw.empty()) return;
+  std::string normalized;
+  std::string_view text = raw;
+  if (nfc_normalize && find_nfc_quick_check_failure(raw) != std::string_view::npos) {
+    normalized = data::nfc(raw);
+    text = normalized;
+  }
+  if (one_split) {  // the usual layouts: at most one regex, no text inserted
+    if (!split_regex) bpe->encode_piece(text, out);
+    else split_regex->split(text, [&](size_t b, size_t e, bool) { bpe->encode_piece(text.substr(b, e - b), out); });
+    return;
+  }
   // Pieces after each pre-tokenizer step, in order.
-  std::vector<std::string> pieces{nfc_normalize ? data::nfc(text) : std::string(text)}, next;
+  std::vector<std::string> pieces{std::string(text)}, next;
   for (const Step& s : steps) {
     next.clear();
     for (std::string& p : pieces) {
@@ -446,12 +487,17 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path, 
   impl->where = "--tokenizer-model " + file.string();
   auto tj = parse_json(*text, impl->where);
   if (!tj) return tj.status();
-  if (Status st = impl->parse(*tj); !st) return st;
+  try {
+    if (Status st = impl->parse(*tj); !st) return st;
+  } catch (const json::exception& e) {
+    return Status::corrupt(fmt::format("{}: a field has the wrong JSON type: {}", impl->where, e.what()));
+  }
   impl->include_special = include_special_tokens;
 
   // eos/pad/bos from tokenizer_config.json, else special_tokens_map.json.
   json cfg = json::object();
-  for (const char* name : {"special_tokens_map.json", "tokenizer_config.json"}) {
+  // transformers reads tokenizer_config.json, then lets special_tokens_map.json override it.
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
     const fs::path p = dir / name;
     if (!fs::exists(p, ec)) continue;
     auto t = read_json_file(p);
@@ -459,9 +505,10 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path, 
     auto j = parse_json(*t, "--tokenizer-model " + p.string());
     if (!j) return j.status();
     if (!j->is_object()) return Status::corrupt(fmt::format("--tokenizer-model {}: expected a JSON object", p.string()));
-    for (auto it = j->begin(); it != j->end(); ++it) cfg[it.key()] = it.value();  // tokenizer_config.json wins
+    for (auto it = j->begin(); it != j->end(); ++it) cfg[it.key()] = it.value();
   }
   auto special = [&](const char* key, int32_t* out) -> Status {
+    if (!cfg.is_object()) return Status::ok();
     if (!cfg.contains(key) || cfg[key].is_null()) return Status::ok();
     const auto t = token_text(cfg[key]);
     if (!t) return Status::corrupt(fmt::format("{}: tokenizer_config.json {}: expected a string", impl->where, key));
@@ -472,11 +519,15 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::load(const std::string& path, 
     return Status::ok();
   };
   if (Status st = special("eos_token", &impl->eod); !st) return st;
+  // Megatron's wrapper makes sep_token the eos_token when there is none.
+  if (impl->eod < 0)
+    if (Status st = special("sep_token", &impl->eod); !st) return st;
   if (Status st = special("pad_token", &impl->pad); !st) return st;
   if (Status st = special("bos_token", &impl->bos); !st) return st;
   if (impl->eod < 0)
-    return Status::invalid(fmt::format("{}: no eos_token in tokenizer_config.json or special_tokens_map.json beside "
-                                       "it: Megatron's EOD for HuggingFaceTokenizer is the tokenizer's eos_token",
+    return Status::invalid(fmt::format("{}: no eos_token (or sep_token) in tokenizer_config.json or "
+                                       "special_tokens_map.json beside it: Megatron's EOD for HuggingFaceTokenizer is "
+                                       "the tokenizer's eos_token",
                                        impl->where));
   return std::unique_ptr<HfTokenizer>(new HfTokenizer(std::move(impl)));
 }

@@ -462,6 +462,7 @@ struct Inst {
 
 struct PretokRegex::Program {
   std::string pattern;
+  bool empty_ok = false;
   std::vector<CharSet> sets;
   std::vector<std::vector<Inst>> progs;  // 0: the pattern; others: atomic groups and lookaheads
 
@@ -653,6 +654,7 @@ PretokRegex& PretokRegex::operator=(PretokRegex&&) noexcept = default;
 PretokRegex::~PretokRegex() = default;
 
 const std::string& PretokRegex::pattern() const { return prog_->pattern; }
+bool PretokRegex::can_match_empty() const { return prog_->empty_ok; }
 
 Result<PretokRegex> PretokRegex::compile(std::string_view pattern) {
   auto prog = std::make_unique<Program>();
@@ -660,6 +662,7 @@ Result<PretokRegex> PretokRegex::compile(std::string_view pattern) {
   Parser parser(pattern, &prog->sets);
   auto root = parser.parse();
   if (!root) return root.status();
+  prog->empty_ok = can_be_empty(**root);
   prog->compile_sub(**root);
   return PretokRegex(std::move(prog));
 }

@@ -47,6 +47,8 @@ class PretokRegex {
   ~PretokRegex();
 
   const std::string& pattern() const;
+  // Whether some text makes the pattern match the empty string somewhere.
+  bool can_match_empty() const;
 
   // Splits `text` as find_iter does: from each position, the pattern's
   // leftmost-first match there; where no non-empty match starts, the

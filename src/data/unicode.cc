@@ -63,20 +63,28 @@ size_t find_invalid_utf8(std::string_view s) {
 }
 
 size_t find_nfc_quick_check_failure(std::string_view s) {
+  // UAX #15's quick check: a code point whose NFC_QC is not Yes, or combining
+  // marks out of canonical order, fail it.
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const auto* end = p + s.size();
   const auto* q = p;
+  uint8_t last_cc = 0;
   while (q < end) {
-    if (*q < 0xCC) {  // below U+0300 every code point is NFC_QC=Yes
+    if (*q < 0xCC) {  // below U+0300 every code point is a starter with NFC_QC=Yes
       ++q;
+      last_cc = 0;
       continue;
     }
     const Utf8Char ch = decode_utf8(q, end);
+    uint8_t cc = 0;
     if (ch.valid && ch.cp >= 0x300) {
       const auto* r = std::upper_bound(std::begin(kNfcQcNotYes), std::end(kNfcQcNotYes), ch.cp,
                                        [](char32_t c, const char32_t (&range)[2]) { return c < range[0]; });
       if (r != std::begin(kNfcQcNotYes) && ch.cp <= (*(r - 1))[1]) return static_cast<size_t>(q - p);
+      cc = combining_class(ch.cp);
+      if (cc != 0 && last_cc > cc) return static_cast<size_t>(q - p);
     }
+    last_cc = cc;
     q += ch.len;
   }
   return std::string_view::npos;

@@ -54,9 +54,10 @@ Utf8Char decode_utf8(const unsigned char* p, const unsigned char* end);
 // valid UTF-8.
 size_t find_invalid_utf8(std::string_view s);
 
-// Byte offset of the first code point of `s` whose NFC_Quick_Check is No or
-// Maybe, or npos: text without one is in Unicode Normalization Form C already
-// (invalid UTF-8 bytes are skipped here).
+// UAX #15's NFC quick check: the byte offset of the first code point whose
+// NFC_Quick_Check is No or Maybe or whose combining class is below the
+// previous one's, or npos: text that passes is in Normalization Form C
+// already (invalid UTF-8 bytes count as starters).
 size_t find_nfc_quick_check_failure(std::string_view s);
 
 // Unicode Normalization Form C of `s` (UAX #15: canonical decomposition,
@@ -65,7 +66,7 @@ size_t find_nfc_quick_check_failure(std::string_view s);
 // quick check is returned as it is. Invalid UTF-8 bytes are kept, each acting
 // as a starter that composes with nothing.
 std::string nfc(std::string_view s);
-// Canonical_Combining_Class of cp.
+// Canonical_Combining_Class of cp (0 above U+10FFFF).
 uint8_t combining_class(char32_t cp);
 
 // Appends the UTF-8 encoding of cp (REQUIRES: cp <= 0x10FFFF).

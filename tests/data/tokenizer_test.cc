@@ -1082,7 +1082,8 @@ TEST(Unicode, NfcMatchesPythonUnicodedata) {
          "    n=u.normalize('NFC',t)\n"
          "    if n!=t or c%7==0: cases.append([t,n])\n"
          "extra=['e\\u0301','\\u1100\\u1161\\u11a8','o\\u0308\\u0304','q\\u0307\\u0323','\\u212b','A\\u030a\\u0301',"
-         "'\\u0b47\\u0b3e','\\u0301a','\\u0958\\u093c','\\u1e0b\\u0323','\\u00c5\\u0327']\n"
+         "'\\u0b47\\u0b3e','\\u0301a','\\u0958\\u093c','\\u1e0b\\u0323','\\u00c5\\u0327',"
+         "'\\u0628\\u0651\\u064e','\\u05d1\\u05bc\\u05b8','a\\u0316\\u0300','a\\u0300\\u0316']\n"
          "cases+=[[t,u.normalize('NFC',t)] for t in extra]\n"
          "json.dump(cases,open(sys.argv[1],'w'))\n";
   ASSERT_EQ(run("/usr/bin/python3 " + dir + "/nfc.py " + dir + "/nfc.json"), 0);
@@ -1101,6 +1102,8 @@ TEST(Unicode, NfcMatchesPythonUnicodedata) {
   EXPECT_EQ(nfc("e\xCC\x81\xFF"), "\xC3\xA9\xFF");  // invalid bytes kept
   EXPECT_EQ(find_nfc_quick_check_failure("abc\xC3\xA9"), std::string_view::npos);
   EXPECT_EQ(find_nfc_quick_check_failure("ab" "e\xCC\x81"), 3u);
+  // Marks out of canonical order (shadda ccc 33 before fatha ccc 30) fail it too.
+  EXPECT_EQ(find_nfc_quick_check_failure("\xD8\xA8\xD9\x91\xD9\x8E"), 4u);
 }
 
 // ---------------------------------------------------------------------------
@@ -1196,7 +1199,9 @@ TEST(HfTokenizer, RefusesWhatItCannotRunNamingIt) {
     return t.is_ok() ? std::string("OK") : t.status().message();
   };
   EXPECT_EQ(msg("ok", tiny_hf(), cfg), "OK");
-  EXPECT_NE(msg("noeos", tiny_hf(), nullptr).find("no eos_token in tokenizer_config.json"), std::string::npos);
+  EXPECT_NE(msg("noeos", tiny_hf(), nullptr).find("no eos_token (or sep_token) in tokenizer_config.json"),
+            std::string::npos);
+  EXPECT_EQ(msg("sep", tiny_hf(), {{"sep_token", "<eos>"}}), "OK");  // Megatron's fallback
   EXPECT_NE(msg("badeos", tiny_hf(), {{"eos_token", "</s>"}}).find("eos_token \"</s>\" is not a token"),
             std::string::npos);
   auto j = tiny_hf();
@@ -1230,9 +1235,39 @@ TEST(HfTokenizer, RefusesWhatItCannotRunNamingIt) {
   j = tiny_hf();
   j["model"]["merges"][1] = "x yz";
   EXPECT_NE(msg("merge", j, cfg).find("model.merges[1]: \"yz\" is not in model.vocab"), std::string::npos);
+  // Vocabulary entries outside the byte-level alphabet (DeepSeek's specials):
+  // a few stand for their own text and BPE never produces them; many mean
+  // this is no byte-level vocabulary.
+  auto with_raw = [](int n) {
+    auto t = tiny_hf();
+    for (int i = 0; i < n; ++i) t["model"]["vocab"]["\xE2\x82\xAC" + std::to_string(i)] = 260 + i;  // '€0', ...
+    t["added_tokens"][0]["id"] = 260 + n;
+    t["added_tokens"][1]["id"] = 261 + n;
+    t["post_processor"]["special_tokens"]["<bos>"]["ids"] = {260 + n};
+    return t;
+  };
+  EXPECT_NE(msg("alphabet", with_raw(17), cfg).find("17 tokens are not in the byte-level alphabet"), std::string::npos);
+  {
+    auto t = HfTokenizer::load(write_hf("raw", with_raw(1), cfg), /*include_special_tokens=*/false);
+    ASSERT_TRUE(t.is_ok()) << t.status().message();
+    std::vector<int32_t> ids;
+    (*t)->encode("\xE2\x82\xAC" "0", &ids);
+    EXPECT_EQ(ids, (std::vector<int32_t>{0xE2, 0x82, 0xAC, '0'}));
+    auto text = (*t)->decode(std::vector<int32_t>{260});
+    ASSERT_TRUE(text.is_ok());
+    EXPECT_EQ(*text, "\xE2\x82\xAC" "0");
+  }
   j = tiny_hf();
-  j["model"]["vocab"]["\xE2\x82\xAC"] = 260;  // '€' is not a byte-level character
-  EXPECT_NE(msg("alphabet", j, cfg).find("is not in the byte-level alphabet"), std::string::npos);
+  j["pre_tokenizer"]["pretokenizers"].push_back(
+      {{"type", "Split"}, {"pattern", {{"Regex", "a"}}}, {"behavior", "Isolated"}, {"invert", false}});
+  EXPECT_NE(msg("afterbl", j, cfg).find("pre_tokenizer.pretokenizers[2]: a pre-tokenizer after ByteLevel"),
+            std::string::npos);
+  j = tiny_hf();
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "a*";
+  EXPECT_NE(msg("empty", j, cfg).find("can match the empty string"), std::string::npos);
+  j = tiny_hf();
+  j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = "yes";
+  EXPECT_NE(msg("type", j, cfg).find("a field has the wrong JSON type"), std::string::npos);
   const std::string empty = temp_dir() + "/empty_dir";
   fs::create_directories(empty);
   auto t = HfTokenizer::load(empty);
