@@ -453,10 +453,49 @@ class Parser {
 
 struct Inst {
   enum Op : uint8_t { kSet, kRep, kSplit, kJmp, kAtomic, kLook, kMatch } op;
-  uint8_t mode = 0;  // kRep: Node::Mode; kLook: negate
+  uint8_t mode = 0;  // kRep: Node::Mode; kLook: negate; kSplit: 1 when `first` filters branch x
   int32_t x = 0, y = 0;    // kSet/kRep: set; kSplit: first, second; kJmp: target; kAtomic/kLook: program
   int32_t min = 0, max = 0;  // kRep (max -1: unbounded)
+  // kSplit with mode 1: the ASCII characters branch x can start with; an
+  // ASCII character (or the end) outside it goes straight to y.
+  std::array<uint64_t, 2> first{};
 };
+
+// The ASCII characters a match of n can start with, and whether n can match
+// without consuming (then nothing may be filtered: *nullable).
+void first_ascii(const Node& n, const std::vector<CharSet>& sets, std::array<uint64_t, 2>* out, bool* nullable) {
+  *nullable = false;
+  switch (n.kind) {
+    case Node::kEmpty:
+    case Node::kLook: *nullable = true; return;
+    case Node::kSet:
+      (*out)[0] |= sets[n.set].ascii[0];
+      (*out)[1] |= sets[n.set].ascii[1];
+      return;
+    case Node::kConcat:
+      for (const auto& k : n.kids) {
+        bool kn;
+        first_ascii(*k, sets, out, &kn);
+        if (!kn) return;
+      }
+      *nullable = true;
+      return;
+    case Node::kAlt:
+      for (const auto& k : n.kids) {
+        bool kn;
+        first_ascii(*k, sets, out, &kn);
+        *nullable |= kn;
+      }
+      return;
+    case Node::kRepeat:
+    case Node::kAtomic: {
+      bool kn;
+      first_ascii(*n.kids[0], sets, out, &kn);
+      *nullable = kn || (n.kind == Node::kRepeat && n.min == 0);
+      return;
+    }
+  }
+}
 
 }  // namespace
 
@@ -490,7 +529,11 @@ struct PretokRegex::Program {
         for (size_t i = 0; i < n.kids.size(); ++i) {
           if (i + 1 < n.kids.size()) {
             const int32_t split = at();
-            code->push_back(Inst{Inst::kSplit, 0, split + 1, 0});
+            Inst in{Inst::kSplit, 0, split + 1, 0};
+            bool nullable;
+            first_ascii(*n.kids[i], sets, &in.first, &nullable);
+            in.mode = nullable ? 0 : 1;
+            code->push_back(in);
             emit(*n.kids[i], code);
             jumps.push_back(at());
             code->push_back(Inst{Inst::kJmp});
@@ -596,6 +639,13 @@ struct PretokRegex::Program {
           break;
         }
         case Inst::kSplit:
+          if (in.mode == 1) {  // skip a branch that cannot start here
+            const char32_t c = pos < n ? cps[pos] : 0;
+            if (pos >= n || (c < 128 && !((in.first[c >> 6] >> (c & 63)) & 1u))) {
+              pc = in.y;
+              break;
+            }
+          }
           stack->push_back(Frame{in.y, 0, pos, 0});
           pc = in.x;
           break;
