@@ -26,6 +26,7 @@ const char* hf_arch_name(HfArch a) {
     case HfArch::kGpt2: return "GPT2LMHeadModel";
     case HfArch::kLlama: return "LlamaForCausalLM";
     case HfArch::kQwen2: return "Qwen2ForCausalLM";
+    case HfArch::kQwen3: return "Qwen3ForCausalLM";
   }
   return "?";
 }
@@ -48,8 +49,14 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
       why.push_back(fmt::format("--rotary-percent {} (LlamaForCausalLM rotates whole heads)", c.rotary_percent));
     if (c.use_rope_scaling && c.rotary_seq_len_interpolation_factor)
       why.push_back("--use-rope-scaling together with --rotary-seq-len-interpolation-factor (rope_scaling takes one)");
+    if (c.qk_layernorm && (c.add_bias_linear || c.add_qkv_bias))
+      why.push_back(fmt::format("--qk-layernorm with {} (Qwen3ForCausalLM, the transformers class with q/k norms, "
+                                "has biases on q/k/v/o or none, and none on the MLP)",
+                                c.add_bias_linear ? "biases on every linear layer" : "--add-qkv-bias"));
+    if (why.empty() && c.qk_layernorm) return HfArch::kQwen3;
     if (why.empty()) return c.add_bias_linear || !c.add_qkv_bias ? HfArch::kLlama : HfArch::kQwen2;
   } else if (gpt2_shape) {
+    if (c.qk_layernorm) why.push_back("--qk-layernorm (GPT2LMHeadModel has no query/key norms)");
     if (c.query_groups() != c.num_attention_heads)
       why.push_back(fmt::format("--num-query-groups {} < --num-attention-heads {} (GPT-2 has one key/value head per "
                                 "query head)",
@@ -60,7 +67,7 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
     if (why.empty()) return HfArch::kGpt2;
   } else {
     why.push_back(fmt::format(
-        "{} + {} + {} position embeddings: LlamaForCausalLM/Qwen2ForCausalLM need RMSNorm + SwiGLU + rope, "
+        "{} + {} + {} position embeddings: LlamaForCausalLM/Qwen2ForCausalLM/Qwen3ForCausalLM need RMSNorm + SwiGLU + rope, "
         "GPT2LMHeadModel needs LayerNorm + GELU + learned_absolute",
         model::normalization_name(c.normalization), c.swiglu ? "SwiGLU" : "GELU",
         model::position_embedding_name(c.position_embedding)));
@@ -117,7 +124,7 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
   else if (c.rotary_seq_len_interpolation_factor)
     rope_scaling = {{"rope_type", "linear"}, {"factor", static_cast<double>(*c.rotary_seq_len_interpolation_factor)}};
   json j{{"architectures", {hf_arch_name(arch)}},
-         {"model_type", arch == HfArch::kLlama ? "llama" : "qwen2"},
+         {"model_type", arch == HfArch::kLlama ? "llama" : arch == HfArch::kQwen2 ? "qwen2" : "qwen3"},
          {"vocab_size", vocab_rows},
          {"hidden_size", c.hidden_size},
          {"intermediate_size", c.ffn()},
@@ -140,8 +147,11 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
+    if (arch == HfArch::kQwen3) j["attention_bias"] = false;
   }
-  return with_common_keys(std::move(j));
+  j = with_common_keys(std::move(j));
+  if (arch == HfArch::kQwen3) j["transformers_version"] = kTransformersVersionQwen3;
+  return j;
 }
 
 std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t vocab_rows) {
@@ -227,6 +237,13 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
       v.push_back(HfMap{o + "self_attn." + name + ".weight", Shape{n, h}, qkv + "weight", h, *src, false, 0.f});
       if (c.qkv_bias()) gather(o + "self_attn." + name + ".bias", qkv + "bias", *src);
     }
+    if (c.qk_layernorm)  // one [d] weight per head kind, its dims in transformers' rotate-half order like q/k's rows
+      for (auto [name, meg] : {std::pair{"q_norm", "q_layernorm"}, std::pair{"k_norm", "k_layernorm"}}) {
+        std::vector<int64_t> src;
+        for (int64_t t = 0; t < d; ++t) src.push_back(rot_src(t));
+        v.push_back(HfMap{o + "self_attn." + name + ".weight", Shape{d}, p + "self_attention." + meg + ".weight", 1,
+                          std::move(src), false, one_p});
+      }
     rows(o + "self_attn.o_proj.weight", p + "self_attention.linear_proj.weight", 0, h, a * d);
     if (bias) rows(o + "self_attn.o_proj.bias", p + "self_attention.linear_proj.bias", 0, h, 1);
     rows(o + "post_attention_layernorm.weight", p + "pre_mlp_layernorm.weight", 0, h, 1, one_p);
@@ -544,15 +561,19 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     if (act == "gelu") add("--no-bias-gelu-fusion");
     if (act == "relu2") add("--squared-relu"), add("--no-bias-gelu-fusion");
     if (!flag_b("tie_word_embeddings", true)) add("--untie-embeddings-and-output-weights");
-  } else if (arch_name == "LlamaForCausalLM" || arch_name == "Qwen2ForCausalLM" || arch_name == "MistralForCausalLM") {
+  } else if (arch_name == "LlamaForCausalLM" || arch_name == "Qwen2ForCausalLM" || arch_name == "MistralForCausalLM" ||
+             arch_name == "Qwen3ForCausalLM") {
     const bool qwen = arch_name == "Qwen2ForCausalLM", mistral = arch_name == "MistralForCausalLM";
-    out.arch = qwen ? HfArch::kQwen2 : HfArch::kLlama;  // Mistral: Llama's tensors and names
+    const bool qwen3 = arch_name == "Qwen3ForCausalLM";
+    out.arch = qwen ? HfArch::kQwen2 : qwen3 ? HfArch::kQwen3 : HfArch::kLlama;  // Mistral: Llama's tensors and names
     const int64_t h = integer("hidden_size", std::nullopt), L = integer("num_hidden_layers", std::nullopt);
     const int64_t a = integer("num_attention_heads", std::nullopt), F = integer("intermediate_size", std::nullopt);
     const int64_t g = integer("num_key_value_heads", a);
-    const int64_t d = integer("head_dim", a > 0 ? std::optional<int64_t>(h / a) : std::nullopt);
+    // Qwen3Config's head_dim defaults to 128, the others' to hidden_size / heads.
+    const int64_t d = integer("head_dim", qwen3 ? std::optional<int64_t>(128)
+                                          : a > 0 ? std::optional<int64_t>(h / a) : std::nullopt);
     out.vocab_size = integer("vocab_size", std::nullopt);
-    const int64_t P = integer("max_position_embeddings", qwen ? 32768 : mistral ? 131072 : 2048);  // the configs' defaults
+    const int64_t P = integer("max_position_embeddings", qwen || qwen3 ? 32768 : mistral ? 131072 : 2048);  // the configs' defaults
     if (mistral) {
       // Sliding-window attention (MistralConfig's default window is 4096)
       // equals full causal attention on sequences no longer than the window.
@@ -566,9 +587,13 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     if (str("hidden_act", "silu") != "silu")
       why.push_back(fmt::format("hidden_act \"{}\" (Megatron's SwiGLU gates with silu)", str("hidden_act", "")));
     if (a > 0 && g > 0 && a % g) why.push_back(fmt::format("{} heads do not split into {} key/value groups", a, g));
-    if (qwen && flag_b("use_sliding_window", false)) why.push_back("use_sliding_window (no sliding-window attention here)");
-    const bool attn_bias = !qwen && !mistral && flag_b("attention_bias", false);
-    const bool mlp_bias = !qwen && !mistral && flag_b("mlp_bias", false);
+    if ((qwen || qwen3) && flag_b("use_sliding_window", false))
+      why.push_back("use_sliding_window (no sliding-window attention here)");
+    if (qwen3 && flag_b("attention_bias", false))
+      why.push_back("attention_bias true on Qwen3 (biases on q/k/v/o without the MLP's: Megatron's --add-bias-linear "
+                    "puts them on every linear layer)");
+    const bool attn_bias = !qwen && !qwen3 && !mistral && flag_b("attention_bias", false);
+    const bool mlp_bias = !qwen && !qwen3 && !mistral && flag_b("mlp_bias", false);
     if (attn_bias != mlp_bias)
       why.push_back("attention_bias and mlp_bias differ (Megatron's --add-bias-linear puts biases on both or neither)");
     add("--num-layers", std::to_string(L)), add("--hidden-size", std::to_string(h));
@@ -582,6 +607,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     add("--attention-dropout", fmt_num(num("attention_dropout", 0.0).value_or(0.0)));
     if (qwen) add("--disable-bias-linear"), add("--add-qkv-bias");
     else if (!attn_bias) add("--disable-bias-linear");
+    if (qwen3) add("--qk-layernorm");
     if (!flag_b("tie_word_embeddings", false)) add("--untie-embeddings-and-output-weights");
     // RoPE: rope_theta and rope_scaling (transformers 4.x), or one
     // rope_parameters object (transformers 5), which wins; rope_type
@@ -636,7 +662,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       why.push_back("partial_rotary_factor (LlamaForCausalLM rotates whole heads)");
   } else {
     why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM, "
-                              "MistralForCausalLM and Qwen2ForCausalLM)",
+                              "MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM)",
                               j.contains("architectures") ? json_brief(j["architectures"]) : "missing"));
   }
   if (!why.empty()) {

@@ -11,6 +11,8 @@
 //                     --add-bias-linear: attention_bias and mlp_bias
 //   Qwen2ForCausalLM  the same with a bias on q/k/v only (--add-qkv-bias,
 //                     --disable-bias-linear)
+//   Qwen3ForCausalLM  LLaMA's shape with --qk-layernorm (q_norm/k_norm:
+//                     RMSNorm over each head before RoPE), no biases
 // Anything else (post-norm residuals, partial RoPE, LayerNorm with SwiGLU,
 // ...) has no transformers class computing the same function: the export is
 // refused with every reason listed.
@@ -57,8 +59,9 @@ namespace mt::checkpoint {
 // The oldest transformers release that reads every field written here
 // (Llama's head_dim and mlp_bias, rope_type "llama3"); config.json says so.
 inline constexpr const char* kTransformersVersion = "4.45.0";
+inline constexpr const char* kTransformersVersionQwen3 = "4.51.0";  // the first with Qwen3ForCausalLM
 
-enum class HfArch { kGpt2, kLlama, kQwen2 };
+enum class HfArch { kGpt2, kLlama, kQwen2, kQwen3 };
 const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", ...
 
 // The architecture `c` maps to, or kInvalidArgument listing why none does.

@@ -25,11 +25,13 @@ using model::PositionEmbedding;
 struct Decoder::Layer {
   int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
+  int q_ln_w = -1, q_ln_b = -1, k_ln_w = -1, k_ln_b = -1;  // --qk-layernorm
 };
 
 namespace {
 // Scratch buffers, carved once: [chunk, ...] each; a call uses the first n rows.
-enum Buf { kIds, kX, kXMid, kLn, kMean, kRstd, kQkv, kCtx, kTmp, kFc1, kAct, kNumBufs };
+enum Buf { kIds, kX, kXMid, kLn, kMean, kRstd, kQkv, kCtx, kTmp, kFc1, kAct, kQkHeads, kQkNormed, kQkMean, kQkRstd,
+           kNumBufs };
 int64_t model_limit(const model::GPTModel& m) {
   const ModelConfig& c = m.config();
   if (c.position_embedding == PositionEmbedding::kLearnedAbsolute) return c.max_position_embeddings;
@@ -69,6 +71,8 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
     x.ln2_w = m.find(p + "pre_mlp_layernorm.weight"), x.ln2_b = m.find(p + "pre_mlp_layernorm.bias");
     x.fc1_w = m.find(p + "mlp.linear_fc1.weight"), x.fc1_b = m.find(p + "mlp.linear_fc1.bias");
     x.fc2_w = m.find(p + "mlp.linear_fc2.weight"), x.fc2_b = m.find(p + "mlp.linear_fc2.bias");
+    x.q_ln_w = m.find(p + "self_attention.q_layernorm.weight"), x.q_ln_b = m.find(p + "self_attention.q_layernorm.bias");
+    x.k_ln_w = m.find(p + "self_attention.k_layernorm.weight"), x.k_ln_b = m.find(p + "self_attention.k_layernorm.bias");
     layers_.push_back(x);
   }
   SizeTable ct;
@@ -97,6 +101,11 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   st.add("tmp", {C, h_}, dt_);
   st.add("fc1", {C, fc1_}, dt_);
   st.add("act", {C, F_}, dt_);
+  const int64_t qk_rows = c.qk_layernorm ? a_ + g_ : 0;  // --qk-layernorm: q and k head rows per token
+  st.add("qk_heads", {C * qk_rows, d_}, dt_);
+  st.add("qk_normed", {C * qk_rows, d_}, dt_);
+  st.add("qk_mean", {C * qk_rows}, dt_);
+  st.add("qk_rstd", {C * qk_rows}, dt_);
   scratch_ = Arena(st.total_bytes(), "decoder-scratch");
   buf_ = scratch_.carve(st);
   if (c.position_embedding == PositionEmbedding::kRope) {
@@ -134,6 +143,20 @@ void Decoder::norm(const Tensor& x, int w, int b, const Tensor& y, const Tensor&
     k::rmsnorm_forward(x, weight, m_.config().norm_epsilon, y, rstd);
 }
 
+// --qk-layernorm on the n rows of qkv: q heads and k heads normalised with
+// their own weights (GPTModel::qk_norm_fwd, without keeping anything).
+void Decoder::qk_norm(const Layer& p, const k::QkvLayout& L, int64_t n) {
+  const int64_t nq = n * a_, nk = n * g_;
+  const bool ln = m_.config().normalization == Normalization::kLayerNorm;
+  const Tensor qkv = buf_[kQkv].slice(0, n), heads = buf_[kQkHeads].slice(0, nq + nk),
+               normed = buf_[kQkNormed].slice(0, nq + nk), mean = buf_[kQkMean], rstd = buf_[kQkRstd];
+  k::qk_heads_gather(qkv, L, heads);
+  norm(heads.slice(0, nq), p.q_ln_w, p.q_ln_b, normed.slice(0, nq), ln ? mean.slice(0, nq) : Tensor(), rstd.slice(0, nq));
+  norm(heads.slice(nq, nq + nk), p.k_ln_w, p.k_ln_b, normed.slice(nq, nq + nk), ln ? mean.slice(0, nk) : Tensor(),
+       rstd.slice(0, nk));
+  k::qk_heads_scatter(normed, L, qkv);
+}
+
 // The layer math of GPTModel::layer_forward with training = false, on n rows
 // of one sequence at positions [length_, length_ + n), attention against the
 // cache. logits_rows: [n, V] (all), [1, V] (last_only) or undefined.
@@ -155,6 +178,7 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
     const Layer& p = layers_[l];
     norm(x, p.ln1_w, p.ln1_b, ln, mean, rstd);
     linear(ln, p.qkv_w, p.qkv_b, qkv);
+    if (c.qk_layernorm) qk_norm(p, L, n);
     if (c.position_embedding == PositionEmbedding::kRope)
       k::rope_forward(qkv, L, rope_cos_.slice(p0, p0 + n), rope_sin_.slice(p0, p0 + n), c.rotary_dim(), c.rotary_interleaved);
     k::kv_cache_append(qkv, L, p0, k_cache_[l], v_cache_[l]);

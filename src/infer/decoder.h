@@ -73,6 +73,7 @@ class Decoder {
   void run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_rows, bool last_only);
   void linear(const Tensor& x, int w, int b, const Tensor& y) const;
   void norm(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd) const;
+  void qk_norm(const Layer& p, const kernels::QkvLayout& L, int64_t n);
 
   const model::GPTModel& m_;
   int64_t T_max_ = 0, chunk_ = 0, length_ = 0;

@@ -86,6 +86,7 @@ namespace cpu {
 void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin);
 void rope_apply(const Tensor& qkv, const QkvLayout& layout, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
                 bool inverse, bool interleaved);
+void qk_heads_copy(const Tensor& qkv, const QkvLayout& layout, const Tensor& heads, bool to_heads);
 }  // namespace cpu
 #ifdef MT_HAVE_CUDA
 // The CUDA twins (kernels/cuda/rope.cu), on the rank's stream.
@@ -93,6 +94,7 @@ namespace cuda {
 void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin);
 void rope_apply(const Tensor& qkv, const QkvLayout& layout, int64_t rot_dim, const Tensor& cos, const Tensor& sin,
                 bool inverse, bool interleaved);
+void qk_heads_copy(const Tensor& qkv, const QkvLayout& layout, const Tensor& heads, bool to_heads);
 }  // namespace cuda
 #endif
 
@@ -112,6 +114,22 @@ inline void rope_forward(const Tensor& qkv, const QkvLayout& l, const Tensor& co
 inline void rope_backward(const Tensor& dqkv, const QkvLayout& l, const Tensor& cos, const Tensor& sin, int64_t rot_dim = 0,
                           bool interleaved = false) {
   MT_DISPATCH(rope_apply, dqkv.device(), dqkv, l, rot_dim ? rot_dim : l.head_dim, cos, sin, true, interleaved);
+}
+
+// The query and key heads of the fused QKV buffer as contiguous head rows,
+// for --qk-layernorm (a norm over each head's d values, one weight for the q
+// heads and one for the k heads): `heads` holds tokens x (heads + groups)
+// rows of d, every token's q heads first as one [tokens * heads, d] block,
+// then its k heads as a [tokens * groups, d] block:
+//   q head j of token r:   heads row r * heads + j
+//   k of group j, token r: heads row tokens * heads + r * groups + j
+// gather copies qkv's q and k columns into `heads`; scatter writes them back
+// (v is never read or written). One dtype on both sides; a plain copy.
+inline void qk_heads_gather(const Tensor& qkv, const QkvLayout& l, const Tensor& heads) {
+  MT_DISPATCH(qk_heads_copy, qkv.device(), qkv, l, heads, true);
+}
+inline void qk_heads_scatter(const Tensor& heads, const QkvLayout& l, const Tensor& qkv) {
+  MT_DISPATCH(qk_heads_copy, qkv.device(), qkv, l, heads, false);
 }
 
 }  // namespace mt::kernels

@@ -113,6 +113,9 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                false);
   f.add_switch("apply-residual-connection-post-layernorm", &c.apply_residual_connection_post_layernorm,
                "take the residual from the norm's output (original BERT/GPT-2 ordering)");
+  f.add_switch("qk-layernorm", &c.qk_layernorm,
+               "normalise each query and key head (--normalization's kind, over its kv-channels values) before "
+               "RoPE, with a weight for the queries and one for the keys (Qwen3, OLMo-style)");
   f.add_int("num-experts", &c.num_experts, "MoE experts per layer (0: dense)", 0, 1 << 20);
   f.add_int("moe-router-topk", &c.moe_router_topk, "experts each token is routed to", 1, 1 << 20);
   f.add_int("moe-ffn-hidden-size", &c.moe_ffn_hidden_size, "expert MLP hidden size; default --ffn-hidden-size", 1, kMaxDim);
@@ -143,6 +146,7 @@ LayerParams layer_params(const ModelConfig& c) {
   const int64_t F = c.ffn(), gate = c.swiglu ? 2 : 1;
   const bool bias = c.add_bias_linear;
   p.norms = 2 * c.norm_params_per_norm();
+  if (c.qk_layernorm) p.norms += 2 * (c.normalization == Normalization::kLayerNorm ? 2 : 1) * d;
   p.qkv_weight = h * (a + 2 * g) * d;
   p.qkv_bias = c.qkv_bias() ? (a + 2 * g) * d : 0;
   p.proj_weight = a * d * h;

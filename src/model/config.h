@@ -64,6 +64,11 @@ struct ModelConfig {
   // Only without that fusion does the MLP call the exact (erf) F.gelu.
   bool gelu_tanh() const { return openai_gelu || (bias_gelu_fusion && add_bias_linear && !swiglu); }
   bool apply_residual_connection_post_layernorm = false;  // residual taken after the norm
+  // --qk-layernorm: a norm (--normalization's kind, --norm-epsilon) over each
+  // query and key head's d values after linear_qkv, before RoPE, with its
+  // own weight [d] (and bias for LayerNorm) for the queries and the keys
+  // (Megatron's self_attention.q_layernorm / k_layernorm; Qwen3's q_norm/k_norm).
+  bool qk_layernorm = false;
   // Mixture of experts (0 experts = dense).
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
@@ -90,7 +95,7 @@ Status resolve_vocab(ModelConfig& cfg);
 
 // Element counts of one transformer layer's tensors, before any split.
 struct LayerParams {
-  int64_t norms = 0;      // both norms (weights + LayerNorm biases)
+  int64_t norms = 0;      // both norms (weights + LayerNorm biases), and the q/k norms (--qk-layernorm)
   int64_t qkv_weight = 0, qkv_bias = 0;
   int64_t proj_weight = 0, proj_bias = 0;
   int64_t fc1_weight = 0, fc1_bias = 0;  // fc1 is 2F wide with --swiglu

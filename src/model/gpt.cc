@@ -33,6 +33,7 @@ uint64_t fnv1a(const std::string& s) {
 struct GPTModel::LayerIdx {
   int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
+  int q_ln_w = -1, q_ln_b = -1, k_ln_w = -1, k_ln_b = -1;  // --qk-layernorm
 };
 
 // What backward needs from one layer's forward (N = T*B rows; Ns = N/TP
@@ -44,18 +45,22 @@ struct GPTModel::LayerIdx {
 //   ctx [N,a d], lse [B,a,T] attention output/log-sum-exp (not kept with
 //                            selective recomputation: recomputed from qkv)
 //   fc1 [N, F or 2F] pre-activation                  act [N,F]
+//   --qk-layernorm: qk_raw [N,(a+g)d] the q and k heads before their norms
+//   (kernels::qk_heads_gather's layout), qk_mean (LayerNorm), qk_rstd [N(a+g)]
 // The layer's input is resid[l], its output resid[l+1]. An undefined tensor
 // is one this configuration does not keep.
 struct GPTModel::LayerActs {
-  Tensor x_mid, ln1, ln1_mean, ln1_rstd, qkv, ctx, lse, ln2, ln2_mean, ln2_rstd, fc1, act;
+  Tensor x_mid, ln1, ln1_mean, ln1_rstd, qkv, ctx, lse, ln2, ln2_mean, ln2_rstd, fc1, act, qk_raw, qk_mean, qk_rstd;
 };
 
 namespace {
 
-constexpr int kLayerFields = 12;  // GPTModel::bind_layer's std::array<int, 12>
-enum LayerField { kXMid, kLn1, kLn1Mean, kLn1Rstd, kQkv, kCtx, kLse, kLn2, kLn2Mean, kLn2Rstd, kFc1, kAct };
+constexpr int kLayerFields = GPTModel::kLayerFields;
+enum LayerField { kXMid, kLn1, kLn1Mean, kLn1Rstd, kQkv, kCtx, kLse, kLn2, kLn2Mean, kLn2Rstd, kFc1, kAct,
+                  kQkRaw, kQkMean, kQkRstd };
 const char* const kLayerFieldNames[kLayerFields] = {"x_mid", "ln1", "ln1_mean", "ln1_rstd", "qkv", "ctx",
-                                                    "lse", "ln2", "ln2_mean", "ln2_rstd", "fc1", "act"};
+                                                    "lse", "ln2", "ln2_mean", "ln2_rstd", "fc1", "act",
+                                                    "qk_raw", "qk_mean", "qk_rstd"};
 using FieldIdx = std::array<int, kLayerFields>;  // entry index in a SizeTable, -1: not kept
 
 // The sizes every table and the scratch plan are built from.
@@ -79,6 +84,9 @@ struct Dims {
   // The norms' statistics, the row-parallel outputs (before the residual
   // add) and the logits stay in the model dtype.
   DType gemm_in = DType::kF32, ln = DType::kF32, mid = DType::kF32, rs = DType::kF32, dn = DType::kF32;
+  int64_t g = 0, hd = 0;  // this rank's query groups, the head dim
+  bool qk = false;        // --qk-layernorm
+  int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
 };
 
 Shape field_shape(int f, const Dims& d) {
@@ -90,6 +98,8 @@ Shape field_shape(int f, const Dims& d) {
     case kCtx: return {d.N, d.ad};
     case kLse: return {d.B, d.a, d.T};
     case kFc1: return {d.N, d.fc1};
+    case kQkRaw: return {d.qk_rows(), d.hd};
+    case kQkMean: case kQkRstd: return {d.qk_rows()};
     default: return {d.N, d.F};
   }
 }
@@ -98,7 +108,7 @@ DType field_dtype(int f, const Dims& d) {
   if (f == kXMid) return d.rs;
   if (f == kLn1 || f == kLn2) return d.ln;
   if (f == kAct) return d.gemm_in;
-  if (f == kQkv || f == kCtx || f == kFc1) return d.mid;
+  if (f == kQkv || f == kCtx || f == kFc1 || f == kQkRaw) return d.mid;
   return d.dt;
 }
 
@@ -107,11 +117,23 @@ FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool 
   FieldIdx idx;
   idx.fill(-1);
   for (int f = 0; f < kLayerFields; ++f) {
-    if ((f == kLn1Mean || f == kLn2Mean) && !d.layernorm) continue;  // RMSNorm keeps rstd only
+    if ((f == kLn1Mean || f == kLn2Mean || f == kQkMean) && !d.layernorm) continue;  // RMSNorm keeps rstd only
+    if ((f == kQkRaw || f == kQkMean || f == kQkRstd) && !d.qk) continue;
     if ((f == kCtx || f == kLse) && !keep_attention) continue;
     idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d), field_dtype(f, d));
   }
   return idx;
+}
+
+// Whether a rank's gradient of this parameter is a partial sum over the TP
+// group (reduce_tp_replicated_grads() sums it): every replicated parameter
+// under sequence parallelism (each rank saw its sequence shard), and the
+// q/k norm weights always (each rank saw its own heads; Megatron's
+// finalize_model_grads all-reduces "q_layernorm"/"k_layernorm" for the same reason).
+bool tp_partial_grad(const ParamSpec& s, bool sequence_parallel) {
+  if (s.shard != ShardKind::kReplicated) return false;
+  return sequence_parallel || s.name.find("self_attention.q_layernorm.") != std::string::npos ||
+         s.name.find("self_attention.k_layernorm.") != std::string::npos;
 }
 
 // Aligned bytes of one scratch allocation (Arena::alloc rounds each up).
@@ -161,10 +183,10 @@ struct GPTModel::Workspace {
   std::vector<Tensor> resid;      // K-1: inputs of the group's layers after the first
 };
 
-GPTModel::LayerActs GPTModel::bind_layer(const std::vector<Tensor>& v, const std::array<int, 12>& idx) {
+GPTModel::LayerActs GPTModel::bind_layer(const std::vector<Tensor>& v, const std::array<int, kLayerFields>& idx) {
   LayerActs a;
-  Tensor* fields[kLayerFields] = {&a.x_mid, &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.ctx,
-                                  &a.lse,   &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fc1, &a.act};
+  Tensor* fields[kLayerFields] = {&a.x_mid, &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.ctx,   &a.lse,  &a.ln2,
+                                  &a.ln2_mean, &a.ln2_rstd, &a.fc1, &a.act, &a.qk_raw, &a.qk_mean, &a.qk_rstd};
   for (int f = 0; f < kLayerFields; ++f)
     if (idx[f] >= 0) *fields[f] = v[static_cast<size_t>(idx[f])];
   return a;
@@ -319,6 +341,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d.dn = tp == 1 ? d.rs : opt.dtype;
   d.ln = cfg.apply_residual_connection_post_layernorm ? d.rs : d.gemm_in;
   d.mid = d.gemm_in;
+  d.g = gl, d.hd = cfg.head_dim(), d.qk = cfg.qk_layernorm;
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
   t.chunks = chunks;
@@ -401,8 +424,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     t.rope.add("rope.sin", {T, cfg.rotary_dim() / 2}, dt);
   }
   if (cfg.apply_layernorm_1p) {  // --apply-layernorm-1p: a row of ones and the 1 + gamma each norm uses
-    t.rope.add("norm1p.ones", {h}, dt);
-    t.rope.add("norm1p.weight", {h}, dt);
+    const int64_t widest = cfg.qk_layernorm ? std::max(h, cfg.head_dim()) : h;
+    t.rope.add("norm1p.ones", {widest}, dt);
+    t.rope.add("norm1p.weight", {widest}, dt);
   }
 
   // Scratch: the peak of the allocations forward() and backward() make, in
@@ -421,10 +445,17 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // With sequence parallelism: one full-sequence [N, h] buffer for the
   // all-gathered / not yet reduce-scattered side of a collective.
   const size_t full = sp ? abytes(N * h, dt) : 0;
-  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + full + cast_fwd;  // tmp (+ ctx, lse) + full + cast
-  const size_t layer_fwd_ws = abytes(Ns * h, dt) + full + cast_fwd;
+  // --qk-layernorm: the normalised heads in forward; d(normalised) and d(raw) in backward.
+  const size_t qk_heads = d.qk ? abytes(d.qk_rows() * d.hd, d.mid) : 0;
+  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + full + cast_fwd + qk_heads;  // tmp (+ ctx, lse) + full + cast
+  const size_t layer_fwd_ws = abytes(Ns * h, dt) + full + cast_fwd + qk_heads;
+  // Backward's transients after the layer's own buffers: each linear's
+  // full-sequence buffer (SP) and bf16 casts, freed as it returns; the q/k
+  // norm's two buffers are taken after linear_proj's backward, so only
+  // linear_qkv's backward (its ln1 cast) comes on top of them.
   const size_t layer_bwd = abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(N * F, d.mid) + abytes(N * d.fc1, d.mid) +
-                           abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp + full + cast_bwd;
+                           abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp + full +
+                           std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0);
   bool any_kept = false;
   for (char k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
@@ -495,10 +526,9 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   c.tp_forward_bytes = layers * layer_fwd + pre * act_rs + post * ((sp ? act_lnf : 0) + 3 * row);
   // Output layer dx: all-reduce (SP: reduce-scatter); embedding dy: SP all-gather.
   c.tp_backward_bytes = layers * layer_bwd + post * act + pre * (sp ? act_rs : 0) + recompute;
-  if (sp)
-    for (size_t i = 0; i < t->specs.size(); ++i)
-      if (t->specs[i].shard == ShardKind::kReplicated)
-        c.tp_step_bytes += static_cast<double>(t->specs[i].global_shape.numel()) * static_cast<double>(dtype_size(d.dt));
+  for (size_t i = 0; i < t->specs.size(); ++i)
+    if (tp_partial_grad(t->specs[i], sp))
+      c.tp_step_bytes += static_cast<double>(t->specs[i].global_shape.numel()) * static_cast<double>(dtype_size(d.dt));
   return c;
 }
 
@@ -550,6 +580,8 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     x.ln2_w = find(p + "pre_mlp_layernorm.weight"), x.ln2_b = find(p + "pre_mlp_layernorm.bias");
     x.fc1_w = find(p + "mlp.linear_fc1.weight"), x.fc1_b = find(p + "mlp.linear_fc1.bias");
     x.fc2_w = find(p + "mlp.linear_fc2.weight"), x.fc2_b = find(p + "mlp.linear_fc2.bias");
+    x.q_ln_w = find(p + "self_attention.q_layernorm.weight"), x.q_ln_b = find(p + "self_attention.q_layernorm.bias");
+    x.k_ln_w = find(p + "self_attention.k_layernorm.weight"), x.k_ln_b = find(p + "self_attention.k_layernorm.bias");
     layers_.push_back(x);
   }
   // bf16 copies of every matrix a GEMM reads.
@@ -587,10 +619,10 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     }
     if (cfg.apply_layernorm_1p) {
       norm_ones_ = v[next++], norm_w1_ = v[next++];
-      std::vector<double> one(static_cast<size_t>(cfg.hidden_size), 1.0);
+      const int64_t n = norm_ones_.numel();
+      std::vector<double> one(static_cast<size_t>(n), 1.0);
       std::vector<float> onef(one.begin(), one.end());
-      copy_tensor(opt.dtype == DType::kF64 ? Tensor(one.data(), {cfg.hidden_size}, DType::kF64)
-                                    : Tensor(onef.data(), {cfg.hidden_size}, DType::kF32),
+      copy_tensor(opt.dtype == DType::kF64 ? Tensor(one.data(), {n}, DType::kF64) : Tensor(onef.data(), {n}, DType::kF32),
                   norm_ones_);
     }
   }
@@ -796,9 +828,9 @@ void GPTModel::column_linear_bwd(const Tensor& x_full, int w, int b, const Tenso
 }
 
 void GPTModel::reduce_tp_replicated_grads() {
-  if (!sp()) return;
+  if (opt_.tp <= 1) return;
   for (size_t i = 0; i < specs_.size(); ++i)
-    if (specs_[i].shard == ShardKind::kReplicated) opt_.tp_comm->all_reduce(grads_[i]);
+    if (tp_partial_grad(specs_[i], sp())) opt_.tp_comm->all_reduce(grads_[i]);
 }
 
 Tensor GPTModel::norm_weight(int w) const {
@@ -855,6 +887,46 @@ void GPTModel::residual_linear_fwd(const Tensor& x, int w, int b, double dropout
   k::add(res, tmp, out);
 }
 
+// --qk-layernorm: the q heads and k heads of qkv, gathered into a.qk_raw
+// (kept for backward), normalised with their own weights, written back. The
+// normalised heads live in scratch until the caller's scope ends.
+namespace {
+struct QkViews {
+  Tensor q, k, q_mean, k_mean, q_rstd, k_rstd;  // [N a, d] / [N g, d] rows, and their [N a] / [N g] statistics
+};
+QkViews qk_views(const Tensor& heads, const Tensor& mean, const Tensor& rstd, const k::QkvLayout& L) {
+  const int64_t nq = L.tokens() * L.heads, nk = L.tokens() * L.groups, d = L.head_dim;
+  const Tensor flat = heads.view({(nq + nk) * d});
+  QkViews v;
+  v.q = flat.slice(0, nq * d).view({nq, d});
+  v.k = flat.slice(nq * d, (nq + nk) * d).view({nk, d});
+  if (mean.defined()) v.q_mean = mean.slice(0, nq), v.k_mean = mean.slice(nq, nq + nk);
+  if (rstd.defined()) v.q_rstd = rstd.slice(0, nq), v.k_rstd = rstd.slice(nq, nq + nk);
+  return v;
+}
+}  // namespace
+
+void GPTModel::qk_norm_fwd(const LayerIdx& p, const k::QkvLayout& L, const LayerActs& a) {
+  k::qk_heads_gather(a.qkv, L, a.qk_raw);
+  const Tensor y = scratch(a.qk_raw.shape(), a.qk_raw.dtype());
+  const QkViews x = qk_views(a.qk_raw, a.qk_mean, a.qk_rstd, L), o = qk_views(y, Tensor(), Tensor(), L);
+  norm_fwd(x.q, p.q_ln_w, p.q_ln_b, o.q, x.q_mean, x.q_rstd);
+  norm_fwd(x.k, p.k_ln_w, p.k_ln_b, o.k, x.k_mean, x.k_rstd);
+  k::qk_heads_scatter(y, L, a.qkv);
+}
+
+// dqkv's q and k columns: d(normalised heads) on entry, d(raw heads) on exit.
+void GPTModel::qk_norm_bwd(const LayerIdx& p, const k::QkvLayout& L, const LayerActs& a, const Tensor& dqkv) {
+  const Tensor dy = scratch(a.qk_raw.shape(), dqkv.dtype()), dx = scratch(a.qk_raw.shape(), dqkv.dtype());
+  k::qk_heads_gather(dqkv, L, dy);
+  dx.zero();  // the norm backward accumulates into dx
+  const QkViews x = qk_views(a.qk_raw, a.qk_mean, a.qk_rstd, L), g = qk_views(dy, Tensor(), Tensor(), L),
+                o = qk_views(dx, Tensor(), Tensor(), L);
+  norm_bwd(g.q, x.q, p.q_ln_w, p.q_ln_b, x.q_mean, x.q_rstd, o.q);
+  norm_bwd(g.k, x.k, p.k_ln_w, p.k_ln_b, x.k_mean, x.k_rstd, o.k);
+  k::qk_heads_scatter(dx, L, dqkv);
+}
+
 void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor& out, const Slot& s) {
   const LayerIdx& p = layers_[l];
   const bool post = cfg_.apply_residual_connection_post_layernorm;
@@ -874,6 +946,7 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   column_fwd_input(ln1, a.ln1);
   linear_fwd(a.ln1, p.qkv_w, p.qkv_b, a.qkv);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
+  if (cfg_.qk_layernorm) qk_norm_fwd(p, L, a);
   if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
                          dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
@@ -932,6 +1005,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   row_linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
   k::attention_backward(a.qkv, ctx, dctx, lse, L, ao, dqkv);
   if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_backward(dqkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
+  if (cfg_.qk_layernorm) qk_norm_bwd(p, L, a, dqkv);
   column_linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
   if (post) {
     k::add_inplace(dln, dresid);

@@ -66,6 +66,8 @@
 //   output layer        identity (SP: all-gather x)  all-reduce dx (SP: reduce-scatter)
 //   cross-entropy       all-reduce max, sum exp and target logit over the
 //                       vocabulary shards; never gathers the logits
+// --qk-layernorm's q/k norm weights are replicated but each rank's gradient
+// covers only its heads: reduce_tp_replicated_grads() sums them, SP or not.
 // With TP = 1 every collective is the identity and omitted. Ns = N / TP with
 // sequence parallelism (N otherwise). Dropout masks are keyed by the global
 // element index (hidden dropout: row-major over [N, h]; attention dropout:
@@ -86,6 +88,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/activation.h"
+#include "kernels/qkv_layout.h"
 #include "kernels/rope.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -213,6 +216,7 @@ struct GPTCommPlan {
 
 class GPTModel {
  public:
+  static constexpr int kLayerFields = 15;  // the activation tensors one layer can keep (gpt.cc's LayerActs)
   // Validates cfg (Status for user errors) and allocates every arena.
   static Result<std::unique_ptr<GPTModel>> create(const ModelConfig& cfg, const GPTOptions& opt);
   // The bytes create() would allocate, without allocating (for the planner);
@@ -285,8 +289,9 @@ class GPTModel {
   // With sequence parallelism, the gradients of replicated parameters (norms,
   // row-parallel biases, position embeddings) are partial sums over this
   // rank's sequence shard: all-reduce them over TP (Megatron's
-  // _allreduce_layernorm_grads). Call once per iteration after the last
-  // backward. No-op without SP or with TP = 1.
+  // _allreduce_layernorm_grads), and with --qk-layernorm the q/k norm
+  // weights (each TP rank's heads give a partial sum). Call once per
+  // iteration after the last backward. No-op with TP = 1.
   void reduce_tp_replicated_grads();
   // bf16 copies of the GEMM weights from the fp32 parameters.
   void sync_low_precision();
@@ -369,7 +374,10 @@ class GPTModel {
   void layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor& out, const Slot& s);
   // dresid holds d(output) on entry and d(x) on exit.
   void layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& s, const Tensor& dresid);
-  static LayerActs bind_layer(const std::vector<Tensor>& views, const std::array<int, 12>& entries);
+  static LayerActs bind_layer(const std::vector<Tensor>& views, const std::array<int, kLayerFields>& entries);
+  // --qk-layernorm on layer p's fused QKV (forward: a.qkv in place; backward: dqkv in place).
+  void qk_norm_fwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a);
+  void qk_norm_bwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a, const Tensor& dqkv);
   Workspace carve_workspace();
   // g: global layer numbers.
   void group_forward(const LayerGroup& g, const Tensor& x, Workspace& ws, const Tensor& out, const Slot& s);
@@ -396,7 +404,7 @@ class GPTModel {
   std::vector<LayerIdx> layers_;
   int word_ = -1, pos_ = -1, final_w_ = -1, final_b_ = -1, out_ = -1;
   std::vector<Slot> slots_;
-  std::vector<std::array<int, 12>> ws_layers_;  // workspace table entries per group position
+  std::vector<std::array<int, kLayerFields>> ws_layers_;  // workspace table entries per group position
   std::vector<int> ws_resid_;
   Tensor rope_cos_, rope_sin_;  // [T, r/2] in tables_
   Tensor norm_ones_, norm_w1_;  // --apply-layernorm-1p: ones [h], and 1 + gamma of the norm being run

@@ -138,6 +138,13 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
     norm(p + "input_layernorm", i);
     add(p + "self_attention.linear_qkv.weight", {(a + 2 * g) * d, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i);
     if (c.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {(a + 2 * g) * d}, ShardKind::kColumn, 0, InitKind::kZeros, false, i);
+    if (c.qk_layernorm)  // one [d] weight (and bias) over every head: replicated, its TP gradient partial
+      for (const char* which : {"q_layernorm", "k_layernorm"}) {
+        const std::string n = p + "self_attention." + which;
+        add(n + ".weight", {d}, ShardKind::kReplicated, -1, c.apply_layernorm_1p ? InitKind::kZeros : InitKind::kOnes,
+            false, i);
+        if (ln) add(n + ".bias", {d}, ShardKind::kReplicated, -1, InitKind::kZeros, false, i);
+      }
     add(p + "self_attention.linear_proj.weight", {h, a * d}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
     if (bias) add(p + "self_attention.linear_proj.bias", {h}, ShardKind::kReplicated, -1, InitKind::kZeros, false, i);
     norm(p + "pre_mlp_layernorm", i);

@@ -11,6 +11,7 @@
 //   decoder.layers.{i}.self_attention.linear_qkv.weight   [(a+2g)d, h]  column (dim 0), rows grouped per query
 //                                                                       group [q heads | k | v] (kernels/qkv_layout.h)
 //   decoder.layers.{i}.self_attention.linear_qkv.bias     [(a+2g)d]     column
+//   decoder.layers.{i}.self_attention.q_layernorm.{weight,bias}  [d]    replicated (--qk-layernorm; k_layernorm too)
 //   decoder.layers.{i}.self_attention.linear_proj.weight  [h, a d]      row (dim 1)
 //   decoder.layers.{i}.self_attention.linear_proj.bias    [h]           replicated
 //   decoder.layers.{i}.pre_mlp_layernorm.{weight,bias}    [h]           replicated
@@ -34,7 +35,8 @@
 namespace mt::model {
 
 enum class ShardKind {
-  kReplicated,  // every TP rank holds all of it (grads all-reduced when sequence parallel)
+  kReplicated,  // every TP rank holds all of it (grads all-reduced over TP when sequence parallel,
+                // and always for the q/k norms: GPTModel::reduce_tp_replicated_grads)
   kColumn,      // split along dim 0 (output features) of a column-parallel linear
   kRow,         // split along dim 1 (input features) of a row-parallel linear
   kVocab,       // split along dim 0 (vocabulary rows), VocabParallelEmbedding / output layer

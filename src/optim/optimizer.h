@@ -91,6 +91,9 @@ struct AdamWConfig {
   double beta1 = 0.9;    // --adam-beta1
   double beta2 = 0.999;  // --adam-beta2
   double eps = 1e-8;     // --adam-eps
+  // --apply-wd-to-qk-layernorm: the q/k norm parameters (--qk-layernorm)
+  // decay like the weights; every other 1-D parameter and bias stays exempt.
+  bool apply_wd_to_qk_layernorm = false;
 };
 
 class AdamWOptimizer {

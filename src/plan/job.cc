@@ -163,7 +163,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"ckpt-format", true, kCk, kCkpt},
       {"use-dist-ckpt", false, kCk, kCkpt},
       {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
-      {"qk-layernorm", false, "not implemented", "LayerNorm on queries and keys is not implemented: drop the flag"},
       {"use-torch-fsdp2", false, "no FSDP",
        "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and Adam state over DP"},
   };

@@ -102,6 +102,7 @@ double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l) {
   double bytes = 0;
   bytes += 4 * s.e * hs;                                  // ln1 in/out, ln2 in/out
   bytes += s.e * s.tok * (s.heads_rank + 2 * s.kv_rank) * s.d;  // Q, K, V
+  if (m.qk_layernorm) bytes += s.e * s.tok * (s.heads_rank + s.kv_rank) * s.d;  // Q, K before their norms
   bytes += s.e * s.tok * s.heads_rank * s.d;              // attention output (proj input)
   bytes += 4 * s.tok * s.heads_rank;                      // softmax log-sum-exp (fp32)
   bytes += 2 * s.mask * hs;                               // two hidden-dropout masks
@@ -131,7 +132,8 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
   const double h = s.h, t = s.t, d = s.d, F = s.F, gate = s.gate;
   const bool bias = m.add_bias_linear;
   const double qkv_out = (s.heads_rank + 2 * s.kv_rank) * d;
-  double dense_layer = 2.0 * m.norm_params_per_norm() + h * qkv_out + (m.qkv_bias() ? qkv_out : 0) +
+  const double qk_norms = m.qk_layernorm ? 2.0 * (m.normalization == model::Normalization::kLayerNorm ? 2 : 1) * d : 0;
+  double dense_layer = 2.0 * m.norm_params_per_norm() + qk_norms + h * qkv_out + (m.qkv_bias() ? qkv_out : 0) +
                        s.heads_rank * d * h + (bias ? h : 0);
   double expert_layer = 0;
   if (!m.is_moe()) {

@@ -65,6 +65,11 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_double("adam-beta1", &c.adam_beta1, "Adam beta1", 0, 1);
   f.add_double("adam-beta2", &c.adam_beta2, "Adam beta2", 0, 1);
   f.add_double("adam-eps", &c.adam_eps, "Adam epsilon", 0, 1);
+  f.add_switch("apply-wd-to-qk-layernorm", &c.apply_wd_to_qk_layernorm,
+               "weight decay also on the --qk-layernorm norms' parameters (other norms and biases stay exempt)");
+  f.add_seen("no-weight-decay-cond-type", true,
+             "Megatron's deprecated spelling of --apply-wd-to-qk-layernorm (its one choice)", {"apply_wd_to_qk_layernorm"},
+             [&c](const std::string&) { c.apply_wd_to_qk_layernorm = true; });
   f.add_switch("check-for-nan-in-loss-and-grad", &c.check_for_nan_in_loss_and_grad, "stop with the iteration when the loss or a gradient is NaN/inf");
 
   f.section("evaluation and logging");
@@ -290,6 +295,7 @@ Result<std::vector<std::string>> merge_checkpoint_args(const std::vector<std::st
     warn("rotary-seq-len-interpolation-factor", num(static_cast<double>(a.rotary_seq_len_interpolation_factor.value_or(1))),
          num(static_cast<double>(b.rotary_seq_len_interpolation_factor.value_or(1))));
     warn("norm-epsilon", num(a.norm_epsilon), num(b.norm_epsilon));
+    warn("qk-layernorm", yes(a.qk_layernorm), yes(b.qk_layernorm));
     warn("openai-gelu", yes(a.openai_gelu), yes(b.openai_gelu));
     warn("no-bias-gelu-fusion", yes(!a.bias_gelu_fusion), yes(!b.bias_gelu_fusion));
     warn("apply-residual-connection-post-layernorm", yes(a.apply_residual_connection_post_layernorm),

@@ -44,6 +44,7 @@ struct TrainConfig {
   std::string weight_decay_incr_style = "constant";
   double clip_grad = 1.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  bool apply_wd_to_qk_layernorm = false;  // --apply-wd-to-qk-layernorm
   std::string optimizer = "adam";
   int64_t seed = 1234;
   // Evaluation and logging.

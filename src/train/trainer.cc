@@ -324,7 +324,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   po.tp = &tp_comm, po.dp = &dp_comm, po.pp = &pp_comm, po.tp_rank = tp_rank;
   po.dist_buckets = dist_opt ? buckets.get() : nullptr;
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
-  optim::AdamWOptimizer opt(model, optim::AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps}, po);
+  optim::AdamWOptimizer opt(
+      model, optim::AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps, cfg.apply_wd_to_qk_layernorm}, po);
   PipelineExecutor executor(model, pp_comm, *schedule);
   // Tied embeddings over several stages: first and last stage each hold the
   // word embedding and sum its gradients over the embedding group.

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Runs a Hugging Face model directory the way the transformers library defines
-GPT2LMHeadModel, LlamaForCausalLM and Qwen2ForCausalLM, in float64 PyTorch,
+GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, in
+float64 PyTorch,
 from config.json and the safetensors files alone (written for megatron-cpp's
 export tests; transformers itself is not packaged in Debian).
 
@@ -112,7 +113,7 @@ def rope_inv_freq(cfg, D):
 def llama(cfg, W, ids):
     B, T = ids.shape
     E, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    D = cfg.get("head_dim") or E // H
+    D = cfg.get("head_dim") or (128 if cfg["model_type"] == "qwen3" else E // H)
     eps = cfg["rms_norm_eps"]
     mlp_bias = cfg.get("mlp_bias", False)
 
@@ -133,13 +134,17 @@ def llama(cfg, W, ids):
 
     x = W["model.embed_tokens.weight"][ids]
     qkv_bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
-    o_bias = cfg["model_type"] == "llama" and cfg.get("attention_bias", False)
+    o_bias = cfg["model_type"] in ("llama", "qwen3") and cfg.get("attention_bias", False)
+    qk_norm = cfg["model_type"] == "qwen3"  # Qwen3Attention: RMSNorm over each q and k head, before RoPE
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = rms(x, W[p + "input_layernorm.weight"])
         q = lin(h, p + "self_attn.q_proj", qkv_bias).view(B, T, H, D).transpose(1, 2)
         k = lin(h, p + "self_attn.k_proj", qkv_bias).view(B, T, KV, D).transpose(1, 2)
         v = lin(h, p + "self_attn.v_proj", qkv_bias).view(B, T, KV, D).transpose(1, 2)
+        if qk_norm:
+            q = rms(q, W[p + "self_attn.q_norm.weight"])
+            k = rms(k, W[p + "self_attn.k_norm.weight"])
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(H // KV, dim=1)  # query head j reads key/value head j // (H / KV)
@@ -159,7 +164,7 @@ def forward(cfg, W, ids):
     arch = cfg["architectures"][0]
     if arch == "GPT2LMHeadModel":
         return gpt2(cfg, W, ids)
-    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM"):
+    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         return llama(cfg, W, ids)
     raise SystemExit(f"hf_reference.py: unknown architecture {arch}")
 

@@ -86,6 +86,16 @@ std::vector<Case> cases() {
     c.add_qkv_bias = true, c.rotary_seq_len_interpolation_factor = 3;
     v.push_back({"qwen2_linear_rope", c, "Qwen2ForCausalLM"});
   }
+  {
+    ModelConfig c = llama_cfg();  // --qk-layernorm: q_norm/k_norm, head dim 16 != h/a, tied
+    c.qk_layernorm = true, c.kv_channels = 16, c.untie_embeddings_and_output_weights = false;
+    v.push_back({"qwen3", c, "Qwen3ForCausalLM"});
+  }
+  {
+    ModelConfig c = llama_cfg();  // q/k norm weights permuted with interleaved RoPE pairs, stored as 1 + gamma
+    c.qk_layernorm = true, c.rotary_interleaved = true, c.apply_layernorm_1p = true;
+    v.push_back({"qwen3_interleaved_1p", c, "Qwen3ForCausalLM"});
+  }
   return v;
 }
 
@@ -206,7 +216,7 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
   EXPECT_LT(logits_error(ours, m->vocab(), rl), 2e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 7), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 9), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -338,6 +348,15 @@ TEST(HfExportArch, RefusesModelsNoTransformersClassComputes) {
   c = gpt2_cfg();
   c.position_embedding = model::PositionEmbedding::kRope;
   EXPECT_NE(why(c).find("GPT2LMHeadModel needs"), std::string::npos);
+  // --qk-layernorm: Qwen3's q/k norms come without the MLP biases or a q/k/v-only bias.
+  c = llama_cfg();
+  c.qk_layernorm = true, c.add_qkv_bias = true;
+  EXPECT_NE(why(c).find("--qk-layernorm with --add-qkv-bias"), std::string::npos) << why(c);
+  c.add_qkv_bias = false, c.add_bias_linear = true;
+  EXPECT_NE(why(c).find("--qk-layernorm with biases on every linear layer"), std::string::npos) << why(c);
+  c = gpt2_cfg();
+  c.qk_layernorm = true;
+  EXPECT_NE(why(c).find("GPT2LMHeadModel has no query/key norms"), std::string::npos) << why(c);
 }
 
 }  // namespace
@@ -419,7 +438,7 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
   EXPECT_LT(diff / mag, 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 7), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 9), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -436,6 +455,11 @@ TEST(HfImport, RefusesWhatNoMegatronFlagExpresses) {
   EXPECT_NE(a.find("attention_bias and mlp_bias differ"), std::string::npos) << a;
   EXPECT_NE(a.find("yarn"), std::string::npos) << a;
   EXPECT_NE(why(R"({"architectures": ["PhiForCausalLM"]})").find("PhiForCausalLM"), std::string::npos);
+  const std::string q3 = why(R"({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 100, "attention_bias": true,
+      "use_sliding_window": true})");
+  EXPECT_NE(q3.find("attention_bias true on Qwen3"), std::string::npos) << q3;
+  EXPECT_NE(q3.find("use_sliding_window"), std::string::npos) << q3;
   EXPECT_NE(why(R"({"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2, "n_head": 4,
       "n_positions": 32, "vocab_size": 100, "activation_function": "relu"})").find("relu"), std::string::npos);
   EXPECT_NE(why(R"({"architectures": ["GPT2LMHeadModel"], "n_layer": 2})").find("\"n_embd\" is missing"),
@@ -565,6 +589,18 @@ TEST(HfImport, HubConfigsGiveTheirMegatronFlags) {
             "--group-query-attention --num-query-groups 2 --normalization RMSNorm --swiglu --position-embedding-type rope "
             "--norm-epsilon 1e-06 --max-position-embeddings 32768 --hidden-dropout 0 "
             "--attention-dropout 0 --disable-bias-linear --add-qkv-bias --rotary-base 1000000");
+  // Qwen/Qwen3-0.6B: q/k norms, head_dim 128 (hidden / heads = 64), tied.
+  EXPECT_EQ(flags(R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+      "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+      "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+      "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+      "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+      "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+      "vocab_size": 151936})"),
+            "--num-layers 28 --hidden-size 1024 --ffn-hidden-size 3072 --num-attention-heads 16 "
+            "--group-query-attention --num-query-groups 8 --kv-channels 128 --normalization RMSNorm --swiglu "
+            "--position-embedding-type rope --norm-epsilon 1e-06 --max-position-embeddings 40960 --hidden-dropout 0 "
+            "--attention-dropout 0 --disable-bias-linear --qk-layernorm --rotary-base 1000000");
   // Llama 3.1 in transformers 4.x, and the same in 5.x's rope_parameters.
   const std::string l31 =
       "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention "

@@ -60,6 +60,17 @@ ModelConfig mqa_style() {  // one key/value head, RoPE, LayerNorm
   return c;
 }
 
+ModelConfig qwen3_style() {  // --qk-layernorm (RMSNorm over each q/k head), head dim 16 != h/a
+  ModelConfig c = llama_style();
+  c.qk_layernorm = true, c.kv_channels = 16;
+  return c;
+}
+ModelConfig qk_ln_style() {  // LayerNorm q/k norms with zero-centred weights, one key/value head
+  ModelConfig c = mqa_style();
+  c.qk_layernorm = true, c.apply_layernorm_1p = true;
+  return c;
+}
+
 template <typename T>
 double row_rel_err(const T* a, const T* b, int64_t n) {
   double num = 0, den = 0;
@@ -105,7 +116,9 @@ void check_config(const ModelConfig& cfg, DType dt, double tol) {
       const std::string& name = m.specs()[i].name;
       const bool bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
       const bool gamma = cfg.apply_layernorm_1p && name.find("layernorm.weight") != std::string::npos;
-      if (!bias && !gamma) continue;
+      const bool qk = name.find("self_attention.q_layernorm") != std::string::npos ||
+                      name.find("self_attention.k_layernorm") != std::string::npos;
+      if (!bias && !gamma && !qk) continue;
       for (int64_t j = 0; j < m.params()[i].numel(); ++j) m.params()[i].ptr<T>()[j] = static_cast<T>(nd(gen));
     }
   }
@@ -160,7 +173,8 @@ TEST_P(DecoderVsForward, EveryPositionMatchesFp64) {
 INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
                          ::testing::Values(Case{"gpt2", gpt2_style}, Case{"llama", llama_style},
                                            Case{"postln", post_ln_style}, Case{"mqa", mqa_style},
-                                           Case{"llama31", llama31_style}, Case{"qwen", qwen_style}),
+                                           Case{"llama31", llama31_style}, Case{"qwen", qwen_style},
+                                           Case{"qwen3", qwen3_style}, Case{"qk_ln", qk_ln_style}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Decoder, ParametersOnlyModelAndErrors) {

@@ -358,6 +358,43 @@ TEST(CudaTwin, RopeTableAndApplyMatchCpu) {
   rope_case<double>(mha, mha.seq, {10000.0, 40}, true);
 }
 
+// --qk-layernorm's head rows: the same copies as the CPU twin, bit for bit,
+// each storage dtype; scatter leaves v alone.
+template <typename T>
+void qk_heads_case(const k::QkvLayout& L) {
+  const std::string what = fmt::format("qk_heads {} s={} b={} a={} g={} d={}", tname(dtype_of<T>()), L.seq, L.batch,
+                                       L.heads, L.groups, L.head_dim);
+  std::vector<T> qkv(static_cast<size_t>(L.tokens() * L.row())), heads(static_cast<size_t>(L.tokens() * (L.heads + L.groups) * L.head_dim));
+  auto make = [](float f) {
+    if constexpr (std::is_same_v<T, bf16>) return float_to_bf16(f);
+    else return static_cast<T>(f);
+  };
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = make(static_cast<float>(i % 251) - 125.f);
+  for (size_t i = 0; i < heads.size(); ++i) heads[i] = make(0.5f * static_cast<float>(i % 97));
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor Q = view(qkv, {L.tokens(), L.row()}), H = view(heads, {static_cast<int64_t>(heads.size())});
+  Tensor gQ = to_device(g, Q), gH = g.alloc(H.shape(), H.dtype());
+  k::qk_heads_gather(gQ, L, gH);
+  std::vector<T> want(heads.size());
+  k::qk_heads_gather(Q, L, view(want, H.shape()));
+  expect_bitwise(to_host<T>(gH), want, what + " gather");
+  gH = to_device(g, H);
+  k::qk_heads_scatter(gH, L, gQ);
+  k::qk_heads_scatter(H, L, Q);
+  expect_bitwise(to_host<T>(gQ), qkv, what + " scatter");
+}
+
+TEST(CudaTwin, QkHeadsGatherScatterMatchCpu) {
+  MT_REQUIRE_GPU();
+  k::QkvLayout gqa{.seq = 7, .batch = 3, .heads = 6, .groups = 2, .head_dim = 16};
+  k::QkvLayout mqa{.seq = 5, .batch = 2, .heads = 3, .groups = 1, .head_dim = 5};
+  for (const k::QkvLayout& L : {gqa, mqa}) {
+    qk_heads_case<float>(L);
+    qk_heads_case<double>(L);
+    qk_heads_case<bf16>(L);
+  }
+}
+
 // ---------------------------------------------------------------- bf16 storage
 
 // Under --bf16 qkv, fc1 and their gradients are stored in bf16: the twins

@@ -338,6 +338,38 @@ TEST(Rope, RotatesHalvesAndBackwardIsTranspose) {
   expect_fd_grad(qkv.v, loss, d.v, "rope dqkv");
 }
 
+// --qk-layernorm's head rows: element (head j, dim t) of token r lands where
+// the layout formula puts it (q heads of every token first, then k), v is
+// neither read nor written, and scatter after gather restores qkv exactly.
+TEST(QkHeads, GatherAndScatterFollowTheLayout) {
+  for (const k::QkvLayout& L : {k::QkvLayout{3, 2, 6, 2, 4}, k::QkvLayout{2, 1, 3, 1, 5}, k::QkvLayout{2, 2, 2, 2, 3}}) {
+    Buf<float> qkv({L.tokens(), L.row()}), heads({L.tokens() * (L.heads + L.groups), L.head_dim});
+    for (int64_t i = 0; i < qkv.t().numel(); ++i) qkv[i] = static_cast<float>(i);  // each value its own index
+    k::qk_heads_gather(qkv.t(), L, heads.t());
+    const int64_t d = L.head_dim;
+    for (int64_t r = 0; r < L.tokens(); ++r)
+      for (int64_t t = 0; t < d; ++t) {
+        for (int64_t j = 0; j < L.heads; ++j)
+          ASSERT_EQ(heads[(r * L.heads + j) * d + t], static_cast<float>(r * L.row() + L.q_col(j) + t)) << r << " q" << j;
+        for (int64_t j = 0; j < L.groups; ++j)
+          ASSERT_EQ(heads[(L.tokens() * L.heads + r * L.groups + j) * d + t],
+                    static_cast<float>(r * L.row() + L.k_col(j) + t))
+              << r << " k" << j;
+      }
+    // Scatter negated heads: q and k columns change sign, v keeps its values.
+    for (int64_t i = 0; i < heads.t().numel(); ++i) heads[i] = -heads[i];
+    k::qk_heads_scatter(heads.t(), L, qkv.t());
+    for (int64_t r = 0; r < L.tokens(); ++r)
+      for (int64_t c = 0; c < L.row(); ++c) {
+        const int64_t grp = c / ((L.heads_per_group() + 2) * d), in = c % ((L.heads_per_group() + 2) * d);
+        const bool is_v = in >= (L.heads_per_group() + 1) * d;
+        (void)grp;
+        const float orig = static_cast<float>(r * L.row() + c);
+        ASSERT_EQ(qkv[r * L.row() + c], is_v ? orig : -orig) << "token " << r << " column " << c;
+      }
+  }
+}
+
 // Partial rotation (--rotary-percent): the leading r dims rotate with r's
 // own frequencies, the rest of q and k pass through; backward is still the
 // transpose.

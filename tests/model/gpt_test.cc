@@ -53,6 +53,23 @@ ModelConfig qwen_style() {  // LLaMA-style with a bias on QKV only (--disable-bi
   return c;
 }
 
+// Qwen3-style: LLaMA with --qk-layernorm (RMSNorm over each q and k head)
+// and a head dim other than h/a (--kv-channels 16, h/a = 8).
+ModelConfig qwen3_style() {
+  ModelConfig c = llama_style();
+  c.qk_layernorm = true, c.kv_channels = 16;
+  return c;
+}
+
+// GPT with LayerNorm q/k norms (weights and biases), zero-centred
+// (--apply-layernorm-1p), and rotary positions on half the head.
+ModelConfig gpt_qk_style() {
+  ModelConfig c = gpt2_style();
+  c.qk_layernorm = true, c.apply_layernorm_1p = true;
+  c.position_embedding = PositionEmbedding::kRope, c.rotary_percent = 0.5;
+  return c;
+}
+
 ModelConfig gpt_1p_style() {  // GPT with zero-centred LayerNorm weights (--apply-layernorm-1p)
   ModelConfig c = gpt2_style();  // and the exact GELU (--no-bias-gelu-fusion; gpt2 has Megatron's default tanh)
   c.apply_layernorm_1p = true;
@@ -83,6 +100,7 @@ nlohmann::json config_json(const ModelConfig& c) {
           {"rotary_interleaved", c.rotary_interleaved},
           {"rotary_interpolation", static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1))},
           {"swiglu", c.swiglu}, {"gelu_tanh", c.gelu_tanh()}, {"squared_relu", c.squared_relu},
+          {"qk_layernorm", c.qk_layernorm},
           {"apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm}};
 }
 
@@ -113,6 +131,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "gpt1p"   ? gpt_1p_style()
                     : which == "qwen"    ? qwen_style()
                     : which == "sqrelu"  ? squared_relu_style()
+                    : which == "qwen3"   ? qwen3_style()
+                    : which == "gptqk"   ? gpt_qk_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -129,10 +149,23 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
     const std::string& name = m.specs()[i].name;
     const bool gamma = cfg.apply_layernorm_1p && name.find("layernorm.weight") != std::string::npos;
     const bool qkv_bias = cfg.add_qkv_bias && name.find("linear_qkv.bias") != std::string::npos;
-    if (!gamma && !qkv_bias) continue;
-    EXPECT_EQ(m.params()[i].ptr<float>()[0], 0.f) << name << " starts at 0";
+    // q/k norm parameters start at 1 (weights) or 0 (biases, zero-centred weights).
+    const bool qk = name.find("_layernorm.") != std::string::npos && name.find("self_attention.") != std::string::npos;
+    if (!gamma && !qkv_bias && !qk) continue;
+    const bool one = qk && !cfg.apply_layernorm_1p && name.find(".weight") != std::string::npos;
+    EXPECT_EQ(m.params()[i].ptr<float>()[0], one ? 1.f : 0.f) << name << " starts at " << (one ? 1 : 0);
     for (int64_t j = 0; j < m.params()[i].numel(); ++j) m.params()[i].ptr<float>()[j] = nd(gen);
     ++moved;
+  }
+  if (cfg.qk_layernorm) {  // q and k weights per layer, and their biases under LayerNorm
+    int qk = 0;
+    for (const auto& sp : m.specs())
+      if (sp.name.find("self_attention.q_layernorm") != std::string::npos ||
+          sp.name.find("self_attention.k_layernorm") != std::string::npos) {
+        EXPECT_EQ(sp.global_shape, Shape{cfg.head_dim()}) << sp.name;
+        ++qk;
+      }
+    EXPECT_EQ(qk, cfg.num_layers * (cfg.normalization == Normalization::kLayerNorm ? 4 : 2));
   }
   if (cfg.add_qkv_bias) {
     EXPECT_EQ(moved, cfg.num_layers) << "one QKV bias per layer, and no other bias";
@@ -173,7 +206,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
-                         ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu"));
+                         ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
+                                           "gptqk"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.
@@ -195,7 +229,7 @@ TEST(GPTModel, SquaredReluNeedsNoBiasGeluFusion) {
 // The whole model in fp64 against central differences, with dropout on
 // (masks are regenerated from the seed, so the loss is a fixed function).
 TEST(GPTModel, Fp64GradientsMatchFiniteDifferences_WithDropout) {
-  for (ModelConfig cfg : {gpt2_style(), llama_style()}) {
+  for (ModelConfig cfg : {gpt2_style(), llama_style(), qwen3_style(), gpt_qk_style()}) {
     cfg.num_layers = 1, cfg.seq_length = 5;
     cfg.hidden_dropout = 0.2, cfg.attention_dropout = 0.2;
     GPTOptions opt;

@@ -34,6 +34,18 @@ ModelConfig llama_style() {  // 3 layers: uniform groups of 2 leave a clipped la
   return c;
 }
 
+ModelConfig qk_style() {  // --qk-layernorm: LayerNorm q/k norms with zero-centred weights, RoPE
+  ModelConfig c = gpt2_style();
+  c.qk_layernorm = true, c.apply_layernorm_1p = true, c.position_embedding = PositionEmbedding::kRope;
+  return c;
+}
+
+ModelConfig qwen3_style() {  // --qk-layernorm on a LLaMA (RMSNorm q/k norms), head dim 16 != h/a
+  ModelConfig c = llama_style();
+  c.qk_layernorm = true, c.kv_channels = 16;
+  return c;
+}
+
 ModelConfig post_ln_style() {
   ModelConfig c = gpt2_style();
   c.apply_residual_connection_post_layernorm = true, c.openai_gelu = true;
@@ -60,9 +72,9 @@ struct RunResult {
 };
 
 // Two micro-batches in flight (1F1B-like order: F0 F1 B1 B0), dropout on.
-RunResult run(const ModelConfig& cfg, RecomputeOptions rc, bool bf16 = false) {
+RunResult run(const ModelConfig& cfg, RecomputeOptions rc, bool bf16 = false, bool fp32_residual = false) {
   GPTOptions opt;
-  opt.micro_batch = 2, opt.slots = 2, opt.recompute = rc, opt.bf16_compute = bf16;
+  opt.micro_batch = 2, opt.slots = 2, opt.recompute = rc, opt.bf16_compute = bf16, opt.fp32_residual = fp32_residual;
   auto created = GPTModel::create(cfg, opt);
   EXPECT_TRUE(created.is_ok()) << created.status().message();
   GPTModel& m = **created;
@@ -104,6 +116,7 @@ struct Case {
   const char* name;
   ModelConfig (*cfg)();
   bool bf16;
+  bool fp32_residual = false;  // --fp32-residual-connection (with bf16)
 };
 
 class RecomputeNumerics : public ::testing::TestWithParam<Case> {};
@@ -111,7 +124,7 @@ class RecomputeNumerics : public ::testing::TestWithParam<Case> {};
 TEST_P(RecomputeNumerics, BitwiseIdenticalLossesLogitsAndGradients) {
   const Case c = GetParam();
   const ModelConfig cfg = c.cfg();
-  const RunResult base = run(cfg, RecomputeOptions{}, c.bf16);
+  const RunResult base = run(cfg, RecomputeOptions{}, c.bf16, c.fp32_residual);
   std::vector<std::pair<std::string, RecomputeOptions>> modes = {
       {"full uniform 1", full(RecomputeMethod::kUniform, 1)},
       {"full uniform 2", full(RecomputeMethod::kUniform, 2)},
@@ -121,7 +134,7 @@ TEST_P(RecomputeNumerics, BitwiseIdenticalLossesLogitsAndGradients) {
       {"selective", selective()}};
   for (const auto& [name, rc] : modes) {
     SCOPED_TRACE(name);
-    const RunResult r = run(cfg, rc, c.bf16);
+    const RunResult r = run(cfg, rc, c.bf16, c.fp32_residual);
     ASSERT_EQ(r.losses.size(), base.losses.size());
     for (size_t i = 0; i < r.losses.size(); ++i)
       EXPECT_EQ(std::memcmp(&r.losses[i], &base.losses[i], sizeof(double)), 0)
@@ -139,7 +152,10 @@ TEST_P(RecomputeNumerics, BitwiseIdenticalLossesLogitsAndGradients) {
 INSTANTIATE_TEST_SUITE_P(Configs, RecomputeNumerics,
                          ::testing::Values(Case{"gpt2", gpt2_style, false}, Case{"llama", llama_style, false},
                                            Case{"postln", post_ln_style, false}, Case{"gpt2_bf16", gpt2_style, true},
-                                           Case{"llama_bf16", llama_style, true}),
+                                           Case{"llama_bf16", llama_style, true}, Case{"qk", qk_style, false},
+                                           Case{"qwen3", qwen3_style, false}, Case{"qwen3_bf16", qwen3_style, true},
+                                           Case{"qwen3_bf16_fp32res", qwen3_style, true, true},
+                                           Case{"llama_bf16_fp32res", llama_style, true, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The size arithmetic, written out: every tensor rounded up to 64 bytes.

@@ -130,6 +130,9 @@ def forward(P, tokens, labels, cfg):
         q = qkv[..., : qpg * d].reshape(T, B, a, d)
         k = qkv[..., qpg * d: (qpg + 1) * d]  # [s, b, g, d]
         v = qkv[..., (qpg + 1) * d:]
+        if cfg.get("qk_layernorm", False):  # one norm over each head's d values, before RoPE
+            q = norm(q, P[p + "self_attention.q_layernorm.weight"], bias(p + "self_attention.q_layernorm.bias"), cfg)
+            k = norm(k, P[p + "self_attention.k_layernorm.weight"], bias(p + "self_attention.k_layernorm.bias"), cfg)
         if cfg["position_embedding_type"] == "rope":
             q = rope(q)
             k = rope(k)

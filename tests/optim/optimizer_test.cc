@@ -19,20 +19,21 @@
 namespace mt::optim {
 namespace {
 
-model::ModelConfig tiny_config(int64_t vocab = 30) {
+model::ModelConfig tiny_config(int64_t vocab = 30, bool qk = false) {
   model::ModelConfig c;
   c.num_layers = 2, c.hidden_size = 16, c.num_attention_heads = 2, c.seq_length = 8;
   c.max_position_embeddings = 8, c.vocab_size = vocab, c.make_vocab_size_divisible_by = 8;
   c.hidden_dropout = 0, c.attention_dropout = 0;
+  c.qk_layernorm = qk;  // LayerNorm q/k norms: weights and biases
   return c;
 }
 
-std::unique_ptr<model::GPTModel> make_model(DType dt, bool bf16 = false, int64_t vocab = 30) {
+std::unique_ptr<model::GPTModel> make_model(DType dt, bool bf16 = false, int64_t vocab = 30, bool qk = false) {
   model::GPTOptions o;
   o.micro_batch = 2;
   o.dtype = dt;
   o.bf16_compute = bf16;
-  auto m = model::GPTModel::create(tiny_config(vocab), o);
+  auto m = model::GPTModel::create(tiny_config(vocab, qk), o);
   MT_CHECK(m.is_ok(), m.status().message());
   auto model = std::move(*m);
   model->init_parameters(1234);
@@ -61,7 +62,10 @@ struct Reference {
   int64_t t = 0;
 };
 
-Reference snapshot(const model::GPTModel& model) {
+// Megatron's weight-decay groups (megatron/core/optimizer get_standard_config_overrides):
+// 1-D parameters and biases are exempt, except the q/k norms with
+// apply_wd_to_qk_layernorm.
+Reference snapshot(const model::GPTModel& model, bool apply_wd_to_qk_layernorm = false) {
   Reference r;
   for (size_t i = 0; i < model.params().size(); ++i) {
     const Tensor& p = model.params()[i];
@@ -71,7 +75,9 @@ Reference snapshot(const model::GPTModel& model) {
     r.m.emplace_back(x.size(), 0.0);
     r.v.emplace_back(x.size(), 0.0);
     const std::string& name = model.specs()[i].name;
-    const bool no_wd = p.ndim() == 1 || (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0);
+    const bool qk = name.find("q_layernorm.") != std::string::npos || name.find("k_layernorm.") != std::string::npos;
+    const bool no_wd = (p.ndim() == 1 || (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0)) &&
+                       !(apply_wd_to_qk_layernorm && qk);
     r.wd_mult.push_back(no_wd ? 0.0 : 1.0);
   }
   return r;
@@ -132,12 +138,12 @@ double max_rel(const std::vector<Tensor>& a, const std::vector<std::vector<doubl
   return worst;
 }
 
-void run_against_reference(DType dt, double tol) {
-  auto model = make_model(dt);
+void run_against_reference(DType dt, double tol, bool qk = false, bool apply_wd_to_qk = false) {
+  auto model = make_model(dt, false, 30, qk);
   AdamWConfig cfg;
-  cfg.beta1 = 0.8, cfg.beta2 = 0.95, cfg.eps = 1e-6;
+  cfg.beta1 = 0.8, cfg.beta2 = 0.95, cfg.eps = 1e-6, cfg.apply_wd_to_qk_layernorm = apply_wd_to_qk;
   AdamWOptimizer opt(*model, cfg);
-  Reference ref = snapshot(*model);
+  Reference ref = snapshot(*model, apply_wd_to_qk);
   // (grad scale, clip, lr, wd): step 1 and 3 clip, step 2 has clip off (0), step 4 does not need it.
   const double plan[][4] = {{1.0, 0.5, 1e-2, 0.1}, {0.3, 0.0, 5e-3, 0.2}, {2.0, 1.0, 2e-2, 0.05},
                             {1e-3, 1.0, 1e-2, 0.1}, {0.5, 3.0, 1e-3, 0.0}};
@@ -167,6 +173,25 @@ void run_against_reference(DType dt, double tol) {
 
 TEST(AdamW, MatchesDoubleReference_Fp64) { run_against_reference(DType::kF64, 1e-12); }
 TEST(AdamW, MatchesDoubleReference_Fp32) { run_against_reference(DType::kF32, 1e-5); }
+// --qk-layernorm's norms are exempt like every norm, and decay with
+// --apply-wd-to-qk-layernorm (weights and LayerNorm biases), nothing else changing.
+TEST(AdamW, QkLayernormWeightDecayGroups) {
+  run_against_reference(DType::kF64, 1e-12, /*qk=*/true, /*apply_wd_to_qk=*/false);
+  run_against_reference(DType::kF64, 1e-12, /*qk=*/true, /*apply_wd_to_qk=*/true);
+  auto model = make_model(DType::kF64, false, 30, true);
+  AdamWConfig cfg;
+  cfg.apply_wd_to_qk_layernorm = true;
+  AdamWOptimizer opt(*model, cfg);
+  int qk = 0;
+  for (size_t i = 0; i < model->specs().size(); ++i) {
+    const std::string& n = model->specs()[i].name;
+    const bool is_qk = n.find("_layernorm.") != std::string::npos && n.find("self_attention.") != std::string::npos;
+    qk += is_qk;
+    if (is_qk) EXPECT_EQ(opt.wd_mult()[i], 1.0) << n;
+    else if (n.find("layernorm") != std::string::npos || n.find(".bias") != std::string::npos) EXPECT_EQ(opt.wd_mult()[i], 0.0) << n;
+  }
+  EXPECT_EQ(qk, 8);  // 2 layers x q/k x weight/bias
+}
 
 TEST(AdamW, StateIsOneArenaOfTwiceTheParameters) {
   auto model = make_model(DType::kF32);

@@ -223,10 +223,10 @@ grep -q "at iteration 7" "$TMP/nan.log" || fail "NaN not reported with its itera
 # Configuration errors: all at once, exit 2, nothing allocated.
 "$BIN" train --num-layers 3 --hidden-size 64 --num-attention-heads 5 --seq-length 64 --max-position-embeddings 32 \
   --micro-batch-size 1 --tokenizer-type NullTokenizer --vocab-size 512 --data-path "$TMP/d_text_document" \
-  --train-iters 10 --train-samples 10 --qk-layernorm >"$TMP/bad.log" 2>&1
+  --train-iters 10 --train-samples 10 --use-torch-fsdp2 >"$TMP/bad.log" 2>&1
 [ $? = 2 ] || fail "bad configuration should exit 2"
 for needle in "--lr is required" "--train-iters and --train-samples" "max_position_embeddings 32 is smaller than seq_length 64" \
-              "hidden size 64 is not divisible by 5 heads" "[--qk-layernorm] LayerNorm on queries and keys is not implemented"; do
+              "hidden size 64 is not divisible by 5 heads" "[--use-torch-fsdp2] FSDP is not implemented"; do
   grep -qF -- "$needle" "$TMP/bad.log" || fail "bad configuration: missing '$needle'"
 done
 "$BIN" train --frobnicate 2>"$TMP/err"; [ $? = 2 ] && grep -q "unknown flag --frobnicate" "$TMP/err" || fail "unknown flag"

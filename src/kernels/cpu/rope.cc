@@ -1,6 +1,7 @@
 #include "kernels/rope.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/common.h"
 
@@ -63,6 +64,31 @@ void rope_apply(const Tensor& qkv, const QkvLayout& L, int64_t rot_dim, const Te
                          dtype_name(qkv.dtype()), dtype_name(cos.dtype()), dtype_name(sin.dtype())));
     apply<S>(qkv.ptr<S>(), L, rot_dim, cos.ptr<T>(), sin.ptr<T>(), inverse, interleaved);
   });
+}
+
+void qk_heads_copy(const Tensor& qkv, const QkvLayout& L, const Tensor& heads, bool to_heads) {
+  L.check();
+  MT_CHECK(qkv.numel() == L.tokens() * L.row(), "qk_heads_copy: qkv size does not match the layout");
+  MT_CHECK(heads.numel() == L.tokens() * (L.heads + L.groups) * L.head_dim,
+           fmt::format("qk_heads_copy: heads has {} elements, expected tokens x (heads + groups) x d = {}",
+                       heads.numel(), L.tokens() * (L.heads + L.groups) * L.head_dim));
+  MT_CHECK(qkv.dtype() == heads.dtype(), "qk_heads_copy: qkv and heads must have one dtype");
+  const size_t esize = dtype_size(qkv.dtype()), span = static_cast<size_t>(L.head_dim) * esize;
+  char* x = static_cast<char*>(qkv.data());
+  char* hq = static_cast<char*>(heads.data());
+  char* hk = hq + static_cast<size_t>(L.tokens() * L.heads) * span;
+  const size_t row = static_cast<size_t>(L.row()) * esize;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < L.tokens(); ++r) {
+    char* xr = x + static_cast<size_t>(r) * row;
+    for (int64_t h = 0; h < L.heads + L.groups; ++h) {
+      char* col = xr + static_cast<size_t>(h < L.heads ? L.q_col(h) : L.k_col(h - L.heads)) * esize;
+      char* hr = h < L.heads ? hq + static_cast<size_t>(r * L.heads + h) * span
+                             : hk + static_cast<size_t>(r * L.groups + h - L.heads) * span;
+      if (to_heads) std::memcpy(hr, col, span);
+      else std::memcpy(col, hr, span);
+    }
+  }
 }
 
 }  // namespace mt::kernels::cpu

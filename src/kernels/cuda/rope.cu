@@ -83,7 +83,43 @@ __global__ void rope_rotate(int64_t items, int64_t half, int64_t nrot, int64_t h
   }
 }
 
+// qk_heads_copy: item e is one element of `heads` (see kernels/rope.h):
+// e < tokens * heads * d is q head (e / d) % heads of token e / (heads d),
+// the rest k of group ... of token ...; to_heads copies qkv -> heads.
+template <typename S>
+__global__ void qk_heads_copy_k(int64_t n_q, int64_t n, int64_t heads, int64_t groups, int64_t hpg, int64_t d,
+                                int64_t row, S* qkv, S* out, bool to_heads) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    const bool q = e < n_q;
+    const int64_t per = (q ? heads : groups);
+    int64_t rest, t, r, h;
+    divmod(q ? e : e - n_q, d, rest, t);
+    divmod(rest, per, r, h);
+    S* x = qkv + r * row + rotated_head_col(q ? h : heads + h, heads, hpg, d) + t;
+    if (to_heads) out[e] = *x;
+    else *x = out[e];
+  }
+}
+
 }  // namespace
+
+void qk_heads_copy(const Tensor& qkv, const QkvLayout& L, const Tensor& heads, bool to_heads) {
+  L.check();
+  MT_CHECK(qkv.numel() == L.tokens() * L.row(), "qk_heads_copy: qkv size does not match the layout");
+  MT_CHECK(heads.numel() == L.tokens() * (L.heads + L.groups) * L.head_dim,
+           fmt::format("qk_heads_copy: heads has {} elements, expected tokens x (heads + groups) x d = {}",
+                       heads.numel(), L.tokens() * (L.heads + L.groups) * L.head_dim));
+  MT_CHECK(qkv.dtype() == heads.dtype(), "qk_heads_copy: qkv and heads must have one dtype");
+  check_on_gpu({&qkv, &heads}, "qk_heads_copy");
+  const int64_t n_q = L.tokens() * L.heads * L.head_dim, n = L.tokens() * (L.heads + L.groups) * L.head_dim;
+  if (n == 0) return;
+  storage_types(qkv.dtype(), [&](auto tag_) {
+    using S = decltype(tag_);
+    qk_heads_copy_k<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
+        n_q, n, L.heads, L.groups, L.heads_per_group(), L.head_dim, L.row(), qkv.ptr<S>(), heads.ptr<S>(), to_heads);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
 
 void rope_table(const RopeSpec& spec, int64_t seq, const Tensor& cos, const Tensor& sin) {
   MT_CHECK(spec.rot_dim > 0 && spec.rot_dim % 2 == 0, "rope: the rotated dimension must be even and positive");
