@@ -174,7 +174,8 @@ struct GPTModel::Slot {
   Tensor lnf, lnf_mean, lnf_rstd, logits, mx, se, tl, loss;  // lnf [N,h]; logits [N,V/TP]; mean/rstd [Ns]; rest [N]
   uint64_t dropout_step = 0;
   bool training = false, ready = false;
-  double count = 0;  // labels counted in the loss
+  double count = 0;       // labels counted in the loss
+  double loss_total = 0;  // sum of their losses (last virtual stage only)
 };
 
 // One recomputed group's activations, carved from scratch.
@@ -1039,6 +1040,9 @@ void GPTModel::backward(int slot, double loss_scale) {
   backward_chunk(slot, loss_scale, Tensor(), Tensor());
 }
 
+double GPTModel::label_count(int slot) const { return slots_.at(static_cast<size_t>(slot)).count; }
+double GPTModel::loss_total(int slot) const { return slots_.at(static_cast<size_t>(slot)).loss_total; }
+
 Tensor GPTModel::chunk_input(int slot) const { return slots_.at(static_cast<size_t>(slot)).resid[0]; }
 Tensor GPTModel::chunk_output(int slot) const {
   const Slot& s = slots_.at(static_cast<size_t>(slot));
@@ -1064,7 +1068,7 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   const int32_t* tk = tokens.ptr<int32_t>();
   const int32_t* lb = labels.ptr<int32_t>();
   std::vector<int32_t> sb_tokens(static_cast<size_t>(N_)), sb_labels(static_cast<size_t>(N_));
-  s.count = 0;
+  s.count = 0, s.loss_total = 0;
   for (int64_t b = 0; b < B_; ++b)
     for (int64_t t = 0; t < T_; ++t) {
       int32_t id = tk[b * T_ + t];
@@ -1152,6 +1156,7 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   double total = 0;
   for (int64_t i = 0; i < N_; ++i)
     total += opt_.dtype == DType::kF32 ? static_cast<double>(hl.ptr<float>()[i]) : hl.ptr<double>()[i];
+  s.loss_total = total;
   return s.count > 0 ? total / s.count : 0.0;
 }
 

@@ -248,6 +248,11 @@ class GPTModel {
   // slot's backward). tokens/labels: [B, T] int32 on every stage.
   double forward_chunk(int chunk, int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step,
                        bool training);
+  // The last forward of `slot`: how many labels it counted (label >= 0; on
+  // every stage) and the sum of their losses (the last virtual stage; 0
+  // elsewhere). forward() returns loss_total / label_count.
+  double label_count(int slot) const;
+  double loss_total(int slot) const;
   Tensor chunk_input(int slot) const;   // [Ns, h]
   Tensor chunk_output(int slot) const;  // [Ns, h], after forward_chunk
   // Backward of the chunk in `slot`. Not the last virtual stage: doutput is

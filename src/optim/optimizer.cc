@@ -115,6 +115,10 @@ AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, c
     const bool qk_norm = n.find("q_layernorm.") != std::string::npos || n.find("k_layernorm.") != std::string::npos;
     wd_mult_[i] = specs[i].weight_decay || (cfg_.apply_wd_to_qk_layernorm && qk_norm) ? 1.0 : 0.0;
   }
+  decoupled_.assign(specs.size(), 0);
+  if (cfg_.decoupled_lr)
+    for (size_t i = 0; i < specs.size(); ++i)
+      decoupled_[i] = specs[i].name == "embedding.word_embeddings.weight" || specs[i].name == "output_layer.weight";
 
   if (!distributed()) {
     SizeTable table;
@@ -171,14 +175,21 @@ AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, c
 
 AdamWOptimizer::~AdamWOptimizer() = default;
 
-void AdamWOptimizer::step(double lr, double wd) {
+void AdamWOptimizer::step(const OptimizerParamScheduler& sched) {
+  const double dlr = cfg_.decoupled_lr
+                         ? sched.lr_for(*cfg_.decoupled_lr, cfg_.decoupled_min_lr.value_or(sched.config().min_lr))
+                         : -1.0;
+  step(sched.lr(), sched.wd(), dlr);
+}
+
+void AdamWOptimizer::step(double lr, double wd, double decoupled_lr) {
   ++step_;
   const auto& params = model_.params();
   const auto& grads = model_.grads();
   for (const StateRange& r : ranges_) {
     const size_t i = static_cast<size_t>(r.param);
     kernels::AdamWOptions o;
-    o.lr = lr;
+    o.lr = decoupled_lr >= 0 && decoupled_[i] ? decoupled_lr : lr;
     o.beta1 = cfg_.beta1;
     o.beta2 = cfg_.beta2;
     o.eps = cfg_.eps;

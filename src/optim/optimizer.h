@@ -53,6 +53,8 @@
 #include <memory>
 #include <vector>
 
+#include <optional>
+
 #include "core/arena.h"
 #include "core/tensor.h"
 #include "model/gpt.h"
@@ -94,6 +96,11 @@ struct AdamWConfig {
   // --apply-wd-to-qk-layernorm: the q/k norm parameters (--qk-layernorm)
   // decay like the weights; every other 1-D parameter and bias stays exempt.
   bool apply_wd_to_qk_layernorm = false;
+  // --decoupled-lr / --decoupled-min-lr: the word embedding and the output
+  // layer (Megatron's is_embedding_or_output_parameter: a last stage's copy
+  // of a tied embedding too) follow the same schedule between these
+  // endpoints; the minimum defaults to --min-lr.
+  std::optional<double> decoupled_lr, decoupled_min_lr;
 };
 
 class AdamWOptimizer {
@@ -107,9 +114,14 @@ class AdamWOptimizer {
   // One AdamW update of every parameter with learning rate `lr` and weight
   // decay `wd` (times each parameter's wd_mult); increments step_count() first;
   // then refreshes the model's bf16 copies when it computes in bf16.
-  void step(double lr, double wd);
-  // step(sched.lr(), sched.wd()). Does NOT advance the scheduler.
-  void step(const OptimizerParamScheduler& sched) { step(sched.lr(), sched.wd()); }
+  // decoupled_lr: the learning rate of the word embedding and output layer
+  // (AdamWConfig::decoupled_lr); negative: `lr` for them too.
+  void step(double lr, double wd, double decoupled_lr = -1);
+  // step(sched.lr(), sched.wd()), with the decoupled parameters' LR from the
+  // same schedule at their endpoints. Does NOT advance the scheduler.
+  void step(const OptimizerParamScheduler& sched);
+  // Whether parameter i takes the decoupled learning rate.
+  bool decoupled(int i) const { return decoupled_[static_cast<size_t>(i)] != 0; }
 
   // Global L2 norm of all gradients (fp64 accumulation); no change to them.
   double grad_norm() const;
@@ -165,6 +177,7 @@ class AdamWOptimizer {
 
   model::GPTModel& model_;
   AdamWConfig cfg_;
+  std::vector<char> decoupled_;  // per parameter: the word embedding / output layer under --decoupled-lr
   ParallelOptimizerOptions par_;
   double grad_scale_ = 1.0;  // clipping coefficient for the next step()
   std::vector<StateRange> ranges_;

@@ -175,24 +175,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
                  c->refused.emplace_back(flag, why);
                });
   }
-  // --dataloader-type: the data order is Megatron's default sampler's.
-  f.add_seen("dataloader-type", true,
-             "the sample order: only single (Megatron's default, MegatronPretrainingSampler) is implemented",
-             {"single", "cyclic", "external"}, [c](const std::string& v) {
-               const std::string line =
-                   "--dataloader-type single: the samples are always MegatronPretrainingSampler's order";
-               if (v == "single") {
-                 if (std::find(c->no_effect.begin(), c->no_effect.end(), line) == c->no_effect.end())
-                   c->no_effect.push_back(line);
-                 return;
-               }
-               for (const auto& e : c->refused)
-                 if (e.first == "--dataloader-type") return;
-               c->refused.emplace_back("--dataloader-type",
-                                       fmt::format("the {} data loader is not implemented; the samples follow "
-                                                   "Megatron's default single loader (drop the flag)",
-                                                   v));
-             });
   // Megatron's deprecated spellings of --position-embedding-type.
   f.add_seen("use-rotary-position-embeddings", false, "same as --position-embedding-type rope (Megatron's deprecated "
              "spelling)", {}, [m](const std::string&) { m->position_embedding = model::PositionEmbedding::kRope; });

@@ -69,15 +69,16 @@ void PipelineExecutor::wait_sends() {
     if (w) w->wait(), w.reset();
 }
 
-double PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, double loss_scale,
-                                   const std::function<void(int, int)>& before_backward,
-                                   const std::function<void(int, int)>& after_backward) {
+LossTotals PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, double loss_scale,
+                                       LossReduction reduction,
+                                       const std::function<void(int, int)>& before_backward,
+                                       const std::function<void(int, int)>& after_backward) {
   MT_CHECK(static_cast<int64_t>(batches.size()) == schedule_.microbatches,
            fmt::format("PipelineExecutor: {} micro-batches for a schedule of {}", batches.size(), schedule_.microbatches));
   std::map<std::pair<int, int>, int> slot_of;  // (micro-batch, chunk) -> slot
   wait_s_ = 0;
   std::vector<std::unique_ptr<comm::Work>> slot_send(static_cast<size_t>(model_.options().slots));
-  double loss = 0;
+  LossTotals totals;
   int recv_slot = -1;  // slot chosen by a RecvForward for the Forward that follows
   Tensor pending_dinput;
   for (const Step& st : steps_) {
@@ -104,7 +105,11 @@ double PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, 
         recv_slot = -1;
         slot_of[{m, c}] = slot;
         const MicroBatchInput& b = batches[static_cast<size_t>(m)];
-        loss += model_.forward_chunk(c, slot, b.tokens, b.labels, b.dropout_step, /*training=*/true);
+        model_.forward_chunk(c, slot, b.tokens, b.labels, b.dropout_step, /*training=*/true);
+        if (c + 1 == model_.num_chunks()) {  // each micro-batch once: its last chunk on this rank
+          totals.loss += model_.loss_total(slot);
+          totals.tokens += model_.label_count(slot);
+        }
         break;
       }
       case Step::kSendForward: {
@@ -127,7 +132,9 @@ double PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, 
         const bool first = model_.pre_process() && c == 0;
         pending_dinput = first ? Tensor() : send_buffer();
         if (before_backward) before_backward(m, c);
-        model_.backward_chunk(slot, loss_scale, last ? Tensor() : grad_in_, pending_dinput);
+        const double scale =
+            reduction == LossReduction::kSum ? loss_scale * model_.label_count(slot) : loss_scale;
+        model_.backward_chunk(slot, scale, last ? Tensor() : grad_in_, pending_dinput);
         if (after_backward) after_backward(m, c);
         slot_of.erase(it);
         free_slots_.push_back(slot);
@@ -146,12 +153,12 @@ double PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, 
     if (w) w->wait();
   wait_sends();
   MT_CHECK(slot_of.empty(), fmt::format("pipeline rank {}: {} micro-batches were never backwarded", pp_rank_, slot_of.size()));
-  return loss;
+  return totals;
 }
 
-double PipelineExecutor::run_forward(const std::vector<MicroBatchInput>& batches) {
+LossTotals PipelineExecutor::run_forward(const std::vector<MicroBatchInput>& batches) {
   const int P = static_cast<int>(schedule_.pp), V = static_cast<int>(schedule_.vpp), S = P * V;
-  double loss = 0;
+  LossTotals totals;
   const int slot = 0;
   std::unique_ptr<comm::Work> send;
   for (size_t m = 0; m < batches.size(); ++m)
@@ -162,11 +169,12 @@ double PipelineExecutor::run_forward(const std::vector<MicroBatchInput>& batches
       if (send) send->wait(), send.reset();  // slot 0 is about to be overwritten
       if (s > 0) pp_.recv(model_.chunk_input(slot), (pp_rank_ - 1 + P) % P, static_cast<int>((m * S + s) * 2));
       const MicroBatchInput& b = batches[m];
-      loss += model_.forward_chunk(c, slot, b.tokens, b.labels, 0, /*training=*/false);
+      model_.forward_chunk(c, slot, b.tokens, b.labels, 0, /*training=*/false);
+      if (c + 1 == model_.num_chunks()) totals.loss += model_.loss_total(slot), totals.tokens += model_.label_count(slot);
       if (s + 1 < S) send = pp_.isend(model_.chunk_output(slot), (pp_rank_ + 1) % P, static_cast<int>((m * S + s + 1) * 2));
     }
   if (send) send->wait();
-  return loss;
+  return totals;
 }
 
 }  // namespace mt::train

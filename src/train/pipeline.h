@@ -44,6 +44,17 @@ struct MicroBatchInput {
   uint64_t dropout_step = 0;
 };
 
+// What each micro-batch's backward starts from: d(its mean loss) (Megatron's
+// default) or d(its loss summed over the counted tokens) (--calculate-per-token-loss).
+enum class LossReduction { kMean, kSum };
+
+// What a run's micro-batches give the loss Megatron reports (sum over the
+// counted tokens / their number, over the global batch).
+struct LossTotals {
+  double loss = 0;    // sum of the counted tokens' losses (the last pipeline stage; 0 on the others)
+  double tokens = 0;  // labels counted (label >= 0), known on every stage
+};
+
 class PipelineExecutor {
  public:
   // `pp` is the pipeline group (size 1 without pipelining); it and `model`
@@ -53,13 +64,15 @@ class PipelineExecutor {
   // One training iteration's forwards and backwards over `batches` (the M
   // micro-batches). before_backward(m, chunk) runs before each backward (the
   // trainer arms its gradient-bucket hooks for the last micro-batch).
-  // Returns the sum of the micro-batch losses (non-zero on the last stage only).
-  double run_train(const std::vector<MicroBatchInput>& batches, double loss_scale,
-                   const std::function<void(int microbatch, int chunk)>& before_backward = {},
-                   const std::function<void(int microbatch, int chunk)>& after_backward = {});
+  // Each micro-batch's backward starts from loss_scale x d(its mean loss),
+  // or with LossReduction::kSum loss_scale x d(its loss sum), i.e. x its
+  // label count.
+  LossTotals run_train(const std::vector<MicroBatchInput>& batches, double loss_scale, LossReduction reduction,
+                       const std::function<void(int microbatch, int chunk)>& before_backward = {},
+                       const std::function<void(int microbatch, int chunk)>& after_backward = {});
   // Forward only (evaluation): every micro-batch through every virtual stage
-  // in order; returns the sum of losses on the last stage (0 elsewhere).
-  double run_forward(const std::vector<MicroBatchInput>& batches);
+  // in order.
+  LossTotals run_forward(const std::vector<MicroBatchInput>& batches);
 
   int max_slots_used() const { return max_used_; }
   // Bytes of the planned receive buffer (the d(input) send buffers grow on

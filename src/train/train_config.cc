@@ -35,6 +35,15 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_string("data-cache-path", &c.data.gpt.cache_dir, "where dataset indices are cached (default: <prefix>/cache/GPTDataset_indices)");
   f.add_double("mid-level-dataset-surplus", &c.data.mid_level_dataset_surplus, "extra samples built per blended dataset", 0, 10);
   f.add_switch("eod-mask-loss", &c.eod_mask_loss, "no loss where the input token is the end-of-document token");
+  f.add_choice("dataloader-type",
+               "the sample order: single (Megatron's default: in order, the dataset must last) or cyclic (epochs "
+               "without end, each data-parallel rank visiting its own bucket in torch.randperm order seeded by the "
+               "epoch)",
+               {"single", "cyclic", "external"}, "single", [&c](const std::string& v) { c.dataloader_type = v; });
+  f.add_switch("no-data-sharding", &c.data_sharding,
+               "cyclic loader: one permutation of the whole dataset dealt to the ranks instead of one bucket each "
+               "(refused: Megatron's can give ranks different numbers of micro-batches per epoch)",
+               false);
   f.add_switch("reset-position-ids", &c.reset_position_ids, "restart position ids after each end-of-document token");
   f.add_switch("reset-attention-mask", &c.reset_attention_mask, "do not attend across end-of-document tokens");
 
@@ -45,6 +54,11 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_string("optimizer", &c.optimizer, "optimizer", {"adam"});
   f.add_double("lr", &c.lr, "peak learning rate", 0, 1e3);
   f.add_double("min-lr", &c.min_lr, "minimum learning rate", 0, 1e3);
+  f.add_double("decoupled-lr", &c.decoupled_lr,
+               "peak learning rate of the word embedding and the output layer (the same schedule)", 0, 1e3);
+  f.add_double("decoupled-min-lr", &c.decoupled_min_lr,
+               "minimum learning rate of the word embedding and the output layer with --decoupled-lr (default --min-lr)",
+               0, 1e3);
   f.add_string("lr-decay-style", &c.lr_decay_style, "learning-rate decay", {"constant", "linear", "cosine", "inverse-square-root", "WSD"});
   f.add_int("lr-decay-iters", &c.lr_decay_iters, "iterations to decay over (default: --train-iters)", 1, INT64_MAX / 4);
   f.add_int("lr-decay-samples", &c.lr_decay_samples, "samples to decay over (default: --train-samples)", 1, INT64_MAX / 4);
@@ -65,6 +79,9 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_double("adam-beta1", &c.adam_beta1, "Adam beta1", 0, 1);
   f.add_double("adam-beta2", &c.adam_beta2, "Adam beta2", 0, 1);
   f.add_double("adam-eps", &c.adam_eps, "Adam epsilon", 0, 1);
+  f.add_switch("calculate-per-token-loss", &c.calculate_per_token_loss,
+               "the gradient of the global batch's loss summed over its counted tokens / their number (every "
+               "token weighs the same), instead of the mean over micro-batches of each one's mean");
   f.add_switch("apply-wd-to-qk-layernorm", &c.apply_wd_to_qk_layernorm,
                "weight decay also on the --qk-layernorm norms' parameters (other norms and biases stay exempt)");
   f.add_seen("no-weight-decay-cond-type", true,

@@ -24,6 +24,8 @@ struct TrainConfig {
   data::TokenizerConfig tokenizer;
   data::DataConfig data;
   bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
+  std::string dataloader_type = "single";  // --dataloader-type single | cyclic (data/loader.h)
+  bool data_sharding = true;               // --no-data-sharding turns it off (cyclic)
 
   // Length of training.
   std::optional<int64_t> train_iters, train_samples;
@@ -41,10 +43,12 @@ struct TrainConfig {
   // Weight decay and Adam.
   double weight_decay = 0.01;
   std::optional<double> start_weight_decay, end_weight_decay;
+  std::optional<double> decoupled_lr, decoupled_min_lr;  // --decoupled-lr, --decoupled-min-lr
   std::string weight_decay_incr_style = "constant";
   double clip_grad = 1.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   bool apply_wd_to_qk_layernorm = false;  // --apply-wd-to-qk-layernorm
+  bool calculate_per_token_loss = false;  // --calculate-per-token-loss
   std::string optimizer = "adam";
   int64_t seed = 1234;
   // Evaluation and logging.

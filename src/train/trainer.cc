@@ -20,6 +20,7 @@
 #include "core/signals.h"
 #include "core/threads.h"
 #include "data/loader.h"
+#include "kernels/elementwise.h"
 #include "model/gpt.h"
 #include "optim/optimizer.h"
 #include "optim/scheduler.h"
@@ -168,6 +169,15 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   }
   // Megatron flags for what this trainer does not do: listed whatever else is wrong.
   for (const auto& [flag, why] : job.compat.refused) problems.push_back(fmt::format("[{}] {}", flag, why));
+  if (cfg.dataloader_type == "external")
+    problems.push_back("[--dataloader-type] the external loader (an iterator the training script supplies) has no "
+                       "counterpart in this program (fix: --dataloader-type single or cyclic)");
+  if (cfg.dataloader_type == "single" && !cfg.data_sharding)
+    job.compat.no_effect.push_back("--no-data-sharding: only the cyclic loader shards its data (as in Megatron)");
+  if (cfg.dataloader_type == "cyclic" && !cfg.data_sharding)
+    problems.push_back("[--no-data-sharding] the cyclic loader without data sharding is not implemented: Megatron's "
+                       "deals one permutation of (size / micro-batch) x micro-batch samples to the ranks, which can "
+                       "give them different numbers of micro-batches in an epoch (fix: drop --no-data-sharding)");
   if (job.precision.fp16)
     problems.push_back("[--fp16] fp16 training (with loss scaling) is not implemented; `megatron plan` takes --fp16, "
                        "the trainer does not (fix: --bf16, which needs no loss scaling)");
@@ -325,7 +335,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   po.dist_buckets = dist_opt ? buckets.get() : nullptr;
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
   optim::AdamWOptimizer opt(
-      model, optim::AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps, cfg.apply_wd_to_qk_layernorm}, po);
+      model,
+      optim::AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps, cfg.apply_wd_to_qk_layernorm, cfg.decoupled_lr,
+                         cfg.decoupled_min_lr},
+      po);
   PipelineExecutor executor(model, pp_comm, *schedule);
   // Tied embeddings over several stages: first and last stage each hold the
   // word embedding and sum its gradients over the embedding group.
@@ -398,7 +411,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   data::SampleOptions so;
   so.eod = tokenizer->eod();
   so.eod_mask_loss = cfg.eod_mask_loss;
-  data::DataLoader train_loader((*sources)[0], mbs, dp_rank, dp, consumed_train, so);
+  const data::Sampler sampler = cfg.dataloader_type == "cyclic" ? data::Sampler::kCyclic : data::Sampler::kSingle;
+  data::DataLoader train_loader((*sources)[0], mbs, dp_rank, dp, consumed_train, so, sampler);
 
   // Unigram baseline for the validation split: cross-entropy of the training
   // tokens' frequencies (add-one smoothed) on the first validation batches.
@@ -524,11 +538,21 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     std::fflush(out);
     return Status::ok();
   };
+  // The loss Megatron reports (training and validation): the counted tokens'
+  // losses summed over the global batch, over their number. The losses live
+  // on the last stage (summed over the pipeline); every stage counts the
+  // tokens, so only DP sums them.
+  // Returns {loss, the global batch's counted tokens}.
+  auto reported_loss = [&](const LossTotals& t) {
+    double sum = pp > 1 ? pp_comm.all_reduce_scalar(t.loss) : t.loss, tokens = t.tokens;
+    sum = dp_comm.all_reduce_scalar(sum);
+    if (dp > 1) tokens = dp_comm.all_reduce_scalar(tokens);
+    return std::pair<double, double>{tokens > 0 ? sum / tokens : 0.0, tokens};
+  };
   auto evaluate = [&](int64_t it) -> Result<double> {
     wait_params();
-    data::DataLoader vl((*sources)[1], mbs, dp_rank, dp, consumed_valid, so);
-    double sum = 0;
-    int64_t n = 0;
+    data::DataLoader vl((*sources)[1], mbs, dp_rank, dp, consumed_valid, so, sampler);
+    LossTotals sum;
     for (int64_t e = 0; e < cfg.eval_iters; ++e) {
       std::vector<Batch> batches(static_cast<size_t>(M));
       std::vector<MicroBatchInput> inputs(static_cast<size_t>(M));
@@ -538,13 +562,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         batches[static_cast<size_t>(m)] = to_model_batch(*mb);
         inputs[static_cast<size_t>(m)] = {batches[static_cast<size_t>(m)].tokens_t, batches[static_cast<size_t>(m)].labels_t, 0};
       }
-      sum += executor.run_forward(inputs);  // the last stage's losses
-      n += M;
+      const LossTotals t = executor.run_forward(inputs);
+      sum.loss += t.loss, sum.tokens += t.tokens;
     }
     consumed_valid = vl.consumed_samples();
-    const double stage_loss = sum / static_cast<double>(n);
-    const double loss = dp_comm.all_reduce_scalar(pp > 1 ? pp_comm.all_reduce_scalar(stage_loss) : stage_loss) /
-                        static_cast<double>(dp);
+    const double loss = reported_loss(sum).first;
     bar.clear();
     std::fprintf(out, "---------------------------------------------------------------------------------------------\n"
                       " validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E%s\n"
@@ -628,8 +650,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       return Status::io_error(fmt::format("injected failure at iteration {} (MEGATRON_CPP_TEST_FAIL)", it));
     bool armed = false;
     // Loss scale 1 / (M x DP): summing over DP gives the mean gradient.
-    const double loss_sum = executor.run_train(
-        inputs, 1.0 / static_cast<double>(M * dp),
+    // Per-token loss: each micro-batch's loss sum, divided below by the
+    // tokens of the whole global batch.
+    const LossTotals totals = executor.run_train(
+        inputs, cfg.calculate_per_token_loss ? 1.0 : 1.0 / static_cast<double>(M * dp),
+        cfg.calculate_per_token_loss ? LossReduction::kSum : LossReduction::kMean,
         [&](int m, int) {
           if (rank == kill_rank && it == kill_iteration) std::raise(SIGKILL);
           if (!overlap_grads || m + 1 != M) return;
@@ -659,10 +684,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (shared_embedding) groups.embedding()->all_reduce(model.grad("embedding.word_embeddings.weight"));
     if (buckets) buckets->finish();
     model.reduce_tp_replicated_grads();
-    // The loss lives on the last stage: sum over the pipeline, mean over DP.
-    const double stage_loss = pp > 1 ? pp_comm.all_reduce_scalar(loss_sum / static_cast<double>(M))
-                                     : loss_sum / static_cast<double>(M);
-    const double loss = dp_comm.all_reduce_scalar(stage_loss) / static_cast<double>(dp);
+    const auto [loss, global_tokens] = reported_loss(totals);
+    // Megatron's finalize_model_grads under --calculate-per-token-loss: every
+    // gradient / the global batch's counted tokens (each stage counts them
+    // from the labels; summed over DP).
+    if (cfg.calculate_per_token_loss) kernels::scale_inplace(model.flat_grads(), 1.0 / std::max(1.0, global_tokens));
     const bool finite = std::isfinite(loss) && opt.grads_finite();
     if (!finite) {
       ++nan_iters;

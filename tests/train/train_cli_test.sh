@@ -9,6 +9,8 @@
 #  - --use-checkpoint-args resumes with the checkpoint's model flags;
 #  - --data-args-path and --per-split-data-args-path read the data flags from files;
 #  - --mock-data trains on Megatron's synthetic documents;
+#  - --calculate-per-token-loss does not depend on the micro-batch split;
+#  - --dataloader-type cyclic resumes exactly (its order is stateless);
 #  - configuration errors are all listed at once, exit code 2.
 set -u
 BIN=${1:?usage: train_cli_test.sh path/to/megatron}
@@ -61,6 +63,7 @@ check_resume fp32 --micro-batch-size 4 --global-batch-size 4
 check_resume bf16 --micro-batch-size 2 --global-batch-size 4 --bf16 --recompute-granularity full --recompute-method block --recompute-num-layers 1
 check_resume threads2 --micro-batch-size 2 --global-batch-size 4 --threads 2
 check_resume accum --micro-batch-size 1 --global-batch-size 4 --hidden-dropout 0.1 --attention-dropout 0.1
+check_resume cyclic --micro-batch-size 2 --global-batch-size 4 --dataloader-type cyclic
 
 # Recomputation changes memory, not numbers; measured buffers match the plan
 # within 3% (here exactly: both come from the model's size tables).
@@ -75,6 +78,35 @@ for name in rc-full rc-selective; do
   cmp -s "$TMP/rc-none/iter_0000010/model_rank00000.safetensors" "$TMP/$name/iter_0000010/model_rank00000.safetensors" \
     || fail "$name: parameters differ from no recomputation"
 done
+# --calculate-per-token-loss: every counted token of the global batch weighs
+# the same, so splitting it into 4 micro-batches trains what one micro-batch
+# of 8 does; with --eod-mask-loss the micro-batches count different numbers of
+# tokens, and the default (the mean over micro-batches of each one's mean)
+# gives a different gradient. The reported loss is Megatron's token-weighted
+# one in both modes (the same at iteration 1, from the same parameters).
+PTL=(--global-batch-size 8 --train-iters 4 --lr-warmup-iters 1 --save-interval 100 --eod-mask-loss --hidden-dropout 0 --attention-dropout 0)
+run ptl-m4 --micro-batch-size 2 --calculate-per-token-loss "${PTL[@]}" || { fail "per-token loss, 4 micro-batches"; cat "$TMP/ptl-m4.log"; }
+run ptl-m1 --micro-batch-size 8 --calculate-per-token-loss "${PTL[@]}" || { fail "per-token loss, 1 micro-batch"; cat "$TMP/ptl-m1.log"; }
+run mean-m4 --micro-batch-size 2 "${PTL[@]}" || { fail "mean loss, 4 micro-batches"; cat "$TMP/mean-m4.log"; }
+python3 - "$TMP" <<'PY' || fail "--calculate-per-token-loss"
+import json, sys
+t = sys.argv[1]
+def rows(n):
+    return {j["iteration"]: j for j in map(json.loads, open(f"{t}/{n}.jsonl")) if "lm_loss" in j and "kind" not in j}
+a, b, c = rows("ptl-m4"), rows("ptl-m1"), rows("mean-m4")
+rel = lambda x, y: abs(x - y) / abs(y)
+ok = True
+for it in range(1, 5):
+    for k in ("lm_loss", "grad_norm"):
+        if rel(a[it][k], b[it][k]) > 1e-5:
+            print(f"iteration {it} {k}: 4 micro-batches {a[it][k]!r} vs 1 micro-batch {b[it][k]!r}"); ok = False
+if rel(c[1]["lm_loss"], b[1]["lm_loss"]) > 1e-6:
+    print(f"reported loss at iteration 1: {c[1]['lm_loss']!r} (mean mode) vs {b[1]['lm_loss']!r}"); ok = False
+if rel(c[1]["grad_norm"], b[1]["grad_norm"]) < 1e-4:
+    print(f"the mean-of-means gradient should differ: {c[1]['grad_norm']!r} vs {b[1]['grad_norm']!r}"); ok = False
+sys.exit(0 if ok else 1)
+PY
+
 python3 - "$TMP" <<'PY' || fail "memory: measured vs planned"
 import json, sys
 t = sys.argv[1]
@@ -223,10 +255,11 @@ grep -q "at iteration 7" "$TMP/nan.log" || fail "NaN not reported with its itera
 # Configuration errors: all at once, exit 2, nothing allocated.
 "$BIN" train --num-layers 3 --hidden-size 64 --num-attention-heads 5 --seq-length 64 --max-position-embeddings 32 \
   --micro-batch-size 1 --tokenizer-type NullTokenizer --vocab-size 512 --data-path "$TMP/d_text_document" \
-  --train-iters 10 --train-samples 10 --use-torch-fsdp2 >"$TMP/bad.log" 2>&1
+  --train-iters 10 --train-samples 10 --use-torch-fsdp2 --dataloader-type cyclic --no-data-sharding >"$TMP/bad.log" 2>&1
 [ $? = 2 ] || fail "bad configuration should exit 2"
 for needle in "--lr is required" "--train-iters and --train-samples" "max_position_embeddings 32 is smaller than seq_length 64" \
-              "hidden size 64 is not divisible by 5 heads" "[--use-torch-fsdp2] FSDP is not implemented"; do
+              "hidden size 64 is not divisible by 5 heads" "[--use-torch-fsdp2] FSDP is not implemented" \
+              "[--no-data-sharding] the cyclic loader without data sharding is not implemented"; do
   grep -qF -- "$needle" "$TMP/bad.log" || fail "bad configuration: missing '$needle'"
 done
 "$BIN" train --frobnicate 2>"$TMP/err"; [ $? = 2 ] && grep -q "unknown flag --frobnicate" "$TMP/err" || fail "unknown flag"
@@ -249,11 +282,12 @@ done
 diff <(losses "$TMP/compat.jsonl") <(losses "$TMP/fp32-full.jsonl" | sed -n 1,2p) >/dev/null \
   || fail "Megatron no-effect flags changed the losses"
 run refused --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 --wandb-project demo \
-  --ckpt-format torch_dist --fp8-format hybrid --fp16
+  --ckpt-format torch_dist --fp8-format hybrid --fp16 --dataloader-type external
 [ $? = 2 ] || fail "refused Megatron flags should exit 2"
 for needle in "[--wandb-project] Weights & Biases logs are not written here" \
               "[--ckpt-format] checkpoints are megatron-cpp's own" "[--fp8-format] fp8 training is not implemented" \
-              "[--fp16] fp16 training (with loss scaling) is not implemented"; do
+              "[--fp16] fp16 training (with loss scaling) is not implemented" \
+              "[--dataloader-type] the external loader"; do
   grep -qF -- "$needle" "$TMP/refused.log" || { fail "refused Megatron flags: missing '$needle'"; cat "$TMP/refused.log"; }
 done
 # --tensorboard-dir: an event file that protobuf's own parser reads (Event,
