@@ -403,7 +403,9 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
   ASSERT_TRUE(st.is_ok()) << st.message();
   const bool same_form = !c.cfg.apply_layernorm_1p && !c.cfg.rotary_interleaved &&
                          !(flags->arch == HfArch::kGpt2 && !c.cfg.add_bias_linear);
-  if (same_form) ASSERT_EQ((*m2)->specs().size(), m->specs().size()) << joined;
+  if (same_form) {
+    ASSERT_EQ((*m2)->specs().size(), m->specs().size()) << joined;
+  }
   for (size_t i = 0; same_form && i < m->specs().size(); ++i) {
     const std::string& name = m->specs()[i].name;
     ASSERT_EQ((*m2)->specs()[i].name, name);
@@ -434,7 +436,9 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
       const double x = l1.ptr<float>()[r * l1.dim(1) + v], y = l2.ptr<float>()[r * l2.dim(1) + v];
       diff = std::max(diff, std::abs(x - y)), mag = std::max(mag, std::abs(x));
     }
-  if (same_form) EXPECT_EQ(diff, 0) << "same parameters, same logits";
+  if (same_form) {
+    EXPECT_EQ(diff, 0) << "same parameters, same logits";
+  }
   EXPECT_LT(diff / mag, 1e-5);
 }
 
