@@ -206,7 +206,7 @@ StepTimes run_ours(const model::ModelConfig& cfg, bool bf16, int64_t B, const Te
   }
   model::GPTModel& model = **m;
   model.init_parameters(1234);
-  optim::AdamWOptimizer opt(model, {0.9, 0.95, 1e-8});
+  optim::AdamWOptimizer opt(model, optim::AdamWConfig{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8});
   *flops = model.flops_per_micro_batch();
   std::vector<double> step, zero, fwd, bwd, clip, ostep, fb;
   r.load_before = loadavg();

@@ -27,6 +27,8 @@
 #include <cmath>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "kernels/dispatch.h"
 #include "kernels/qkv_layout.h"
 
@@ -80,6 +82,16 @@ void fill_rope_table(const RopeSpec& s, int64_t seq, T* cos, T* sin) {
       sin[t * half + i] = static_cast<T>(std::sin(a));
     }
   }
+}
+
+// The shapes and dtypes both qk_heads_copy twins require (kernels/rope.h below).
+inline void check_qk_heads(const Tensor& qkv, const QkvLayout& L, const Tensor& heads) {
+  L.check();
+  MT_CHECK(qkv.numel() == L.tokens() * L.row(), "qk_heads_copy: qkv size does not match the layout");
+  MT_CHECK(heads.numel() == L.tokens() * (L.heads + L.groups) * L.head_dim,
+           fmt::format("qk_heads_copy: heads has {} elements, expected tokens x (heads + groups) x d = {}",
+                       heads.numel(), L.tokens() * (L.heads + L.groups) * L.head_dim));
+  MT_CHECK(qkv.dtype() == heads.dtype(), "qk_heads_copy: qkv and heads must have one dtype");
 }
 
 namespace cpu {

@@ -132,8 +132,7 @@ FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool 
 // finalize_model_grads all-reduces "q_layernorm"/"k_layernorm" for the same reason).
 bool tp_partial_grad(const ParamSpec& s, bool sequence_parallel) {
   if (s.shard != ShardKind::kReplicated) return false;
-  return sequence_parallel || s.name.find("self_attention.q_layernorm.") != std::string::npos ||
-         s.name.find("self_attention.k_layernorm.") != std::string::npos;
+  return sequence_parallel || is_qk_norm(s.name);
 }
 
 // Aligned bytes of one scratch allocation (Arena::alloc rounds each up).

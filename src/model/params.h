@@ -44,6 +44,12 @@ enum class ShardKind {
 
 enum class InitKind { kNormal, kScaledNormal, kOnes, kZeros };
 
+// A --qk-layernorm norm parameter (self_attention.{q,k}_layernorm.{weight,bias}).
+inline bool is_qk_norm(const std::string& name) {
+  return name.find("self_attention.q_layernorm.") != std::string::npos ||
+         name.find("self_attention.k_layernorm.") != std::string::npos;
+}
+
 struct ParamSpec {
   std::string name;
   Shape global_shape;

@@ -111,9 +111,7 @@ AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, c
                        par_.tp_rank, par_.tp ? par_.tp->rank() : 0, par_.tp ? par_.tp->name() : ""));
   wd_mult_.resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
-    const std::string& n = specs[i].name;
-    const bool qk_norm = n.find("q_layernorm.") != std::string::npos || n.find("k_layernorm.") != std::string::npos;
-    wd_mult_[i] = specs[i].weight_decay || (cfg_.apply_wd_to_qk_layernorm && qk_norm) ? 1.0 : 0.0;
+    wd_mult_[i] = specs[i].weight_decay || (cfg_.apply_wd_to_qk_layernorm && model::is_qk_norm(specs[i].name)) ? 1.0 : 0.0;
   }
   decoupled_.assign(specs.size(), 0);
   if (cfg_.decoupled_lr)

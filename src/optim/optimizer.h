@@ -100,7 +100,7 @@ struct AdamWConfig {
   // layer (Megatron's is_embedding_or_output_parameter: a last stage's copy
   // of a tied embedding too) follow the same schedule between these
   // endpoints; the minimum defaults to --min-lr.
-  std::optional<double> decoupled_lr, decoupled_min_lr;
+  std::optional<double> decoupled_lr{}, decoupled_min_lr{};
 };
 
 class AdamWOptimizer {

@@ -69,6 +69,13 @@ void PipelineExecutor::wait_sends() {
     if (w) w->wait(), w.reset();
 }
 
+// Each micro-batch counted once per rank: after the forward of its last chunk here.
+void PipelineExecutor::add_loss_totals(int chunk, int slot, LossTotals& t) const {
+  if (chunk + 1 != model_.num_chunks()) return;
+  t.loss += model_.loss_total(slot);
+  t.tokens += model_.label_count(slot);
+}
+
 LossTotals PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batches, double loss_scale,
                                        LossReduction reduction,
                                        const std::function<void(int, int)>& before_backward,
@@ -106,10 +113,7 @@ LossTotals PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batch
         slot_of[{m, c}] = slot;
         const MicroBatchInput& b = batches[static_cast<size_t>(m)];
         model_.forward_chunk(c, slot, b.tokens, b.labels, b.dropout_step, /*training=*/true);
-        if (c + 1 == model_.num_chunks()) {  // each micro-batch once: its last chunk on this rank
-          totals.loss += model_.loss_total(slot);
-          totals.tokens += model_.label_count(slot);
-        }
+        add_loss_totals(c, slot, totals);
         break;
       }
       case Step::kSendForward: {
@@ -170,7 +174,7 @@ LossTotals PipelineExecutor::run_forward(const std::vector<MicroBatchInput>& bat
       if (s > 0) pp_.recv(model_.chunk_input(slot), (pp_rank_ - 1 + P) % P, static_cast<int>((m * S + s) * 2));
       const MicroBatchInput& b = batches[m];
       model_.forward_chunk(c, slot, b.tokens, b.labels, 0, /*training=*/false);
-      if (c + 1 == model_.num_chunks()) totals.loss += model_.loss_total(slot), totals.tokens += model_.label_count(slot);
+      add_loss_totals(c, slot, totals);
       if (s + 1 < S) send = pp_.isend(model_.chunk_output(slot), (pp_rank_ + 1) % P, static_cast<int>((m * S + s + 1) * 2));
     }
   if (send) send->wait();

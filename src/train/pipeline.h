@@ -84,6 +84,7 @@ class PipelineExecutor {
 
  private:
   int take_slot();
+  void add_loss_totals(int chunk, int slot, LossTotals& t) const;
   void wait_sends();
   Tensor send_buffer();
 

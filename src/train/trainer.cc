@@ -336,8 +336,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
   optim::AdamWOptimizer opt(
       model,
-      optim::AdamWConfig{cfg.adam_beta1, cfg.adam_beta2, cfg.adam_eps, cfg.apply_wd_to_qk_layernorm, cfg.decoupled_lr,
-                         cfg.decoupled_min_lr},
+      optim::AdamWConfig{.beta1 = cfg.adam_beta1,
+                         .beta2 = cfg.adam_beta2,
+                         .eps = cfg.adam_eps,
+                         .apply_wd_to_qk_layernorm = cfg.apply_wd_to_qk_layernorm,
+                         .decoupled_lr = cfg.decoupled_lr,
+                         .decoupled_min_lr = cfg.decoupled_min_lr},
       po);
   PipelineExecutor executor(model, pp_comm, *schedule);
   // Tied embeddings over several stages: first and last stage each hold the

@@ -187,8 +187,11 @@ TEST(AdamW, QkLayernormWeightDecayGroups) {
     const std::string& n = model->specs()[i].name;
     const bool is_qk = n.find("_layernorm.") != std::string::npos && n.find("self_attention.") != std::string::npos;
     qk += is_qk;
-    if (is_qk) EXPECT_EQ(opt.wd_mult()[i], 1.0) << n;
-    else if (n.find("layernorm") != std::string::npos || n.find(".bias") != std::string::npos) EXPECT_EQ(opt.wd_mult()[i], 0.0) << n;
+    if (is_qk) {
+      EXPECT_EQ(opt.wd_mult()[i], 1.0) << n;
+    } else if (n.find("layernorm") != std::string::npos || n.find(".bias") != std::string::npos) {
+      EXPECT_EQ(opt.wd_mult()[i], 0.0) << n;
+    }
   }
   EXPECT_EQ(qk, 8);  // 2 layers x q/k x weight/bias
 }

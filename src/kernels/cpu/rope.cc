@@ -67,12 +67,7 @@ void rope_apply(const Tensor& qkv, const QkvLayout& L, int64_t rot_dim, const Te
 }
 
 void qk_heads_copy(const Tensor& qkv, const QkvLayout& L, const Tensor& heads, bool to_heads) {
-  L.check();
-  MT_CHECK(qkv.numel() == L.tokens() * L.row(), "qk_heads_copy: qkv size does not match the layout");
-  MT_CHECK(heads.numel() == L.tokens() * (L.heads + L.groups) * L.head_dim,
-           fmt::format("qk_heads_copy: heads has {} elements, expected tokens x (heads + groups) x d = {}",
-                       heads.numel(), L.tokens() * (L.heads + L.groups) * L.head_dim));
-  MT_CHECK(qkv.dtype() == heads.dtype(), "qk_heads_copy: qkv and heads must have one dtype");
+  check_qk_heads(qkv, L, heads);
   const size_t esize = dtype_size(qkv.dtype()), span = static_cast<size_t>(L.head_dim) * esize;
   char* x = static_cast<char*>(qkv.data());
   char* hq = static_cast<char*>(heads.data());

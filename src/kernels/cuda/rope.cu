@@ -104,12 +104,7 @@ __global__ void qk_heads_copy_k(int64_t n_q, int64_t n, int64_t heads, int64_t g
 }  // namespace
 
 void qk_heads_copy(const Tensor& qkv, const QkvLayout& L, const Tensor& heads, bool to_heads) {
-  L.check();
-  MT_CHECK(qkv.numel() == L.tokens() * L.row(), "qk_heads_copy: qkv size does not match the layout");
-  MT_CHECK(heads.numel() == L.tokens() * (L.heads + L.groups) * L.head_dim,
-           fmt::format("qk_heads_copy: heads has {} elements, expected tokens x (heads + groups) x d = {}",
-                       heads.numel(), L.tokens() * (L.heads + L.groups) * L.head_dim));
-  MT_CHECK(qkv.dtype() == heads.dtype(), "qk_heads_copy: qkv and heads must have one dtype");
+  check_qk_heads(qkv, L, heads);
   check_on_gpu({&qkv, &heads}, "qk_heads_copy");
   const int64_t n_q = L.tokens() * L.heads * L.head_dim, n = L.tokens() * (L.heads + L.groups) * L.head_dim;
   if (n == 0) return;
