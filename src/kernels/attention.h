@@ -24,7 +24,10 @@
 // backward regenerates the mask and a tensor-parallel rank, passing its
 // head_offset, draws the same mask the serial model would.
 // Tensor parallel: heads and groups are this rank's (a/tp, g/tp); no
-// communication inside. CPU: parallel over (b, head, query tile) forward and
+// communication inside. Context parallel (AttentionOptions::cp_size): qkv
+// holds the whole sequence (the model all-gathers it), out, dout and lse
+// only this rank's query rows, and dqkv this rank's contribution to every
+// row. CPU: parallel over (b, head, query tile) forward and
 // (b, group) backward, so dK/dV of a group never race. CUDA: the same forward
 // grid; backward as three atomic-free kernels (D = rowsum(dO*O); dK/dV per
 // (key tile, group, b); dQ per (query tile, head, b)), see kernels/cuda/attention.cu;
@@ -32,6 +35,7 @@
 
 #include <cstdint>
 
+#include "core/hostdev.h"
 #include "kernels/dispatch.h"
 #include "kernels/qkv_layout.h"
 
@@ -54,7 +58,65 @@ struct AttentionOptions {
   // the CPU twin always computes in the input's precision. GPTModel sets it
   // under --bf16.
   bool bf16_matmul = false;
+  // Context parallelism (Megatron's load-balanced split): the sequence is cut
+  // into 2 cp_size chunks of C = T / (2 cp_size) positions, and this call
+  // computes the queries of chunks cp_rank and 2 cp_size - 1 - cp_rank only,
+  // against every key of qkv (all T positions, all-gathered over the CP group
+  // and put back in sequence order). out, dout and lse then hold those
+  // T / cp_size query rows, in chunk order ([T/cp * B, a*d] and [B, a, T/cp]);
+  // dqkv stays [T*B, (a+2g)d]: dQ in the local queries' rows, zeros in the
+  // other queries' rows, and this rank's share of dK and dV in every row
+  // (summing dqkv over the CP group gives the full gradient). Causal masks
+  // and dropout use global positions, so the union of the CP ranks' calls
+  // is bit for bit the cp_size = 1 call.
+  int64_t cp_size = 1;
+  int64_t cp_rank = 0;
 };
+
+// The query rows of one attention call (see AttentionOptions::cp_size): n
+// chunks of len consecutive positions, chunk c starting at position start[c];
+// local row r is position start[r / len] + r % len. Query tiles of `tile`
+// rows never straddle two chunks.
+struct QueryChunks {
+  int64_t n = 1, len = 0;
+  int64_t start[2] = {0, 0};
+  MT_HOST_DEVICE int64_t rows() const { return n * len; }
+  MT_HOST_DEVICE int64_t position(int64_t r) const { return start[r / len] + r % len; }
+  MT_HOST_DEVICE int64_t tiles_per_chunk(int64_t tile) const { return (len + tile - 1) / tile; }
+  MT_HOST_DEVICE int64_t tiles(int64_t tile) const { return n * tiles_per_chunk(tile); }
+  // Tile qt: its first local row, first position and row count.
+  struct Tile {
+    int64_t local, pos, rows;
+  };
+  MT_HOST_DEVICE Tile tile(int64_t qt, int64_t tile) const {
+    const int64_t per = tiles_per_chunk(tile), c = qt / per, off = (qt % per) * tile;
+    const int64_t left = len - off;
+    return Tile{c * len + off, start[c] + off, left < tile ? left : tile};
+  }
+};
+
+MT_HOST_DEVICE inline QueryChunks query_chunks(int64_t seq, int64_t cp_size, int64_t cp_rank) {
+  QueryChunks q;
+  if (cp_size <= 1) {
+    q.len = seq;
+    return q;
+  }
+  q.n = 2;
+  q.len = seq / (2 * cp_size);
+  q.start[0] = cp_rank * q.len;
+  q.start[1] = (2 * cp_size - 1 - cp_rank) * q.len;
+  return q;
+}
+inline QueryChunks query_chunks(const QkvLayout& L, const AttentionOptions& o) {
+  return query_chunks(L.seq, o.cp_size, o.cp_rank);
+}
+// MT_CHECKs the CP fields against the layout (cp_rank in range, T a multiple of 2 cp_size).
+inline void check_cp(const QkvLayout& L, const AttentionOptions& o) {
+  MT_CHECK(o.cp_size >= 1 && o.cp_rank >= 0 && o.cp_rank < o.cp_size,
+           "attention: cp_rank must lie in [0, cp_size)");
+  MT_CHECK(o.cp_size == 1 || L.seq % (2 * o.cp_size) == 0,
+           "attention: with context parallelism the sequence must be a multiple of 2 x cp_size");
+}
 
 namespace cpu {
 void attention_forward(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt,
@@ -77,20 +139,25 @@ bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& layout, con
 
 // Model FLOPs of causal attention's forward (core/op_profile.h): Q K^T and
 // P V over the T (T + 1) / 2 visible (query, key) pairs of each head.
-inline double attention_forward_flops(const QkvLayout& L) {
+// With context parallelism a rank's T / cp queries (two chunks placed as
+// Megatron places them) see T (T + 1) / (2 cp) pairs: exactly its 1/cp share.
+inline double attention_forward_flops(const QkvLayout& L, int64_t cp_size = 1) {
   const double T = static_cast<double>(L.seq);
   return 4.0 * static_cast<double>(L.batch) * static_cast<double>(L.heads) * static_cast<double>(L.head_dim) * T *
-         (T + 1) / 2;
+         (T + 1) / 2 / static_cast<double>(cp_size);
 }
 
 inline void attention_forward(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt,
                               const Tensor& out, const Tensor& lse) {
-  ::mt::profile::OpScope flops_scope("attention_forward", qkv.device(), attention_forward_flops(layout));
+  ::mt::profile::OpScope flops_scope("attention_forward", qkv.device(), attention_forward_flops(layout, opt.cp_size));
+  check_cp(layout, opt);
   MT_DISPATCH(attention_forward, qkv.device(), qkv, layout, opt, out, lse);
 }
 inline void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                const QkvLayout& layout, const AttentionOptions& opt, const Tensor& dqkv) {
-  ::mt::profile::OpScope flops_scope("attention_backward", qkv.device(), 2.5 * attention_forward_flops(layout));
+  ::mt::profile::OpScope flops_scope("attention_backward", qkv.device(), 2.5 * attention_forward_flops(layout, opt.cp_size));
+  check_cp(layout, opt);
+  if (opt.cp_size > 1) dqkv.zero();  // the rows of other ranks' queries
   MT_DISPATCH(attention_backward, qkv.device(), qkv, out, dout, lse, layout, opt, dqkv);
 }
 

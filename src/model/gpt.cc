@@ -36,9 +36,10 @@ struct GPTModel::LayerIdx {
   int q_ln_w = -1, q_ln_b = -1, k_ln_w = -1, k_ln_b = -1;  // --qk-layernorm
 };
 
-// What backward needs from one layer's forward (N = T*B rows; Ns = N/TP
-// with sequence parallelism, else N; a, g, F: this TP rank's heads, query
-// groups and MLP columns):
+// What backward needs from one layer's forward (N = T*B rows, T this
+// rank's positions: the sequence, or its 1/CP share under context
+// parallelism; Ns = N/TP with sequence parallelism, else N; a, g, F: this TP
+// rank's heads, query groups and MLP columns):
 //   x_mid [Ns,h] residual stream after attention    ln1, ln2 [N,h] norm outputs (with SP:
 //                                                   all-gathered, this rank's rows computed here)
 //   ln*_mean (LayerNorm only), ln*_rstd [Ns]         qkv [N,(a+2g)d] after rope
@@ -86,6 +87,7 @@ struct Dims {
   DType gemm_in = DType::kF32, ln = DType::kF32, mid = DType::kF32, rs = DType::kF32, dn = DType::kF32;
   int64_t g = 0, hd = 0;  // this rank's query groups, the head dim
   bool qk = false;        // --qk-layernorm
+  int64_t cp = 1, Tg = 0;  // context-parallel size, the whole sequence (T = Tg / cp)
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
 };
 
@@ -260,8 +262,15 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   std::vector<std::string> errs;
   if (!cfg.has_architecture()) errs.push_back("--num-layers, --hidden-size and --num-attention-heads are required");
   if (!cfg.vocab_size) errs.push_back("the vocabulary size is unknown: give --vocab-size or --vocab-file");
-  const int64_t T = opt.seq_length ? opt.seq_length : cfg.seq_length;
-  if (T <= 0) errs.push_back("--seq-length is required");
+  const int64_t Tg = opt.seq_length ? opt.seq_length : cfg.seq_length;  // the whole sequence
+  if (Tg <= 0) errs.push_back("--seq-length is required");
+  if (opt.cp < 1 || opt.cp_rank < 0 || opt.cp_rank >= opt.cp)
+    errs.push_back(fmt::format("context-parallel rank {} outside [0, {})", opt.cp_rank, opt.cp));
+  else if (opt.cp > 1 && Tg > 0 && Tg % (2 * opt.cp))
+    errs.push_back(fmt::format("--seq-length {} is not a multiple of 2 x --context-parallel-size {} (each CP rank "
+                               "holds two of 2 x {} equal chunks)",
+                               Tg, opt.cp, opt.cp));
+  const int64_t T = opt.cp >= 1 ? Tg / opt.cp : Tg;  // this rank's positions
   if (cfg.has_architecture()) {
     if (cfg.num_attention_heads % cfg.query_groups() != 0)
       errs.push_back(fmt::format("--num-attention-heads {} is not a multiple of --num-query-groups {}",
@@ -275,9 +284,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                  "least {}",
                                  cfg.rotary_percent, cfg.head_dim(), cfg.head_dim(), cfg.rotary_percent,
                                  1.0 / static_cast<double>(cfg.head_dim())));
-    if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute && cfg.max_position_embeddings < T)
+    if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute && cfg.max_position_embeddings < Tg)
       errs.push_back(fmt::format("--max-position-embeddings {} is below the sequence length {}",
-                                 cfg.max_position_embeddings, T));
+                                 cfg.max_position_embeddings, Tg));
     if (cfg.is_moe()) errs.push_back("--num-experts: mixture of experts is not implemented in the model yet");
     if (cfg.squared_relu && cfg.swiglu) errs.push_back("--squared-relu and --swiglu are two MLP activations: give one");
     if (cfg.squared_relu && cfg.bias_gelu_fusion && cfg.add_bias_linear)
@@ -297,8 +306,12 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     if (cfg.ffn() % tp)
       errs.push_back(fmt::format("--ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}", cfg.ffn(), tp));
     if (opt.sequence_parallel && T > 0 && T % tp)
-      errs.push_back(fmt::format("--sequence-parallel needs --seq-length {} divisible by --tensor-model-parallel-size {}",
-                                 T, tp));
+      errs.push_back(opt.cp > 1 ? fmt::format("--sequence-parallel needs a CP rank's {} positions (--seq-length {} / "
+                                              "--context-parallel-size {}) divisible by --tensor-model-parallel-size {}",
+                                              T, Tg, opt.cp, tp)
+                                : fmt::format("--sequence-parallel needs --seq-length {} divisible by "
+                                              "--tensor-model-parallel-size {}",
+                                              T, tp));
   }
   if (opt.micro_batch <= 0) errs.push_back("--micro-batch-size must be positive");
   if (opt.flat_multiple < 1) errs.push_back("flat_multiple must be at least 1");
@@ -328,7 +341,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
 
   Tables t;
   t.opt = opt;
-  t.opt.seq_length = T;
+  t.opt.seq_length = Tg;
   const int64_t B = opt.micro_batch, N = B * T, h = cfg.hidden_size, a = cfg.num_attention_heads;
   const int64_t tp = opt.tp, al = a / tp, gl = cfg.query_groups() / tp, ad = al * cfg.head_dim(), F = cfg.ffn() / tp;
   const bool sp = opt.sequence_parallel && tp > 1;
@@ -342,6 +355,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d.ln = cfg.apply_residual_connection_post_layernorm ? d.rs : d.gemm_in;
   d.mid = d.gemm_in;
   d.g = gl, d.hd = cfg.head_dim(), d.qk = cfg.qk_layernorm;
+  d.cp = opt.cp, d.Tg = Tg;
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
   t.chunks = chunks;
@@ -447,15 +461,26 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const size_t full = sp ? abytes(N * h, dt) : 0;
   // --qk-layernorm: the normalised heads in forward; d(normalised) and d(raw) in backward.
   const size_t qk_heads = d.qk ? abytes(d.qk_rows() * d.hd, d.mid) : 0;
-  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + full + cast_fwd + qk_heads;  // tmp (+ ctx, lse) + full + cast
-  const size_t layer_fwd_ws = abytes(Ns * h, dt) + full + cast_fwd + qk_heads;
+  // Context parallelism: core attention's all-gathered Q/K/V, in the CP
+  // group's rank order and in sequence order (forward); backward adds the
+  // whole sequence's dqkv (model dtype) and then, with the Q/K/V freed, the
+  // same in rank order for the reduce-scatter, and the scattered rows in
+  // the model dtype when dqkv is bf16 (GPTModel::attention_fwd/_bwd).
+  const int64_t Ng = B * Tg;
+  const size_t cp_fwd = opt.cp > 1 ? 2 * abytes(Ng * d.qkv, d.mid) : 0;
+  const size_t cp_bwd = opt.cp > 1 ? abytes(Ng * d.qkv, dt) + std::max(2 * abytes(Ng * d.qkv, d.mid),
+                                                                       abytes(Ng * d.qkv, dt) +
+                                                                           (d.mid != dt ? abytes(N * d.qkv, dt) : 0))
+                                   : 0;
+  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max(full + cast_fwd, cp_fwd);  // tmp (+ ctx, lse) + full + cast
+  const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max(full + cast_fwd, cp_fwd);
   // Backward's transients after the layer's own buffers: each linear's
   // full-sequence buffer (SP) and bf16 casts, freed as it returns; the q/k
   // norm's two buffers are taken after linear_proj's backward, so only
   // linear_qkv's backward (its ln1 cast) comes on top of them.
   const size_t layer_bwd = abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(N * F, d.mid) + abytes(N * d.fc1, d.mid) +
-                           abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp + full +
-                           std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0);
+                           abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp +
+                           std::max(full + std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0), cp_bwd);
   bool any_kept = false;
   for (char k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
@@ -493,8 +518,24 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   auto t = make_tables(cfg, opt);
   if (!t.is_ok()) return t.status();
   GPTCommPlan c;
-  if (opt.tp <= 1) return c;
   const Dims& d = t->dims;
+  if (opt.cp > 1) {
+    // Per layer: the all-gathered Q/K/V (the output, in their stored dtype)
+    // in forward and again in backward, then the reduce-scattered gradient
+    // (the input, model dtype); recomputation gathers once more per layer
+    // whose attention it re-runs (selective: every layer; full: the layers
+    // of recomputed groups).
+    const double gather = static_cast<double>(d.B * d.Tg * d.qkv) * static_cast<double>(dtype_size(d.mid));
+    const double scatter = static_cast<double>(d.B * d.Tg * d.qkv) * static_cast<double>(dtype_size(d.dt));
+    const bool selective = opt.recompute.granularity == RecomputeGranularity::kSelective;
+    for (size_t k = 0; k < t->groups.size(); ++k)
+      for (const LayerGroup& g : t->groups[k]) {
+        const double n = static_cast<double>(g.end - g.begin);
+        c.cp_forward_bytes += n * gather;
+        c.cp_backward_bytes += n * (gather + scatter) + (selective || g.recompute ? n * gather : 0.0);
+      }
+  }
+  if (opt.tp <= 1) return c;
   const double act = static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.dt));  // one [N, h]
   const double row = static_cast<double>(d.N) * static_cast<double>(dtype_size(d.dt));        // one [N]
   // The norm outputs a column-parallel layer all-gathers (bf16 under --bf16).
@@ -538,6 +579,10 @@ Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const
   if (opt.tp_comm && opt.tp_comm->size() != opt.tp)
     return Status::invalid(fmt::format("the tensor-parallel communicator has {} ranks, GPTOptions::tp is {}",
                                        opt.tp_comm->size(), opt.tp));
+  if (opt.cp > 1 && opt.slots > 0 && (!opt.cp_comm || opt.cp_comm->size() != opt.cp))
+    return Status::invalid(fmt::format("context parallelism needs the context-parallel communicator of {} ranks "
+                                       "(GPTOptions::cp_comm)",
+                                       opt.cp));
   auto t = make_tables(cfg, opt);
   if (!t.is_ok()) return t.status();
   return std::unique_ptr<GPTModel>(new GPTModel(cfg, t->opt, std::move(*t)));
@@ -547,6 +592,18 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   const Dims& d = t.dims;
   B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1;
   Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
+  Tg_ = d.Tg;
+  {
+    // This rank's rows: local positions [t0, t0 + Ns / B) (its SP shard),
+    // cut where the CP chunks meet.
+    const k::QueryChunks qc = k::query_chunks(Tg_, opt.cp, opt.cp_rank);
+    const int64_t t0 = sp() ? opt.tp_rank * (T_ / opt.tp) : 0, t1 = t0 + Ns_ / B_;
+    for (int64_t t = t0; t < t1;) {
+      const int64_t end = std::min(t1, (t / qc.len + 1) * qc.len);
+      runs_.push_back({(t - t0) * B_, (end - t) * B_, qc.position(t)});
+      t = end;
+    }
+  }
   mid_ = d.mid;
   rs_ = d.rs;
   dn_ = d.dn;
@@ -615,7 +672,22 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     size_t next = 0;
     if (cfg.position_embedding == PositionEmbedding::kRope) {
       rope_cos_ = v[next++], rope_sin_ = v[next++];
-      k::rope_table(rope_spec(cfg), T_, rope_cos_, rope_sin_);
+      if (opt.cp == 1) {
+        k::rope_table(rope_spec(cfg), T_, rope_cos_, rope_sin_);
+      } else {
+        // The whole sequence's table, in a buffer freed when construction
+        // ends (not one of the planned arenas), then this rank's two chunks of rows.
+        const int64_t w = rope_cos_.dim(1), C = Tg_ / (2 * opt.cp);
+        Arena full(2 * align_up(static_cast<size_t>(Tg_ * w) * dtype_size(rope_cos_.dtype())), "rope (whole sequence)",
+                   opt.device);
+        const Tensor fc = full.alloc({Tg_, w}, rope_cos_.dtype()), fs = full.alloc({Tg_, w}, rope_sin_.dtype());
+        k::rope_table(rope_spec(cfg), Tg_, fc, fs);
+        const k::QueryChunks qc = k::query_chunks(Tg_, opt.cp, opt.cp_rank);
+        for (int64_t c = 0; c < 2; ++c) {
+          copy_tensor(fc.slice(qc.start[c], qc.start[c] + C), rope_cos_.slice(c * C, (c + 1) * C));
+          copy_tensor(fs.slice(qc.start[c], qc.start[c] + C), rope_sin_.slice(c * C, (c + 1) * C));
+        }
+      }
     }
     if (cfg.apply_layernorm_1p) {
       norm_ones_ = v[next++], norm_w1_ = v[next++];
@@ -873,7 +945,7 @@ constexpr uint64_t kDropoutSeedSalt = 0x6d742d64726f70ull;  // "mt-drop"
 // same rounding, no temporary, no add kernel) when nothing comes between
 // the product and the sum: one TP rank, no bias, no dropout.
 void GPTModel::residual_linear_fwd(const Tensor& x, int w, int b, double dropout, uint64_t dropout_stream_id,
-                                   uint64_t row_offset, const Tensor& res, const Tensor& tmp, const Tensor& out) {
+                                   const Tensor& res, const Tensor& tmp, const Tensor& out) {
   if (opt_.tp == 1 && b < 0 && dropout == 0 && res.dtype() == out.dtype()) {
     const Tensor& W = params_[w];
     const int64_t n_out = W.dim(0), in = W.dim(1), n = x.numel() / in;
@@ -883,8 +955,71 @@ void GPTModel::residual_linear_fwd(const Tensor& x, int w, int b, double dropout
     return;
   }
   row_linear_fwd(x, w, b, tmp);
-  if (dropout > 0) k::dropout_forward(tmp, tmp, dropout, kDropoutSeedSalt, dropout_stream_id, row_offset);
+  if (dropout > 0) hidden_dropout(tmp, tmp, dropout, dropout_stream_id);
   k::add(res, tmp, out);
+}
+
+void GPTModel::hidden_dropout(const Tensor& x, const Tensor& y, double p, uint64_t stream) const {
+  for (const RowRun& r : runs_)
+    k::dropout_forward(x.slice(r.row, r.row + r.rows), y.slice(r.row, r.row + r.rows), p, kDropoutSeedSalt, stream,
+                       static_cast<uint64_t>(r.pos * B_ * h_));
+}
+
+k::AttentionOptions GPTModel::attention_options(const Slot& s, int l) const {
+  k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())),
+                         s.training ? cfg_.attention_dropout : 0.0, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 0),
+                         opt_.tp_rank * a_};
+  ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
+  ao.cp_size = opt_.cp, ao.cp_rank = opt_.cp_rank;
+  return ao;
+}
+
+void GPTModel::cp_reorder(const Tensor& src, const Tensor& dst, bool to_sequence_order) const {
+  const int64_t cp = opt_.cp, rows = B_ * (Tg_ / (2 * cp));  // rows of one chunk
+  for (int64_t r = 0; r < cp; ++r)
+    for (int64_t half = 0; half < 2; ++half) {
+      const int64_t chunk = half == 0 ? r : 2 * cp - 1 - r, ro = (2 * r + half) * rows, so = chunk * rows;
+      const Tensor a = src.slice(to_sequence_order ? ro : so, (to_sequence_order ? ro : so) + rows);
+      const Tensor b = dst.slice(to_sequence_order ? so : ro, (to_sequence_order ? so : ro) + rows);
+      copy_tensor(a, b);
+    }
+}
+
+void GPTModel::attention_fwd(const Tensor& qkv, const k::AttentionOptions& o, const Tensor& ctx, const Tensor& lse) {
+  const k::QkvLayout L{Tg_, B_, a_, g_, cfg_.head_dim()};
+  if (opt_.cp == 1) return k::attention_forward(qkv, L, o, ctx, lse);
+  ArenaScope scope(scratch_);
+  const Tensor ranks = scratch({B_ * Tg_, qkv_}, qkv.dtype()), seq = scratch({B_ * Tg_, qkv_}, qkv.dtype());
+  opt_.cp_comm->all_gather(qkv, ranks);
+  cp_reorder(ranks, seq, true);
+  k::attention_forward(seq, L, o, ctx, lse);
+}
+
+void GPTModel::attention_bwd(const Tensor& qkv, const Tensor& ctx, const Tensor& dctx, const Tensor& lse,
+                             const k::AttentionOptions& o, const Tensor& dqkv) {
+  const k::QkvLayout L{Tg_, B_, a_, g_, cfg_.head_dim()};
+  if (opt_.cp == 1) return k::attention_backward(qkv, ctx, dctx, lse, L, o, dqkv);
+  // dQ of this rank's queries and its share of every position's dK/dV, for
+  // the whole sequence in the model dtype; summed over CP by the reduce-
+  // scatter, which leaves each rank its own rows.
+  ArenaScope scope(scratch_);
+  const Tensor dseq = scratch({B_ * Tg_, qkv_}, opt_.dtype);
+  {
+    ArenaScope gathered(scratch_);
+    const Tensor ranks = scratch({B_ * Tg_, qkv_}, qkv.dtype()), seq = scratch({B_ * Tg_, qkv_}, qkv.dtype());
+    opt_.cp_comm->all_gather(qkv, ranks);
+    cp_reorder(ranks, seq, true);
+    k::attention_backward(seq, ctx, dctx, lse, L, o, dseq);
+  }
+  const Tensor dranks = scratch({B_ * Tg_, qkv_}, opt_.dtype);
+  cp_reorder(dseq, dranks, false);
+  if (dqkv.dtype() == opt_.dtype) {
+    opt_.cp_comm->reduce_scatter(dranks, dqkv);
+  } else {
+    const Tensor mine = scratch({N_, qkv_}, opt_.dtype);
+    opt_.cp_comm->reduce_scatter(dranks, mine);
+    k::cast(mine, dqkv);
+  }
 }
 
 // --qk-layernorm: the q heads and k heads of qkv, gathered into a.qk_raw
@@ -930,8 +1065,7 @@ void GPTModel::qk_norm_bwd(const LayerIdx& p, const k::QkvLayout& L, const Layer
 void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor& out, const Slot& s) {
   const LayerIdx& p = layers_[l];
   const bool post = cfg_.apply_residual_connection_post_layernorm;
-  const double hd = s.training ? cfg_.hidden_dropout : 0.0, ad = s.training ? cfg_.attention_dropout : 0.0;
-  const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);  // global dropout index
+  const double hd = s.training ? cfg_.hidden_dropout : 0.0;
   ArenaScope scope(scratch_);
   Tensor tmp = scratch({Ns_, h_}, opt_.dtype);
   // Selective recomputation: the attention output and lse live only in scratch.
@@ -948,12 +1082,9 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   if (cfg_.qk_layernorm) qk_norm_fwd(p, L, a);
   if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
-  k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
-                         dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
-  ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
-  k::attention_forward(a.qkv, L, ao, ctx, lse);
-  residual_linear_fwd(ctx, p.proj_w, p.proj_b, hd, dropout_stream(s.dropout_step, l, 1), row_offset, post ? ln1 : x,
-                      tmp, a.x_mid);
+  attention_fwd(a.qkv, attention_options(s, l), ctx, lse);
+  residual_linear_fwd(ctx, p.proj_w, p.proj_b, hd, dropout_stream(s.dropout_step, l, 1), post ? ln1 : x, tmp,
+                      a.x_mid);
   // MLP block.
   norm_fwd(a.x_mid, p.ln2_w, p.ln2_b, ln2, a.ln2_mean, a.ln2_rstd);
   column_fwd_input(ln2, a.ln2);
@@ -961,34 +1092,31 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   if (cfg_.swiglu) k::swiglu_forward(a.fc1, a.act);
   else k::gelu_forward(mlp_activation(cfg_), a.fc1, a.act);
   if (!out.defined()) return;  // recomputing a group's last layer: backward needs nothing after act
-  residual_linear_fwd(a.act, p.fc2_w, p.fc2_b, hd, dropout_stream(s.dropout_step, l, 2), row_offset,
-                      post ? ln2 : a.x_mid, tmp, out);
+  residual_linear_fwd(a.act, p.fc2_w, p.fc2_b, hd, dropout_stream(s.dropout_step, l, 2), post ? ln2 : a.x_mid, tmp,
+                      out);
 }
 
 void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& s, const Tensor& dresid) {
   const LayerIdx& p = layers_[l];
   const bool post = cfg_.apply_residual_connection_post_layernorm;
-  const double hd = s.training ? cfg_.hidden_dropout : 0.0, ad = s.training ? cfg_.attention_dropout : 0.0;
-  const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);
+  const double hd = s.training ? cfg_.hidden_dropout : 0.0;
   const int64_t adim = a_ * cfg_.head_dim();
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
   Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch({N_, F_}, mid_),
          dfc1 = scratch({N_, fc1_}, mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
-  k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())), ad, kDropoutSeedSalt,
-                         dropout_stream(s.dropout_step, l, 0), opt_.tp_rank * a_};
-  ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
+  const k::AttentionOptions ao = attention_options(s, l);
   Tensor ctx = a.ctx, lse = a.lse;
   if (!ctx.defined()) {
     // Selective recomputation: core attention again from the saved (roped)
     // Q/K/V, same dropout stream, so ctx and lse are bitwise the forward's.
     ctx = scratch({N_, adim}, mid_);
     lse = scratch({B_, a_, T_}, dt);
-    k::attention_forward(a.qkv, L, ao, ctx, lse);
+    attention_fwd(a.qkv, ao, ctx, lse);
   }
   // out = res2 + dropout(fc2(act)), res2 = post ? ln2 : x_mid
-  if (hd > 0) k::dropout_backward(dresid, dtmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 2), row_offset);
+  if (hd > 0) hidden_dropout(dresid, dtmp, hd, dropout_stream(s.dropout_step, l, 2));
   const Tensor& dfc2 = hd > 0 ? dtmp : dresid;
   row_linear_bwd(a.act, p.fc2_w, p.fc2_b, dfc2, dact);
   if (cfg_.swiglu) k::swiglu_backward(a.fc1, dact, dfc1);
@@ -1000,10 +1128,10 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   }
   norm_bwd(dln, a.x_mid, p.ln2_w, p.ln2_b, a.ln2_mean, a.ln2_rstd, dresid);  // dresid = d x_mid
   // x_mid = res1 + dropout(proj(ctx)), res1 = post ? ln1 : x
-  if (hd > 0) k::dropout_backward(dresid, dtmp, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 1), row_offset);
+  if (hd > 0) hidden_dropout(dresid, dtmp, hd, dropout_stream(s.dropout_step, l, 1));
   const Tensor& dproj = hd > 0 ? dtmp : dresid;
   row_linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
-  k::attention_backward(a.qkv, ctx, dctx, lse, L, ao, dqkv);
+  attention_bwd(a.qkv, ctx, dctx, lse, ao, dqkv);
   if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_backward(dqkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
   if (cfg_.qk_layernorm) qk_norm_bwd(p, L, a, dqkv);
   column_linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
@@ -1056,9 +1184,9 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   Slot& s = slots_[static_cast<size_t>(slot)];
   const LayerRange R = chunks_[static_cast<size_t>(chunk)];
   s.chunk = chunk;
-  MT_CHECK(tokens.numel() == N_ && labels.numel() == N_ && tokens.dtype() == DType::kI32 &&
+  MT_CHECK(tokens.numel() == B_ * Tg_ && labels.numel() == B_ * Tg_ && tokens.dtype() == DType::kI32 &&
                labels.dtype() == DType::kI32,
-           fmt::format("GPTModel::forward: tokens and labels must be int32 [{}, {}]", B_, T_));
+           fmt::format("GPTModel::forward: tokens and labels must be int32 [{}, {}]", B_, Tg_));
   s.dropout_step = dropout_step;
   s.training = training;
   // [b, s] -> [s, b], on the host (tokens and labels are host tensors), then to the model's device.
@@ -1068,21 +1196,23 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   const int32_t* lb = labels.ptr<int32_t>();
   std::vector<int32_t> sb_tokens(static_cast<size_t>(N_)), sb_labels(static_cast<size_t>(N_));
   s.count = 0, s.loss_total = 0;
+  // This rank's positions (all of them without CP).
+  const k::QueryChunks qc = k::query_chunks(Tg_, opt_.cp, opt_.cp_rank);
   for (int64_t b = 0; b < B_; ++b)
     for (int64_t t = 0; t < T_; ++t) {
-      int32_t id = tk[b * T_ + t];
+      const int64_t e = b * Tg_ + qc.position(t);
+      int32_t id = tk[e];
       MT_CHECK(id >= 0 && id < Vg_, fmt::format("token id {} outside the vocabulary [0, {})", id, Vg_));
       sb_tokens[static_cast<size_t>(t * B_ + b)] = id;
-      sb_labels[static_cast<size_t>(t * B_ + b)] = lb[b * T_ + t];
-      MT_CHECK(lb[b * T_ + t] < Vg_, "label outside the vocabulary");
-      if (lb[b * T_ + t] >= 0) s.count += 1;
+      sb_labels[static_cast<size_t>(t * B_ + b)] = lb[e];
+      MT_CHECK(lb[e] < Vg_, "label outside the vocabulary");
+      if (lb[e] >= 0) s.count += 1;
     }
   copy_tensor(Tensor(sb_tokens.data(), s.tokens.shape(), DType::kI32), s.tokens);
   copy_tensor(Tensor(sb_labels.data(), s.labels.shape(), DType::kI32), s.labels);
   // Embedding (vocab-parallel: a token outside this rank's rows gives zeros;
   // fwd all-reduce over TP, with SP reduce-scatter to this rank's sequence
   // shard) + learned positions of the shard, then dropout.
-  const int64_t t0 = sp() ? opt_.tp_rank * (T_ / opt_.tp) : 0;  // first position of this rank's rows
   if (first_stage(chunk)) {
   if (forward_hook_) forward_hook_(-1);
   {
@@ -1096,11 +1226,12 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
       if (opt_.tp > 1) opt_.tp_comm->all_reduce(s.resid[0]);
     }
   }
-  if (pos_ >= 0) k::position_add_forward(params_[pos_].slice(t0, t0 + Ns_ / B_), B_, s.resid[0]);
+  if (pos_ >= 0)
+    for (const RowRun& r : runs_)
+      k::position_add_forward(params_[pos_].slice(r.pos, r.pos + r.rows / B_), B_,
+                              s.resid[0].slice(r.row, r.row + r.rows));
   const double hd = training ? cfg_.hidden_dropout : 0.0;
-  const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);
-  if (hd > 0)
-    k::dropout_forward(s.resid[0], s.resid[0], hd, kDropoutSeedSalt, dropout_stream(dropout_step, 4095, 3), row_offset);
+  if (hd > 0) hidden_dropout(s.resid[0], s.resid[0], hd, dropout_stream(dropout_step, 4095, 3));
   }  // else: the previous stage's output was received into s.resid[0]
   {
     ArenaScope scope(scratch_);
@@ -1245,11 +1376,11 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
     return;
   }
   const double hd = s.training ? cfg_.hidden_dropout : 0.0;
-  const uint64_t row_offset = static_cast<uint64_t>(sp() ? opt_.tp_rank * Ns_ * h_ : 0);
-  if (hd > 0)
-    k::dropout_backward(dresid, dresid, hd, kDropoutSeedSalt, dropout_stream(s.dropout_step, 4095, 3), row_offset);
-  const int64_t t0 = sp() ? opt_.tp_rank * (T_ / opt_.tp) : 0;
-  if (pos_ >= 0) k::position_add_backward(dresid, B_, grads_[pos_].slice(t0, t0 + Ns_ / B_));
+  if (hd > 0) hidden_dropout(dresid, dresid, hd, dropout_stream(s.dropout_step, 4095, 3));
+  if (pos_ >= 0)
+    for (const RowRun& r : runs_)
+      k::position_add_backward(dresid.slice(r.row, r.row + r.rows), B_,
+                               grads_[pos_].slice(r.pos, r.pos + r.rows / B_));
   // Embedding: SP all-gathers d(output) back to the full sequence; each rank
   // accumulates the rows of its vocabulary shard.
   if (sp()) {
@@ -1266,7 +1397,10 @@ double GPTModel::flops_per_micro_batch() const {
   const double h = static_cast<double>(h_), a = static_cast<double>(cfg_.num_attention_heads),
                g = static_cast<double>(cfg_.query_groups()), d = static_cast<double>(cfg_.head_dim());
   const double q = a * d, kv = g * d, phi = cfg_.swiglu ? 3 : 2, Lr = static_cast<double>(cfg_.num_layers);
-  const double T = static_cast<double>(N_), Q = static_cast<double>(B_) * static_cast<double>(T_) * static_cast<double>(T_);
+  // With CP a rank's T / cp queries see 1/cp of the causal pairs (Megatron
+  // counts the whole s^2 term per sequence; here per rank: its share).
+  const double T = static_cast<double>(N_),
+               Q = static_cast<double>(B_) * static_cast<double>(Tg_) * static_cast<double>(Tg_) / static_cast<double>(opt_.cp);
   return T * (6 * h * phi * static_cast<double>(cfg_.ffn()) * Lr + Lr * 6 * (h * (q + 2 * kv) + q * h) +
               6 * h * static_cast<double>(Vg_)) +
          Q * Lr * 6 * q;

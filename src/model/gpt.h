@@ -89,6 +89,7 @@
 #include "core/tensor.h"
 #include "kernels/activation.h"
 #include "kernels/qkv_layout.h"
+#include "kernels/attention.h"
 #include "kernels/rope.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -151,6 +152,19 @@ struct GPTOptions {
   int64_t tp_rank = 0;           // this rank in the tensor-parallel group
   bool sequence_parallel = false;  // --sequence-parallel (needs tp > 1 to matter)
   comm::Communicator* tp_comm = nullptr;  // the TP group; required when tp > 1 (not owned)
+  // Context parallelism (--context-parallel-size): the sequence of
+  // seq_length positions is cut into 2 cp chunks and this rank holds chunks
+  // cp_rank and 2 cp - 1 - cp_rank (Megatron's load-balanced split), so every
+  // activation covers seq_length / cp positions; attention all-gathers the
+  // roped Q/K/V over cp_comm and reduce-scatters their gradients (see
+  // kernels::AttentionOptions::cp_size). forward() still takes the full
+  // [B, seq_length] tokens and labels and picks this rank's positions; the
+  // loss is the mean over this rank's counted labels (as each Megatron CP
+  // rank's). Parameters and their gradients are the serial model's: the
+  // trainer reduces gradients over DP x CP.
+  int64_t cp = 1;
+  int64_t cp_rank = 0;
+  comm::Communicator* cp_comm = nullptr;  // required when cp > 1 (not owned)
   RecomputeOptions recompute;    // activation recomputation (see above)
   // Pipeline parallelism: the model chunks (virtual stages) this rank holds,
   // in chunk order; empty = one chunk with every layer. pre_process: chunk 0
@@ -212,6 +226,10 @@ struct GPTCommPlan {
   double tp_forward_bytes = 0;   // one micro-batch's forward (training)
   double tp_backward_bytes = 0;  // its backward (with recomputed forwards)
   double tp_step_bytes = 0;      // once per iteration: reduce_tp_replicated_grads
+  // Context parallelism: core attention's Q/K/V all-gathers (forward, and
+  // again in backward and in recomputed forwards) and dQ/dK/dV reduce-scatters.
+  double cp_forward_bytes = 0;
+  double cp_backward_bytes = 0;
 };
 
 class GPTModel {
@@ -341,8 +359,10 @@ class GPTModel {
   const Arena& scratch_arena() const { return scratch_; }
   const Arena& activation_arena() const { return acts_; }
 
-  // Model FLOPs of one forward+backward of a micro-batch (Megatron's formula,
-  // ../shared/spec/megatron-reference.md §5, with B*s tokens).
+  // Model FLOPs of one forward+backward of a micro-batch on this rank
+  // (Megatron's formula, ../shared/spec/megatron-reference.md §5, with B*s
+  // tokens; with CP this rank's share: its B*s/CP tokens and 1/CP of the
+  // attention pairs).
   double flops_per_micro_batch() const;
 
  private:
@@ -363,7 +383,20 @@ class GPTModel {
   // out = res + dropout(row_linear_fwd(x)): the residual connection after a
   // block's output projection (tmp: [Ns, h] scratch when it is not fused).
   void residual_linear_fwd(const Tensor& x, int w, int b, double dropout, uint64_t dropout_stream_id,
-                           uint64_t row_offset, const Tensor& res, const Tensor& tmp, const Tensor& out);
+                           const Tensor& res, const Tensor& tmp, const Tensor& out);
+  // Hidden dropout of this rank's [Ns, h] rows (in place allowed), each
+  // element keyed by its index in the serial model's [T*B, h] tensor, so
+  // that SP and CP ranks draw the serial model's mask.
+  void hidden_dropout(const Tensor& x, const Tensor& y, double p, uint64_t stream) const;
+  // Core attention of this rank's queries: with CP, over the all-gathered
+  // sequence (see GPTOptions::cp); dqkv written (this rank's rows).
+  void attention_fwd(const Tensor& qkv, const kernels::AttentionOptions& o, const Tensor& ctx, const Tensor& lse);
+  void attention_bwd(const Tensor& qkv, const Tensor& ctx, const Tensor& dctx, const Tensor& lse,
+                     const kernels::AttentionOptions& o, const Tensor& dqkv);
+  // CP: rows of a [T*B, W] tensor between the CP group's rank order (rank r's
+  // T/cp positions at rows [r N, (r+1) N)) and sequence order.
+  void cp_reorder(const Tensor& src, const Tensor& dst, bool to_sequence_order) const;
+  kernels::AttentionOptions attention_options(const Slot& s, int l) const;
   void row_linear_bwd(const Tensor& x, int w, int b, const Tensor& dy_own, const Tensor& dx);
   void column_linear_bwd(const Tensor& x_full, int w, int b, const Tensor& dy, const Tensor& dx_own);
   Tensor own_rows(const Tensor& full) const;  // rows [r Ns, (r+1) Ns) with SP, else full
@@ -398,6 +431,14 @@ class GPTModel {
   DType rs_ = DType::kF32;  // the residual stream and its gradient
   DType dn_ = DType::kF32;  // the gradient of a norm's output (a GEMM's dx)
   int64_t Ns_ = 0, Vg_ = 0, a_ = 0, g_ = 0;  // rows held (N or N/TP), global vocab, local heads/groups
+  int64_t Tg_ = 0;  // the whole sequence (T_ = Tg_ / CP positions are this rank's)
+  // This rank's Ns rows as runs of consecutive positions: `rows` rows from
+  // row `row` of the shard are positions pos, pos + 1, ... (one run without
+  // CP; up to two with it).
+  struct RowRun {
+    int64_t row, rows, pos;
+  };
+  std::vector<RowRun> runs_;
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, int> index_;
   std::vector<LayerRange> chunks_;
@@ -411,7 +452,7 @@ class GPTModel {
   std::vector<Slot> slots_;
   std::vector<std::array<int, kLayerFields>> ws_layers_;  // workspace table entries per group position
   std::vector<int> ws_resid_;
-  Tensor rope_cos_, rope_sin_;  // [T, r/2] in tables_
+  Tensor rope_cos_, rope_sin_;  // [T, r/2] in tables_: this rank's positions
   Tensor norm_ones_, norm_w1_;  // --apply-layernorm-1p: ones [h], and 1 + gamma of the norm being run
   std::function<void(int)> backward_hook_, forward_hook_;
 };

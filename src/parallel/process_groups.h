@@ -5,6 +5,7 @@
 // that communicate (tensor-parallel layers get tp(), the DP grad buffer
 // dp_cp(), the pipeline pp(), ...), never looked up through globals.
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,8 +25,8 @@ class ProcessGroups {
   // Without MPI (world 1) every group is a self communicator.
   // `make` builds each group (make_group's contract): comm::make_group for
   // CPU tensors, comm::make_nccl_group, or a staged group for device tensors.
-  using GroupFactory = std::unique_ptr<comm::Communicator> (*)(const std::vector<int>& members,
-                                                               const std::string& name);
+  using GroupFactory =
+      std::function<std::unique_ptr<comm::Communicator>(const std::vector<int>& members, const std::string& name)>;
   static Result<ProcessGroups> create(const RankGrid& grid, int world_rank, GroupFactory make = comm::make_group);
 
   ProcessGroups(ProcessGroups&&) = default;

@@ -17,6 +17,9 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
   f.add_int("tensor-model-parallel-size", &p.tp, "tensor-parallel size (TP)", 1, kMaxRanks);
   f.add_int("pipeline-model-parallel-size", &p.pp, "pipeline-parallel size (PP)", 1, kMaxRanks);
   f.add_int("context-parallel-size", &p.cp, "context-parallel size (CP)", 1, kMaxRanks);
+  f.add_list("cp-comm-type", &p.cp_comm_type,
+             "Megatron's CP attention exchange, one type or one per layer: p2p (default), a2a, allgather, a2a+p2p; "
+             "the same attention whichever is given (this program all-gathers Q/K/V)");
   f.add_int("expert-model-parallel-size", &p.ep, "expert-parallel size (EP)", 1, kMaxRanks);
   f.add_int("expert-tensor-parallel-size", &p.etp, "tensor-parallel size of expert layers (ETP); default TP", 1, kMaxRanks);
   f.add_int("data-parallel-size", &p.dp, "data-parallel size (DP); derived as world/(TP*PP*CP) when absent", 1, kMaxRanks);

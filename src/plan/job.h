@@ -19,6 +19,10 @@ namespace mt::plan {
 struct ParallelConfig {
   std::optional<int64_t> world_size;  // --world-size; else from the MPI launcher's environment
   int64_t tp = 1, pp = 1, cp = 1, ep = 1;
+  // --cp-comm-type: Megatron's context-parallel attention exchange, one type
+  // or one per layer (p2p, a2a, allgather, a2a+p2p). The same attention
+  // whichever it is; this program all-gathers (allgather).
+  std::vector<std::string> cp_comm_type;
   std::optional<int64_t> etp;  // --expert-tensor-parallel-size (default: tp)
   std::optional<int64_t> dp;   // --data-parallel-size: optional; derived when absent
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;

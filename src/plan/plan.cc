@@ -211,7 +211,8 @@ Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_
   go.fp32_residual = r.job.precision.fp32_residual_connection;
   go.tp = p.tp;
   go.sequence_parallel = p.sequence_parallel;
-  go.flat_multiple = r.dp;  // bucket boundaries and reduce-scatter blocks divide by DP
+  go.cp = p.cp;  // the trainer sets cp_rank and cp_comm
+  go.flat_multiple = r.dp * p.cp;  // bucket boundaries and reduce-scatter blocks divide by DP x CP
   for (const ChunkLayers& c : r.chunks)
     if (c.pp_rank == pp_rank) go.chunks.push_back({c.first_layer, c.num_layers});
   go.pre_process = pp_rank == 0;
@@ -229,11 +230,13 @@ namespace {
 void plan_trainer_buffers(PlanReport& r) {
   TrainerBuffers& t = r.memory.trainer;
   const auto& p = r.job.parallel;
-  if (p.cp * p.ep > 1 || r.job.model.is_moe()) {
-    t.why_not = "this build's trainer runs CP = EP = 1 dense models";
+  if (p.ep > 1 || r.job.model.is_moe()) {
+    t.why_not = "this build's trainer runs EP = 1 dense models";
     return;
   }
-  const bool dist_opt = p.use_distributed_optimizer && r.dp > 1;
+  // Gradients are reduced, and with the distributed optimizer sharded, over DP x CP.
+  const int64_t gdp = r.dp * p.cp;
+  const bool dist_opt = p.use_distributed_optimizer && gdp > 1;
   // Pipeline rank 0 (the first stage).
   auto go_r = trainer_model_options(r, 0);
   if (!go_r) {
@@ -256,13 +259,15 @@ void plan_trainer_buffers(PlanReport& r) {
   if (auto cp = model::GPTModel::planned_comm(r.job.model, go); cp.is_ok()) {
     r.comm.available = true;
     r.comm.tp_bytes = static_cast<double>(r.num_microbatches) * (cp->tp_forward_bytes + cp->tp_backward_bytes) + cp->tp_step_bytes;
-    r.comm.dp_bytes = r.dp <= 1 ? 0.0 : static_cast<double>(mp->params) * (dist_opt ? 2.0 : 1.0);
+    r.comm.dp_bytes = gdp <= 1 ? 0.0 : static_cast<double>(mp->params) * (dist_opt ? 2.0 : 1.0);
+    r.comm.cp_bytes = static_cast<double>(r.num_microbatches) * (cp->cp_forward_bytes + cp->cp_backward_bytes);
     // Pipeline rank 0: per micro-batch and chunk, the activation received
     // from the previous virtual stage and sent to the next, and the gradient
     // received back and sent back ([Ns, h] each); plus the tied embedding's
     // gradient all-reduce with the last stage.
     if (p.pp > 1) {
-      const double ns = static_cast<double>(go.micro_batch * go.seq_length) / (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
+      const double ns = static_cast<double>(go.micro_batch * go.seq_length) / static_cast<double>(p.cp) /
+                        (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
       // The residual stream's dtype (bf16 under --bf16 without --fp32-residual-connection).
       const double act = ns * static_cast<double>(r.job.model.hidden_size) *
                          static_cast<double>(dtype_size(model::residual_dtype(go)));
@@ -277,11 +282,12 @@ void plan_trainer_buffers(PlanReport& r) {
   }
   // Adam m and v: the parameters' size table twice, or with the distributed
   // optimizer this rank's 1/DP of the (DP-padded) flat buffer twice.
-  t.optimizer = 2.0 * static_cast<double>(mp->params) / (dist_opt ? static_cast<double>(r.dp) : 1.0);
+  t.optimizer = 2.0 * static_cast<double>(mp->params) / (dist_opt ? static_cast<double>(gdp) : 1.0);
   // Communication buffers the trainer allocates (parallel/grad_buckets.h, train/pipeline.h).
-  if (dist_opt) t.comm += static_cast<double>(align_up(static_cast<size_t>(static_cast<double>(mp->params) / r.dp)));
+  if (dist_opt) t.comm += static_cast<double>(align_up(static_cast<size_t>(static_cast<double>(mp->params) / gdp)));
   if (p.pp > 1) {
-    const double ns = static_cast<double>(go.micro_batch * go.seq_length) / (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
+    const double ns = static_cast<double>(go.micro_batch * go.seq_length) / static_cast<double>(p.cp) /
+                      (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
     t.comm += static_cast<double>(align_up(static_cast<size_t>(
         ns * static_cast<double>(r.job.model.hidden_size) * static_cast<double>(dtype_size(model::residual_dtype(go))))));
   }

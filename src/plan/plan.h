@@ -87,6 +87,7 @@ struct CommReport {
   double tp_bytes = 0;     // activations over the TP group: M micro-batches + replicated grads (SP)
   double dp_bytes = 0;     // gradients (all-reduce), or reduce-scatter + parameter all-gather (dist-opt)
   double pp_bytes = 0;     // pipeline rank 0: activations and their gradients to/from neighbours, tied-embedding all-reduce
+  double cp_bytes = 0;     // core attention's Q/K/V all-gathers and gradient reduce-scatters over the CP group
 };
 
 struct PlanReport {

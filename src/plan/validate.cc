@@ -230,6 +230,23 @@ void validate(PlanReport& r) {
     c.error("cp-seq-divisible", {"--seq-length", "--context-parallel-size"},
             fmt::format("with CP = {} the sequence length {} must be a multiple of 2 x CP = {}", CP, m.seq_length, 2 * CP),
             fmt::format("use {}", list_or(nearby_multiples(2 * CP, m.seq_length), "--seq-length")));
+  if (!par.cp_comm_type.empty()) {
+    for (const std::string& t : par.cp_comm_type)
+      if (t != "p2p" && t != "a2a" && t != "allgather" && t != "a2a+p2p")
+        c.error("cp-comm-type", {"--cp-comm-type"},
+                fmt::format("--cp-comm-type {} is not one of p2p, a2a, allgather, a2a+p2p", t),
+                "use p2p (Megatron's default) or allgather");
+    if (par.cp_comm_type.size() > 1 && m.num_layers && static_cast<int64_t>(par.cp_comm_type.size()) != m.num_layers)
+      c.error("cp-comm-type-layers", {"--cp-comm-type", "--num-layers"},
+              fmt::format("--cp-comm-type gives {} types, but a list must have one per layer ({})",
+                          par.cp_comm_type.size(), m.num_layers),
+              "give one type for every layer, or a single type");
+    if (std::find(par.cp_comm_type.begin(), par.cp_comm_type.end(), "a2a+p2p") != par.cp_comm_type.end())
+      c.error("cp-comm-type-hierarchical", {"--cp-comm-type"},
+              "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes, which Megatron requires with "
+              "it and this program does not take",
+              "use p2p or allgather (the same attention)");
+  }
   if (par.sequence_parallel && TP == 1)
     c.error("sp-needs-tp", {"--sequence-parallel", "--tensor-model-parallel-size"},
             "--sequence-parallel needs tensor parallelism (TP > 1); Megatron's launcher would silently switch it off",

@@ -103,11 +103,13 @@ int local_ranks() {
   return comm::world_size();
 }
 
-// The group kinds this trainer communicates device tensors over; the others
-// (context, expert, combined kinds: layouts it refuses) stay MPI groups, so
-// a job makes four NCCL communicators, not one per kind.
-bool device_group_kind(const std::string& name) {
-  return name == "tp" || name == "pp" || name == "dp" || name == "embedding";
+// The group kinds this trainer communicates device tensors over: TP, PP, DP
+// and the embedding group, and with context parallelism (cp > 1) the CP and
+// DP x CP groups; the others (expert and other combined kinds) stay MPI
+// groups, so a job makes four NCCL communicators (six with CP), not one per kind.
+bool device_group_kind(const std::string& name, int64_t cp) {
+  return name == "tp" || name == "pp" || name == "dp" || name == "embedding" ||
+         (cp > 1 && (name == "cp" || name == "dp-cp"));
 }
 
 // Whether a job's groups are NCCL communicators: several ranks on real GPUs
@@ -172,6 +174,10 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   if (cfg.dataloader_type == "external")
     problems.push_back("[--dataloader-type] the external loader (an iterator the training script supplies) has no "
                        "counterpart in this program (fix: --dataloader-type single or cyclic)");
+  if (!job.parallel.cp_comm_type.empty())
+    job.compat.no_effect.push_back(
+        "--cp-comm-type: context parallelism here all-gathers the roped Q/K/V over the CP group and reduce-scatters "
+        "their gradients (Megatron's allgather type); the ring (p2p) and all-to-all types compute the same attention");
   if (cfg.dataloader_type == "single" && !cfg.data_sharding)
     job.compat.no_effect.push_back("--no-data-sharding: only the cyclic loader shards its data (as in Megatron)");
   if (cfg.dataloader_type == "cyclic" && !cfg.data_sharding)
@@ -191,16 +197,13 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
                              : fmt::format("the layout needs {} ranks (world size from {}) but mpirun started {}: "
                                            "use mpirun -np {} or change --world-size",
                                            plan.world, plan::world_source_name(plan.world_source), processes, plan.world));
-    if (job.parallel.cp > 1)
-      problems.push_back("[--context-parallel-size] context parallelism is not implemented (fix: --context-parallel-size 1)");
     if (job.parallel.ep > 1 || mc.is_moe())
       problems.push_back("[--expert-model-parallel-size, --num-experts] mixture of experts is not implemented");
     // The schedules and the model's own checks, here so that they too are
     // reported once, before any rank allocates.
     if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.global_batch)); !sc)
       problems.push_back(sc.status().message());
-    if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty() && job.parallel.cp == 1 &&
-        job.parallel.ep == 1 && !mc.is_moe())
+    if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty() && job.parallel.ep == 1 && !mc.is_moe())
       problems.push_back(plan.memory.trainer.why_not);
     // NCCL matches point-to-point messages in issue order per pair of ranks
     // (no tags). With PP 2, virtual stages and micro-batch groups larger than
@@ -267,8 +270,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (uses_nccl_groups(cfg.device, world)) {
 #ifdef MT_HAVE_NCCL
     if (Status s = comm::init_nccl(); !s) return s;
-    make_group = [](const std::vector<int>& members, const std::string& name) {
-      return device_group_kind(name) ? comm::make_nccl_group(members, name) : comm::make_group(members, name);
+    make_group = [cp = job.parallel.cp](const std::vector<int>& members, const std::string& name) {
+      return device_group_kind(name, cp) ? comm::make_nccl_group(members, name) : comm::make_group(members, name);
     };
     group_kind = "NCCL";
 #endif
@@ -276,9 +279,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
 #ifdef MT_HAVE_CUDA
     comm::select_local_device(/*allow_shared=*/true);
 #endif
-    make_group = [](const std::vector<int>& members, const std::string& name) {
+    make_group = [cp = job.parallel.cp](const std::vector<int>& members, const std::string& name) {
       auto g = comm::make_group(members, name);
-      return device_group_kind(name) ? comm::make_staged_group(std::move(g)) : std::move(g);
+      return device_group_kind(name, cp) ? comm::make_staged_group(std::move(g)) : std::move(g);
     };
     group_kind = "MPI staged through host memory";
   }
@@ -290,8 +293,13 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   comm::Communicator& pp_comm = groups.pp();
   std::unique_ptr<comm::Communicator> world_comm = comm::world_communicator();
   const int64_t tp = job.parallel.tp, dp = plan.dp, tp_rank = tp_comm.rank(), dp_rank = dp_comm.rank();
-  const int64_t pp = job.parallel.pp, pp_rank = pp_comm.rank(), vpp = plan.vpp;
-  const bool sp = job.parallel.sequence_parallel && tp > 1, dist_opt = job.parallel.use_distributed_optimizer && dp > 1;
+  const int64_t pp = job.parallel.pp, pp_rank = pp_comm.rank(), vpp = plan.vpp, cp = job.parallel.cp;
+  // Context parallelism: the CP ranks of a DP rank read the same samples and
+  // hold different positions of them; gradients are reduced (and with the
+  // distributed optimizer sharded) over DP x CP, as Megatron's dp-cp group.
+  comm::Communicator& grad_comm = cp > 1 ? groups.dp_cp() : dp_comm;
+  const int64_t gdp = dp * cp;
+  const bool sp = job.parallel.sequence_parallel && tp > 1, dist_opt = job.parallel.use_distributed_optimizer && gdp > 1;
 
   const int64_t mbs = job.batch.micro_batch_size, M = plan.num_microbatches, gbs = plan.global_batch;
   const int64_t seq = mc.seq_length;
@@ -307,6 +315,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (!mo_r) return mo_r.status();
   model::GPTOptions mo = *mo_r;
   mo.tp_rank = tp_rank, mo.tp_comm = &tp_comm;
+  if (cp > 1) mo.cp_rank = groups.cp().rank(), mo.cp_comm = &groups.cp();
   mo.device = cfg.device == "cuda" ? Device::kCuda : Device::kCpu;
   auto schedule = parallel::build_schedule(pp, vpp, M, job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
   if (!schedule) return schedule.status();
@@ -315,9 +324,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   model::GPTModel& model = **model_r;
   model.init_parameters(static_cast<uint64_t>(cfg.seed));
   if (job.precision.bf16) model.sync_low_precision();
-  // Data-parallel gradient buckets over the model's flat gradient buffer.
+  // Data-parallel (x CP) gradient buckets over the model's flat gradient buffer.
   std::unique_ptr<parallel::GradBuckets> buckets;
-  if (dp > 1) {
+  if (gdp > 1) {
     std::vector<parallel::ParamRange> ranges;
     for (size_t i = 0; i < model.specs().size(); ++i) {
       const int64_t b = model.flat_offset(static_cast<int>(i));
@@ -328,10 +337,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     bo.overlap_grad_reduce = job.parallel.overlap_grad_reduce;
     bo.bucket_elems = job.parallel.ddp_bucket_size.value_or(0);
     buckets = std::make_unique<parallel::GradBuckets>(model.flat_grads(), dist_opt ? model.flat_params() : Tensor(),
-                                                      std::move(ranges), dp_comm, bo);
+                                                      std::move(ranges), grad_comm, bo);
   }
   optim::ParallelOptimizerOptions po;
-  po.tp = &tp_comm, po.dp = &dp_comm, po.pp = &pp_comm, po.tp_rank = tp_rank;
+  po.tp = &tp_comm, po.dp = &grad_comm, po.pp = &pp_comm, po.tp_rank = tp_rank;
   po.dist_buckets = dist_opt ? buckets.get() : nullptr;
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
   optim::AdamWOptimizer opt(
@@ -465,10 +474,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // The planner's prediction of this trainer's buffers (the model's size
   // tables plus Adam state): what `megatron plan` prints for these flags.
   const double planned_bytes = plan.memory.trainer.available ? plan.memory.trainer.total() : 0;
-  std::fprintf(out, "training %s: %lld parameters, TP x PP x DP = %lld x %lld x %lld on %d rank%s%s%s%s, micro-batch %lld x %lld "
+  const std::string layout = cp > 1 ? fmt::format("TP x CP x PP x DP = {} x {} x {} x {}", tp, cp, pp, dp)
+                                     : fmt::format("TP x PP x DP = {} x {} x {}", tp, pp, dp);
+  std::fprintf(out, "training %s: %lld parameters, %s on %d rank%s%s%s%s, micro-batch %lld x %lld "
                     "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %s\n",
-               mc.swiglu ? "a LLaMA-style GPT" : "a GPT", static_cast<long long>(plan.total_params),
-               static_cast<long long>(tp), static_cast<long long>(pp), static_cast<long long>(dp), world, world == 1 ? "" : "s",
+               mc.swiglu ? "a LLaMA-style GPT" : "a GPT", static_cast<long long>(plan.total_params), layout.c_str(),
+               world, world == 1 ? "" : "s",
                vpp > 1 ? fmt::format(", {} virtual stages per pipeline rank", vpp).c_str() : "",
                sp ? ", sequence parallel" : "", dist_opt ? ", distributed optimizer" : "", static_cast<long long>(mbs),
                static_cast<long long>(M), static_cast<long long>(dp), static_cast<long long>(gbs),
@@ -480,9 +491,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                     : fmt::format("{} thread{} per rank", num_threads(), num_threads() == 1 ? "" : "s").c_str());
   if (world > 1) {
     // The layout, once: every group of the kinds this build uses.
-    for (auto kind : {parallel::GroupKind::kTensor, parallel::GroupKind::kPipeline, parallel::GroupKind::kData,
-                      parallel::GroupKind::kEmbedding}) {
+    for (auto kind : {parallel::GroupKind::kTensor, parallel::GroupKind::kContext, parallel::GroupKind::kPipeline,
+                      parallel::GroupKind::kData, parallel::GroupKind::kEmbedding}) {
       if (kind == parallel::GroupKind::kEmbedding && (pp == 1 || mc.untie_embeddings_and_output_weights)) continue;
+      if (kind == parallel::GroupKind::kContext && cp == 1) continue;
       std::string line;
       for (const auto& g : plan.grid->groups(kind)) {
         line += line.empty() ? "" : " ";
@@ -522,9 +534,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       common["rng_state"] = {{"seed", cfg.seed}, {"kind", "philox4x32-10 keyed by (seed, global micro-batch index)"}};
     common["args"] = args_to_json(cfg, argv);
     common["parallel"] = {{"tensor_model_parallel_size", tp}, {"data_parallel_size", dp}, {"sequence_parallel", sp},
-                          {"use_distributed_optimizer", dist_opt}, {"world_size", world}};
+                          {"context_parallel_size", cp}, {"use_distributed_optimizer", dist_opt}, {"world_size", world}};
     wait_params();
-    auto slices = checkpoint::training_state_slices(model, cfg.no_save_optim ? nullptr : &opt, std::nullopt, dp_rank == 0);
+    auto slices =
+        checkpoint::training_state_slices(model, cfg.no_save_optim ? nullptr : &opt, std::nullopt, grad_comm.rank() == 0);
     const auto t0 = Clock::now();
     checkpoint::SaveOptions so_opts;
     so_opts.tmp_tag = save_tag;
@@ -545,12 +558,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // The loss Megatron reports (training and validation): the counted tokens'
   // losses summed over the global batch, over their number. The losses live
   // on the last stage (summed over the pipeline); every stage counts the
-  // tokens, so only DP sums them.
+  // tokens, so only DP (x CP: each CP rank has its positions') sums them.
   // Returns {loss, the global batch's counted tokens}.
   auto reported_loss = [&](const LossTotals& t) {
     double sum = pp > 1 ? pp_comm.all_reduce_scalar(t.loss) : t.loss, tokens = t.tokens;
-    sum = dp_comm.all_reduce_scalar(sum);
-    if (dp > 1) tokens = dp_comm.all_reduce_scalar(tokens);
+    sum = grad_comm.all_reduce_scalar(sum);
+    if (gdp > 1) tokens = grad_comm.all_reduce_scalar(tokens);
     return std::pair<double, double>{tokens > 0 ? sum / tokens : 0.0, tokens};
   };
   auto evaluate = [&](int64_t it) -> Result<double> {
@@ -622,7 +635,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     }
     model.zero_grads();
     tp_comm.reset_stats();
-    dp_comm.reset_stats();
+    grad_comm.reset_stats();
+    if (cp > 1) groups.cp().reset_stats();
     pp_comm.reset_stats();
     if (groups.embedding()) groups.embedding()->reset_stats();
     if (gather_pending) {
@@ -654,10 +668,13 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       return Status::io_error(fmt::format("injected failure at iteration {} (MEGATRON_CPP_TEST_FAIL)", it));
     bool armed = false;
     // Loss scale 1 / (M x DP): summing over DP gives the mean gradient.
+    // With CP, 1 / (M x DP x CP): each CP rank's loss is the mean over its
+    // own counted labels, and the DP x CP sum averages them (Megatron's
+    // gradient scaling over the dp-cp group).
     // Per-token loss: each micro-batch's loss sum, divided below by the
     // tokens of the whole global batch.
     const LossTotals totals = executor.run_train(
-        inputs, cfg.calculate_per_token_loss ? 1.0 : 1.0 / static_cast<double>(M * dp),
+        inputs, cfg.calculate_per_token_loss ? 1.0 : 1.0 / static_cast<double>(M * gdp),
         cfg.calculate_per_token_loss ? LossReduction::kSum : LossReduction::kMean,
         [&](int m, int) {
           if (rank == kill_rank && it == kill_iteration) std::raise(SIGKILL);
@@ -691,7 +708,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     const auto [loss, global_tokens] = reported_loss(totals);
     // Megatron's finalize_model_grads under --calculate-per-token-loss: every
     // gradient / the global batch's counted tokens (each stage counts them
-    // from the labels; summed over DP).
+    // from the labels; summed over DP x CP).
     if (cfg.calculate_per_token_loss) kernels::scale_inplace(model.flat_grads(), 1.0 / std::max(1.0, global_tokens));
     const bool finite = std::isfinite(loss) && opt.grads_finite();
     if (!finite) {
@@ -718,12 +735,14 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     interval_loss += loss;
     interval_wait += executor.last_wait_seconds();
     ++interval_iters;
-    const double tp_bytes = static_cast<double>(tp_comm.stats().bytes), dp_bytes = static_cast<double>(dp_comm.stats().bytes);
+    const double tp_bytes = static_cast<double>(tp_comm.stats().bytes), dp_bytes = static_cast<double>(grad_comm.stats().bytes);
+    const double cp_bytes = cp > 1 ? static_cast<double>(groups.cp().stats().bytes) : 0.0;
     const double pp_bytes = static_cast<double>(pp_comm.stats().bytes) +
                             (groups.embedding() ? static_cast<double>(groups.embedding()->stats().bytes) : 0.0);
     nlohmann::json row = {{"iteration", it}, {"lm_loss", loss}, {"grad_norm", last_norm}, {"learning_rate", sched.lr()},
                           {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes},
                           {"pp_bytes", pp_bytes}};
+    if (cp > 1) row["cp_bytes"] = cp_bytes;
     if (params_norm) row["params_norm"] = *params_norm;
     if (num_zeros) row["num_zeros"] = *num_zeros;
     metrics.append(row);
@@ -744,10 +763,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     }
     if (it == first_iteration + 1 && world > 1) {
       bar.clear();
-      std::fprintf(out, "communication per rank per iteration: TP %.2f MB (planned %.2f MB), DP %.2f MB (planned %.2f MB), "
-                        "PP %.2f MB (planned %.2f MB)\n",
-                   tp_bytes / 1e6, plan.comm.tp_bytes / 1e6, dp_bytes / 1e6, plan.comm.dp_bytes / 1e6, pp_bytes / 1e6,
-                   plan.comm.pp_bytes / 1e6);
+      std::fprintf(out, "communication per rank per iteration: TP %.2f MB (planned %.2f MB), %s %.2f MB (planned %.2f MB), "
+                        "PP %.2f MB (planned %.2f MB)%s\n",
+                   tp_bytes / 1e6, plan.comm.tp_bytes / 1e6, cp > 1 ? "DP x CP" : "DP", dp_bytes / 1e6,
+                   plan.comm.dp_bytes / 1e6, pp_bytes / 1e6, plan.comm.pp_bytes / 1e6,
+                   cp > 1 ? fmt::format(", CP {:.2f} MB (planned {:.2f} MB)", cp_bytes / 1e6, plan.comm.cp_bytes / 1e6).c_str()
+                          : "");
     }
 
     const double secs_since_start = std::chrono::duration<double>(Clock::now() - start).count();

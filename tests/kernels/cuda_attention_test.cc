@@ -77,11 +77,16 @@ struct Tol {
 // Runs forward and backward on both devices for qkv type In (accumulation
 // and output type A) and compares out, lse and dqkv. Backward on the GPU gets
 // the CPU's out and lse, so it is compared on exactly the CPU's inputs.
+// With cp > 1 both twins compute CP rank cp_rank's queries (AttentionOptions::cp_size).
 template <typename In, typename A>
-void run_case(const k::QkvLayout& L, double dropout, int64_t head_offset, const Tol& tol) {
-  const std::string what = describe(L, dtype_name(dtype_of<In>()), dropout, head_offset);
-  const k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 1234, 77, head_offset};
-  const Shape qs{L.tokens(), L.row()}, os{L.tokens(), L.heads * L.head_dim}, ls{L.batch, L.heads, L.seq};
+void run_case(const k::QkvLayout& L, double dropout, int64_t head_offset, const Tol& tol, int64_t cp = 1,
+              int64_t cp_rank = 0) {
+  const std::string what = describe(L, dtype_name(dtype_of<In>()), dropout, head_offset) +
+                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "");
+  k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 1234, 77, head_offset};
+  o.cp_size = cp, o.cp_rank = cp_rank;
+  const int64_t Tq = L.seq / cp;
+  const Shape qs{L.tokens(), L.row()}, os{Tq * L.batch, L.heads * L.head_dim}, ls{L.batch, L.heads, Tq};
   std::vector<double> qkv_d(static_cast<size_t>(qs.numel())), dout_d(static_cast<size_t>(os.numel()));
   fill_normal(qkv_d, 100 + static_cast<uint64_t>(L.seq * 7 + L.head_dim), 1.0);
   fill_normal(dout_d, 200 + static_cast<uint64_t>(L.heads * 13 + L.head_dim), 1.0);
@@ -221,11 +226,14 @@ double max_abs(const std::vector<float>& v) {
 }
 
 template <typename In>
-void run_tc_case(const k::QkvLayout& L, double dropout, int64_t head_offset) {
-  const std::string what = describe(L, dtype_name(dtype_of<In>()), dropout, head_offset) + " (tensor cores)";
+void run_tc_case(const k::QkvLayout& L, double dropout, int64_t head_offset, int64_t cp = 1, int64_t cp_rank = 0) {
+  const std::string what = describe(L, dtype_name(dtype_of<In>()), dropout, head_offset) + " (tensor cores)" +
+                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "");
   k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 4321, 19, head_offset};
   o.bf16_matmul = true;
-  const Shape qs{L.tokens(), L.row()}, os{L.tokens(), L.heads * L.head_dim}, ls{L.batch, L.heads, L.seq};
+  o.cp_size = cp, o.cp_rank = cp_rank;
+  const int64_t Tq = L.seq / cp;
+  const Shape qs{L.tokens(), L.row()}, os{Tq * L.batch, L.heads * L.head_dim}, ls{L.batch, L.heads, Tq};
   std::vector<double> qkv_d(static_cast<size_t>(qs.numel())), dout_d(static_cast<size_t>(os.numel()));
   fill_normal(qkv_d, 400 + static_cast<uint64_t>(L.seq * 3 + L.head_dim), 1.0);
   fill_normal(dout_d, 500 + static_cast<uint64_t>(L.heads * 11 + L.head_dim), 1.0);
@@ -272,6 +280,22 @@ TEST(CudaTwin, AttentionTensorCoresMatchCpu) {
   // Dropout with a head offset: the same Philox masks as the CPU twin.
   run_tc_case<float>({130, 2, 4, 2, 64}, 0.2, 3);
   run_tc_case<bf16>({77, 1, 4, 1, 128}, 0.1, 8);
+}
+
+// Context parallelism: each CP rank's call (its two chunks of queries
+// against every key, dqkv with zeros in the other ranks' query rows) on both
+// twins, SIMT and tensor cores; chunks shorter than a tile, longer and not a
+// multiple of one; dropout with a head offset.
+TEST(CudaTwin, AttentionContextParallelMatchesCpu) {
+  MT_REQUIRE_GPU();
+  for (int64_t cp : {2, 3})
+    for (int64_t r = 0; r < cp; ++r) {
+      run_case<float, float>(k::QkvLayout{70 * 2 * cp, 2, 4, 2, 64}, 0.0, 0, kFp32, cp, r);
+      run_case<float, float>(k::QkvLayout{6 * 2 * cp, 1, 2, 1, 40}, 0.2, 3, kFp32, cp, r);
+      run_case<double, double>(k::QkvLayout{33 * 2 * cp, 1, 2, 2, 128}, 0.0, 0, kFp64, cp, r);
+      run_tc_case<float>({70 * 2 * cp, 1, 4, 2, 64}, 0.0, 0, cp, r);
+      run_tc_case<bf16>({8 * 2 * cp, 2, 2, 1, 128}, 0.1, 2, cp, r);
+    }
 }
 
 TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {

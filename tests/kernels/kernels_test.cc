@@ -706,6 +706,65 @@ TEST(Attention, Bf16OutputsAreTheRoundedFp32Results_BitForBit) {
                "attention_backward: dqkv is fp64, expected fp32 or bf16 for bf16 qkv");
 }
 
+// Context parallelism: each CP rank computes the queries of chunks r and
+// 2 cp - 1 - r against the whole sequence's keys. Its out and lse rows are
+// bit for bit the full call's rows at those positions (same key tiles, same
+// order, positions for masks and dropout), and the CP ranks' dqkv summed
+// equal the full call's dqkv (dK and dV accumulate in another order: rounding
+// only). fp64 generic and fp32 fast/generic paths, chunks shorter and longer
+// than a tile and not a multiple of it, GQA, dropout.
+template <typename T>
+void check_cp_attention(const k::QkvLayout& L, int64_t cp, double dropout, double tol) {
+  k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 5, 3, 1};
+  const int64_t ad = L.heads * L.head_dim, nq = L.tokens() * L.row(), Tq = L.seq / cp;
+  Buf<T> qkv({nq}), out({L.tokens() * ad}), lse({L.batch * L.heads * L.seq}), dout({L.tokens() * ad}), dq({nq});
+  std::vector<double> seed_q(static_cast<size_t>(nq)), seed_d(static_cast<size_t>(L.tokens() * ad));
+  fill_normal(seed_q, 41, 1.5), fill_normal(seed_d, 42);
+  for (int64_t i = 0; i < nq; ++i) qkv[i] = static_cast<T>(seed_q[i]);
+  for (size_t i = 0; i < seed_d.size(); ++i) dout[i] = static_cast<T>(seed_d[i]);
+  k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
+  k::attention_backward(qkv.t(), out.t(), dout.t(), lse.t(), L, o, dq.t());
+  std::vector<double> dsum(static_cast<size_t>(nq), 0.0);
+  for (int64_t r = 0; r < cp; ++r) {
+    k::AttentionOptions oc = o;
+    oc.cp_size = cp, oc.cp_rank = r;
+    const k::QueryChunks qc = k::query_chunks(L, oc);
+    ASSERT_EQ(qc.rows(), Tq);
+    Buf<T> out_r({Tq * L.batch * ad}), lse_r({L.batch * L.heads * Tq}), dout_r({Tq * L.batch * ad}), dq_r({nq});
+    for (int64_t t = 0; t < Tq; ++t)  // this rank's rows of dout
+      for (int64_t x = 0; x < L.batch * ad; ++x) dout_r[t * L.batch * ad + x] = dout[qc.position(t) * L.batch * ad + x];
+    for (int64_t x = 0; x < nq; ++x) dq_r[x] = static_cast<T>(777);  // written everywhere
+    k::attention_forward(qkv.t(), L, oc, out_r.t(), lse_r.t());
+    k::attention_backward(qkv.t(), out_r.t(), dout_r.t(), lse_r.t(), L, oc, dq_r.t());
+    int64_t out_diff = 0, lse_diff = 0;
+    for (int64_t t = 0; t < Tq; ++t) {
+      const int64_t p = qc.position(t);
+      for (int64_t x = 0; x < L.batch * ad; ++x) out_diff += out_r[t * L.batch * ad + x] != out[p * L.batch * ad + x];
+      for (int64_t bh = 0; bh < L.batch * L.heads; ++bh) lse_diff += lse_r[bh * Tq + t] != lse[bh * L.seq + p];
+    }
+    EXPECT_EQ(out_diff, 0) << "cp " << cp << " rank " << r << " T " << L.seq;
+    EXPECT_EQ(lse_diff, 0) << "cp " << cp << " rank " << r << " T " << L.seq;
+    for (int64_t x = 0; x < nq; ++x) dsum[static_cast<size_t>(x)] += static_cast<double>(dq_r[x]);
+  }
+  double num = 0, den = 0;
+  for (int64_t x = 0; x < nq; ++x) {
+    const double e = dsum[static_cast<size_t>(x)] - static_cast<double>(dq[x]);
+    num += e * e, den += static_cast<double>(dq[x]) * static_cast<double>(dq[x]);
+  }
+  EXPECT_LT(std::sqrt(num / den), tol) << "cp " << cp << " T " << L.seq << " d " << L.head_dim << " dropout " << dropout;
+}
+
+TEST(Attention, ContextParallelChunksMatchTheFullCall) {
+  for (int64_t cp : {2, 3}) {
+    for (double dropout : {0.0, 0.25}) {
+      check_cp_attention<double>(k::QkvLayout{12 * cp, 2, 4, 2, 8}, cp, dropout, 1e-13);   // chunks of 6: within a tile
+      check_cp_attention<double>(k::QkvLayout{140 * cp, 1, 2, 1, 8}, cp, dropout, 1e-13);  // chunks of 70: across tiles
+      check_cp_attention<float>(k::QkvLayout{140 * cp, 2, 4, 2, 32}, cp, dropout, 1e-5);   // fp32 fast path
+      check_cp_attention<float>(k::QkvLayout{20 * cp, 1, 2, 2, 24}, cp, dropout, 1e-5);    // fp32 generic path
+    }
+  }
+}
+
 TEST(Attention, SeqLen4096NeverAllocatesTxT) {
   // a=4 heads, g=2 groups, d=64, B=1, T=4096: T*T*a fp32 scores would be 256 MiB.
   k::QkvLayout L{4096, 1, 4, 2, 64};

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "model/gpt.h"
@@ -157,6 +158,110 @@ TEST(TensorParallelModel, EqualsSerialModel) {
       run_case({"qwen3", qwen3_cfg(), sp, dt, tol});
       run_case({"gpt_qk", gpt_qk_cfg(), sp, dt, tol});
     }
+}
+
+// Context parallelism (with TP and SP where the world allows): the world
+// as a CP x TP grid (TP fastest, as Megatron orders tp-cp). Each CP rank
+// holds two of 2 CP chunks of the sequence; it takes the full token and label
+// batch and picks its positions. Its loss is the mean over its own counted
+// labels, so the test backpropagates count_rank / count_serial x 0.5 (what
+// the serial mean weighs the rank's tokens by); summed over CP (the trainer's
+// DP x CP reduction), the gradients equal the serial model's, dropout
+// included (masks keyed by global positions), and the CP ranks' loss sums
+// add up to the serial one. The scratch arena peaks exactly at the plan.
+struct CpCase {
+  const char* name;
+  ModelConfig cfg;
+  int64_t tp;
+  bool sp;
+  DType dt;
+  bool bf16;
+  RecomputeGranularity recompute;
+  double tol;
+};
+
+void run_cp_case(const CpCase& c) {
+  auto world = comm::world_communicator();
+  const int64_t W = world->size(), wr = world->rank(), tp = c.tp, cp = W / tp;
+  const int64_t tr = wr % tp, cr = wr / tp;
+  std::vector<int> tp_members, cp_members;
+  for (int64_t i = 0; i < tp; ++i) tp_members.push_back(static_cast<int>(cr * tp + i));
+  for (int64_t j = 0; j < cp; ++j) cp_members.push_back(static_cast<int>(j * tp + tr));
+  auto tp_comm = comm::make_group(tp_members, "tp");
+  auto cp_comm = comm::make_group(cp_members, "cp");
+  ModelConfig cfg = c.cfg;
+  cfg.seq_length = cfg.max_position_embeddings = 16;
+  cfg.vocab_size = cfg.padded_vocab(tp);
+  const int64_t B = 2, T = cfg.seq_length, V = *cfg.vocab_size;
+  GPTOptions so;
+  so.micro_batch = B, so.dtype = c.dt, so.bf16_compute = c.bf16;
+  so.recompute.granularity = c.recompute;
+  if (c.recompute == RecomputeGranularity::kFull) so.recompute.num_layers = 2;
+  GPTOptions po = so;
+  po.tp = tp, po.tp_rank = tr, po.sequence_parallel = c.sp, po.tp_comm = tp_comm.get();
+  po.cp = cp, po.cp_rank = cr, po.cp_comm = cp_comm.get();
+  auto serial = GPTModel::create(cfg, so);
+  ASSERT_TRUE(serial.is_ok()) << serial.status().message();
+  auto par = GPTModel::create(cfg, po);
+  ASSERT_TRUE(par.is_ok()) << c.name << ": " << par.status().message();
+  GPTModel &S = **serial, &P = **par;
+  S.init_parameters(78);
+  P.init_parameters(78);
+  std::mt19937 g(4);
+  std::vector<int32_t> tok(B * T), lab(B * T);
+  for (auto& t : tok) t = static_cast<int32_t>(g() % V);
+  for (auto& l : lab) l = static_cast<int32_t>(g() % V);
+  lab[3] = lab[20] = lab[21] = -1;  // uneven counts over the CP ranks
+  Tensor tt(tok.data(), {B, T}, DType::kI32), lt(lab.data(), {B, T}, DType::kI32);
+  S.zero_grads(), P.zero_grads();
+  for (int pass = 0; pass < 2; ++pass) {  // two micro-batches accumulate
+    S.forward(0, tt, lt, 9 + pass, true);
+    P.forward(0, tt, lt, 9 + pass, true);
+    const double total = cp_comm->all_reduce_scalar(P.loss_total(0));
+    EXPECT_NEAR(total, S.loss_total(0), c.tol * std::abs(S.loss_total(0))) << c.name << ": loss sum";
+    EXPECT_EQ(cp_comm->all_reduce_scalar(P.label_count(0)), S.label_count(0)) << c.name;
+    S.backward(0, 0.5);
+    P.backward(0, 0.5 * P.label_count(0) / S.label_count(0));
+  }
+  P.reduce_tp_replicated_grads();
+  for (const Tensor& gr : P.grads()) cp_comm->all_reduce(gr);
+  EXPECT_EQ(P.scratch_arena().high_water(), P.memory_plan().scratch) << c.name << ": scratch plan";
+  for (size_t i = 0; i < S.specs().size(); ++i) {
+    const double e = c.dt == DType::kF64 ? slice_err<double>(P.specs()[i], tp, tr, P.grads()[i], S.grads()[i])
+                                         : slice_err<float>(P.specs()[i], tp, tr, P.grads()[i], S.grads()[i]);
+    EXPECT_LT(e, c.tol) << c.name << ": gradient of " << S.specs()[i].name << " on CP rank " << cr << ", TP rank " << tr;
+  }
+}
+
+TEST(ContextParallelModel, EqualsSerialModel) {
+  auto world = comm::world_communicator();
+  if (world->size() < 2) GTEST_SKIP() << "needs CP > 1";
+  const auto none = RecomputeGranularity::kNone, sel = RecomputeGranularity::kSelective,
+             full = RecomputeGranularity::kFull;
+  for (int64_t tp : {int64_t{1}, int64_t{2}}) {
+    if (world->size() / tp < 2) continue;
+    for (bool sp : {false, true}) {
+      if (sp && tp == 1) continue;
+      run_cp_case({"gpt", gpt_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
+      run_cp_case({"llama", llama_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
+      run_cp_case({"qwen3 selective", qwen3_cfg(), tp, sp, DType::kF64, false, sel, 1e-11});
+      run_cp_case({"gpt full recompute", gpt_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
+      run_cp_case({"llama fp32", llama_cfg(), tp, sp, DType::kF32, false, none, 2e-5});
+      run_cp_case({"llama bf16", llama_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
+    }
+  }
+}
+
+TEST(ContextParallelModel, RejectsASequenceNotSplitIntoEqualChunks) {
+  ModelConfig cfg = gpt_cfg();
+  cfg.seq_length = cfg.max_position_embeddings = 12;
+  GPTOptions o;
+  o.cp = 4, o.cp_rank = 1;  // 12 is not a multiple of 2 x 4
+  auto m = GPTModel::planned_bytes(cfg, o);
+  ASSERT_FALSE(m.is_ok());
+  EXPECT_NE(m.status().message().find("--seq-length 12 is not a multiple of 2 x --context-parallel-size 4"),
+            std::string::npos)
+      << m.status().message();
 }
 
 TEST(TensorParallelModel, RejectsIndivisibleSizes) {

@@ -6,7 +6,7 @@
 #    per-iteration losses agree;
 #  - a run stopped at iteration 5 on one device resumes on the other and
 #    reproduces the straight run's losses for iterations 6-10, both ways;
-#  - 2 ranks (TP2 + SP and DP2 with the distributed optimizer and overlapped
+#  - 2 ranks (TP2 + SP, CP2, and DP2 with the distributed optimizer and overlapped
 #    reduction and gather on LLaMA; PP2 on GPT, tied embeddings) on the
 #    device against the same layout on the CPU, and a PP2 device run resumed
 #    by one CPU rank (where there are 2 GPUs, or on the simulated device).
@@ -104,7 +104,7 @@ done
 
 # Several ranks on the device (one GPU per rank; NCCL groups on real GPUs,
 # MPI staged through host memory on the simulated device): tensor + sequence,
-# pipeline, and data parallelism with the distributed optimizer and
+# context, pipeline, and data parallelism with the distributed optimizer and
 # overlapped gradient reduction, each against the same layout on the CPU;
 # and a pipeline run stopped on the device resumed by one CPU rank.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -126,9 +126,10 @@ else
   }
   # LLaMA-style for TP and DP; GPT for PP (its tied embeddings add the
   # first and last stages' embedding group).
-  for layout in tp2 pp2 dp2; do
+  for layout in tp2 pp2 dp2 cp2; do
     case $layout in
       tp2) lflags=("${LLAMA[@]}" --tensor-model-parallel-size 2 --sequence-parallel) ;;
+      cp2) lflags=("${LLAMA[@]}" --context-parallel-size 2) ;;
       pp2) lflags=("${GPT[@]}" --pipeline-model-parallel-size 2) ;;
       dp2) lflags=("${LLAMA[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather) ;;
     esac

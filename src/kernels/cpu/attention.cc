@@ -87,7 +87,8 @@ inline void store_row(Y* dst, const A* src, int64_t D) {
 template <typename Tin, typename A, typename Y>
 void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* out, A* lse) {
   const int64_t T = L.seq, B = L.batch, H = L.heads, D = L.head_dim, row = L.row(), qpg = L.heads_per_group();
-  const int64_t nq = (T + BQ - 1) / BQ;
+  const QueryChunks qc = query_chunks(L, o);
+  const int64_t nq = qc.tiles(BQ), Tq = qc.rows();
   const A scale = static_cast<A>(o.scale);
   const bool drop = o.dropout > 0;
   const A inv_keep = drop ? static_cast<A>(1.0 / (1.0 - o.dropout)) : A(1);
@@ -97,7 +98,10 @@ void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* out, 
       for (int64_t qt = 0; qt < nq; ++qt) {
         alignas(64) A q[BQ * kAttnMaxHeadDim], acc[BQ * kAttnMaxHeadDim], kT[kAttnMaxHeadDim * BK],
             v[BK * kAttnMaxHeadDim], s[BK], m[BQ], l[BQ];
-        const int64_t g = h / qpg, i0 = qt * BQ, nqr = std::min(BQ, T - i0);
+        // i0: the tile's first position (masks, dropout, q rows of qkv);
+        // r0: its first local row (out, lse).
+        const QueryChunks::Tile tile = qc.tile(qt, BQ);
+        const int64_t g = h / qpg, i0 = tile.pos, r0 = tile.local, nqr = tile.rows;
         load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
         for (int64_t x = 0; x < nqr * D; ++x) q[x] *= scale;
         std::fill(acc, acc + nqr * D, A(0));
@@ -133,10 +137,10 @@ void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* out, 
           }
         }
         for (int64_t i = 0; i < nqr; ++i) {
-          Y* dst = out + ((i0 + i) * B + b) * (H * D) + h * D;
+          Y* dst = out + ((r0 + i) * B + b) * (H * D) + h * D;
           A inv = A(1) / l[i];
           for (int64_t c = 0; c < D; ++c) dst[c] = to_out<Y>(acc[i * D + c] * inv);
-          lse[(b * H + h) * T + i0 + i] = m[i] + std::log(l[i]);
+          lse[(b * H + h) * Tq + r0 + i] = m[i] + std::log(l[i]);
         }
       }
 }
@@ -154,6 +158,8 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
          Yg* dqkv) {
   const int64_t T = L.seq, B = L.batch, H = L.heads, G = L.groups, D = L.head_dim, row = L.row(),
                 qpg = L.heads_per_group();
+  const QueryChunks qc = query_chunks(L, o);
+  const int64_t nq = qc.tiles(BQ), Tq = qc.rows();
   const A scale = static_cast<A>(o.scale);
   const bool drop = o.dropout > 0;
   const A inv_keep = drop ? static_cast<A>(1.0 / (1.0 - o.dropout)) : A(1);
@@ -169,12 +175,13 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
       dkv_buf.assign(static_cast<size_t>(T * 2 * D), A(0));
       A* dkv = dkv_buf.data();
       for (int64_t h = g * qpg; h < (g + 1) * qpg; ++h)
-        for (int64_t i0 = 0; i0 < T; i0 += BQ) {
-          const int64_t nqr = std::min(BQ, T - i0);
+        for (int64_t qt = 0; qt < nq; ++qt) {
+          const QueryChunks::Tile tile = qc.tile(qt, BQ);
+          const int64_t i0 = tile.pos, r0 = tile.local, nqr = tile.rows;  // first position, first local row
           load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
-          load_tile(dout, H * D, B, b, h * D, i0, nqr, D, dO);
+          load_tile(dout, H * D, B, b, h * D, r0, nqr, D, dO);
           for (int64_t i = 0; i < nqr; ++i) {
-            load_tile(out, H * D, B, b, h * D, i0 + i, 1, D, orow);
+            load_tile(out, H * D, B, b, h * D, r0 + i, 1, D, orow);
             A d = 0;
             for (int64_t c = 0; c < D; ++c) d += dO[i * D + c] * orow[c];
             Di[i] = d;
@@ -191,7 +198,7 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
             for (int64_t i = 0; i < nqr; ++i) {
               const int64_t ti = i0 + i, jn = std::min(nk, ti - j0 + 1);
               if (jn <= 0) continue;
-              const A li = lse[(b * H + h) * T + ti], di = Di[i];
+              const A li = lse[(b * H + h) * Tq + r0 + i], di = Di[i];
               const A* qi = q + i * D;
               const A* doi = dO + i * D;
               row_times_t(qi, kT, D, p);   // scores
@@ -412,7 +419,8 @@ inline int64_t first_lane(int64_t i0, int64_t j0, int64_t jk) { return std::max<
 template <typename Tin, typename Y>
 void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* out, float* lse) {
   const int64_t T = L.seq, B = L.batch, H = L.heads, D = L.head_dim, row = L.row(), qpg = L.heads_per_group();
-  const int64_t nq = (T + BQ - 1) / BQ;
+  const QueryChunks qc = query_chunks(L, o);
+  const int64_t nq = qc.tiles(BQ), Tq = qc.rows();
   const float scale = static_cast<float>(o.scale);
   const bool drop = o.dropout > 0;
   const float inv_keep = drop ? static_cast<float>(1.0 / (1.0 - o.dropout)) : 1.0f;
@@ -425,7 +433,8 @@ void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* o
         float *qT = sc.take(D * BQ), *acc = sc.take(BQ * D), *kbuf = sc.take(BK * D), *vbuf = sc.take(BK * D),
               *st = sc.take(BK * BQ), *m = sc.take(BQ), *l = sc.take(BQ), *mx = sc.take(BQ), *corr = sc.take(BQ),
               *sum = sc.take(BQ);
-        const int64_t g = h / qpg, i0 = qt * BQ, nqr = std::min(BQ, T - i0);
+        const QueryChunks::Tile tile = qc.tile(qt, BQ);  // i0: first position, r0: first local row
+        const int64_t g = h / qpg, i0 = tile.pos, r0 = tile.local, nqr = tile.rows;
         {
           const Rows q = rows_of(qkv, row, B, b, L.q_col(h), i0, nqr, D, kbuf);
           transpose_rows(q.p, q.ld, nqr, D, scale, qT);
@@ -478,10 +487,10 @@ void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* o
           accumulate_px(st, 1, BQ, nqr, v.p, v.ld, D, nk, acc, D);  // acc += P V
         }
         for (int64_t i = 0; i < nqr; ++i) {
-          Y* dst = out + ((i0 + i) * B + b) * (H * D) + h * D;
+          Y* dst = out + ((r0 + i) * B + b) * (H * D) + h * D;
           const float inv = 1.0f / l[i];
           for (int64_t c = 0; c < D; ++c) dst[c] = to_out<Y>(acc[i * D + c] * inv);
-          lse[(b * H + h) * T + i0 + i] = m[i] + std::log(l[i]);
+          lse[(b * H + h) * Tq + r0 + i] = m[i] + std::log(l[i]);
         }
       }
 }
@@ -491,6 +500,8 @@ void bwd_f32(const Tin* qkv, const Yo* out, const Yd* dout, const float* lse, co
              const AttentionOptions& o, Yg* dqkv) {
   const int64_t T = L.seq, B = L.batch, H = L.heads, G = L.groups, D = L.head_dim, row = L.row(),
                 qpg = L.heads_per_group();
+  const QueryChunks qc = query_chunks(L, o);
+  const int64_t nq = qc.tiles(BQ), Tq = qc.rows();
   const float scale = static_cast<float>(o.scale);
   const bool drop = o.dropout > 0;
   const float inv_keep = drop ? static_cast<float>(1.0 / (1.0 - o.dropout)) : 1.0f;
@@ -510,13 +521,14 @@ void bwd_f32(const Tin* qkv, const Yo* out, const Yd* dout, const float* lse, co
       std::fill(dK, dK + td, 0.0f);
       std::fill(dV, dV + td, 0.0f);
       for (int64_t h = g * qpg; h < (g + 1) * qpg; ++h)
-        for (int64_t i0 = 0; i0 < T; i0 += BQ) {
-          const int64_t nqr = std::min(BQ, T - i0);
+        for (int64_t qt = 0; qt < nq; ++qt) {
+          const QueryChunks::Tile tile = qc.tile(qt, BQ);
+          const int64_t i0 = tile.pos, r0 = tile.local, nqr = tile.rows;  // first position, first local row
           load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
-          load_tile(dout, H * D, B, b, h * D, i0, nqr, D, dO);
+          load_tile(dout, H * D, B, b, h * D, r0, nqr, D, dO);
           transpose_rows(q, D, nqr, D, 1.0f, qT);
           transpose_rows(dO, D, nqr, D, 1.0f, doT);
-          const Rows O = rows_of(out, H * D, B, b, h * D, i0, nqr, D, obuf);  // fp32 in place, bf16 widened
+          const Rows O = rows_of(out, H * D, B, b, h * D, r0, nqr, D, obuf);  // fp32 in place, bf16 widened
           for (int64_t i = 0; i < BQ; ++i) {
             float d = 0;
             if (i < nqr) {
@@ -524,7 +536,7 @@ void bwd_f32(const Tin* qkv, const Yo* out, const Yd* dout, const float* lse, co
               for (int64_t c = 0; c < D; ++c) d += dO[i * D + c] * O.p[i * O.ld + c];
             }
             Di[i] = d;
-            li[i] = i < nqr ? lse[(b * H + h) * T + i0 + i] : 0.0f;
+            li[i] = i < nqr ? lse[(b * H + h) * Tq + r0 + i] : 0.0f;
           }
           std::fill(dq, dq + nqr * D, 0.0f);
           const int64_t last = i0 + nqr - 1;
@@ -564,12 +576,14 @@ void bwd_f32(const Tin* qkv, const Yo* out, const Yd* dout, const float* lse, co
     }
 }
 
-void check(const Tensor& qkv, const QkvLayout& L, const Tensor& out, const Tensor& lse) {
+void check(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, const Tensor& out, const Tensor& lse) {
   L.check();
+  check_cp(L, o);
+  const int64_t Tq = query_chunks(L, o).rows();
   MT_CHECK(L.head_dim <= kAttnMaxHeadDim, "attention: head_dim above kAttnMaxHeadDim");
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "attention: qkv size does not match the layout");
-  MT_CHECK(out.numel() == L.tokens() * L.heads * L.head_dim, "attention: out must be [T*B, a*d]");
-  MT_CHECK(lse.numel() == L.batch * L.heads * L.seq, "attention: lse must be [B, a, T]");
+  MT_CHECK(out.numel() == Tq * L.batch * L.heads * L.head_dim, "attention: out must be [T/cp*B, a*d]");
+  MT_CHECK(lse.numel() == L.batch * L.heads * Tq, "attention: lse must be [B, a, T/cp]");
 }
 
 }  // namespace
@@ -578,7 +592,7 @@ void check(const Tensor& qkv, const QkvLayout& L, const Tensor& out, const Tenso
 // fp64 and other head sizes take the generic one.
 void attention_forward(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, const Tensor& out,
                        const Tensor& lse) {
-  check(qkv, L, out, lse);
+  check(qkv, L, o, out, lse);
   constexpr const char* op = "attention_forward";
   attention_qkv_types(qkv.dtype(), op, [&](auto tin) {
     using Tin = decltype(tin);
@@ -595,7 +609,7 @@ void attention_forward(const Tensor& qkv, const QkvLayout& L, const AttentionOpt
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
                         const QkvLayout& L, const AttentionOptions& o, const Tensor& dqkv) {
-  check(qkv, L, out, lse);
+  check(qkv, L, o, out, lse);
   MT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel(), "attention_backward: sizes");
   constexpr const char* op = "attention_backward";
   attention_qkv_types(qkv.dtype(), op, [&](auto tin) {

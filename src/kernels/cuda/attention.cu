@@ -22,6 +22,10 @@
 // bf16 qkv, out, dout and dqkv may each be bf16 as well (kernels/attention.h):
 // dout and out are widened as they are loaded, out and dqkv rounded once as
 // they are stored (Y, Yo, Yd, Yg below are their element types).
+// Query tiles are the QueryChunks tiles (kernels/attention.h): all T
+// positions, or under context parallelism the rank's two chunks; a tile's
+// position (masks, dropout, q and dQ rows of qkv/dqkv) and its local row
+// (out, dout, lse) differ then, and the key side always spans all T.
 //
 // Forward, grid (query tile, head, batch), one block per tile:
 //   Q tile (pre-scaled by `scale`, as the CPU twin does) stays in shared
@@ -85,6 +89,8 @@ namespace {
 template <typename A>
 struct Params {
   int64_t T = 0, B = 0, H = 0, qpg = 0, D = 0, row = 0;  // seq, batch, heads, heads per group, head_dim, (a+2g)d
+  QueryChunks qc;  // the query rows (all T, or a CP rank's two chunks)
+  int64_t Tq = 0;  // qc.rows(): rows of out, dout and lse per (b, head)
   A scale = 0, inv_keep = 1;
   float dropout = 0;
   bool drop = false;
@@ -96,6 +102,7 @@ template <typename A>
 Params<A> make_params(const QkvLayout& L, const AttentionOptions& o) {
   Params<A> p;
   p.T = L.seq, p.B = L.batch, p.H = L.heads, p.qpg = L.heads_per_group(), p.D = L.head_dim, p.row = L.row();
+  p.qc = query_chunks(L, o), p.Tq = p.qc.rows();
   p.scale = static_cast<A>(o.scale);
   p.drop = o.dropout > 0;
   p.inv_keep = p.drop ? static_cast<A>(1.0 / (1.0 - o.dropout)) : A(1);
@@ -202,7 +209,7 @@ template <typename A, int DM, int BQ, int BK>
 constexpr size_t dq_smem() { return sizeof(A) * (2 * (BQ + BK) * (DM + 1) + BQ * (BK + 1) + 2 * BQ); }
 
 // ---------------------------------------------------------------------------
-// Forward. Grid (ceil(T / BQ), H, B), NT threads. out is stored as Y (A, or
+// Forward. Grid (query tiles: QueryChunks::tiles(BQ), H, B), NT threads. out is stored as Y (A, or
 // bf16 rounded once).
 template <typename Tin, typename A, typename Y, int DM, int BQ, int BK, int NT>
 __global__ void __launch_bounds__(NT)
@@ -217,8 +224,10 @@ __global__ void __launch_bounds__(NT)
   __shared__ A srow[BQ];     // per row: correction factor, at the end 1 / l
 
   const int tid = threadIdx.x, D = static_cast<int>(p.D);
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z;
-  const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+  // i0: the tile's first position (masks, dropout, q rows); r0: its first local row (out, lse).
+  const QueryChunks::Tile tile = p.qc.tile(blockIdx.x, BQ);
+  const int64_t i0 = tile.pos, r0 = tile.local, h = blockIdx.y, b = blockIdx.z;
+  const int nq = static_cast<int>(tile.rows);
   const int64_t ldq = p.B * p.row;  // qkv rows of one sequence
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
   const Tin* qkv_b = qkv + b * p.row;
@@ -298,7 +307,7 @@ __global__ void __launch_bounds__(NT)
   }
   __syncthreads();  // the last tile's readers of srow are done
   if (tid < nq) {
-    lse[(b * p.H + h) * p.T + i0 + tid] = m + log_a(l);
+    lse[(b * p.H + h) * p.Tq + r0 + tid] = m + log_a(l);
     srow[tid] = A(1) / l;
   }
   __syncthreads();
@@ -309,7 +318,7 @@ __global__ void __launch_bounds__(NT)
     const int e = tid + k * NT;
     if (e < BQ * D) {
       const int i = e / D, c = e - i * D;
-      if (i < nq) out_b[(i0 + i) * ldo + c] = pointwise::to_out<Y>(acc[k] * srow[i]);
+      if (i < nq) out_b[(r0 + i) * ldo + c] = pointwise::to_out<Y>(acc[k] * srow[i]);
     }
   }
 }
@@ -324,7 +333,7 @@ __global__ void __launch_bounds__(kDiThreads)
     attn_bwd_di(const Yo* __restrict__ out, const Yd* __restrict__ dout, Yg* dqkv, const Params<A> p) {
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * (kDiThreads / 32) + (threadIdx.x >> 5);
-  if (r >= p.T * p.B * p.H) return;  // whole warps only; no block barrier below
+  if (r >= p.Tq * p.B * p.H) return;  // whole warps only; no block barrier below
   const Yo* o = out + r * p.D;
   const Yd* d = dout + r * p.D;
   A s = 0;
@@ -332,8 +341,8 @@ __global__ void __launch_bounds__(kDiThreads)
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
   if (lane == 0) {
-    const int64_t h = r % p.H, tb = r / p.H;  // tb = t B + b: the qkv row
-    park_di(dqkv + tb * p.row + q_col(p, h), s);
+    const int64_t h = r % p.H, tb = r / p.H;  // tb = t B + b: the out row; t's position is the qkv row's
+    park_di(dqkv + (p.qc.position(tb / p.B) * p.B + tb % p.B) * p.row + q_col(p, h), s);
   }
 }
 
@@ -372,16 +381,19 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkv(const Tin* __restrict__ qkv, 
   for (int64_t h = g * p.qpg; h < (g + 1) * p.qpg; ++h) {
     const int64_t qc = q_col(p, h);
     const Yd* dout_bh = dout + b * p.H * p.D + h * p.D;
-    // Query tiles holding a row >= j0 (the first is the one containing j0).
-    for (int64_t i0 = (j0 / BQ) * BQ; i0 < p.T; i0 += BQ) {
-      const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+    // Query tiles holding a position >= j0 (a suffix of the tiles: positions rise with the local row).
+    for (int64_t qt = 0; qt < p.qc.tiles(BQ); ++qt) {
+      const QueryChunks::Tile tile = p.qc.tile(qt, BQ);
+      if (tile.pos + tile.rows <= j0) continue;  // uniform over the block
+      const int64_t i0 = tile.pos, r0 = tile.local;  // first position, first local row
+      const int nq = static_cast<int>(tile.rows);
       __syncthreads();  // the previous query tile's readers are done (and sk, sv are written)
       load_tile<BQ, LD, NT>(qkv_b + qc, ldq, i0, nq, D, A(1), sq);
-      load_tile<BQ, LD, NT>(dout_bh, ldo, i0, nq, D, A(1), sdo);
+      load_tile<BQ, LD, NT>(dout_bh, ldo, r0, nq, D, A(1), sdo);
       if (tid < BQ) {
         A li = 0, di = 0;
         if (tid < nq) {
-          li = lse[(b * p.H + h) * p.T + i0 + tid];
+          li = lse[(b * p.H + h) * p.Tq + r0 + tid];
           di = parked_di(dqkv_b + (i0 + tid) * ldq + qc);  // parked by attn_bwd_di
         }
         slse[tid] = li;
@@ -439,7 +451,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkv(const Tin* __restrict__ qkv, 
   }
 }
 
-// Backward 3: dQ. Grid (ceil(T / BQ), H, B), NT threads; dout as Yd, dqkv as Yg.
+// Backward 3: dQ. Grid (QueryChunks::tiles(BQ), H, B), NT threads; dout as Yd, dqkv as Yg.
 template <typename Tin, typename A, typename Yd, typename Yg, int DM, int BQ, int BK, int NT>
 __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, const Yd* __restrict__ dout,
                                                   const A* __restrict__ lse, Yg* dqkv, const Params<A> p) {
@@ -455,19 +467,20 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
   __shared__ A sdi[BQ];
 
   const int tid = threadIdx.x, D = static_cast<int>(p.D);
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z;
-  const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+  const QueryChunks::Tile tile = p.qc.tile(blockIdx.x, BQ);
+  const int64_t i0 = tile.pos, r0 = tile.local, h = blockIdx.y, b = blockIdx.z;  // first position, first local row
+  const int nq = static_cast<int>(tile.rows);
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
   const Tin* qkv_b = qkv + b * p.row;
   Yg* dqkv_b = dqkv + b * p.row;
 
   load_tile<BQ, LD, NT>(qkv_b + qc, ldq, i0, nq, D, A(1), sq);
-  load_tile<BQ, LD, NT>(dout + b * p.H * p.D + h * p.D, ldo, i0, nq, D, A(1), sdo);
+  load_tile<BQ, LD, NT>(dout + b * p.H * p.D + h * p.D, ldo, r0, nq, D, A(1), sdo);
   if (tid < BQ) {
     A li = 0, di = 0;
     if (tid < nq) {
-      li = lse[(b * p.H + h) * p.T + i0 + tid];
+      li = lse[(b * p.H + h) * p.Tq + r0 + tid];
       di = parked_di(dqkv_b + (i0 + tid) * ldq + qc);  // parked by attn_bwd_di; this block overwrites it below
     }
     slse[tid] = li;
@@ -733,7 +746,7 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullWarp, v, 2);
 }
 
-// Forward. Grid (ceil(T / 64), H, B), 128 threads, fwd_tc_smem<D>() bytes of
+// Forward. Grid (QueryChunks::tiles(64), H, B), 128 threads, fwd_tc_smem<D>() bytes of
 // dynamic shared memory; out stored as Y (fp32 or bf16).
 template <typename Tin, typename Y, int D>
 __global__ void __launch_bounds__(kTcThreads)
@@ -742,8 +755,10 @@ __global__ void __launch_bounds__(kTcThreads)
   extern __shared__ SmemWord tc_smem[];
   uint16_t* const stages = reinterpret_cast<uint16_t*>(tc_smem);  // stage s: K at 2 s TILE, V at (2 s + 1) TILE
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z;
-  const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+  // The last tiles (the most keys) first; i0: first position, q0: first local row.
+  const QueryChunks::Tile tile = p.qc.tile(gridDim.x - 1 - blockIdx.x, BQ);
+  const int64_t i0 = tile.pos, q0 = tile.local, h = blockIdx.y, b = blockIdx.z;
+  const int nq = static_cast<int>(tile.rows);
   const int64_t ldq = p.B * p.row;
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
   const Tin* qkv_b = qkv + b * p.row;
@@ -833,17 +848,17 @@ __global__ void __launch_bounds__(kTcThreads)
   Y* out_b = out + b * p.H * p.D + h * p.D;
   if (r0 < nq) {
     const float inv = 1.f / l0;
-    Y* row = out_b + (i0 + r0) * ldo;
+    Y* row = out_b + (q0 + r0) * ldo;
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) tc::store2(row + dn * 8 + 2 * t, o[dn][0] * inv, o[dn][1] * inv);
-    if (t == 0) lse[(b * p.H + h) * p.T + i0 + r0] = m0 * p.scale + logf(l0);
+    if (t == 0) lse[(b * p.H + h) * p.Tq + q0 + r0] = m0 * p.scale + logf(l0);
   }
   if (r1 < nq) {
     const float inv = 1.f / l1;
-    Y* row = out_b + (i0 + r1) * ldo;
+    Y* row = out_b + (q0 + r1) * ldo;
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) tc::store2(row + dn * 8 + 2 * t, o[dn][2] * inv, o[dn][3] * inv);
-    if (t == 0) lse[(b * p.H + h) * p.T + i0 + r1] = m1 * p.scale + logf(l1);
+    if (t == 0) lse[(b * p.H + h) * p.Tq + q0 + r1] = m1 * p.scale + logf(l1);
   }
 }
 
@@ -856,7 +871,6 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
                                                               const Params<float> p) {
   constexpr int BK = kTcDkvBK, BQ = kTcDkvBQ, LD = D + kTcPad, KB = D / 16, NB = BQ / 8, DN = D / 8,
                 QTILE = BQ * LD;
-  static_assert(BK % BQ == 0, "query tiles start at the key tile's first row");
   extern __shared__ SmemWord tc_smem[];
   uint16_t* sk = reinterpret_cast<uint16_t*>(tc_smem);
   uint16_t* sv = sk + BK * LD;
@@ -872,30 +886,43 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   Yg* dqkv_b = dqkv + b * p.row;
   const int k0 = warp * 16 + g, k1 = k0 + 8;  // this lane's key rows of the tile
   const float sl2 = p.scale * tc::kLog2e;     // P = 2^(s sl2 - lse log2(e))
-  // The steps: every head of the group, and per head every query tile from the key tile on.
-  const int per_head = static_cast<int>((p.T - j0 + BQ - 1) / BQ), steps = static_cast<int>(p.qpg) * per_head;
+  // The steps: every head of the group, and per head every query tile with
+  // a position at or after the key tile's first (a suffix of the local
+  // tiles, from `first`: positions rise with the local row; with all T
+  // queries, the tiles from the key tile on).
+  const int64_t ntile = p.qc.tiles(BQ);
+  int64_t first = 0;
+  while (first < ntile) {
+    const QueryChunks::Tile f = p.qc.tile(first, BQ);
+    if (f.pos + f.rows > j0) break;
+    ++first;
+  }
+  const int per_head = static_cast<int>(ntile - first), steps = static_cast<int>(p.qpg) * per_head;
   // Step `it` (its Q, dO, lse and D) into stage it % 2; Q and dO as one cp.async group.
   auto load_step = [&](int it) {
-    const int64_t h = grp * p.qpg + it / per_head, i0 = j0 + static_cast<int64_t>(it % per_head) * BQ;
-    const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+    const QueryChunks::Tile tile = p.qc.tile(first + it % per_head, BQ);
+    const int64_t h = grp * p.qpg + it / per_head, i0 = tile.pos, q0 = tile.local;
+    const int nq = static_cast<int>(tile.rows);
     uint16_t* st = stages + (it & 1) * 2 * QTILE;
     tc_load<BQ, D>(qkv_b + q_col(p, h), ldq, i0, nq, st);
-    tc_load<BQ, D>(dout + b * p.H * p.D + h * p.D, ldo, i0, nq, st + QTILE);
+    tc_load<BQ, D>(dout + b * p.H * p.D + h * p.D, ldo, q0, nq, st + QTILE);
     tc::cp_async_commit();
     if (threadIdx.x < BQ) {
       const int r = threadIdx.x;
       float li = 0.f, di = 0.f;
       if (r < nq) {
-        li = lse[(b * p.H + h) * p.T + i0 + r];
+        li = lse[(b * p.H + h) * p.Tq + q0 + r];
         di = parked_di(dqkv_b + (i0 + r) * ldq + q_col(p, h));  // parked by attn_bwd_di
       }
       sstat[(it & 1) * 2 * BQ + r] = li * tc::kLog2e;
       sstat[(it & 1) * 2 * BQ + BQ + r] = di;
     }
   };
-  tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk);
-  tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, sv);
-  load_step(0);  // one group with K and V
+  if (steps > 0) {  // else no local query sees these keys (context parallelism): zeros
+    tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk);
+    tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, sv);
+    load_step(0);  // one group with K and V
+  }
   float dk[DN][4], dv[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn)
@@ -903,8 +930,9 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
     for (int e = 0; e < 4; ++e) dk[dn][e] = 0.f, dv[dn][e] = 0.f;
 
   for (int it = 0; it < steps; ++it) {
-    const int64_t h = grp * p.qpg + it / per_head, i0 = j0 + static_cast<int64_t>(it % per_head) * BQ;
-    const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+    const QueryChunks::Tile tile = p.qc.tile(first + it % per_head, BQ);
+    const int64_t h = grp * p.qpg + it / per_head, i0 = tile.pos;
+    const int nq = static_cast<int>(tile.rows);
     if (it + 1 < steps) {
       load_step(it + 1);
       tc::cp_async_wait<1>();
@@ -981,7 +1009,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   }
 }
 
-// Backward 3 on tensor cores: dQ. Grid (ceil(T / 64), H, B), 128 threads,
+// Backward 3 on tensor cores: dQ. Grid (QueryChunks::tiles(64), H, B), 128 threads,
 // dq_tc_smem<D>() bytes of dynamic shared memory; dout read as Yd, dqkv
 // stored as Yg.
 template <typename Tin, typename Yd, typename Yg, int D>
@@ -992,8 +1020,9 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   extern __shared__ SmemWord tc_smem[];
   uint16_t* const stages = reinterpret_cast<uint16_t*>(tc_smem);  // stage s: K at 2 s TILE, V at (2 s + 1) TILE
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * BQ, h = blockIdx.y, b = blockIdx.z;
-  const int nq = static_cast<int>(min(static_cast<int64_t>(BQ), p.T - i0));
+  const QueryChunks::Tile tile = p.qc.tile(gridDim.x - 1 - blockIdx.x, BQ);  // the most keys first
+  const int64_t i0 = tile.pos, q0 = tile.local, h = blockIdx.y, b = blockIdx.z;  // first position, first local row
+  const int nq = static_cast<int>(tile.rows);
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
   const Tin* qkv_b = qkv + b * p.row;
@@ -1006,12 +1035,12 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
 
   uint32_t qa[KB][4], da[KB][4];
   tc_fragments_a<D>(qkv_b + i0 * ldq + qc, ldq, warp * 16, nq, qa);
-  tc_fragments_a<D>(dout + b * p.H * p.D + h * p.D + i0 * ldo, ldo, warp * 16, nq, da);
+  tc_fragments_a<D>(dout + b * p.H * p.D + h * p.D + q0 * ldo, ldo, warp * 16, nq, da);
   // lse and D of the lane's rows; D is parked in the row's q slot, which this
   // warp alone overwrites, after the loop.
   float lse0 = 0.f, lse1 = 0.f, di0 = 0.f, di1 = 0.f;
-  if (r0 < nq) lse0 = lse[(b * p.H + h) * p.T + i0 + r0], di0 = parked_di(dqkv_b + (i0 + r0) * ldq + qc);
-  if (r1 < nq) lse1 = lse[(b * p.H + h) * p.T + i0 + r1], di1 = parked_di(dqkv_b + (i0 + r1) * ldq + qc);
+  if (r0 < nq) lse0 = lse[(b * p.H + h) * p.Tq + q0 + r0], di0 = parked_di(dqkv_b + (i0 + r0) * ldq + qc);
+  if (r1 < nq) lse1 = lse[(b * p.H + h) * p.Tq + q0 + r1], di1 = parked_di(dqkv_b + (i0 + r1) * ldq + qc);
   const float sl2 = p.scale * tc::kLog2e;  // P = 2^(s sl2 - lse log2(e))
   lse0 *= tc::kLog2e, lse1 *= tc::kLog2e;
   float dq[DN][4];
@@ -1073,7 +1102,7 @@ unsigned tiles(int64_t n, int tile) { return static_cast<unsigned>((n + tile - 1
 template <typename Tin, typename A, typename Y, int DM>
 void launch_fwd(const Tin* qkv, Y* out, A* lse, const Params<A>& p) {
   using C = typename Cfg<A, DM>::Fwd;
-  const dim3 grid(tiles(p.T, C::BQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  const dim3 grid(static_cast<unsigned>(p.qc.tiles(C::BQ)), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
   attn_fwd<Tin, A, Y, DM, C::BQ, C::BK, C::NT><<<grid, C::NT, 0, ::mt::cuda::stream()>>>(qkv, out, lse, p);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -1087,7 +1116,7 @@ void launch_bwd(const Tin* qkv, const Yd* dout, const A* lse, Yg* dqkv, const Pa
   attn_bwd_dkv<Tin, A, Yd, Yg, DM, K::BQ, K::BK, K::NT><<<gkv, K::NT, 0, ::mt::cuda::stream()>>>(qkv, dout, lse,
                                                                                                  dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
-  const dim3 gq(tiles(p.T, Q::BQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  const dim3 gq(static_cast<unsigned>(p.qc.tiles(Q::BQ)), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
   attn_bwd_dq<Tin, A, Yd, Yg, DM, Q::BQ, Q::BK, Q::NT><<<gq, Q::NT, 0, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv,
                                                                                               p);
   MT_CUDA_CHECK_LAUNCH();
@@ -1131,7 +1160,7 @@ template <typename Tin, typename Y, int D>
 void launch_fwd_tc(const Tin* qkv, Y* out, float* lse, const Params<float>& p) {
   constexpr size_t smem = fwd_tc_smem<D>();
   allow_dynamic_shared<attn_fwd_tc<Tin, Y, D>>(smem);
-  const dim3 grid(tiles(p.T, kTcFwdBQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  const dim3 grid(static_cast<unsigned>(p.qc.tiles(kTcFwdBQ)), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
   attn_fwd_tc<Tin, Y, D><<<grid, kTcThreads, smem, ::mt::cuda::stream()>>>(qkv, out, lse, p);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -1146,7 +1175,7 @@ void launch_bwd_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, c
   const dim3 gkv(tiles(p.T, kTcDkvBK), G, static_cast<unsigned>(p.B));
   attn_bwd_dkv_tc<Tin, Yd, Yg, D><<<gkv, kTcThreads, kv_smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
-  const dim3 gq(tiles(p.T, kTcDqBQ), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  const dim3 gq(static_cast<unsigned>(p.qc.tiles(kTcDqBQ)), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
   attn_bwd_dq_tc<Tin, Yd, Yg, D><<<gq, kTcThreads, q_smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -1170,7 +1199,7 @@ template <typename Tin, typename A, typename Yo, typename Yd, typename Yg>
 void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvLayout& L, const AttentionOptions& o,
          Yg* dqkv) {
   const Params<A> p = make_params<A>(L, o);
-  const int64_t rows = p.T * p.B * p.H;
+  const int64_t rows = p.Tq * p.B * p.H;
   attn_bwd_di<A, Yo, Yd, Yg><<<::mt::cuda::blocks_for(rows, kDiThreads / 32), kDiThreads, 0, ::mt::cuda::stream()>>>(
       out, dout, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
@@ -1188,12 +1217,14 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
 
 // The CPU twin's checks (same messages), plus where the tensors live and the
 // grid limits.
-void check(const Tensor& qkv, const QkvLayout& L, const Tensor& out, const Tensor& lse) {
+void check(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, const Tensor& out, const Tensor& lse) {
   L.check();
+  check_cp(L, o);
+  const int64_t Tq = query_chunks(L, o).rows();
   MT_CHECK(L.head_dim <= kAttnMaxHeadDim, "attention: head_dim above kAttnMaxHeadDim");
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "attention: qkv size does not match the layout");
-  MT_CHECK(out.numel() == L.tokens() * L.heads * L.head_dim, "attention: out must be [T*B, a*d]");
-  MT_CHECK(lse.numel() == L.batch * L.heads * L.seq, "attention: lse must be [B, a, T]");
+  MT_CHECK(out.numel() == Tq * L.batch * L.heads * L.head_dim, "attention: out must be [T/cp*B, a*d]");
+  MT_CHECK(lse.numel() == L.batch * L.heads * Tq, "attention: lse must be [B, a, T/cp]");
   MT_CHECK(qkv.device() == Device::kCuda && out.device() == Device::kCuda && lse.device() == Device::kCuda,
            "attention (CUDA): tensors must be on the GPU");
   MT_CHECK(L.heads <= 65535 && L.batch <= 65535, "attention (CUDA): heads and batch must be <= 65535 (grid y, z)");
@@ -1203,7 +1234,7 @@ void check(const Tensor& qkv, const QkvLayout& L, const Tensor& out, const Tenso
 
 void attention_forward(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, const Tensor& out,
                        const Tensor& lse) {
-  check(qkv, L, out, lse);
+  check(qkv, L, o, out, lse);
   constexpr const char* op = "attention_forward";
   attention_qkv_types(qkv.dtype(), op, [&](auto tin) {
     using Tin = decltype(tin);
@@ -1227,7 +1258,7 @@ bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& L, const At
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
                         const QkvLayout& L, const AttentionOptions& o, const Tensor& dqkv) {
-  check(qkv, L, out, lse);
+  check(qkv, L, o, out, lse);
   MT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel(), "attention_backward: sizes");
   MT_CHECK(dout.device() == Device::kCuda && dqkv.device() == Device::kCuda,
            "attention (CUDA): tensors must be on the GPU");
