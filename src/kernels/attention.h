@@ -71,6 +71,11 @@ struct AttentionOptions {
   // is bit for bit the cp_size = 1 call.
   int64_t cp_size = 1;
   int64_t cp_rank = 0;
+  // Document masking (--reset-attention-mask): [B, T] int32 on qkv's device,
+  // the first position of each position's document (nondecreasing along a
+  // sequence, doc_start[b, i] <= i); key j is visible to query i when
+  // doc_start[b, i] <= j <= i. Undefined: plain causal.
+  Tensor doc_start = Tensor();
 };
 
 // The query rows of one attention call (see AttentionOptions::cp_size): n
@@ -110,12 +115,17 @@ MT_HOST_DEVICE inline QueryChunks query_chunks(int64_t seq, int64_t cp_size, int
 inline QueryChunks query_chunks(const QkvLayout& L, const AttentionOptions& o) {
   return query_chunks(L.seq, o.cp_size, o.cp_rank);
 }
-// MT_CHECKs the CP fields against the layout (cp_rank in range, T a multiple of 2 cp_size).
-inline void check_cp(const QkvLayout& L, const AttentionOptions& o) {
+// MT_CHECKs the CP fields against the layout (cp_rank in range, T a
+// multiple of 2 cp_size) and doc_start's shape, dtype and device.
+inline void check_options(const QkvLayout& L, const AttentionOptions& o, const Tensor& qkv) {
   MT_CHECK(o.cp_size >= 1 && o.cp_rank >= 0 && o.cp_rank < o.cp_size,
            "attention: cp_rank must lie in [0, cp_size)");
   MT_CHECK(o.cp_size == 1 || L.seq % (2 * o.cp_size) == 0,
            "attention: with context parallelism the sequence must be a multiple of 2 x cp_size");
+  if (o.doc_start.defined())
+    MT_CHECK(o.doc_start.numel() == L.batch * L.seq && o.doc_start.dtype() == DType::kI32 &&
+                 o.doc_start.device() == qkv.device(),
+             "attention: doc_start must be int32 [B, T] on qkv's device");
 }
 
 namespace cpu {
@@ -150,13 +160,13 @@ inline double attention_forward_flops(const QkvLayout& L, int64_t cp_size = 1) {
 inline void attention_forward(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt,
                               const Tensor& out, const Tensor& lse) {
   ::mt::profile::OpScope flops_scope("attention_forward", qkv.device(), attention_forward_flops(layout, opt.cp_size));
-  check_cp(layout, opt);
+  check_options(layout, opt, qkv);
   MT_DISPATCH(attention_forward, qkv.device(), qkv, layout, opt, out, lse);
 }
 inline void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout, const Tensor& lse,
                                const QkvLayout& layout, const AttentionOptions& opt, const Tensor& dqkv) {
   ::mt::profile::OpScope flops_scope("attention_backward", qkv.device(), 2.5 * attention_forward_flops(layout, opt.cp_size));
-  check_cp(layout, opt);
+  check_options(layout, opt, qkv);
   if (opt.cp_size > 1) dqkv.zero();  // the rows of other ranks' queries
   MT_DISPATCH(attention_backward, qkv.device(), qkv, out, dout, lse, layout, opt, dqkv);
 }

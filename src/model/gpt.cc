@@ -88,6 +88,7 @@ struct Dims {
   int64_t g = 0, hd = 0;  // this rank's query groups, the head dim
   bool qk = false;        // --qk-layernorm
   int64_t cp = 1, Tg = 0;  // context-parallel size, the whole sequence (T = Tg / cp)
+  bool doc = false, pos_ids = false;  // --reset-attention-mask, --reset-position-ids
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
 };
 
@@ -145,6 +146,7 @@ size_t abytes(int64_t elements, DType dt) { return align_up(static_cast<size_t>(
 // Entry indices of a slot's tensors in the activation table.
 struct ActIndex {
   int tokens = -1, labels = -1;
+  int doc_start = -1, positions = -1;  // --reset-attention-mask / --reset-position-ids (learned positions)
   std::vector<int> resid;       // L+1, -1 where not kept
   std::vector<FieldIdx> layers;  // L
   int lnf = -1, lnf_mean = -1, lnf_rstd = -1, logits = -1, mx = -1, se = -1, tl = -1, loss = -1;
@@ -167,6 +169,10 @@ struct GPTModel::Tables {
 
 struct GPTModel::Slot {
   Tensor tokens, labels;      // [T*B] int32, [s, b] order
+  // --reset-attention-mask: [B, Tg] int32, each position's document start;
+  // --reset-position-ids with learned positions: each row's position id
+  // [T*B] int32 ([s, b] order).
+  Tensor doc_start, positions;
   // By position in the chunk held (K = the largest chunk's layers): resid[i]
   // is the input of the chunk's i-th layer, resid[n] the chunk's output.
   std::vector<Tensor> resid;  // K+1 x [Ns,h]; undefined where recomputed
@@ -356,6 +362,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d.mid = d.gemm_in;
   d.g = gl, d.hd = cfg.head_dim(), d.qk = cfg.qk_layernorm;
   d.cp = opt.cp, d.Tg = Tg;
+  d.doc = opt.reset_attention_mask, d.pos_ids = opt.reset_position_ids;
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
   t.chunks = chunks;
@@ -407,6 +414,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   ActIndex& ai = t.act;
   ai.tokens = at.add("tokens", {N}, DType::kI32);
   ai.labels = at.add("labels", {N}, DType::kI32);
+  if (d.doc) ai.doc_start = at.add("doc_start", {B * Tg}, DType::kI32);
+  // Position ids feed the learned position embedding only: Megatron's RoPE
+  // rotates by sequence index whatever the ids (GPTModel::forward_chunk).
+  if (d.pos_ids && cfg.position_embedding == PositionEmbedding::kLearnedAbsolute && opt.pre_process)
+    ai.positions = at.add("positions", {N}, DType::kI32);
   ai.resid.assign(static_cast<size_t>(L + 1), -1);
   for (int64_t l = 0; l <= L; ++l)
     if (keep_resid[static_cast<size_t>(l)]) ai.resid[static_cast<size_t>(l)] = at.add(fmt::format("resid.{}", l), {Ns, h}, d.rs);
@@ -434,7 +446,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   }
 
   if (cfg.position_embedding == PositionEmbedding::kRope) {
-    t.rope.add("rope.cos", {T, cfg.rotary_dim() / 2}, dt);
+    t.rope.add("rope.cos", {T, cfg.rotary_dim() / 2}, dt);  // this rank's positions
     t.rope.add("rope.sin", {T, cfg.rotary_dim() / 2}, dt);
   }
   if (cfg.apply_layernorm_1p) {  // --apply-layernorm-1p: a row of ones and the 1 + gamma each norm uses
@@ -488,7 +500,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const size_t bwd_base = abytes(N, dt) + abytes(Ns * h, d.dn) + abytes(Ns * h, d.rs);  // dloss, dlnf, dresid
   const size_t bwd_out = full + (bf ? abytes(N * d.V, hb) : 0);  // bf16 dlogits
   const size_t bwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, layer_bwd);
-  const size_t forward_peak = std::max(fwd_layers, fwd_out);
+  // --reset-position-ids with learned positions: the first stage gathers
+  // each own row's position embedding ([Ns, h]) before adding it.
+  const size_t emb_fwd =
+      d.pos_ids && opt.pre_process && cfg.position_embedding == PositionEmbedding::kLearnedAbsolute ? abytes(Ns * h, dt) : 0;
+  const size_t forward_peak = std::max({fwd_layers, fwd_out, emb_fwd});
   const size_t backward_peak = bwd_base + std::max({bwd_out, bwd_layers, full});
 
   GPTMemoryPlan& p = t.plan;
@@ -656,6 +672,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       auto at = [&](int i) { return i >= 0 ? v[static_cast<size_t>(i)] : Tensor(); };
       Slot sl;
       sl.tokens = at(ai.tokens), sl.labels = at(ai.labels);
+      sl.doc_start = at(ai.doc_start), sl.positions = at(ai.positions);
       for (int i : ai.resid) sl.resid.push_back(at(i));
       for (const FieldIdx& f : ai.layers) sl.layers.push_back(bind_layer(v, f));
       sl.lnf = at(ai.lnf), sl.lnf_mean = at(ai.lnf_mean), sl.lnf_rstd = at(ai.lnf_rstd), sl.logits = at(ai.logits);
@@ -959,6 +976,12 @@ void GPTModel::residual_linear_fwd(const Tensor& x, int w, int b, double dropout
   k::add(res, tmp, out);
 }
 
+void GPTModel::rope(const Tensor& qkv, bool backward) const {
+  const k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
+  if (backward) k::rope_backward(qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
+  else k::rope_forward(qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
+}
+
 void GPTModel::hidden_dropout(const Tensor& x, const Tensor& y, double p, uint64_t stream) const {
   for (const RowRun& r : runs_)
     k::dropout_forward(x.slice(r.row, r.row + r.rows), y.slice(r.row, r.row + r.rows), p, kDropoutSeedSalt, stream,
@@ -971,6 +994,7 @@ k::AttentionOptions GPTModel::attention_options(const Slot& s, int l) const {
                          opt_.tp_rank * a_};
   ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
   ao.cp_size = opt_.cp, ao.cp_rank = opt_.cp_rank;
+  if (opt_.reset_attention_mask) ao.doc_start = s.doc_start;
   return ao;
 }
 
@@ -1081,7 +1105,7 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   linear_fwd(a.ln1, p.qkv_w, p.qkv_b, a.qkv);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   if (cfg_.qk_layernorm) qk_norm_fwd(p, L, a);
-  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_forward(a.qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
+  if (cfg_.position_embedding == PositionEmbedding::kRope) rope(a.qkv, false);
   attention_fwd(a.qkv, attention_options(s, l), ctx, lse);
   residual_linear_fwd(ctx, p.proj_w, p.proj_b, hd, dropout_stream(s.dropout_step, l, 1), post ? ln1 : x, tmp,
                       a.x_mid);
@@ -1132,7 +1156,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   const Tensor& dproj = hd > 0 ? dtmp : dresid;
   row_linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
   attention_bwd(a.qkv, ctx, dctx, lse, ao, dqkv);
-  if (cfg_.position_embedding == PositionEmbedding::kRope) k::rope_backward(dqkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
+  if (cfg_.position_embedding == PositionEmbedding::kRope) rope(dqkv, true);
   if (cfg_.qk_layernorm) qk_norm_bwd(p, L, a, dqkv);
   column_linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
   if (post) {
@@ -1155,10 +1179,10 @@ void GPTModel::group_forward(const LayerGroup& g, const Tensor& x, Workspace& ws
 }
 
 double GPTModel::forward(int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step,
-                         bool training) {
+                         bool training, const Tensor& position_ids, const Tensor& segment_ids) {
   MT_CHECK(num_chunks() == 1 && opt_.pre_process && opt_.post_process,
            "GPTModel::forward: a pipeline stage runs forward_chunk()");
-  return forward_chunk(0, slot, tokens, labels, dropout_step, training);
+  return forward_chunk(0, slot, tokens, labels, dropout_step, training, position_ids, segment_ids);
 }
 
 void GPTModel::backward(int slot, double loss_scale) {
@@ -1177,7 +1201,7 @@ Tensor GPTModel::chunk_output(int slot) const {
 }
 
 double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step,
-                               bool training) {
+                               bool training, const Tensor& position_ids, const Tensor& segment_ids) {
   MT_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()),
            fmt::format("GPTModel::forward: slot {} outside [0, {}) (GPTOptions::slots)", slot, slots_.size()));
   MT_CHECK(chunk >= 0 && chunk < num_chunks(), fmt::format("GPTModel::forward: chunk {} outside [0, {})", chunk, num_chunks()));
@@ -1210,6 +1234,36 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
     }
   copy_tensor(Tensor(sb_tokens.data(), s.tokens.shape(), DType::kI32), s.tokens);
   copy_tensor(Tensor(sb_labels.data(), s.labels.shape(), DType::kI32), s.labels);
+  auto check_ids = [&](const Tensor& t, const char* what, const char* flag) {
+    MT_CHECK(t.defined() && t.numel() == B_ * Tg_ && t.dtype() == DType::kI32 && t.device() == Device::kCpu,
+             fmt::format("GPTModel::forward: {} wants the micro-batch's {} as an int32 [{}, {}] host tensor", flag,
+                         what, B_, Tg_));
+  };
+  if (opt_.reset_attention_mask) {
+    // Each position's document start (segments are nondecreasing: a new one begins after an EOD).
+    check_ids(segment_ids, "segment ids", "--reset-attention-mask");
+    const int32_t* sg = segment_ids.ptr<int32_t>();
+    std::vector<int32_t> ds(static_cast<size_t>(B_ * Tg_));
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t t = 0; t < Tg_; ++t) {
+        const int64_t e = b * Tg_ + t;
+        MT_CHECK(t == 0 || sg[e] >= sg[e - 1], "GPTModel::forward: segment ids must not decrease along a sequence");
+        ds[static_cast<size_t>(e)] = t == 0 || sg[e] != sg[e - 1] ? static_cast<int32_t>(t) : ds[static_cast<size_t>(e - 1)];
+      }
+    copy_tensor(Tensor(ds.data(), s.doc_start.shape(), DType::kI32), s.doc_start);
+  }
+  if (s.positions.defined()) {  // --reset-position-ids with learned position embeddings
+    check_ids(position_ids, "position ids", "--reset-position-ids");
+    const int32_t* pi = position_ids.ptr<int32_t>();
+    std::vector<int32_t> sb_pos(static_cast<size_t>(N_));
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t t = 0; t < T_; ++t) {
+        const int32_t p = pi[b * Tg_ + qc.position(t)];
+        MT_CHECK(p >= 0 && p < Tg_, fmt::format("position id {} outside [0, {})", p, Tg_));
+        sb_pos[static_cast<size_t>(t * B_ + b)] = p;
+      }
+    copy_tensor(Tensor(sb_pos.data(), s.positions.shape(), DType::kI32), s.positions);
+  }
   // Embedding (vocab-parallel: a token outside this rank's rows gives zeros;
   // fwd all-reduce over TP, with SP reduce-scatter to this rank's sequence
   // shard) + learned positions of the shard, then dropout.
@@ -1226,10 +1280,18 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
       if (opt_.tp > 1) opt_.tp_comm->all_reduce(s.resid[0]);
     }
   }
-  if (pos_ >= 0)
+  if (pos_ >= 0 && s.positions.defined()) {
+    // Each own row's position embedding, gathered by its position id, then
+    // added as one position per row (the same rounding as below).
+    ArenaScope scope(scratch_);
+    const Tensor rows = scratch({Ns_, h_}, opt_.dtype);
+    k::embedding_forward(own_rows(s.positions), params_[pos_], 0, rows);
+    k::position_add_forward(rows, 1, s.resid[0]);
+  } else if (pos_ >= 0) {
     for (const RowRun& r : runs_)
       k::position_add_forward(params_[pos_].slice(r.pos, r.pos + r.rows / B_), B_,
                               s.resid[0].slice(r.row, r.row + r.rows));
+  }
   const double hd = training ? cfg_.hidden_dropout : 0.0;
   if (hd > 0) hidden_dropout(s.resid[0], s.resid[0], hd, dropout_stream(dropout_step, 4095, 3));
   }  // else: the previous stage's output was received into s.resid[0]
@@ -1377,10 +1439,13 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
   }
   const double hd = s.training ? cfg_.hidden_dropout : 0.0;
   if (hd > 0) hidden_dropout(dresid, dresid, hd, dropout_stream(s.dropout_step, 4095, 3));
-  if (pos_ >= 0)
+  if (pos_ >= 0 && s.positions.defined()) {
+    k::embedding_backward(own_rows(s.positions), dresid, 0, grads_[pos_]);
+  } else if (pos_ >= 0) {
     for (const RowRun& r : runs_)
       k::position_add_backward(dresid.slice(r.row, r.row + r.rows), B_,
                                grads_[pos_].slice(r.pos, r.pos + r.rows / B_));
+  }
   // Embedding: SP all-gathers d(output) back to the full sequence; each rank
   // accumulates the rows of its vocabulary shard.
   if (sp()) {

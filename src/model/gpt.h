@@ -165,6 +165,16 @@ struct GPTOptions {
   int64_t cp = 1;
   int64_t cp_rank = 0;
   comm::Communicator* cp_comm = nullptr;  // required when cp > 1 (not owned)
+  // Megatron's --reset-position-ids / --reset-attention-mask: forward() then
+  // takes each micro-batch's position ids and document (segment) ids. Learned
+  // position embeddings follow the ids (RoPE, as in Megatron's GPTModel,
+  // rotates by sequence index whatever they are: with the mask, the
+  // relative positions inside a document are the restarted ones anyway);
+  // attention stays inside each document (the block-diagonal causal mask of
+  // Megatron's get_ltor_masks_and_position_ids, which Megatron's flash and
+  // TE kernels do not apply; here every attention kernel does).
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
   RecomputeOptions recompute;    // activation recomputation (see above)
   // Pipeline parallelism: the model chunks (virtual stages) this rank holds,
   // in chunk order; empty = one chunk with every layer. pre_process: chunk 0
@@ -257,15 +267,19 @@ class GPTModel {
   // Returns the mean loss over counted labels (Megatron: sum(loss*mask)/sum(mask)).
   // dropout_step keys the dropout masks (see above); training=false disables dropout.
   double forward(int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step = 0,
-                 bool training = true);
+                 bool training = true, const Tensor& position_ids = Tensor(), const Tensor& segment_ids = Tensor());
   // Pipeline form: forward of model chunk `chunk` into `slot` (any slot can
   // hold any chunk). The first virtual stage embeds `tokens`; any other chunk
   // starts from the hidden state in chunk_input(slot) (receive it there).
   // The last virtual stage returns the loss; other chunks return 0 and leave
   // their output in chunk_output(slot) (send it from there; valid until the
   // slot's backward). tokens/labels: [B, T] int32 on every stage.
+  // position_ids, segment_ids: [B, T] int32 host tensors (data::MicroBatch's),
+  // required with GPTOptions::reset_position_ids (learned position
+  // embeddings, first stage) / reset_attention_mask (segment ids
+  // nondecreasing along a sequence), ignored otherwise.
   double forward_chunk(int chunk, int slot, const Tensor& tokens, const Tensor& labels, uint64_t dropout_step,
-                       bool training);
+                       bool training, const Tensor& position_ids = Tensor(), const Tensor& segment_ids = Tensor());
   // The last forward of `slot`: how many labels it counted (label >= 0; on
   // every stage) and the sum of their losses (the last virtual stage; 0
   // elsewhere). forward() returns loss_total / label_count.
@@ -396,6 +410,9 @@ class GPTModel {
   // CP: rows of a [T*B, W] tensor between the CP group's rank order (rank r's
   // T/cp positions at rows [r N, (r+1) N)) and sequence order.
   void cp_reorder(const Tensor& src, const Tensor& dst, bool to_sequence_order) const;
+  // RoPE on a layer's fused QKV (forward) or its gradient (backward), from
+  // the table of this rank's positions.
+  void rope(const Tensor& qkv, bool backward) const;
   kernels::AttentionOptions attention_options(const Slot& s, int l) const;
   void row_linear_bwd(const Tensor& x, int w, int b, const Tensor& dy_own, const Tensor& dx);
   void column_linear_bwd(const Tensor& x_full, int w, int b, const Tensor& dy, const Tensor& dx_own);

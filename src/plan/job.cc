@@ -44,6 +44,12 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
   f.section("batch");
   f.add_int("micro-batch-size", &j.batch.micro_batch_size, "sequences per micro-batch per DP rank (required)", 1, int64_t{1} << 24);
   f.add_int("global-batch-size", &j.batch.global_batch_size, "sequences per iteration; default micro-batch * DP", 1, int64_t{1} << 32);
+  f.add_switch("reset-position-ids", &j.batch.reset_position_ids,
+               "restart position ids after each end-of-document token (learned position embeddings follow them; "
+               "RoPE rotates by sequence index, as in Megatron)");
+  f.add_switch("reset-attention-mask", &j.batch.reset_attention_mask,
+               "no attention across end-of-document tokens: each token sees its own document only (the "
+               "block-diagonal mask Megatron builds in the data loader; applied in every attention kernel here)");
 
   f.section("precision and recomputation");
   f.add_switch("bf16", &j.precision.bf16,

@@ -45,6 +45,10 @@ struct ParallelConfig {
 struct BatchConfig {
   int64_t micro_batch_size = 0;               // required
   std::optional<int64_t> global_batch_size;   // default micro * DP
+  // --reset-position-ids / --reset-attention-mask: each micro-batch carries
+  // position and document ids (restarting after every EOD token), which the
+  // model follows (model::GPTOptions); the planner counts their buffers.
+  bool reset_position_ids = false, reset_attention_mask = false;
 };
 
 struct PrecisionConfig {

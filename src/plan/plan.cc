@@ -212,6 +212,8 @@ Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_
   go.tp = p.tp;
   go.sequence_parallel = p.sequence_parallel;
   go.cp = p.cp;  // the trainer sets cp_rank and cp_comm
+  go.reset_position_ids = r.job.batch.reset_position_ids;
+  go.reset_attention_mask = r.job.batch.reset_attention_mask;
   go.flat_multiple = r.dp * p.cp;  // bucket boundaries and reduce-scatter blocks divide by DP x CP
   for (const ChunkLayers& c : r.chunks)
     if (c.pp_rank == pp_rank) go.chunks.push_back({c.first_layer, c.num_layers});

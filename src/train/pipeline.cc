@@ -112,7 +112,8 @@ LossTotals PipelineExecutor::run_train(const std::vector<MicroBatchInput>& batch
         recv_slot = -1;
         slot_of[{m, c}] = slot;
         const MicroBatchInput& b = batches[static_cast<size_t>(m)];
-        model_.forward_chunk(c, slot, b.tokens, b.labels, b.dropout_step, /*training=*/true);
+        model_.forward_chunk(c, slot, b.tokens, b.labels, b.dropout_step, /*training=*/true, b.position_ids,
+                             b.segment_ids);
         add_loss_totals(c, slot, totals);
         break;
       }
@@ -173,7 +174,7 @@ LossTotals PipelineExecutor::run_forward(const std::vector<MicroBatchInput>& bat
       if (send) send->wait(), send.reset();  // slot 0 is about to be overwritten
       if (s > 0) pp_.recv(model_.chunk_input(slot), (pp_rank_ - 1 + P) % P, static_cast<int>((m * S + s) * 2));
       const MicroBatchInput& b = batches[m];
-      model_.forward_chunk(c, slot, b.tokens, b.labels, 0, /*training=*/false);
+      model_.forward_chunk(c, slot, b.tokens, b.labels, 0, /*training=*/false, b.position_ids, b.segment_ids);
       add_loss_totals(c, slot, totals);
       if (s + 1 < S) send = pp_.isend(model_.chunk_output(slot), (pp_rank_ + 1) % P, static_cast<int>((m * S + s + 1) * 2));
     }

@@ -42,6 +42,7 @@ namespace mt::train {
 struct MicroBatchInput {
   Tensor tokens, labels;  // [B, T] int32
   uint64_t dropout_step = 0;
+  Tensor position_ids, segment_ids;  // [B, T] int32 (--reset-position-ids / --reset-attention-mask), or undefined
 };
 
 // What each micro-batch's backward starts from: d(its mean loss) (Megatron's

@@ -44,8 +44,6 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
                "cyclic loader: one permutation of the whole dataset dealt to the ranks instead of one bucket each "
                "(refused: Megatron's can give ranks different numbers of micro-batches per epoch)",
                false);
-  f.add_switch("reset-position-ids", &c.reset_position_ids, "restart position ids after each end-of-document token");
-  f.add_switch("reset-attention-mask", &c.reset_attention_mask, "do not attend across end-of-document tokens");
 
   f.section("training");
   f.add_int("train-iters", &c.train_iters, "iterations to train (iteration-based schedule)", 1, INT64_MAX / 4);
@@ -460,10 +458,6 @@ std::vector<std::string> validate_train(const TrainConfig& c) {
   if (c.tokenizer.type.empty()) err("--tokenizer-type is required (e.g. GPT2BPETokenizer with --vocab-file and --merge-file)");
   if (c.eval_interval && c.eval_iters > 0 && per_split_flags && c.data.valid_data_path.empty())
     err("--eval-interval with --train-data-path needs --valid-data-path");
-  // The data loader produces both (segment ids, restarted positions), but the
-  // model's attention and position embedding do not consume them yet.
-  if (c.reset_attention_mask) err("--reset-attention-mask is not supported by the model yet (its attention is plainly causal); drop it");
-  if (c.reset_position_ids) err("--reset-position-ids is not supported by the model yet (positions are 0..s-1); drop it");
   return e;
 }
 

@@ -23,7 +23,7 @@ struct TrainConfig {
   plan::JobConfig job;
   data::TokenizerConfig tokenizer;
   data::DataConfig data;
-  bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
+  bool eod_mask_loss = false;  // --reset-position-ids / --reset-attention-mask: job.batch
   std::string dataloader_type = "single";  // --dataloader-type single | cyclic (data/loader.h)
   bool data_sharding = true;               // --no-data-sharding turns it off (cyclic)
 

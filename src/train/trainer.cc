@@ -39,11 +39,14 @@ using Clock = std::chrono::steady_clock;
 
 // int32 [B, T] tensors from a micro-batch; labels are -1 where the loss mask is 0.
 struct Batch {
-  std::vector<int32_t> tokens, labels;
-  Tensor tokens_t, labels_t;
+  std::vector<int32_t> tokens, labels, positions, segments;
+  Tensor tokens_t, labels_t, positions_t, segments_t;  // the last two with --reset-position-ids / --reset-attention-mask
+  MicroBatchInput input(uint64_t dropout_step) const {
+    return {tokens_t, labels_t, dropout_step, positions_t, segments_t};
+  }
 };
 
-Batch to_model_batch(const data::MicroBatch& mb) {
+Batch to_model_batch(const data::MicroBatch& mb, const data::SampleOptions& so) {
   Batch b;
   const size_t n = mb.tokens.size();
   b.tokens.resize(n), b.labels.resize(n);
@@ -53,6 +56,14 @@ Batch to_model_batch(const data::MicroBatch& mb) {
   }
   b.tokens_t = Tensor(b.tokens.data(), {mb.batch, mb.seq}, DType::kI32);
   b.labels_t = Tensor(b.labels.data(), {mb.batch, mb.seq}, DType::kI32);
+  if (so.reset_position_ids) {
+    b.positions.assign(mb.position_ids.begin(), mb.position_ids.end());  // < seq: int32
+    b.positions_t = Tensor(b.positions.data(), {mb.batch, mb.seq}, DType::kI32);
+  }
+  if (so.reset_attention_mask) {
+    b.segments = mb.segment_ids;
+    b.segments_t = Tensor(b.segments.data(), {mb.batch, mb.seq}, DType::kI32);
+  }
   return b;
 }
 
@@ -174,6 +185,11 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   if (cfg.dataloader_type == "external")
     problems.push_back("[--dataloader-type] the external loader (an iterator the training script supplies) has no "
                        "counterpart in this program (fix: --dataloader-type single or cyclic)");
+  if (job.batch.reset_position_ids && mc.position_embedding != model::PositionEmbedding::kLearnedAbsolute)
+    job.compat.no_effect.push_back(
+        "--reset-position-ids: position ids feed only learned position embeddings (--position-embedding-type "
+        "learned_absolute); RoPE rotates by sequence index, as Megatron's GPTModel does (with "
+        "--reset-attention-mask each document then sees its own relative positions)");
   if (!job.parallel.cp_comm_type.empty())
     job.compat.no_effect.push_back(
         "--cp-comm-type: context parallelism here all-gathers the roped Q/K/V over the CP group and reduce-scatters "
@@ -424,6 +440,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   data::SampleOptions so;
   so.eod = tokenizer->eod();
   so.eod_mask_loss = cfg.eod_mask_loss;
+  so.reset_position_ids = job.batch.reset_position_ids;
+  so.reset_attention_mask = job.batch.reset_attention_mask;
   const data::Sampler sampler = cfg.dataloader_type == "cyclic" ? data::Sampler::kCyclic : data::Sampler::kSingle;
   data::DataLoader train_loader((*sources)[0], mbs, dp_rank, dp, consumed_train, so, sampler);
 
@@ -576,8 +594,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       for (int64_t m = 0; m < M; ++m) {
         auto mb = vl.next();
         if (!mb) return mb.status();
-        batches[static_cast<size_t>(m)] = to_model_batch(*mb);
-        inputs[static_cast<size_t>(m)] = {batches[static_cast<size_t>(m)].tokens_t, batches[static_cast<size_t>(m)].labels_t, 0};
+        batches[static_cast<size_t>(m)] = to_model_batch(*mb, so);
+        inputs[static_cast<size_t>(m)] = batches[static_cast<size_t>(m)].input(0);
       }
       const LossTotals t = executor.run_forward(inputs);
       sum.loss += t.loss, sum.tokens += t.tokens;
@@ -658,11 +676,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     for (int64_t m = 0; m < M; ++m) {
       auto mb = train_loader.next();
       if (!mb) return mb.status();
-      batches[static_cast<size_t>(m)] = to_model_batch(*mb);
+      batches[static_cast<size_t>(m)] = to_model_batch(*mb, so);
       // The global micro-batch index: the same masks as a single rank running
       // all M x DP micro-batches (data-parallel rank r's m-th is number m x DP + r).
-      inputs[static_cast<size_t>(m)] = {batches[static_cast<size_t>(m)].tokens_t, batches[static_cast<size_t>(m)].labels_t,
-                                        static_cast<uint64_t>(((it - 1) * M + m) * dp + dp_rank)};
+      inputs[static_cast<size_t>(m)] =
+          batches[static_cast<size_t>(m)].input(static_cast<uint64_t>(((it - 1) * M + m) * dp + dp_rank));
     }
     if (rank == fail_rank && it == fail_iteration)
       return Status::io_error(fmt::format("injected failure at iteration {} (MEGATRON_CPP_TEST_FAIL)", it));

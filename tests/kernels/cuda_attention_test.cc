@@ -77,14 +77,33 @@ struct Tol {
 // Runs forward and backward on both devices for qkv type In (accumulation
 // and output type A) and compares out, lse and dqkv. Backward on the GPU gets
 // the CPU's out and lse, so it is compared on exactly the CPU's inputs.
-// With cp > 1 both twins compute CP rank cp_rank's queries (AttentionOptions::cp_size).
+// --reset-attention-mask's doc_start [B, T] for documents ending at EOD
+// positions that differ per sequence: 3, 4 (a one-token document), 70,
+// 127 for even b; 0 and 64 for odd b (those past T are ignored).
+std::vector<int32_t> doc_starts(const k::QkvLayout& L) {
+  std::vector<int32_t> d(static_cast<size_t>(L.batch * L.seq));
+  for (int64_t b = 0; b < L.batch; ++b) {
+    const std::vector<int64_t> eods = b % 2 == 0 ? std::vector<int64_t>{3, 4, 70, 127} : std::vector<int64_t>{0, 64};
+    int32_t start = 0;
+    for (int64_t t = 0; t < L.seq; ++t) {
+      d[static_cast<size_t>(b * L.seq + t)] = start;
+      if (std::find(eods.begin(), eods.end(), t) != eods.end()) start = static_cast<int32_t>(t + 1);
+    }
+  }
+  return d;
+}
+
+// With cp > 1 both twins compute CP rank cp_rank's queries (AttentionOptions::cp_size);
+// with docs, both mask each query to its document (AttentionOptions::doc_start).
 template <typename In, typename A>
 void run_case(const k::QkvLayout& L, double dropout, int64_t head_offset, const Tol& tol, int64_t cp = 1,
-              int64_t cp_rank = 0) {
+              int64_t cp_rank = 0, bool docs = false) {
   const std::string what = describe(L, dtype_name(dtype_of<In>()), dropout, head_offset) +
-                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "");
+                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "") + (docs ? " documents" : "");
   k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 1234, 77, head_offset};
   o.cp_size = cp, o.cp_rank = cp_rank;
+  std::vector<int32_t> doc = doc_starts(L);
+  if (docs) o.doc_start = Tensor(doc.data(), {L.batch, L.seq}, DType::kI32);
   const int64_t Tq = L.seq / cp;
   const Shape qs{L.tokens(), L.row()}, os{Tq * L.batch, L.heads * L.head_dim}, ls{L.batch, L.heads, Tq};
   std::vector<double> qkv_d(static_cast<size_t>(qs.numel())), dout_d(static_cast<size_t>(os.numel()));
@@ -101,6 +120,7 @@ void run_case(const k::QkvLayout& L, double dropout, int64_t head_offset, const 
   k::attention_backward(t_qkv, t_out, t_dout, t_lse, L, o, t_dqkv);
 
   Arena g = gpu_arena();
+  if (docs) o.doc_start = to_device(g, o.doc_start);
   const Tensor d_qkv = to_device(g, t_qkv), d_dout = to_device(g, t_dout);
   const Tensor d_out = nan_device<A>(g, os), d_lse = nan_device<A>(g, ls), d_dqkv = nan_device<A>(g, qs);
   k::attention_forward(d_qkv, L, o, d_out, d_lse);
@@ -226,12 +246,15 @@ double max_abs(const std::vector<float>& v) {
 }
 
 template <typename In>
-void run_tc_case(const k::QkvLayout& L, double dropout, int64_t head_offset, int64_t cp = 1, int64_t cp_rank = 0) {
+void run_tc_case(const k::QkvLayout& L, double dropout, int64_t head_offset, int64_t cp = 1, int64_t cp_rank = 0,
+                 bool docs = false) {
   const std::string what = describe(L, dtype_name(dtype_of<In>()), dropout, head_offset) + " (tensor cores)" +
-                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "");
+                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "") + (docs ? " documents" : "");
   k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 4321, 19, head_offset};
   o.bf16_matmul = true;
   o.cp_size = cp, o.cp_rank = cp_rank;
+  std::vector<int32_t> doc = doc_starts(L);
+  if (docs) o.doc_start = Tensor(doc.data(), {L.batch, L.seq}, DType::kI32);
   const int64_t Tq = L.seq / cp;
   const Shape qs{L.tokens(), L.row()}, os{Tq * L.batch, L.heads * L.head_dim}, ls{L.batch, L.heads, Tq};
   std::vector<double> qkv_d(static_cast<size_t>(qs.numel())), dout_d(static_cast<size_t>(os.numel()));
@@ -247,6 +270,7 @@ void run_tc_case(const k::QkvLayout& L, double dropout, int64_t head_offset, int
   k::attention_backward(t_qkv, t_out, t_dout, t_lse, L, o, t_dqkv);
 
   Arena g = gpu_arena();
+  if (docs) o.doc_start = to_device(g, o.doc_start);
   const Tensor d_qkv = to_device(g, t_qkv), d_dout = to_device(g, t_dout);
   ASSERT_TRUE(uses_tensor_cores(d_qkv, L, o)) << what;
   const Tensor d_out_cpu = to_device(g, t_out), d_lse_cpu = to_device(g, t_lse);
@@ -296,6 +320,22 @@ TEST(CudaTwin, AttentionContextParallelMatchesCpu) {
       run_tc_case<float>({70 * 2 * cp, 1, 4, 2, 64}, 0.0, 0, cp, r);
       run_tc_case<bf16>({8 * 2 * cp, 2, 2, 1, 128}, 0.1, 2, cp, r);
     }
+}
+
+// Document masking (--reset-attention-mask): each query sees its own
+// document's keys only, on both twins, SIMT (fp32, fp64) and tensor cores,
+// with dropout, and under context parallelism.
+TEST(CudaTwin, AttentionDocumentMaskMatchesCpu) {
+  MT_REQUIRE_GPU();
+  run_case<float, float>(k::QkvLayout{140, 2, 4, 2, 64}, 0.0, 0, kFp32, 1, 0, true);
+  run_case<float, float>(k::QkvLayout{77, 2, 2, 1, 40}, 0.2, 3, kFp32, 1, 0, true);
+  run_case<double, double>(k::QkvLayout{130, 2, 2, 2, 128}, 0.0, 0, kFp64, 1, 0, true);
+  run_tc_case<float>({140, 2, 4, 2, 64}, 0.0, 0, 1, 0, true);
+  run_tc_case<bf16>({130, 2, 2, 1, 128}, 0.1, 2, 1, 0, true);
+  for (int64_t r = 0; r < 2; ++r) {
+    run_case<float, float>(k::QkvLayout{140, 2, 4, 2, 64}, 0.0, 0, kFp32, 2, r, true);
+    run_tc_case<float>({140, 2, 4, 2, 64}, 0.1, 1, 2, r, true);
+  }
 }
 
 TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {

@@ -503,17 +503,20 @@ TEST(Rope, TablesMatchMegatronsFormulas) {
 
 // ---------------------------------------------------------------- attention
 
-// Naive causal GQA attention in double: softmax over the full row.
-void attention_naive(const std::vector<double>& qkv, const k::QkvLayout& L, double scale, std::vector<double>& out) {
+// Naive causal GQA attention in double: softmax over the full row (with
+// doc_start [B, T]: over keys doc_start[b, i] .. i only).
+void attention_naive(const std::vector<double>& qkv, const k::QkvLayout& L, double scale, std::vector<double>& out,
+                     const std::vector<int32_t>* doc_start = nullptr) {
   const int64_t T = L.seq, B = L.batch, D = L.head_dim, row = L.row();
   out.assign(L.tokens() * L.heads * D, 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < L.heads; ++h) {
       const int64_t g = h / L.heads_per_group();
       for (int64_t i = 0; i < T; ++i) {
-        std::vector<double> s(i + 1);
+        const int64_t j0 = doc_start ? (*doc_start)[static_cast<size_t>(b * T + i)] : 0;
+        std::vector<double> s(i + 1, -1e300);
         double mx = -1e300;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = j0; j <= i; ++j) {
           double d = 0;
           for (int64_t c = 0; c < D; ++c)
             d += qkv[(i * B + b) * row + L.q_col(h) + c] * qkv[(j * B + b) * row + L.k_col(g) + c];
@@ -522,7 +525,7 @@ void attention_naive(const std::vector<double>& qkv, const k::QkvLayout& L, doub
         }
         double z = 0;
         for (double& v : s) z += (v = std::exp(v - mx));
-        for (int64_t j = 0; j <= i; ++j)
+        for (int64_t j = j0; j <= i; ++j)
           for (int64_t c = 0; c < D; ++c)
             out[(i * B + b) * L.heads * D + h * D + c] += s[j] / z * qkv[(j * B + b) * row + L.v_col(g) + c];
       }
@@ -706,6 +709,21 @@ TEST(Attention, Bf16OutputsAreTheRoundedFp32Results_BitForBit) {
                "attention_backward: dqkv is fp64, expected fp32 or bf16 for bf16 qkv");
 }
 
+// Document masking (--reset-attention-mask): doc_start [B, T] from
+// documents ending at an EOD; each query sees its own document's keys only.
+std::vector<int32_t> doc_starts_of(int64_t B, int64_t T, const std::vector<std::vector<int64_t>>& eods) {
+  std::vector<int32_t> d(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t start = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      d[static_cast<size_t>(b * T + t)] = start;
+      for (int64_t e : eods[static_cast<size_t>(b)])
+        if (e == t) start = static_cast<int32_t>(t + 1);  // the EOD closes its document
+    }
+  }
+  return d;
+}
+
 // Context parallelism: each CP rank computes the queries of chunks r and
 // 2 cp - 1 - r against the whole sequence's keys. Its out and lse rows are
 // bit for bit the full call's rows at those positions (same key tiles, same
@@ -714,8 +732,10 @@ TEST(Attention, Bf16OutputsAreTheRoundedFp32Results_BitForBit) {
 // only). fp64 generic and fp32 fast/generic paths, chunks shorter and longer
 // than a tile and not a multiple of it, GQA, dropout.
 template <typename T>
-void check_cp_attention(const k::QkvLayout& L, int64_t cp, double dropout, double tol) {
+void check_cp_attention(const k::QkvLayout& L, int64_t cp, double dropout, double tol,
+                        std::vector<int32_t> doc = {}) {
   k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 5, 3, 1};
+  if (!doc.empty()) o.doc_start = Tensor(doc.data(), {L.batch, L.seq}, DType::kI32);
   const int64_t ad = L.heads * L.head_dim, nq = L.tokens() * L.row(), Tq = L.seq / cp;
   Buf<T> qkv({nq}), out({L.tokens() * ad}), lse({L.batch * L.heads * L.seq}), dout({L.tokens() * ad}), dq({nq});
   std::vector<double> seed_q(static_cast<size_t>(nq)), seed_d(static_cast<size_t>(L.tokens() * ad));
@@ -761,8 +781,79 @@ TEST(Attention, ContextParallelChunksMatchTheFullCall) {
       check_cp_attention<double>(k::QkvLayout{140 * cp, 1, 2, 1, 8}, cp, dropout, 1e-13);  // chunks of 70: across tiles
       check_cp_attention<float>(k::QkvLayout{140 * cp, 2, 4, 2, 32}, cp, dropout, 1e-5);   // fp32 fast path
       check_cp_attention<float>(k::QkvLayout{20 * cp, 1, 2, 2, 24}, cp, dropout, 1e-5);    // fp32 generic path
+      // Document masks (positions, as the kernels see them).
+      const std::vector<std::vector<int64_t>> eods = {{5, 77, 78, 150}, {0, 64, 140}};
+      check_cp_attention<double>(k::QkvLayout{140 * cp, 2, 2, 1, 8}, cp, dropout, 1e-13,
+                                 doc_starts_of(2, 140 * cp, eods));
+      check_cp_attention<float>(k::QkvLayout{140 * cp, 2, 4, 2, 32}, cp, dropout, 1e-5,
+                                doc_starts_of(2, 140 * cp, eods));
     }
   }
+}
+
+// Against the naive masked softmax and finite differences (fp64, generic
+// path); the fp32 fast and generic paths against fp64 with dropout; every
+// CP rank's chunks against the full masked call. Documents shorter than a
+// tile, spanning tiles, a one-token document and one starting at a tile
+// boundary.
+TEST(Attention, DocumentMaskMatchesNaiveFiniteDifferencesAndCp) {
+  const std::vector<std::vector<int64_t>> eods = {{9, 10, 63, 100}, {0, 70, 71, 72}};
+  for (const k::QkvLayout& L : {k::QkvLayout{140, 2, 4, 2, 4}, k::QkvLayout{12, 2, 2, 1, 3}}) {
+    std::vector<int32_t> ds = doc_starts_of(L.batch, L.seq, eods);
+    Buf<int32_t> dst({L.batch, L.seq});
+    dst.v = ds;
+    k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), 0.0, 3, 4, 0};
+    o.doc_start = dst.t();
+    Buf<double> qkv({L.tokens(), L.row()}), out({L.tokens(), L.heads * L.head_dim}), lse({L.batch, L.heads, L.seq}),
+        proj({L.tokens(), L.heads * L.head_dim}), dqkv({L.tokens(), L.row()});
+    fill_normal(qkv.v, 24), fill_normal(proj.v, 25);
+    auto loss = [&] {
+      k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
+      return test::dot(out.v, proj.v);
+    };
+    loss();
+    std::vector<double> ref;
+    attention_naive(qkv.v, L, o.scale, ref, &ds);
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(ref[i] - out[i]));
+    EXPECT_LT(worst, 1e-12) << "T=" << L.seq;
+    k::attention_backward(qkv.t(), out.t(), proj.t(), lse.t(), L, o, dqkv.t());
+    std::vector<size_t> idx;
+    for (size_t i = 0; i < qkv.size(); i += qkv.size() > 4000 ? 11 : 1) idx.push_back(i);
+    std::vector<double> xs(idx.size()), gs(idx.size());
+    for (size_t n = 0; n < idx.size(); ++n) xs[n] = qkv[idx[n]], gs[n] = dqkv[idx[n]];
+    auto loss_sub = [&] {
+      for (size_t n = 0; n < idx.size(); ++n) qkv[idx[n]] = xs[n];
+      return loss();
+    };
+    expect_fd_grad(xs, loss_sub, gs, "attention dqkv with document masks");
+  }
+  // fp32 (fast path d = 32, generic d = 24) against fp64, with dropout.
+  for (const k::QkvLayout& L : {k::QkvLayout{140, 2, 4, 2, 32}, k::QkvLayout{140, 2, 2, 2, 24}})
+    for (double dropout : {0.0, 0.2}) {
+      Buf<int32_t> dst({L.batch, L.seq});
+      dst.v = doc_starts_of(L.batch, L.seq, eods);
+      k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 5, 3, 0};
+      o.doc_start = dst.t();
+      const int64_t no = L.tokens() * L.heads * L.head_dim, nq = L.tokens() * L.row(), nl = L.batch * L.heads * L.seq;
+      Buf<double> qkv({nq}), out({no}), lse({nl}), dout({no}), dq({nq});
+      Buf<float> qkv_f({nq}), out_f({no}), lse_f({nl}), dout_f({no}), dq_f({nq});
+      fill_normal(qkv.v, 33, 1.5), fill_normal(dout.v, 34);
+      for (size_t i = 0; i < qkv.size(); ++i) qkv_f[i] = static_cast<float>(qkv[i]);
+      for (size_t i = 0; i < dout.size(); ++i) dout_f[i] = static_cast<float>(dout[i]);
+      k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
+      k::attention_backward(qkv.t(), out.t(), dout.t(), lse.t(), L, o, dq.t());
+      k::attention_forward(qkv_f.t(), L, o, out_f.t(), lse_f.t());
+      k::attention_backward(qkv_f.t(), out_f.t(), dout_f.t(), lse_f.t(), L, o, dq_f.t());
+      auto rel = [](const std::vector<double>& a, const std::vector<float>& b) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += a[i] * a[i];
+        return std::sqrt(num / den);
+      };
+      EXPECT_LT(rel(out.v, out_f.v), 2e-6) << "d " << L.head_dim << " dropout " << dropout;
+      EXPECT_LT(rel(lse.v, lse_f.v), 1e-6) << "d " << L.head_dim << " dropout " << dropout;
+      EXPECT_LT(rel(dq.v, dq_f.v), 5e-6) << "d " << L.head_dim << " dropout " << dropout;
+    }
 }
 
 TEST(Attention, SeqLen4096NeverAllocatesTxT) {

@@ -263,6 +263,114 @@ TEST(GPTModel, Fp64GradientsMatchFiniteDifferences_WithDropout) {
   }
 }
 
+// --reset-position-ids and --reset-attention-mask: position and segment ids
+// as the data loader makes them (a new document after each EOD: positions
+// restart at 0, segment + 1).
+void document_ids(const std::vector<int32_t>& tok, int64_t B, int64_t T, int32_t eod, std::vector<int32_t>& pos,
+                  std::vector<int32_t>& seg) {
+  pos.assign(B * T, 0), seg.assign(B * T, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t p = 0, sg = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      pos[b * T + t] = p++, seg[b * T + t] = sg;
+      if (tok[b * T + t] == eod) p = 0, ++sg;
+    }
+  }
+}
+
+// With both flags a document inside a sequence is computed as if it began
+// the sequence: sequence 0 holds document A (4 tokens, the last an EOD),
+// then document B; its logits at B's positions equal a plain model's on B
+// placed at position 0, and at A's positions the plain model's on the
+// original tokens; sequence 1 (no EOD) equals the plain model throughout.
+// Learned positions (GPT: the embeddings follow the restarted ids) and RoPE
+// (LLaMA: rotated by sequence index, as in Megatron; inside a document only
+// relative positions matter, so B still equals B at position 0, to
+// rounding); then finite differences of the
+// whole model in fp64 with both flags and dropout (a one-token document in
+// sequence 1 as well).
+TEST(GPTModel, ResetFlagsMakeDocumentsIndependent) {
+  for (ModelConfig cfg : {gpt2_style(), llama_style()}) {
+    const int64_t B = 2, T = cfg.seq_length, V = *cfg.vocab_size;
+    const int32_t eod = 7;
+    GPTOptions plain;
+    plain.micro_batch = B, plain.dtype = DType::kF64;
+    GPTOptions docs = plain;
+    docs.reset_position_ids = docs.reset_attention_mask = true;
+    auto P = GPTModel::create(cfg, plain);
+    auto M = GPTModel::create(cfg, docs);
+    ASSERT_TRUE(P.is_ok() && M.is_ok()) << (P.is_ok() ? M.status().message() : P.status().message());
+    (*P)->init_parameters(8), (*M)->init_parameters(8);
+    std::vector<int32_t> tok, lab;
+    random_batch(B, T, V, 21, tok, lab);
+    for (auto& t : tok) t = t == eod ? eod + 1 : t;  // only the EOD placed below
+    tok[3] = eod;  // document A = positions 0..3 of sequence 0
+    std::vector<int32_t> pos, seg;
+    document_ids(tok, B, T, eod, pos, seg);
+    const Tensor tt(tok.data(), {B, T}, DType::kI32), lt(lab.data(), {B, T}, DType::kI32);
+    const Tensor pt(pos.data(), {B, T}, DType::kI32), st(seg.data(), {B, T}, DType::kI32);
+    (*M)->forward(0, tt, lt, 0, false, pt, st);
+    std::vector<double> got((*M)->logits(0).ptr<double>(), (*M)->logits(0).ptr<double>() + (*M)->logits(0).numel());
+    const int64_t Vp = (*M)->local_vocab();
+    auto row = [&](const std::vector<double>& l, int64_t t, int64_t b) { return &l[static_cast<size_t>((t * B + b) * Vp)]; };
+    auto max_diff = [&](const double* a, const double* b) {
+      double m = 0;
+      for (int64_t v = 0; v < Vp; ++v) m = std::max(m, std::abs(a[v] - b[v]));
+      return m;
+    };
+    (*P)->forward(0, tt, lt, 0, false);
+    const Tensor pl = (*P)->logits(0);
+    std::vector<double> whole(pl.ptr<double>(), pl.ptr<double>() + pl.numel());
+    std::vector<int32_t> shifted = tok;  // document B moved to position 0 of sequence 0
+    for (int64_t t = 0; t < T; ++t) shifted[t] = t + 4 < T ? tok[t + 4] : 1;
+    (*P)->forward(0, Tensor(shifted.data(), {B, T}, DType::kI32), lt, 0, false);
+    std::vector<double> moved(pl.ptr<double>(), pl.ptr<double>() + pl.numel());
+    double worst = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      worst = std::max(worst, max_diff(row(got, t, 0), t < 4 ? row(whole, t, 0) : row(moved, t - 4, 0)));
+      worst = std::max(worst, max_diff(row(got, t, 1), row(whole, t, 1)));
+    }
+    EXPECT_LT(worst, 1e-12) << position_embedding_name(cfg.position_embedding);
+    // The flags change the result (document B does see document A without them).
+    EXPECT_GT(max_diff(row(got, 6, 0), row(whole, 6, 0)), 1e-3);
+
+    // Finite differences with both flags and dropout.
+    ModelConfig small = cfg;
+    small.num_layers = 1, small.seq_length = 6, small.hidden_dropout = 0.2, small.attention_dropout = 0.2;
+    auto F = GPTModel::create(small, docs);
+    ASSERT_TRUE(F.is_ok()) << F.status().message();
+    (*F)->init_parameters(5);
+    std::vector<int32_t> ftok, flab, fpos, fseg;
+    random_batch(B, 6, V, 9, ftok, flab);
+    for (auto& t : ftok) t = t == eod ? eod + 1 : t;
+    ftok[2] = eod, ftok[6 + 0] = eod, ftok[6 + 1] = eod;  // documents 0-2 | 3-5; 0 | 1 | 2-5
+    document_ids(ftok, B, 6, eod, fpos, fseg);
+    const Tensor ft(ftok.data(), {B, 6}, DType::kI32), fl(flab.data(), {B, 6}, DType::kI32);
+    const Tensor fp(fpos.data(), {B, 6}, DType::kI32), fs(fseg.data(), {B, 6}, DType::kI32);
+    (*F)->zero_grads();
+    (*F)->forward(0, ft, fl, 3, true, fp, fs);
+    (*F)->backward(0);
+    std::mt19937 g(2);
+    for (size_t i = 0; i < (*F)->specs().size(); ++i) {
+      Tensor p = (*F)->params()[i], gr = (*F)->grads()[i];
+      double scale = 1e-12;
+      for (int64_t e = 0; e < gr.numel(); ++e) scale = std::max(scale, std::abs(gr.ptr<double>()[e]));
+      for (int rep = 0; rep < 3; ++rep) {
+        int64_t e = static_cast<int64_t>(g() % p.numel());
+        if ((*F)->specs()[i].name == "embedding.position_embeddings.weight")
+          e = fpos[static_cast<size_t>(rep + 3)] * small.hidden_size + rep;  // a used position row
+        const double old = p.ptr<double>()[e], hh = 1e-5;
+        p.ptr<double>()[e] = old + hh;
+        const double lp = (*F)->forward(0, ft, fl, 3, true, fp, fs);
+        p.ptr<double>()[e] = old - hh;
+        const double lm = (*F)->forward(0, ft, fl, 3, true, fp, fs);
+        p.ptr<double>()[e] = old;
+        EXPECT_NEAR((lp - lm) / (2 * hh), gr.ptr<double>()[e], 1e-6 * scale) << (*F)->specs()[i].name << " [" << e << "]";
+      }
+    }
+  }
+}
+
 // --bf16 (Megatron's: the residual stream and its gradient in bf16 too) and
 // --bf16 --fp32-residual-connection against fp32: losses and gradients
 // within bf16 tolerance; the two bf16 modes differ (the flag is not a no-op),

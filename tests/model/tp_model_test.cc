@@ -178,6 +178,7 @@ struct CpCase {
   bool bf16;
   RecomputeGranularity recompute;
   double tol;
+  bool docs = false;  // --reset-position-ids --reset-attention-mask (documents across the CP chunks)
 };
 
 void run_cp_case(const CpCase& c) {
@@ -196,6 +197,7 @@ void run_cp_case(const CpCase& c) {
   GPTOptions so;
   so.micro_batch = B, so.dtype = c.dt, so.bf16_compute = c.bf16;
   so.recompute.granularity = c.recompute;
+  so.reset_position_ids = so.reset_attention_mask = c.docs;
   if (c.recompute == RecomputeGranularity::kFull) so.recompute.num_layers = 2;
   GPTOptions po = so;
   po.tp = tp, po.tp_rank = tr, po.sequence_parallel = c.sp, po.tp_comm = tp_comm.get();
@@ -212,11 +214,23 @@ void run_cp_case(const CpCase& c) {
   for (auto& t : tok) t = static_cast<int32_t>(g() % V);
   for (auto& l : lab) l = static_cast<int32_t>(g() % V);
   lab[3] = lab[20] = lab[21] = -1;  // uneven counts over the CP ranks
+  // Documents: EOD (token 5) at positions 2, 6, 7 of sequence 0 and 12 of sequence 1.
+  std::vector<int32_t> pos(B * T), seg(B * T);
+  for (auto& t : tok) t = t == 5 ? 6 : t;
+  tok[2] = tok[6] = tok[7] = tok[T + 12] = 5;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t p = 0, sg = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      pos[b * T + t] = p++, seg[b * T + t] = sg;
+      if (tok[b * T + t] == 5) p = 0, ++sg;
+    }
+  }
   Tensor tt(tok.data(), {B, T}, DType::kI32), lt(lab.data(), {B, T}, DType::kI32);
+  Tensor pt(pos.data(), {B, T}, DType::kI32), st(seg.data(), {B, T}, DType::kI32);
   S.zero_grads(), P.zero_grads();
   for (int pass = 0; pass < 2; ++pass) {  // two micro-batches accumulate
-    S.forward(0, tt, lt, 9 + pass, true);
-    P.forward(0, tt, lt, 9 + pass, true);
+    S.forward(0, tt, lt, 9 + pass, true, pt, st);
+    P.forward(0, tt, lt, 9 + pass, true, pt, st);
     const double total = cp_comm->all_reduce_scalar(P.loss_total(0));
     EXPECT_NEAR(total, S.loss_total(0), c.tol * std::abs(S.loss_total(0))) << c.name << ": loss sum";
     EXPECT_EQ(cp_comm->all_reduce_scalar(P.label_count(0)), S.label_count(0)) << c.name;
@@ -248,6 +262,8 @@ TEST(ContextParallelModel, EqualsSerialModel) {
       run_cp_case({"gpt full recompute", gpt_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
       run_cp_case({"llama fp32", llama_cfg(), tp, sp, DType::kF32, false, none, 2e-5});
       run_cp_case({"llama bf16", llama_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
+      run_cp_case({"gpt documents", gpt_cfg(), tp, sp, DType::kF64, false, none, 1e-11, true});
+      run_cp_case({"llama documents selective", llama_cfg(), tp, sp, DType::kF64, false, sel, 1e-11, true});
     }
   }
 }

@@ -6,7 +6,7 @@
 #    per-iteration losses agree;
 #  - a run stopped at iteration 5 on one device resumes on the other and
 #    reproduces the straight run's losses for iterations 6-10, both ways;
-#  - 2 ranks (TP2 + SP, CP2, and DP2 with the distributed optimizer and overlapped
+#  - 2 ranks (TP2 + SP, CP2 with document masks and position ids, and DP2 with the distributed optimizer and overlapped
 #    reduction and gather on LLaMA; PP2 on GPT, tied embeddings) on the
 #    device against the same layout on the CPU, and a PP2 device run resumed
 #    by one CPU rank (where there are 2 GPUs, or on the simulated device).
@@ -129,7 +129,7 @@ else
   for layout in tp2 pp2 dp2 cp2; do
     case $layout in
       tp2) lflags=("${LLAMA[@]}" --tensor-model-parallel-size 2 --sequence-parallel) ;;
-      cp2) lflags=("${LLAMA[@]}" --context-parallel-size 2) ;;
+      cp2) lflags=("${LLAMA[@]}" --context-parallel-size 2 --reset-position-ids --reset-attention-mask) ;;
       pp2) lflags=("${GPT[@]}" --pipeline-model-parallel-size 2) ;;
       dp2) lflags=("${LLAMA[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather) ;;
     esac

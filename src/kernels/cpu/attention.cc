@@ -28,6 +28,19 @@ inline bool keep(const AttentionOptions& o, int64_t b, int64_t head, int64_t T, 
   return philox_uniform(o.seed, o.stream, idx) >= static_cast<float>(o.dropout);
 }
 
+// --reset-attention-mask: the first visible key of each of the n query rows
+// from position i0 of sequence b (0 without document masking), and the
+// smallest of them (where the key tiles start).
+inline int64_t doc_starts(const AttentionOptions& o, int64_t T, int64_t b, int64_t i0, int64_t n, int64_t* ds) {
+  const int32_t* d = o.doc_start.defined() ? o.doc_start.ptr<int32_t>() + b * T + i0 : nullptr;
+  int64_t lo = i0 + n;
+  for (int64_t i = 0; i < n; ++i) {
+    ds[i] = d ? d[i] : 0;
+    lo = std::min(lo, ds[i]);
+  }
+  return lo;
+}
+
 // dst[r][c] = src(t0 + r)[col + c] for r < n (rows of D).
 template <typename Tin, typename A>
 void load_tile(const Tin* qkv, int64_t row, int64_t B, int64_t b, int64_t col, int64_t t0, int64_t n, int64_t D,
@@ -102,36 +115,39 @@ void fwd(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* out, 
         // r0: its first local row (out, lse).
         const QueryChunks::Tile tile = qc.tile(qt, BQ);
         const int64_t g = h / qpg, i0 = tile.pos, r0 = tile.local, nqr = tile.rows;
+        int64_t dstart[BQ];
+        const int64_t first = doc_starts(o, T, b, i0, nqr, dstart);
         load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
         for (int64_t x = 0; x < nqr * D; ++x) q[x] *= scale;
         std::fill(acc, acc + nqr * D, A(0));
         std::fill(m, m + nqr, -std::numeric_limits<A>::infinity());
         std::fill(l, l + nqr, A(0));
         const int64_t last = i0 + nqr - 1;
-        for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+        for (int64_t j0 = first / BK * BK; j0 <= last; j0 += BK) {
           const int64_t nk = std::min(BK, last + 1 - j0);
           load_tile_t(qkv, row, B, b, L.k_col(g), j0, nk, D, kT);
           load_tile(qkv, row, B, b, L.v_col(g), j0, nk, D, v);
           for (int64_t i = 0; i < nqr; ++i) {
-            const int64_t ti = i0 + i, jn = std::min(nk, ti - j0 + 1);  // causal: j <= i
-            if (jn <= 0) continue;
+            // Visible: keys j0 + j for jl <= j < jn (causal: j <= i; document: j >= its start).
+            const int64_t ti = i0 + i, jn = std::min(nk, ti - j0 + 1), jl = std::max<int64_t>(0, dstart[i] - j0);
+            if (jn <= jl) continue;
             row_times_t(q + i * D, kT, D, s);
             A mx = m[i];
-            for (int64_t j = 0; j < jn; ++j) mx = std::max(mx, s[j]);
+            for (int64_t j = jl; j < jn; ++j) mx = std::max(mx, s[j]);
             const A corr = std::exp(m[i] - mx);
             A sum = 0;
 #pragma omp simd reduction(+ : sum)
             for (int64_t j = 0; j < BK; ++j) {
-              const A p = j < jn ? vexp(s[j] - mx) : A(0);
+              const A p = j >= jl && j < jn ? vexp(s[j] - mx) : A(0);
               s[j] = p;
               sum += p;
             }
             if (drop)
-              for (int64_t j = 0; j < jn; ++j) s[j] = keep(o, b, h, T, ti, j0 + j) ? s[j] * inv_keep : A(0);
+              for (int64_t j = jl; j < jn; ++j) s[j] = keep(o, b, h, T, ti, j0 + j) ? s[j] * inv_keep : A(0);
             A* ai = acc + i * D;
 #pragma omp simd
             for (int64_t c = 0; c < D; ++c) ai[c] *= corr;
-            for (int64_t j = 0; j < jn; ++j) axpy(D, s[j], v + j * D, ai);
+            for (int64_t j = jl; j < jn; ++j) axpy(D, s[j], v + j * D, ai);
             l[i] = l[i] * corr + sum;
             m[i] = mx;
           }
@@ -178,6 +194,8 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
         for (int64_t qt = 0; qt < nq; ++qt) {
           const QueryChunks::Tile tile = qc.tile(qt, BQ);
           const int64_t i0 = tile.pos, r0 = tile.local, nqr = tile.rows;  // first position, first local row
+          int64_t dstart[BQ];
+          const int64_t first = doc_starts(o, T, b, i0, nqr, dstart);
           load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
           load_tile(dout, H * D, B, b, h * D, r0, nqr, D, dO);
           for (int64_t i = 0; i < nqr; ++i) {
@@ -188,7 +206,7 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
           }
           std::fill(dq, dq + nqr * D, A(0));
           const int64_t last = i0 + nqr - 1;
-          for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+          for (int64_t j0 = first / BK * BK; j0 <= last; j0 += BK) {
             const int64_t nk = std::min(BK, last + 1 - j0);
             load_tile(qkv, row, B, b, L.k_col(g), j0, nk, D, k);
             load_tile_t(qkv, row, B, b, L.k_col(g), j0, nk, D, kT);
@@ -196,17 +214,17 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
             std::fill(dk, dk + nk * D, A(0));
             std::fill(dv, dv + nk * D, A(0));
             for (int64_t i = 0; i < nqr; ++i) {
-              const int64_t ti = i0 + i, jn = std::min(nk, ti - j0 + 1);
-              if (jn <= 0) continue;
+              const int64_t ti = i0 + i, jn = std::min(nk, ti - j0 + 1), jl = std::max<int64_t>(0, dstart[i] - j0);
+              if (jn <= jl) continue;
               const A li = lse[(b * H + h) * Tq + r0 + i], di = Di[i];
               const A* qi = q + i * D;
               const A* doi = dO + i * D;
               row_times_t(qi, kT, D, p);   // scores
               row_times_t(doi, vT, D, ds); // dP
 #pragma omp simd
-              for (int64_t j = 0; j < BK; ++j) p[j] = j < jn ? vexp(p[j] * scale - li) : A(0);
+              for (int64_t j = 0; j < BK; ++j) p[j] = j >= jl && j < jn ? vexp(p[j] * scale - li) : A(0);
               if (drop) {
-                for (int64_t j = 0; j < jn; ++j) {
+                for (int64_t j = jl; j < jn; ++j) {
                   const bool kp = keep(o, b, h, T, ti, j0 + j);
                   pd[j] = kp ? p[j] * inv_keep : A(0);
                   ds[j] = kp ? ds[j] * inv_keep : A(0);
@@ -218,7 +236,7 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
 #pragma omp simd
               for (int64_t j = 0; j < BK; ++j) ds[j] = p[j] * (ds[j] - di) * scale;
               A* dqi = dq + i * D;
-              for (int64_t j = 0; j < jn; ++j) {
+              for (int64_t j = jl; j < jn; ++j) {
                 axpy(D, ds[j], k + j * D, dqi);
                 axpy(D, ds[j], qi, dk + j * D);
                 axpy(D, pd[j], doi, dv + j * D);
@@ -435,6 +453,9 @@ void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* o
               *sum = sc.take(BQ);
         const QueryChunks::Tile tile = qc.tile(qt, BQ);  // i0: first position, r0: first local row
         const int64_t g = h / qpg, i0 = tile.pos, r0 = tile.local, nqr = tile.rows;
+        int64_t dstart[BQ] = {};  // --reset-attention-mask: each row's first visible key
+        const bool doc = o.doc_start.defined();
+        const int64_t first = doc_starts(o, T, b, i0, nqr, dstart);
         {
           const Rows q = rows_of(qkv, row, B, b, L.q_col(h), i0, nqr, D, kbuf);
           transpose_rows(q.p, q.ld, nqr, D, scale, qT);
@@ -443,13 +464,18 @@ void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* o
         std::fill(m, m + BQ, kNegInf);
         std::fill(l, l + BQ, 0.0f);
         const int64_t last = i0 + nqr - 1;
-        for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+        for (int64_t j0 = first / BK * BK; j0 <= last; j0 += BK) {
           const int64_t nk = std::min(BK, last + 1 - j0);
           const bool masked = j0 + nk - 1 > i0;  // some key comes after some query of the tile
+          const bool dmask = doc && j0 < dstart[nqr - 1];  // some key comes before some query's document
           const Rows k = rows_of(qkv, row, B, b, L.k_col(g), j0, nk, D, kbuf);
           const Rows v = rows_of(qkv, row, B, b, L.v_col(g), j0, nk, D, vbuf);
           scores_t(k.p, k.ld, nk, D, qT, st);
           std::copy(m, m + BQ, mx);
+          if (dmask)  // keys before a row's document: out of its softmax (lanes past nqr keep start 0)
+            for (int64_t jk = 0; jk < nk; ++jk)
+              for (int64_t i = 0; i < nqr; ++i)
+                if (j0 + jk < dstart[i]) st[jk * BQ + i] = kNegInf;
           for (int64_t jk = 0; jk < nk; ++jk) {
             const float* s = st + jk * BQ;
             const int64_t f = masked ? first_lane(i0, j0, jk) : 0;
@@ -458,7 +484,8 @@ void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* o
           }
 #pragma omp simd
           for (int64_t i = 0; i < BQ; ++i) {
-            corr[i] = exp_simd(m[i] - mx[i]);
+            // A row none of whose keys so far is visible (documents) keeps m = -inf.
+            corr[i] = mx[i] == kNegInf ? 1.0f : exp_simd(m[i] - mx[i]);
             sum[i] = 0.0f;
           }
           for (int64_t jk = 0; jk < nk; ++jk) {
@@ -466,7 +493,7 @@ void fwd_f32(const Tin* qkv, const QkvLayout& L, const AttentionOptions& o, Y* o
             const int64_t f = masked ? first_lane(i0, j0, jk) : 0;
 #pragma omp simd
             for (int64_t i = 0; i < BQ; ++i) {
-              const float p = i >= f ? exp_simd(s[i] - mx[i]) : 0.0f;
+              const float p = i >= f && (!dmask || s[i] != kNegInf) ? exp_simd(s[i] - mx[i]) : 0.0f;
               s[i] = p;
               sum[i] += p;
             }
@@ -524,6 +551,8 @@ void bwd_f32(const Tin* qkv, const Yo* out, const Yd* dout, const float* lse, co
         for (int64_t qt = 0; qt < nq; ++qt) {
           const QueryChunks::Tile tile = qc.tile(qt, BQ);
           const int64_t i0 = tile.pos, r0 = tile.local, nqr = tile.rows;  // first position, first local row
+          int64_t dstart[BQ] = {};  // --reset-attention-mask: each row's first visible key
+          const int64_t first = doc_starts(o, T, b, i0, nqr, dstart);
           load_tile(qkv, row, B, b, L.q_col(h), i0, nqr, D, q);
           load_tile(dout, H * D, B, b, h * D, r0, nqr, D, dO);
           transpose_rows(q, D, nqr, D, 1.0f, qT);
@@ -540,20 +569,23 @@ void bwd_f32(const Tin* qkv, const Yo* out, const Yd* dout, const float* lse, co
           }
           std::fill(dq, dq + nqr * D, 0.0f);
           const int64_t last = i0 + nqr - 1;
-          for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+          for (int64_t j0 = first / BK * BK; j0 <= last; j0 += BK) {
             const int64_t nk = std::min(BK, last + 1 - j0);
             const bool masked = j0 + nk - 1 > i0 || nqr < BQ;
+            const bool dmask = o.doc_start.defined() && j0 < dstart[nqr - 1];  // keys before some row's document
             const float *k = K + j0 * D, *v = V + j0 * D;
             scores_t(k, D, nk, D, qT, st);    // S^T
             scores_t(v, D, nk, D, doT, dpt);  // dP^T
             for (int64_t jk = 0; jk < nk; ++jk) {
               float *s = st + jk * BQ, *dp = dpt + jk * BQ, *pd = pdt + jk * BQ;
               const int64_t f = masked ? first_lane(i0, j0, jk) : 0, e = masked ? nqr : BQ;
+              const int64_t j = j0 + jk;
 #pragma omp simd
-              for (int64_t i = 0; i < BQ; ++i) s[i] = i >= f && i < e ? exp_simd(s[i] * scale - li[i]) : 0.0f;
+              for (int64_t i = 0; i < BQ; ++i)
+                s[i] = i >= f && i < e && (!dmask || j >= dstart[i]) ? exp_simd(s[i] * scale - li[i]) : 0.0f;
               if (drop) {
                 for (int64_t i = 0; i < BQ; ++i) {
-                  const bool kp = i >= f && i < e && keep(o, b, h, T, i0 + i, j0 + jk);
+                  const bool kp = i >= f && i < e && (!dmask || j >= dstart[i]) && keep(o, b, h, T, i0 + i, j0 + jk);
                   pd[i] = kp ? s[i] * inv_keep : 0.0f;
                   dp[i] = kp ? dp[i] * inv_keep : 0.0f;
                 }
@@ -578,7 +610,7 @@ void bwd_f32(const Tin* qkv, const Yo* out, const Yd* dout, const float* lse, co
 
 void check(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, const Tensor& out, const Tensor& lse) {
   L.check();
-  check_cp(L, o);
+  check_options(L, o, qkv);
   const int64_t Tq = query_chunks(L, o).rows();
   MT_CHECK(L.head_dim <= kAttnMaxHeadDim, "attention: head_dim above kAttnMaxHeadDim");
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "attention: qkv size does not match the layout");

@@ -96,6 +96,7 @@ struct Params {
   bool drop = false;
   uint64_t seed = 0, stream = 0;
   int64_t head_offset = 0;
+  const int32_t* doc = nullptr;  // --reset-attention-mask: [B, T] first position of each position's document
 };
 
 template <typename A>
@@ -108,6 +109,7 @@ Params<A> make_params(const QkvLayout& L, const AttentionOptions& o) {
   p.inv_keep = p.drop ? static_cast<A>(1.0 / (1.0 - o.dropout)) : A(1);
   p.dropout = static_cast<float>(o.dropout);
   p.seed = o.seed, p.stream = o.stream, p.head_offset = o.head_offset;
+  if (o.doc_start.defined()) p.doc = o.doc_start.ptr<int32_t>();
   return p;
 }
 
@@ -119,6 +121,19 @@ __device__ __forceinline__ int64_t q_col(const Params<A>& p, int64_t head) {
 template <typename A>
 __device__ __forceinline__ int64_t k_col(const Params<A>& p, int64_t group) {
   return (group * (p.qpg + 2) + p.qpg) * p.D;
+}
+
+// The first key position visible to the query at position `pos` of
+// sequence b: its document's first position (--reset-attention-mask), else 0.
+template <typename A>
+__device__ __forceinline__ int64_t doc_first(const Params<A>& p, int64_t b, int64_t pos) {
+  return p.doc ? static_cast<int64_t>(p.doc[b * p.T + pos]) : 0;
+}
+// The first key tile (of `tile` keys) a query tile from position i0 needs:
+// the one holding its first row's first visible key (starts rise along a sequence).
+template <typename A>
+__device__ __forceinline__ int64_t first_key_tile(const Params<A>& p, int64_t b, int64_t i0, int64_t tile) {
+  return doc_first(p, b, i0) / tile * tile;
 }
 
 // Dropout keep decision of element (b, head, i, j): the CPU twin's keep(),
@@ -240,34 +255,39 @@ __global__ void __launch_bounds__(NT)
   A m = static_cast<A>(-INFINITY), l = 0;  // row tid's statistics (tid < nq)
 
   const int64_t last = i0 + nq - 1;  // causal: no key after the tile's last query
-  for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+  for (int64_t j0 = first_key_tile(p, b, i0, BK); j0 <= last; j0 += BK) {
     const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
     __syncthreads();  // the previous tile's readers of sk, sv, sp, srow are done (and sq is written)
     load_tile<BK, LD, NT>(qkv_b + kc, ldq, j0, nk, D, A(1), sk);
     load_tile<BK, LD, NT>(qkv_b + vc, ldq, j0, nk, D, A(1), sv);
     __syncthreads();
-    // S = (q scale) K^T for the causal entries (key j0 + j <= query i0 + i).
+    // S = (q scale) K^T for the visible entries (causal: key j0 + j <= query
+    // i0 + i; documents: and at or after the query's document start).
     for (int e = tid; e < BQ * BK; e += NT) {
       const int i = e / BK, j = e - i * BK;
       A s = 0;
-      if (i < nq && j < nk && j0 + j <= i0 + i) s = dot_rows(sq + i * LD, sk + j * LD, D);
+      if (i < nq && j < nk && j0 + j <= i0 + i && j0 + j >= doc_first(p, b, i0 + i))
+        s = dot_rows(sq + i * LD, sk + j * LD, D);
       sp[i * LS + j] = s;
     }
     __syncthreads();
-    // Online softmax, one thread per query row: keys j < jn are visible.
+    // Online softmax, one thread per query row: keys jl <= j < jn are visible.
     if (tid < BQ) {
       const int i = tid;
       A* s = sp + i * LS;
       const int jn = i < nq ? static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(nk), i0 + i - j0 + 1)))
                             : 0;
+      const int jl = i < nq ? static_cast<int>(min(static_cast<int64_t>(BK), max(static_cast<int64_t>(0),
+                                                                                doc_first(p, b, i0 + i) - j0)))
+                            : 0;
       A corr = 1;
-      if (jn > 0) {
+      if (jn > jl) {
         A mx = m;
-        for (int j = 0; j < jn; ++j) mx = max_a(mx, s[j]);
+        for (int j = jl; j < jn; ++j) mx = max_a(mx, s[j]);
         corr = exp_a(m - mx);  // 0 on the first tile (m = -inf)
         A sum = 0;
         for (int j = 0; j < BK; ++j) {
-          const A pj = j < jn ? exp_a(s[j] - mx) : A(0);
+          const A pj = j >= jl && j < jn ? exp_a(s[j] - mx) : A(0);
           s[j] = pj;
           sum += pj;
         }
@@ -282,7 +302,7 @@ __global__ void __launch_bounds__(NT)
     if (p.drop) {  // uniform over the block
       for (int e = tid; e < BQ * BK; e += NT) {
         const int i = e / BK, j = e - i * BK;
-        if (i < nq && j < nk && j0 + j <= i0 + i) {
+        if (i < nq && j < nk && j0 + j <= i0 + i && j0 + j >= doc_first(p, b, i0 + i)) {
           A& pe = sp[i * LS + j];
           pe = keep(p, b, h, i0 + i, j0 + j) ? pe * p.inv_keep : A(0);
         }
@@ -297,9 +317,10 @@ __global__ void __launch_bounds__(NT)
         const int i = e / D, c = e - i * D;
         if (i < nq) {
           const int jn = static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(nk), i0 + i - j0 + 1)));
+          const int jl = static_cast<int>(max(static_cast<int64_t>(0), doc_first(p, b, i0 + i) - j0));
           A a = acc[k] * srow[i];
           const A* pi = sp + i * LS;
-          for (int j = 0; j < jn; ++j) a += pi[j] * sv[j * LD + c];
+          for (int j = jl; j < jn; ++j) a += pi[j] * sv[j * LD + c];
           acc[k] = a;
         }
       }
@@ -403,7 +424,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dkv(const Tin* __restrict__ qkv, 
       for (int e = tid; e < BQ * BK; e += NT) {
         const int i = e / BK, j = e - i * BK;
         A pd = 0, ds = 0;
-        if (i < nq && j < nk && j0 + j <= i0 + i) {
+        if (i < nq && j < nk && j0 + j <= i0 + i && j0 + j >= doc_first(p, b, i0 + i)) {
           const A s = dot_rows(sq + i * LD, sk + j * LD, D);
           A dp = dot_rows(sdo + i * LD, sv + j * LD, D);
           const A pr = exp_a(s * p.scale - slse[i]);
@@ -492,7 +513,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
   for (int k = 0; k < NACC; ++k) dq[k] = 0;
 
   const int64_t last = i0 + nq - 1;
-  for (int64_t j0 = 0; j0 <= last; j0 += BK) {
+  for (int64_t j0 = first_key_tile(p, b, i0, BK); j0 <= last; j0 += BK) {
     const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
     __syncthreads();  // previous key tile's readers are done (and sq, sdo, slse, sdi are written)
     load_tile<BK, LD, NT>(qkv_b + kc, ldq, j0, nk, D, A(1), sk);
@@ -501,7 +522,7 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
     for (int e = tid; e < BQ * BK; e += NT) {
       const int i = e / BK, j = e - i * BK;
       A ds = 0;
-      if (i < nq && j < nk && j0 + j <= i0 + i) {
+      if (i < nq && j < nk && j0 + j <= i0 + i && j0 + j >= doc_first(p, b, i0 + i)) {
         const A s = dot_rows(sq + i * LD, sk + j * LD, D);
         A dp = dot_rows(sdo + i * LD, sv + j * LD, D);
         const A pr = exp_a(s * p.scale - slse[i]);
@@ -764,9 +785,11 @@ __global__ void __launch_bounds__(kTcThreads)
   const Tin* qkv_b = qkv + b * p.row;
   const int r0 = warp * 16 + g, r1 = r0 + 8;  // this lane's rows of the tile
   const int64_t last = i0 + nq - 1;
-  const int ntiles = static_cast<int>(last / BK) + 1;
+  const int ntiles = static_cast<int>(last / BK) + 1, jt0 = static_cast<int>(first_key_tile(p, b, i0, BK) / BK);
+  // --reset-attention-mask: the lane's rows' first visible keys.
+  const int64_t d0 = r0 < nq ? doc_first(p, b, i0 + r0) : 0, d1 = r1 < nq ? doc_first(p, b, i0 + r1) : 0;
   auto load_tile = [&](int jt) { tc_load_kv_stage<BK, D>(qkv_b + kc, qkv_b + vc, ldq, last, jt, stages); };
-  load_tile(0);
+  load_tile(jt0);
 
   uint32_t qa[KB][4];
   tc_fragments_a<D>(qkv_b + i0 * ldq + qc, ldq, warp * 16, nq, qa);
@@ -777,7 +800,7 @@ __global__ void __launch_bounds__(kTcThreads)
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const float sl2 = p.scale * tc::kLog2e;  // scores to base-2 exponents
 
-  for (int jt = 0; jt < ntiles; ++jt) {
+  for (int jt = jt0; jt < ntiles; ++jt) {
     const int64_t j0 = static_cast<int64_t>(jt) * BK;
     const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
     if (jt + 1 < ntiles) {
@@ -796,13 +819,13 @@ __global__ void __launch_bounds__(kTcThreads)
     // Mask (causal, sequence end) where the tile crosses the diagonal or the
     // end; then the online softmax per row, on unscaled scores (the scale is
     // positive, so the row maxima are the same), in base 2: p = 2^(s sl2 - m sl2).
-    if (j0 + BK - 1 > i0 || nk < BK) {
+    if (j0 + BK - 1 > i0 || nk < BK || j0 < d1 || j0 < d0) {
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
-          if (!(r < nq && j < nk && j0 + j <= i0 + r)) s[nb][e] = -INFINITY;
+          if (!(r < nq && j < nk && j0 + j <= i0 + r && j0 + j >= (e < 2 ? d0 : d1))) s[nb][e] = -INFINITY;
         }
     }
     float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -972,7 +995,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int kl = e < 2 ? k0 : k1, il = nb * 8 + 2 * t + (e & 1);
-        const bool vis = il < nq && kl < nk && j0 + kl <= i0 + il;
+        const bool vis = il < nq && kl < nk && j0 + kl <= i0 + il && j0 + kl >= doc_first(p, b, i0 + il);
         const float pr = vis ? tc::exp2_approx(fmaf(st[nb][e], sl2, -slse[il])) : 0.f;
         float pd = pr, dp = dpt[nb][e];
         if (p.drop && vis) {
@@ -1029,9 +1052,10 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   Yg* dqkv_b = dqkv + b * p.row;
   const int r0 = warp * 16 + g, r1 = r0 + 8;
   const int64_t last = i0 + nq - 1;
-  const int ntiles = static_cast<int>(last / BK) + 1;
+  const int ntiles = static_cast<int>(last / BK) + 1, jt0 = static_cast<int>(first_key_tile(p, b, i0, BK) / BK);
+  const int64_t d0 = r0 < nq ? doc_first(p, b, i0 + r0) : 0, d1 = r1 < nq ? doc_first(p, b, i0 + r1) : 0;
   auto load_tile = [&](int jt) { tc_load_kv_stage<BK, D>(qkv_b + kc, qkv_b + vc, ldq, last, jt, stages); };
-  load_tile(0);
+  load_tile(jt0);
 
   uint32_t qa[KB][4], da[KB][4];
   tc_fragments_a<D>(qkv_b + i0 * ldq + qc, ldq, warp * 16, nq, qa);
@@ -1047,7 +1071,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) dq[dn][0] = dq[dn][1] = dq[dn][2] = dq[dn][3] = 0.f;
 
-  for (int jt = 0; jt < ntiles; ++jt) {
+  for (int jt = jt0; jt < ntiles; ++jt) {
     const int64_t j0 = static_cast<int64_t>(jt) * BK;
     const int nk = static_cast<int>(min(static_cast<int64_t>(BK), last + 1 - j0));
     if (jt + 1 < ntiles) {
@@ -1072,7 +1096,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
-        const bool vis = r < nq && j < nk && j0 + j <= i0 + r;
+        const bool vis = r < nq && j < nk && j0 + j <= i0 + r && j0 + j >= (e < 2 ? d0 : d1);
         const float pr = vis ? tc::exp2_approx(fmaf(s[nb][e], sl2, -(e < 2 ? lse0 : lse1))) : 0.f;
         float d = dp[nb][e];
         if (p.drop && vis) d = keep(p, b, h, i0 + r, j0 + j) ? d * p.inv_keep : 0.f;
@@ -1219,7 +1243,7 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
 // grid limits.
 void check(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, const Tensor& out, const Tensor& lse) {
   L.check();
-  check_cp(L, o);
+  check_options(L, o, qkv);
   const int64_t Tq = query_chunks(L, o).rows();
   MT_CHECK(L.head_dim <= kAttnMaxHeadDim, "attention: head_dim above kAttnMaxHeadDim");
   MT_CHECK(qkv.numel() == L.tokens() * L.row(), "attention: qkv size does not match the layout");
