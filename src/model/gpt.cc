@@ -692,12 +692,12 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       if (opt.cp == 1) {
         k::rope_table(rope_spec(cfg), T_, rope_cos_, rope_sin_);
       } else {
-        // The whole sequence's table, in a buffer freed when construction
-        // ends (not one of the planned arenas), then this rank's two chunks of rows.
+        // The whole sequence's table on the host (both rope_table twins
+        // compute it there, to the same bits), then this rank's two chunks of rows.
         const int64_t w = rope_cos_.dim(1), C = Tg_ / (2 * opt.cp);
-        Arena full(2 * align_up(static_cast<size_t>(Tg_ * w) * dtype_size(rope_cos_.dtype())), "rope (whole sequence)",
-                   opt.device);
-        const Tensor fc = full.alloc({Tg_, w}, rope_cos_.dtype()), fs = full.alloc({Tg_, w}, rope_sin_.dtype());
+        const size_t bytes = static_cast<size_t>(Tg_ * w) * dtype_size(rope_cos_.dtype());
+        std::vector<char> host(2 * bytes);
+        const Tensor fc(host.data(), {Tg_, w}, rope_cos_.dtype()), fs(host.data() + bytes, {Tg_, w}, rope_sin_.dtype());
         k::rope_table(rope_spec(cfg), Tg_, fc, fs);
         const k::QueryChunks qc = k::query_chunks(Tg_, opt.cp, opt.cp_rank);
         for (int64_t c = 0; c < 2; ++c) {

@@ -599,6 +599,31 @@ TEST(Attention, Bf16InputsMatchFp32WithinBf16Tolerance) {
   EXPECT_LT(rel(dq.v, dq_h.v), 2e-2);
 }
 
+// Forward and backward on fp64 and on the same values in fp32 (qkv from
+// seed, dout from seed + 1): out, lse and dqkv within fp32 rounding.
+void expect_fp32_matches_fp64(const k::QkvLayout& L, const k::AttentionOptions& o, uint64_t seed) {
+  const int64_t no = L.tokens() * L.heads * L.head_dim, nq = L.tokens() * L.row(), nl = L.batch * L.heads * L.seq;
+  Buf<double> qkv({nq}), out({no}), lse({nl}), dout({no}), dq({nq});
+  Buf<float> qkv_f({nq}), out_f({no}), lse_f({nl}), dout_f({no}), dq_f({nq});
+  fill_normal(qkv.v, seed, 1.5), fill_normal(dout.v, seed + 1);
+  for (size_t i = 0; i < qkv.size(); ++i) qkv_f[i] = static_cast<float>(qkv[i]);
+  for (size_t i = 0; i < dout.size(); ++i) dout_f[i] = static_cast<float>(dout[i]);
+  k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
+  k::attention_backward(qkv.t(), out.t(), dout.t(), lse.t(), L, o, dq.t());
+  k::attention_forward(qkv_f.t(), L, o, out_f.t(), lse_f.t());
+  k::attention_backward(qkv_f.t(), out_f.t(), dout_f.t(), lse_f.t(), L, o, dq_f.t());
+  auto rel = [](const std::vector<double>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += a[i] * a[i];
+    return std::sqrt(num / den);
+  };
+  const std::string what = "d " + std::to_string(L.head_dim) + " dropout " + std::to_string(o.dropout) +
+                           (o.doc_start.defined() ? " documents" : "");
+  EXPECT_LT(rel(out.v, out_f.v), 2e-6) << what;
+  EXPECT_LT(rel(lse.v, lse_f.v), 1e-6) << what;
+  EXPECT_LT(rel(dq.v, dq_f.v), 5e-6) << what;
+}
+
 // The fp32 path (register-blocked tiles, vectorised exp) against the fp64
 // path on the same inputs: causal tile edges inside a tile (T=150, 70, 33 with
 // 64-wide tiles, row counts not a multiple of 4), GQA, head_dim 64 as in
@@ -609,27 +634,9 @@ TEST(Attention, Fp32MatchesFp64) {
   for (k::QkvLayout L : {k::QkvLayout{150, 2, 4, 2, 64}, k::QkvLayout{70, 1, 2, 1, 80}, k::QkvLayout{33, 3, 2, 2, 32},
                          k::QkvLayout{45, 2, 2, 1, 24}})
     for (double dropout : {0.0, 0.2}) cases.push_back({L, dropout});
-  for (const auto& [L, dropout] : cases) {
-    k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 5, 3, 0};
-    const int64_t no = L.tokens() * L.heads * L.head_dim, nq = L.tokens() * L.row(), nl = L.batch * L.heads * L.seq;
-    Buf<double> qkv({L.tokens(), L.row()}), out({no}), lse({nl}), dout({no}), dq({nq});
-    Buf<float> qkv_f({nq}), out_f({no}), lse_f({nl}), dout_f({no}), dq_f({nq});
-    fill_normal(qkv.v, 31, 1.5), fill_normal(dout.v, 32);
-    for (size_t i = 0; i < qkv.size(); ++i) qkv_f[i] = static_cast<float>(qkv[i]);
-    for (size_t i = 0; i < dout.size(); ++i) dout_f[i] = static_cast<float>(dout[i]);
-    k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
-    k::attention_backward(qkv.t(), out.t(), dout.t(), lse.t(), L, o, dq.t());
-    k::attention_forward(qkv_f.t(), L, o, out_f.t(), lse_f.t());
-    k::attention_backward(qkv_f.t(), out_f.t(), dout_f.t(), lse_f.t(), L, o, dq_f.t());
-    auto rel = [](const std::vector<double>& a, const std::vector<float>& b) {
-      double num = 0, den = 0;
-      for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += a[i] * a[i];
-      return std::sqrt(num / den);
-    };
-    EXPECT_LT(rel(out.v, out_f.v), 2e-6) << "d " << L.head_dim << " dropout " << dropout;
-    EXPECT_LT(rel(lse.v, lse_f.v), 1e-6) << "d " << L.head_dim << " dropout " << dropout;
-    EXPECT_LT(rel(dq.v, dq_f.v), 5e-6) << "d " << L.head_dim << " dropout " << dropout;
-  }
+  for (const auto& [L, dropout] : cases)
+    expect_fp32_matches_fp64(L, k::AttentionOptions{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 5, 3, 0},
+                             31);
 }
 
 // With bf16 qkv, out, dout and dqkv may each be bf16 (under --bf16 the model
@@ -835,24 +842,7 @@ TEST(Attention, DocumentMaskMatchesNaiveFiniteDifferencesAndCp) {
       dst.v = doc_starts_of(L.batch, L.seq, eods);
       k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 5, 3, 0};
       o.doc_start = dst.t();
-      const int64_t no = L.tokens() * L.heads * L.head_dim, nq = L.tokens() * L.row(), nl = L.batch * L.heads * L.seq;
-      Buf<double> qkv({nq}), out({no}), lse({nl}), dout({no}), dq({nq});
-      Buf<float> qkv_f({nq}), out_f({no}), lse_f({nl}), dout_f({no}), dq_f({nq});
-      fill_normal(qkv.v, 33, 1.5), fill_normal(dout.v, 34);
-      for (size_t i = 0; i < qkv.size(); ++i) qkv_f[i] = static_cast<float>(qkv[i]);
-      for (size_t i = 0; i < dout.size(); ++i) dout_f[i] = static_cast<float>(dout[i]);
-      k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
-      k::attention_backward(qkv.t(), out.t(), dout.t(), lse.t(), L, o, dq.t());
-      k::attention_forward(qkv_f.t(), L, o, out_f.t(), lse_f.t());
-      k::attention_backward(qkv_f.t(), out_f.t(), dout_f.t(), lse_f.t(), L, o, dq_f.t());
-      auto rel = [](const std::vector<double>& a, const std::vector<float>& b) {
-        double num = 0, den = 0;
-        for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += a[i] * a[i];
-        return std::sqrt(num / den);
-      };
-      EXPECT_LT(rel(out.v, out_f.v), 2e-6) << "d " << L.head_dim << " dropout " << dropout;
-      EXPECT_LT(rel(lse.v, lse_f.v), 1e-6) << "d " << L.head_dim << " dropout " << dropout;
-      EXPECT_LT(rel(dq.v, dq_f.v), 5e-6) << "d " << L.head_dim << " dropout " << dropout;
+      expect_fp32_matches_fp64(L, o, 33);
     }
 }
 
