@@ -27,6 +27,7 @@ const char* hf_arch_name(HfArch a) {
     case HfArch::kLlama: return "LlamaForCausalLM";
     case HfArch::kQwen2: return "Qwen2ForCausalLM";
     case HfArch::kQwen3: return "Qwen3ForCausalLM";
+    case HfArch::kMixtral: return "MixtralForCausalLM";
   }
   return "?";
 }
@@ -37,7 +38,6 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
   std::vector<std::string> common;  // problems whatever the family
   if (c.apply_residual_connection_post_layernorm)
     common.push_back("--apply-residual-connection-post-layernorm (no transformers decoder takes the residual after the norm)");
-  if (c.is_moe()) common.push_back("--num-experts (mixture-of-experts layers)");
 
   const bool llama_shape = c.normalization == Normalization::kRMSNorm && c.swiglu &&
                            c.position_embedding == PositionEmbedding::kRope;
@@ -53,9 +53,25 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
       why.push_back(fmt::format("--qk-layernorm with {} (Qwen3ForCausalLM, the transformers class with q/k norms, "
                                 "has biases on q/k/v/o or none, and none on the MLP)",
                                 c.add_bias_linear ? "biases on every linear layer" : "--add-qkv-bias"));
+    if (c.is_moe()) {
+      // MixtralForCausalLM: softmax over all experts, top-k, renormalised
+      // (Megatron's default top-k softmax), no biases, plain RoPE.
+      if (c.add_qkv_bias || c.add_bias_linear) why.push_back("biases (MixtralForCausalLM, the transformers MoE class, has none)");
+      if (c.qk_layernorm) why.push_back("--qk-layernorm with --num-experts (MixtralForCausalLM has no q/k norms)");
+      if (c.moe_router_pre_softmax)
+        why.push_back("--moe-router-pre-softmax (MixtralForCausalLM renormalises the chosen experts' probabilities)");
+      if (c.moe_router_topk_scaling_factor && *c.moe_router_topk_scaling_factor != 1.0)
+        why.push_back("--moe-router-topk-scaling-factor (MixtralForCausalLM does not scale the probabilities)");
+      if (c.use_rope_scaling || c.rotary_seq_len_interpolation_factor)
+        why.push_back("RoPE scaling with --num-experts (this export writes MixtralForCausalLM without rope_scaling)");
+      if (why.empty()) return HfArch::kMixtral;
+    }
     if (why.empty() && c.qk_layernorm) return HfArch::kQwen3;
     if (why.empty()) return c.add_bias_linear || !c.add_qkv_bias ? HfArch::kLlama : HfArch::kQwen2;
   } else if (gpt2_shape) {
+    if (c.is_moe())
+      why.push_back("--num-experts (GPT2LMHeadModel has no experts; MixtralForCausalLM, the transformers MoE class, "
+                    "needs RMSNorm + SwiGLU + rope)");
     if (c.qk_layernorm) why.push_back("--qk-layernorm (GPT2LMHeadModel has no query/key norms)");
     if (c.query_groups() != c.num_attention_heads)
       why.push_back(fmt::format("--num-query-groups {} < --num-attention-heads {} (GPT-2 has one key/value head per "
@@ -124,10 +140,13 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
   else if (c.rotary_seq_len_interpolation_factor)
     rope_scaling = {{"rope_type", "linear"}, {"factor", static_cast<double>(*c.rotary_seq_len_interpolation_factor)}};
   json j{{"architectures", {hf_arch_name(arch)}},
-         {"model_type", arch == HfArch::kLlama ? "llama" : arch == HfArch::kQwen2 ? "qwen2" : "qwen3"},
+         {"model_type", arch == HfArch::kLlama    ? "llama"
+                        : arch == HfArch::kQwen2  ? "qwen2"
+                        : arch == HfArch::kQwen3  ? "qwen3"
+                                                  : "mixtral"},
          {"vocab_size", vocab_rows},
          {"hidden_size", c.hidden_size},
-         {"intermediate_size", c.ffn()},
+         {"intermediate_size", c.is_moe() ? c.moe_ffn() : c.ffn()},
          {"num_hidden_layers", c.num_layers},
          {"num_attention_heads", c.num_attention_heads},
          {"num_key_value_heads", c.query_groups()},
@@ -139,7 +158,17 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
          {"rope_theta", c.rotary_base},
          {"rope_scaling", rope_scaling},
          {"attention_dropout", c.attention_dropout}};
-  if (arch == HfArch::kLlama) {
+  if (arch == HfArch::kMixtral) {
+    j.erase("rope_scaling");
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.moe_router_topk;
+    // Megatron adds each layer's load-balancing loss; transformers computes
+    // one over all layers' routing: the coefficient is carried as given.
+    j["router_aux_loss_coef"] = c.moe_aux_loss_coeff;
+    j["output_router_logits"] = false;
+    j["router_jitter_noise"] = 0.0;
+    j["sliding_window"] = nullptr;
+  } else if (arch == HfArch::kLlama) {
     j["attention_bias"] = c.add_bias_linear;
     j["mlp_bias"] = c.add_bias_linear;
     j["pretraining_tp"] = 1;
@@ -247,6 +276,19 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     rows(o + "self_attn.o_proj.weight", p + "self_attention.linear_proj.weight", 0, h, a * d);
     if (bias) rows(o + "self_attn.o_proj.bias", p + "self_attention.linear_proj.bias", 0, h, 1);
     rows(o + "post_attention_layernorm.weight", p + "pre_mlp_layernorm.weight", 0, h, 1, one_p);
+    if (arch == HfArch::kMixtral) {
+      // block_sparse_moe: the router and each expert's w1 (gate), w3 (up), w2 (down).
+      const int64_t Fe = c.moe_ffn();
+      rows(o + "block_sparse_moe.gate.weight", p + "mlp.router.weight", 0, c.num_experts, h);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", o, e);
+        const std::string m = fmt::format("{}mlp.experts.local_experts.{}.", p, e);
+        rows(x + "w1.weight", m + "linear_fc1.weight", 0, Fe, h);
+        rows(x + "w3.weight", m + "linear_fc1.weight", Fe, Fe, h);
+        rows(x + "w2.weight", m + "linear_fc2.weight", 0, h, Fe);
+      }
+      continue;
+    }
     rows(o + "mlp.gate_proj.weight", p + "mlp.linear_fc1.weight", 0, F, h);
     rows(o + "mlp.up_proj.weight", p + "mlp.linear_fc1.weight", F, F, h);
     rows(o + "mlp.down_proj.weight", p + "mlp.linear_fc2.weight", 0, h, F);
@@ -562,10 +604,11 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     if (act == "relu2") add("--squared-relu"), add("--no-bias-gelu-fusion");
     if (!flag_b("tie_word_embeddings", true)) add("--untie-embeddings-and-output-weights");
   } else if (arch_name == "LlamaForCausalLM" || arch_name == "Qwen2ForCausalLM" || arch_name == "MistralForCausalLM" ||
-             arch_name == "Qwen3ForCausalLM") {
-    const bool qwen = arch_name == "Qwen2ForCausalLM", mistral = arch_name == "MistralForCausalLM";
+             arch_name == "Qwen3ForCausalLM" || arch_name == "MixtralForCausalLM") {
+    const bool qwen = arch_name == "Qwen2ForCausalLM", mixtral = arch_name == "MixtralForCausalLM";
+    const bool mistral = arch_name == "MistralForCausalLM" || mixtral;  // Mixtral: Mistral's attention, experts
     const bool qwen3 = arch_name == "Qwen3ForCausalLM";
-    out.arch = qwen ? HfArch::kQwen2 : qwen3 ? HfArch::kQwen3 : HfArch::kLlama;  // Mistral: Llama's tensors and names
+    out.arch = qwen ? HfArch::kQwen2 : qwen3 ? HfArch::kQwen3 : mixtral ? HfArch::kMixtral : HfArch::kLlama;  // Mistral: Llama's tensors and names
     const int64_t h = integer("hidden_size", std::nullopt), L = integer("num_hidden_layers", std::nullopt);
     const int64_t a = integer("num_attention_heads", std::nullopt), F = integer("intermediate_size", std::nullopt);
     const int64_t g = integer("num_key_value_heads", a);
@@ -578,7 +621,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       // Sliding-window attention (MistralConfig's default window is 4096)
       // equals full causal attention on sequences no longer than the window.
       if (!j.contains("sliding_window")) {
-        out.max_seq_length = 4096;
+        if (!mixtral) out.max_seq_length = 4096;  // MixtralConfig's default window is None
       } else if (!j["sliding_window"].is_null()) {
         out.max_seq_length = integer("sliding_window", std::nullopt);
       }
@@ -608,6 +651,16 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     if (qwen) add("--disable-bias-linear"), add("--add-qkv-bias");
     else if (!attn_bias) add("--disable-bias-linear");
     if (qwen3) add("--qk-layernorm");
+    if (mixtral) {
+      // The experts (intermediate_size is each expert's width). Megatron's
+      // load-balancing coefficient weighs each layer's loss, transformers'
+      // one loss over all layers: not carried over (give --moe-aux-loss-coeff).
+      add("--num-experts", std::to_string(integer("num_local_experts", 8)));
+      add("--moe-router-topk", std::to_string(integer("num_experts_per_tok", 2)));
+      add("--moe-ffn-hidden-size", std::to_string(F));
+      if (num("router_jitter_noise", 0.0).value_or(0.0) != 0.0)
+        why.push_back("router_jitter_noise (Megatron's --moe-input-jitter-eps is not implemented here)");
+    }
     if (!flag_b("tie_word_embeddings", false)) add("--untie-embeddings-and-output-weights");
     // RoPE: rope_theta and rope_scaling (transformers 4.x), or one
     // rope_parameters object (transformers 5), which wins; rope_type
@@ -662,7 +715,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       why.push_back("partial_rotary_factor (LlamaForCausalLM rotates whole heads)");
   } else {
     why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM, "
-                              "MistralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM)",
+                              "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM)",
                               j.contains("architectures") ? json_brief(j["architectures"]) : "missing"));
   }
   if (!why.empty()) {

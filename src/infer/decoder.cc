@@ -6,11 +6,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/device.h"
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/kv_attention.h"
+#include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 
@@ -26,12 +28,16 @@ struct Decoder::Layer {
   int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
   int q_ln_w = -1, q_ln_b = -1, k_ln_w = -1, k_ln_b = -1;  // --qk-layernorm
+  int router_w = -1;                  // --num-experts
+  std::vector<int> exp_fc1, exp_fc2;
 };
 
 namespace {
 // Scratch buffers, carved once: [chunk, ...] each; a call uses the first n rows.
+// With --num-experts the MLP's rows are the chunk's k routed slots per token
+// (kFc1, kAct, kXp, kY), and the router's buffers are [chunk, E] or [chunk, k].
 enum Buf { kIds, kX, kXMid, kLn, kMean, kRstd, kQkv, kCtx, kTmp, kFc1, kAct, kQkHeads, kQkNormed, kQkMean, kQkRstd,
-           kNumBufs };
+           kLogits, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY, kNumBufs };
 int64_t model_limit(const model::GPTModel& m) {
   const ModelConfig& c = m.config();
   if (c.position_embedding == PositionEmbedding::kLearnedAbsolute) return c.max_position_embeddings;
@@ -55,7 +61,8 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
     : m_(m), T_max_(max_tokens), chunk_(max_chunk) {
   const ModelConfig& c = m.config();
   h_ = c.hidden_size, V_ = m.vocab(), a_ = c.num_attention_heads, g_ = c.query_groups(), d_ = c.head_dim();
-  qkv_ = (a_ + 2 * g_) * d_, F_ = c.ffn(), fc1_ = (c.swiglu ? 2 : 1) * F_;
+  qkv_ = (a_ + 2 * g_) * d_, F_ = c.is_moe() ? c.moe_ffn() : c.ffn(), fc1_ = (c.swiglu ? 2 : 1) * F_;
+  const int64_t topk = c.is_moe() ? c.moe_router_topk : 1, E = c.is_moe() ? c.num_experts : 0;
   dt_ = m.options().dtype;
   word_ = m.find("embedding.word_embeddings.weight");
   pos_ = m.find("embedding.position_embeddings.weight");
@@ -73,6 +80,11 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
     x.fc2_w = m.find(p + "mlp.linear_fc2.weight"), x.fc2_b = m.find(p + "mlp.linear_fc2.bias");
     x.q_ln_w = m.find(p + "self_attention.q_layernorm.weight"), x.q_ln_b = m.find(p + "self_attention.q_layernorm.bias");
     x.k_ln_w = m.find(p + "self_attention.k_layernorm.weight"), x.k_ln_b = m.find(p + "self_attention.k_layernorm.bias");
+    x.router_w = m.find(p + "mlp.router.weight");
+    for (int64_t e = 0; x.router_w >= 0 && e < E; ++e) {
+      x.exp_fc1.push_back(m.find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc1.weight", p, e)));
+      x.exp_fc2.push_back(m.find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc2.weight", p, e)));
+    }
     layers_.push_back(x);
   }
   SizeTable ct;
@@ -99,13 +111,23 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   st.add("qkv", {C, qkv_}, dt_);
   st.add("ctx", {C, a_ * d_}, dt_);
   st.add("tmp", {C, h_}, dt_);
-  st.add("fc1", {C, fc1_}, dt_);
-  st.add("act", {C, F_}, dt_);
+  st.add("fc1", {C * topk, fc1_}, dt_);
+  st.add("act", {C * topk, F_}, dt_);
   const int64_t qk_rows = c.qk_layernorm ? a_ + g_ : 0;  // --qk-layernorm: q and k head rows per token
   st.add("qk_heads", {C * qk_rows, d_}, dt_);
   st.add("qk_normed", {C * qk_rows, d_}, dt_);
   st.add("qk_mean", {C * qk_rows}, dt_);
   st.add("qk_rstd", {C * qk_rows}, dt_);
+  st.add("router.logits", {C, E}, dt_);  // --num-experts (empty otherwise)
+  st.add("router.idx", {C, E ? topk : 0}, DType::kI32);
+  st.add("router.probs", {C, E ? topk : 0}, dt_);
+  st.add("router.scores", {C, E}, dt_);
+  st.add("router.lse", {E ? C : 0}, dt_);
+  st.add("moe.pos", {C, E ? topk : 0}, DType::kI32);
+  st.add("moe.src", {E ? C * topk : 0}, DType::kI32);
+  st.add("moe.counts", {E}, DType::kI32);
+  st.add("moe.xp", {E ? C * topk : 0, h_}, dt_);
+  st.add("moe.y", {E ? C * topk : 0, h_}, dt_);
   scratch_ = Arena(st.total_bytes(), "decoder-scratch");
   buf_ = scratch_.carve(st);
   if (c.position_embedding == PositionEmbedding::kRope) {
@@ -157,6 +179,32 @@ void Decoder::qk_norm(const Layer& p, const k::QkvLayout& L, int64_t n) {
   k::qk_heads_scatter(normed, L, qkv);
 }
 
+// The MoE MLP of GPTModel::moe_forward on the n rows of ln, into out [n, h].
+void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out) {
+  const ModelConfig& c = m_.config();
+  const int64_t E = c.num_experts, K = c.moe_router_topk;
+  auto rows = [&](Buf b, int64_t r) { return buf_[b].slice(0, r); };
+  const Tensor logits = rows(kLogits, n), idx = rows(kRIdx, n), probs = rows(kRProbs, n), pos = rows(kPos, n),
+               src = rows(kSrc, n * K), xp = rows(kXp, n * K), fc1 = rows(kFc1, n * K), act = rows(kAct, n * K),
+               y = rows(kY, n * K);
+  linear(ln, p.router_w, -1, logits);
+  k::moe_route(logits, c.moe_router_pre_softmax, c.moe_router_topk_scaling_factor.value_or(1.0), idx, probs,
+               rows(kRScores, n), rows(kRLse, n));
+  k::moe_dispatch_map(idx, buf_[kCounts], src, pos);
+  k::moe_permute(ln, src, xp);
+  std::vector<int32_t> cnt(static_cast<size_t>(E));
+  copy_tensor(buf_[kCounts], Tensor(cnt.data(), {E}, DType::kI32));
+  std::vector<int64_t> off(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + cnt[static_cast<size_t>(e)];
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e]) linear(xp.slice(off[e], off[e + 1]), p.exp_fc1[e], -1, fc1.slice(off[e], off[e + 1]));
+  if (c.swiglu) k::swiglu_forward(fc1, act);
+  else k::gelu_forward(model::mlp_activation(c), fc1, act);
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e]) linear(act.slice(off[e], off[e + 1]), p.exp_fc2[e], -1, y.slice(off[e], off[e + 1]));
+  k::moe_unpermute(y, pos, probs, out);
+}
+
 // The layer math of GPTModel::layer_forward with training = false, on n rows
 // of one sequence at positions [length_, length_ + n), attention against the
 // cache. logits_rows: [n, V] (all), [1, V] (last_only) or undefined.
@@ -186,10 +234,14 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
     linear(ctx, p.proj_w, p.proj_b, tmp);
     k::add(post ? ln : x, tmp, xm);
     norm(xm, p.ln2_w, p.ln2_b, ln, mean, rstd);
-    linear(ln, p.fc1_w, p.fc1_b, fc1);
-    if (c.swiglu) k::swiglu_forward(fc1, act);
-    else k::gelu_forward(model::mlp_activation(c), fc1, act);
-    linear(act, p.fc2_w, p.fc2_b, tmp);
+    if (p.router_w >= 0) {
+      moe(p, ln, n, tmp);
+    } else {
+      linear(ln, p.fc1_w, p.fc1_b, fc1);
+      if (c.swiglu) k::swiglu_forward(fc1, act);
+      else k::gelu_forward(model::mlp_activation(c), fc1, act);
+      linear(act, p.fc2_w, p.fc2_b, tmp);
+    }
     k::add(post ? ln : xm, tmp, x);
   }
   length_ += n;

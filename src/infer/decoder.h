@@ -74,6 +74,7 @@ class Decoder {
   void linear(const Tensor& x, int w, int b, const Tensor& y) const;
   void norm(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd) const;
   void qk_norm(const Layer& p, const kernels::QkvLayout& L, int64_t n);
+  void moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out);
 
   const model::GPTModel& m_;
   int64_t T_max_ = 0, chunk_ = 0, length_ = 0;

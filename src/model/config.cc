@@ -119,6 +119,20 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
   f.add_int("num-experts", &c.num_experts, "MoE experts per layer (0: dense)", 0, 1 << 20);
   f.add_int("moe-router-topk", &c.moe_router_topk, "experts each token is routed to", 1, 1 << 20);
   f.add_int("moe-ffn-hidden-size", &c.moe_ffn_hidden_size, "expert MLP hidden size; default --ffn-hidden-size", 1, kMaxDim);
+  f.add_double("moe-aux-loss-coeff", &c.moe_aux_loss_coeff,
+               "weight of the load-balancing loss E/(k T^2) sum_e (sum of the router's softmax for e) x (tokens "
+               "routed to e), T the micro-batch's tokens (Megatron's aux_loss; 0: none)",
+               0, 1e6);
+  f.add_double("moe-z-loss-coeff", &c.moe_z_loss_coeff,
+               "weight of the router z-loss, the mean over tokens of logsumexp(router logits)^2", 0, 1e6);
+  f.add_switch("moe-router-pre-softmax", &c.moe_router_pre_softmax,
+               "routing probabilities are the full softmax's values at the top-k experts (default: a softmax over "
+               "the k chosen logits)");
+  f.add_double("moe-router-topk-scaling-factor", &c.moe_router_topk_scaling_factor,
+               "multiplies the routing probabilities", 1e-6, 1e6);
+  f.add_string("moe-router-load-balancing-type", &c.moe_router_load_balancing_type,
+               "aux_loss: the switch load-balancing loss of --moe-aux-loss-coeff; none: no load-balancing loss",
+               {"aux_loss", "none"});
 }
 
 Status resolve_vocab(ModelConfig& c) {

@@ -69,10 +69,17 @@ struct ModelConfig {
   // own weight [d] (and bias for LayerNorm) for the queries and the keys
   // (Megatron's self_attention.q_layernorm / k_layernorm; Qwen3's q_norm/k_norm).
   bool qk_layernorm = false;
-  // Mixture of experts (0 experts = dense).
+  // Mixture of experts (0 experts = dense): every layer's MLP becomes a
+  // top-k router over num_experts expert MLPs (Megatron's MoELayer with
+  // --moe-layer-freq 1, dropless, no shared experts).
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
   std::optional<int64_t> moe_ffn_hidden_size;
+  double moe_aux_loss_coeff = 0;               // --moe-aux-loss-coeff (the switch load-balancing loss)
+  std::optional<double> moe_z_loss_coeff;      // --moe-z-loss-coeff (ST-MoE's router z-loss)
+  bool moe_router_pre_softmax = false;         // --moe-router-pre-softmax: top-k of the full softmax
+  std::optional<double> moe_router_topk_scaling_factor;  // multiplies the routing probabilities
+  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss or none
 
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;

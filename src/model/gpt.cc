@@ -16,6 +16,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 
@@ -34,6 +35,8 @@ struct GPTModel::LayerIdx {
   int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
   int q_ln_w = -1, q_ln_b = -1, k_ln_w = -1, k_ln_b = -1;  // --qk-layernorm
+  int router_w = -1;                  // --num-experts: the router, and each expert's two linears
+  std::vector<int> exp_fc1, exp_fc2;
 };
 
 // What backward needs from one layer's forward (N = T*B rows, T this
@@ -48,20 +51,29 @@ struct GPTModel::LayerIdx {
 //   fc1 [N, F or 2F] pre-activation                  act [N,F]
 //   --qk-layernorm: qk_raw [N,(a+g)d] the q and k heads before their norms
 //   (kernels::qk_heads_gather's layout), qk_mean (LayerNorm), qk_rstd [N(a+g)]
+//   --num-experts E (k = --moe-router-topk; the MLP's rows are the N k
+//   routed slots, so fc1 [N k, Fe or 2Fe] and act [N k, Fe] with Fe this TP
+//   rank's expert columns): the router's choice r_idx [N,k] int32, its
+//   probabilities r_probs [N,k], the full softmax r_scores [N,E] and
+//   log-sum-exp r_lse [N]; the dispatch map (kernels/moe.h) pos [N,k], src
+//   [N k], counts [E] int32; the permuted input xp [N k, h] and the experts'
+//   outputs y [N k, h] (before the probabilities and the TP reduction)
 // The layer's input is resid[l], its output resid[l+1]. An undefined tensor
 // is one this configuration does not keep.
 struct GPTModel::LayerActs {
   Tensor x_mid, ln1, ln1_mean, ln1_rstd, qkv, ctx, lse, ln2, ln2_mean, ln2_rstd, fc1, act, qk_raw, qk_mean, qk_rstd;
+  Tensor r_idx, r_probs, r_scores, r_lse, pos, src, counts, xp, y;  // --num-experts
 };
 
 namespace {
 
 constexpr int kLayerFields = GPTModel::kLayerFields;
 enum LayerField { kXMid, kLn1, kLn1Mean, kLn1Rstd, kQkv, kCtx, kLse, kLn2, kLn2Mean, kLn2Rstd, kFc1, kAct,
-                  kQkRaw, kQkMean, kQkRstd };
-const char* const kLayerFieldNames[kLayerFields] = {"x_mid", "ln1", "ln1_mean", "ln1_rstd", "qkv", "ctx",
-                                                    "lse", "ln2", "ln2_mean", "ln2_rstd", "fc1", "act",
-                                                    "qk_raw", "qk_mean", "qk_rstd"};
+                  kQkRaw, kQkMean, kQkRstd, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY };
+const char* const kLayerFieldNames[kLayerFields] = {"x_mid", "ln1",   "ln1_mean", "ln1_rstd", "qkv",     "ctx",
+                                                    "lse",   "ln2",   "ln2_mean", "ln2_rstd", "fc1",     "act",
+                                                    "qk_raw", "qk_mean", "qk_rstd", "r_idx",  "r_probs", "r_scores",
+                                                    "r_lse", "pos",   "src",      "counts",   "xp",      "y"};
 using FieldIdx = std::array<int, kLayerFields>;  // entry index in a SizeTable, -1: not kept
 
 // The sizes every table and the scratch plan are built from.
@@ -89,6 +101,10 @@ struct Dims {
   bool qk = false;        // --qk-layernorm
   int64_t cp = 1, Tg = 0;  // context-parallel size, the whole sequence (T = Tg / cp)
   bool doc = false, pos_ids = false;  // --reset-attention-mask, --reset-position-ids
+  // --num-experts: E experts, k chosen per token; the MLP's rows R = N k
+  // (N without experts), fc1 and F then the expert's (this rank's columns).
+  int64_t E = 0, topk = 0, R = 0;
+  bool moe = false;
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
 };
 
@@ -100,10 +116,16 @@ Shape field_shape(int f, const Dims& d) {
     case kQkv: return {d.N, d.qkv};
     case kCtx: return {d.N, d.ad};
     case kLse: return {d.B, d.a, d.T};
-    case kFc1: return {d.N, d.fc1};
+    case kFc1: return {d.R, d.fc1};
     case kQkRaw: return {d.qk_rows(), d.hd};
     case kQkMean: case kQkRstd: return {d.qk_rows()};
-    default: return {d.N, d.F};
+    case kRIdx: case kRProbs: case kPos: return {d.N, d.topk};
+    case kRScores: return {d.N, d.E};
+    case kRLse: return {d.N};
+    case kSrc: return {d.R};
+    case kCounts: return {d.E};
+    case kXp: case kY: return {d.R, d.h};
+    default: return {d.R, d.F};
   }
 }
 
@@ -112,6 +134,8 @@ DType field_dtype(int f, const Dims& d) {
   if (f == kLn1 || f == kLn2) return d.ln;
   if (f == kAct) return d.gemm_in;
   if (f == kQkv || f == kCtx || f == kFc1 || f == kQkRaw) return d.mid;
+  if (f == kRIdx || f == kPos || f == kSrc || f == kCounts) return DType::kI32;
+  if (f == kXp) return d.ln;
   return d.dt;
 }
 
@@ -123,6 +147,7 @@ FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool 
     if ((f == kLn1Mean || f == kLn2Mean || f == kQkMean) && !d.layernorm) continue;  // RMSNorm keeps rstd only
     if ((f == kQkRaw || f == kQkMean || f == kQkRstd) && !d.qk) continue;
     if ((f == kCtx || f == kLse) && !keep_attention) continue;
+    if (f >= kRIdx && !d.moe) continue;
     idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d), field_dtype(f, d));
   }
   return idx;
@@ -183,6 +208,11 @@ struct GPTModel::Slot {
   bool training = false, ready = false;
   double count = 0;       // labels counted in the loss
   double loss_total = 0;  // sum of their losses (last virtual stage only)
+  // --num-experts, per global layer (GPTModel::moe_record_losses): the
+  // micro-batch's expert counts backward's load-balancing gradient uses,
+  // and the layer's unweighted load-balancing and z-losses (this rank's share).
+  mutable std::vector<std::vector<double>> moe_counts;
+  mutable std::vector<double> moe_aux, moe_z;
 };
 
 // One recomputed group's activations, carved from scratch.
@@ -193,8 +223,10 @@ struct GPTModel::Workspace {
 
 GPTModel::LayerActs GPTModel::bind_layer(const std::vector<Tensor>& v, const std::array<int, kLayerFields>& idx) {
   LayerActs a;
-  Tensor* fields[kLayerFields] = {&a.x_mid, &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.ctx,   &a.lse,  &a.ln2,
-                                  &a.ln2_mean, &a.ln2_rstd, &a.fc1, &a.act, &a.qk_raw, &a.qk_mean, &a.qk_rstd};
+  Tensor* fields[kLayerFields] = {&a.x_mid,   &a.ln1,    &a.ln1_mean, &a.ln1_rstd, &a.qkv,     &a.ctx,
+                                  &a.lse,     &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fc1,     &a.act,
+                                  &a.qk_raw,  &a.qk_mean, &a.qk_rstd, &a.r_idx,    &a.r_probs, &a.r_scores,
+                                  &a.r_lse,   &a.pos,    &a.src,      &a.counts,   &a.xp,      &a.y};
   for (int f = 0; f < kLayerFields; ++f)
     if (idx[f] >= 0) *fields[f] = v[static_cast<size_t>(idx[f])];
   return a;
@@ -293,7 +325,24 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute && cfg.max_position_embeddings < Tg)
       errs.push_back(fmt::format("--max-position-embeddings {} is below the sequence length {}",
                                  cfg.max_position_embeddings, Tg));
-    if (cfg.is_moe()) errs.push_back("--num-experts: mixture of experts is not implemented in the model yet");
+    if (cfg.is_moe()) {
+      if (cfg.add_bias_linear)
+        errs.push_back("--num-experts: the experts here have no biases (nor has the router); add --disable-bias-linear");
+      if (cfg.apply_residual_connection_post_layernorm)
+        errs.push_back("--num-experts with --apply-residual-connection-post-layernorm is not supported; drop the latter");
+      if (cfg.moe_router_topk > cfg.num_experts)
+        errs.push_back(fmt::format("--moe-router-topk {} exceeds --num-experts {}", cfg.moe_router_topk, cfg.num_experts));
+      if (cfg.moe_router_topk == 1 && !cfg.moe_router_pre_softmax)
+        errs.push_back("--moe-router-topk 1: a softmax over one chosen logit is always 1 and the router would learn "
+                       "nothing from the language-model loss; add --moe-router-pre-softmax (as Megatron requires)");
+      if (opt.tp > 1 && !opt.sequence_parallel)
+        errs.push_back("--num-experts with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron "
+                       "warns it must be used: without it every TP rank routes the same tokens, and its load-balancing "
+                       "and z-losses count them TP times)");
+      if (opt.tp > 1 && cfg.moe_ffn() % opt.tp)
+        errs.push_back(fmt::format("--moe-ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}",
+                                   cfg.moe_ffn(), opt.tp));
+    }
     if (cfg.squared_relu && cfg.swiglu) errs.push_back("--squared-relu and --swiglu are two MLP activations: give one");
     if (cfg.squared_relu && cfg.bias_gelu_fusion && cfg.add_bias_linear)
       errs.push_back("--squared-relu: Megatron's fused bias-activation (on by default) takes only GELU and SwiGLU and "
@@ -309,7 +358,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     if (cfg.query_groups() % tp)
       errs.push_back(fmt::format("--num-query-groups {} is not divisible by --tensor-model-parallel-size {}",
                                  cfg.query_groups(), tp));
-    if (cfg.ffn() % tp)
+    if (cfg.ffn() % tp && !cfg.is_moe())
       errs.push_back(fmt::format("--ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}", cfg.ffn(), tp));
     if (opt.sequence_parallel && T > 0 && T % tp)
       errs.push_back(opt.cp > 1 ? fmt::format("--sequence-parallel needs a CP rank's {} positions (--seq-length {} / "
@@ -363,6 +412,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d.g = gl, d.hd = cfg.head_dim(), d.qk = cfg.qk_layernorm;
   d.cp = opt.cp, d.Tg = Tg;
   d.doc = opt.reset_attention_mask, d.pos_ids = opt.reset_position_ids;
+  d.R = N;
+  if (cfg.is_moe()) {
+    d.moe = true, d.E = cfg.num_experts, d.topk = cfg.moe_router_topk, d.R = N * d.topk;
+    d.F = cfg.moe_ffn() / tp, d.fc1 = (cfg.swiglu ? 2 : 1) * d.F;
+  }
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
   t.chunks = chunks;
@@ -484,15 +538,29 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                                                        abytes(Ng * d.qkv, dt) +
                                                                            (d.mid != dt ? abytes(N * d.qkv, dt) : 0))
                                    : 0;
-  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max(full + cast_fwd, cp_fwd);  // tmp (+ ctx, lse) + full + cast
-  const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max(full + cast_fwd, cp_fwd);
+  // --num-experts: the router's logits [N, E] (then [E] vectors of its
+  // statistics), and the combined [N, h] before the SP reduce-scatter
+  // (GPTModel::moe_forward).
+  const size_t moe_fwd = d.moe ? std::max(abytes(N * d.E, dt), full) : 0;
+  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});  // tmp (+ ctx, lse) + full + cast
+  const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});
   // Backward's transients after the layer's own buffers: each linear's
   // full-sequence buffer (SP) and bf16 casts, freed as it returns; the q/k
   // norm's two buffers are taken after linear_proj's backward, so only
   // linear_qkv's backward (its ln1 cast) comes on top of them.
-  const size_t layer_bwd = abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(N * F, d.mid) + abytes(N * d.fc1, d.mid) +
-                           abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp +
-                           std::max(full + std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0), cp_bwd);
+  // --num-experts: GPTModel::moe_backward's buffers, none freed before the
+  // router's: the gathered dy (SP), d(experts' outputs) and d(probs), d(xp),
+  // the combined d(ln2) before the SP reduce-scatter, the load-balancing
+  // weights, d(logits) of this rank's rows, the router's dx, and its bf16
+  // cast of d(logits) under --bf16.
+  const size_t moe_bwd = d.moe ? (sp ? abytes(N * h, d.rs) : 0) + 2 * abytes(d.R * h, d.mid) + abytes(N * d.topk, dt) +
+                                     (sp ? abytes(N * h, dt) : 0) + abytes(d.E, dt) + abytes(Ns * d.E, dt) +
+                                     abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0)
+                               : 0;
+  const size_t layer_bwd = abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(d.R * d.F, d.mid) +
+                           abytes(d.R * d.fc1, d.mid) + abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp +
+                           std::max({full + std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0), cp_bwd,
+                                     moe_bwd});
   bool any_kept = false;
   for (char k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
@@ -549,6 +617,11 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
         const double n = static_cast<double>(g.end - g.begin);
         c.cp_forward_bytes += n * gather;
         c.cp_backward_bytes += n * (gather + scatter) + (selective || g.recompute ? n * gather : 0.0);
+        // --num-experts: each MoE layer's forward sums its expert counts over
+        // CP (the load-balancing loss needs the micro-batch's), recomputed too.
+        const double counts = d.moe ? n * static_cast<double>(d.E * static_cast<int64_t>(dtype_size(d.dt))) : 0.0;
+        c.cp_forward_bytes += counts;
+        c.cp_backward_bytes += g.recompute ? counts : 0.0;
       }
   }
   if (opt.tp <= 1) return c;
@@ -567,7 +640,10 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   // or SP reduce-scatter, in the model dtype: d.dn with TP) and, with SP,
   // the row-parallel layers' all-gathered dy.
   const bool sp = opt.sequence_parallel;
-  const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0), layer_bwd = 2 * act + (sp ? 2 * act_rs : 0);
+  // An MoE layer's the same, its experts' outputs combined before the
+  // reduction; its backward also all-reduces d(probabilities) [N, k].
+  const double dprobs = d.moe ? static_cast<double>(d.N * d.topk) * static_cast<double>(dtype_size(d.dt)) : 0.0;
+  const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0), layer_bwd = 2 * act + (sp ? 2 * act_rs : 0) + dprobs;
   // A recomputed group re-runs its layers' forward in backward, the last
   // layer stopping before linear_fc2 (one row-parallel collective fewer).
   // Per micro-batch of every chunk this rank holds.
@@ -606,7 +682,7 @@ Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const
 
 GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : cfg_(cfg), opt_(opt) {
   const Dims& d = t.dims;
-  B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1;
+  B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1, R_ = d.R;
   Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
   Tg_ = d.Tg;
   {
@@ -655,6 +731,11 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     x.fc2_w = find(p + "mlp.linear_fc2.weight"), x.fc2_b = find(p + "mlp.linear_fc2.bias");
     x.q_ln_w = find(p + "self_attention.q_layernorm.weight"), x.q_ln_b = find(p + "self_attention.q_layernorm.bias");
     x.k_ln_w = find(p + "self_attention.k_layernorm.weight"), x.k_ln_b = find(p + "self_attention.k_layernorm.bias");
+    x.router_w = find(p + "mlp.router.weight");
+    for (int64_t e = 0; x.router_w >= 0 && e < cfg.num_experts; ++e) {
+      x.exp_fc1.push_back(find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc1.weight", p, e)));
+      x.exp_fc2.push_back(find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc2.weight", p, e)));
+    }
     layers_.push_back(x);
   }
   // bf16 copies of every matrix a GEMM reads.
@@ -677,6 +758,10 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       for (const FieldIdx& f : ai.layers) sl.layers.push_back(bind_layer(v, f));
       sl.lnf = at(ai.lnf), sl.lnf_mean = at(ai.lnf_mean), sl.lnf_rstd = at(ai.lnf_rstd), sl.logits = at(ai.logits);
       sl.mx = at(ai.mx), sl.se = at(ai.se), sl.tl = at(ai.tl), sl.loss = at(ai.loss);
+      if (cfg.is_moe()) {
+        const size_t L = static_cast<size_t>(cfg.num_layers);
+        sl.moe_counts.assign(L, {}), sl.moe_aux.assign(L, 0.0), sl.moe_z.assign(L, 0.0);
+      }
       slots_.push_back(std::move(sl));
     }
   }
@@ -1086,6 +1171,169 @@ void GPTModel::qk_norm_bwd(const LayerIdx& p, const k::QkvLayout& L, const Layer
   k::qk_heads_scatter(dx, L, dqkv);
 }
 
+// The slots of each expert, from the dispatch map's counts (host copy).
+std::vector<int64_t> GPTModel::expert_offsets(const LayerActs& a) const {
+  std::vector<int32_t> c(static_cast<size_t>(cfg_.num_experts));
+  copy_tensor(a.counts, Tensor(c.data(), {cfg_.num_experts}, DType::kI32));
+  std::vector<int64_t> off(c.size() + 1, 0);
+  for (size_t e = 0; e < c.size(); ++e) off[e + 1] = off[e] + c[e];
+  return off;
+}
+
+// The MoE MLP (Megatron's MoELayer with its all-gather dispatcher, experts
+// held locally, ETP = TP): every TP rank routes all N rows of the gathered
+// ln2 (the same choices on every rank: the router is replicated), permutes
+// them by expert, runs its columns of each expert's MLP, and combines the
+// outputs weighted by the routing probabilities; the partial sums over the
+// TP ranks' columns are reduce-scattered (SP) into y_own [Ns, h], as a
+// row-parallel linear's. y_own undefined: stop after the experts' outputs
+// (a recomputed group's last layer: backward needs nothing after them).
+// Records the layer's load-balancing and z-loss values in the slot.
+void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const Tensor& y_own, const Slot& s) {
+  const int64_t E = cfg_.num_experts;
+  const DType dt = opt_.dtype;
+  {
+    ArenaScope scope(scratch_);
+    const Tensor logits = scratch({N_, E}, dt);
+    linear_fwd(a.ln2, p.router_w, -1, logits);
+    k::moe_route(logits, cfg_.moe_router_pre_softmax, cfg_.moe_router_topk_scaling_factor.value_or(1.0), a.r_idx,
+                 a.r_probs, a.r_scores, a.r_lse);
+  }
+  k::moe_dispatch_map(a.r_idx, a.counts, a.src, a.pos);
+  k::moe_permute(a.ln2, a.src, a.xp);
+  const std::vector<int64_t> off = expert_offsets(a);
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e]) linear_fwd(a.xp.slice(off[e], off[e + 1]), p.exp_fc1[e], -1, a.fc1.slice(off[e], off[e + 1]));
+  if (cfg_.swiglu) k::swiglu_forward(a.fc1, a.act);
+  else k::gelu_forward(mlp_activation(cfg_), a.fc1, a.act);
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e]) linear_fwd(a.act.slice(off[e], off[e + 1]), p.exp_fc2[e], -1, a.y.slice(off[e], off[e + 1]));
+  if (s.training) moe_record_losses(l, a, s);
+  if (!y_own.defined()) return;
+  if (!sp()) return k::moe_unpermute(a.y, a.pos, a.r_probs, y_own);
+  ArenaScope scope(scratch_);
+  const Tensor full = scratch({N_, h_}, dt);
+  k::moe_unpermute(a.y, a.pos, a.r_probs, full);
+  opt_.tp_comm->reduce_scatter(full, y_own);
+}
+
+namespace {
+// A host vector to a device vector of dtype dt (fp32 or fp64), and back.
+void host_to_tensor(const std::vector<double>& v, const Tensor& t) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  if (t.dtype() == DType::kF64) return copy_tensor(Tensor(const_cast<double*>(v.data()), {n}, DType::kF64), t);
+  std::vector<float> f(v.begin(), v.end());
+  copy_tensor(Tensor(f.data(), {n}, DType::kF32), t);
+}
+std::vector<double> tensor_to_host(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  if (t.dtype() == DType::kF64) {
+    copy_tensor(t, Tensor(v.data(), {t.numel()}, DType::kF64));
+  } else {
+    std::vector<float> f(v.size());
+    copy_tensor(t, Tensor(f.data(), {t.numel()}, DType::kF32));
+    v.assign(f.begin(), f.end());
+  }
+  return v;
+}
+}  // namespace
+
+// The load-balancing loss (Megatron's switch loss) and the z-loss of layer
+// l, unweighted, as this rank sees them: the switch loss over its N rows
+// with the tokens routed to each expert over the whole micro-batch (this
+// rank's counts summed over CP: every TP rank routes the same N rows), so
+// that the CP ranks' values sum to the micro-batch's; the z-loss as its
+// share of the micro-batch mean. Keeps the counts for backward.
+void GPTModel::moe_record_losses(int l, const LayerActs& a, const Slot& s) {
+  const int64_t E = cfg_.num_experts, k = cfg_.moe_router_topk;
+  const double total = static_cast<double>(N_ * opt_.cp);  // the micro-batch's tokens (all CP ranks)
+  std::vector<int32_t> c(static_cast<size_t>(E));
+  copy_tensor(a.counts, Tensor(c.data(), {E}, DType::kI32));
+  std::vector<double> counts(c.begin(), c.end()), colsum;
+  {
+    ArenaScope scope(scratch_);
+    const Tensor t = scratch({E}, opt_.dtype);
+    if (opt_.cp > 1) {
+      host_to_tensor(counts, t);
+      opt_.cp_comm->all_reduce(t);
+      counts = tensor_to_host(t);
+    }
+    t.zero();
+    k::bias_grad(a.r_scores, t);  // sum over the rows of the softmax, per expert
+    colsum = tensor_to_host(t);
+  }
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) aux += colsum[static_cast<size_t>(e)] * counts[static_cast<size_t>(e)];
+  s.moe_aux[static_cast<size_t>(l)] = aux * static_cast<double>(E) / (static_cast<double>(k) * total * total);
+  if (cfg_.moe_z_loss_coeff) {
+    double z = 0;
+    for (double v : tensor_to_host(a.r_lse)) z += v * v;
+    s.moe_z[static_cast<size_t>(l)] = z / total;
+  }
+  s.moe_counts[static_cast<size_t>(l)] = std::move(counts);
+}
+
+// Backward of moe_forward. dy_own: d(y_own) [Ns, h]; dact, dfc1 [N k, ...]
+// scratch; dln_own receives d(ln2) of this rank's rows (the experts' part
+// reduce-scattered over TP, then the router's, from this rank's rows: its
+// weight gradient is partial over TP under SP, as Megatron's router marked
+// sequence_parallel). The load-balancing and z-loss gradients are scaled by
+// moe_loss_scale (GPTModel::set_moe_loss_scale).
+void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const Slot& s, const Tensor& dy_own,
+                            const Tensor& dact, const Tensor& dfc1, const Tensor& dln_own) {
+  const int64_t E = cfg_.num_experts, k = cfg_.moe_router_topk;
+  const DType dt = opt_.dtype;
+  ArenaScope scope(scratch_);
+  Tensor dout = dy_own;
+  if (sp()) {
+    dout = scratch({N_, h_}, dy_own.dtype());
+    opt_.tp_comm->all_gather(dy_own, dout);
+  }
+  const Tensor dy = scratch({R_, h_}, mid_), dprobs = scratch({N_, k}, dt);
+  k::moe_unpermute_backward(dout, a.y, a.pos, a.r_probs, dy, dprobs);
+  if (opt_.tp > 1) opt_.tp_comm->all_reduce(dprobs);  // each rank's columns gave part of y
+  const std::vector<int64_t> off = expert_offsets(a);
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      linear_bwd(a.act.slice(off[e], off[e + 1]), p.exp_fc2[e], -1, dy.slice(off[e], off[e + 1]),
+                 dact.slice(off[e], off[e + 1]));
+  if (cfg_.swiglu) k::swiglu_backward(a.fc1, dact, dfc1);
+  else k::gelu_backward(mlp_activation(cfg_), a.fc1, dact, dfc1);
+  const Tensor dxp = scratch({R_, h_}, mid_);
+  for (int64_t e = 0; e < E; ++e)
+    if (off[e + 1] > off[e])
+      linear_bwd(a.xp.slice(off[e], off[e + 1]), p.exp_fc1[e], -1, dfc1.slice(off[e], off[e + 1]),
+                 dxp.slice(off[e], off[e + 1]));
+  if (sp()) {
+    const Tensor full = scratch({N_, h_}, dt);
+    k::moe_unpermute(dxp, a.pos, Tensor(), full);
+    opt_.tp_comm->reduce_scatter(full, dln_own);
+  } else {
+    k::moe_unpermute(dxp, a.pos, Tensor(), dln_own);
+  }
+  // The router, on this rank's rows.
+  const int64_t r0 = sp() ? opt_.tp_rank * Ns_ : 0;
+  const double total = static_cast<double>(N_ * opt_.cp);
+  const bool lb = cfg_.moe_router_load_balancing_type == "aux_loss" && cfg_.moe_aux_loss_coeff > 0;
+  const Tensor aux = scratch({E}, dt), dlogits = scratch({Ns_, E}, dt), rdx = scratch({Ns_, h_}, dn_);
+  {
+    const std::vector<double>& counts = s.moe_counts.at(static_cast<size_t>(l));
+    MT_CHECK(counts.size() == static_cast<size_t>(E), "GPTModel::backward: an MoE layer's forward did not train");
+    const double w = lb ? cfg_.moe_aux_loss_coeff * static_cast<double>(E) /
+                              (static_cast<double>(k) * total * total) * moe_loss_scale_
+                        : 0.0;
+    std::vector<double> av(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) av[static_cast<size_t>(e)] = w * counts[static_cast<size_t>(e)];
+    host_to_tensor(av, aux);
+  }
+  const double z = cfg_.moe_z_loss_coeff.value_or(0.0) / total * moe_loss_scale_;
+  auto rows = [&](const Tensor& t) { return t.slice(r0, r0 + Ns_); };
+  k::moe_route_backward(rows(dprobs), rows(a.r_idx), rows(a.r_probs), rows(a.r_scores), rows(a.r_lse), aux, z,
+                        cfg_.moe_router_pre_softmax, cfg_.moe_router_topk_scaling_factor.value_or(1.0), dlogits);
+  linear_bwd(own_rows(a.ln2), p.router_w, -1, dlogits, rdx);
+  k::add_inplace(dln_own, rdx);
+}
+
 void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor& out, const Slot& s) {
   const LayerIdx& p = layers_[l];
   const bool post = cfg_.apply_residual_connection_post_layernorm;
@@ -1112,6 +1360,13 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
   // MLP block.
   norm_fwd(a.x_mid, p.ln2_w, p.ln2_b, ln2, a.ln2_mean, a.ln2_rstd);
   column_fwd_input(ln2, a.ln2);
+  if (p.router_w >= 0) {
+    moe_forward(l, p, a, out.defined() ? tmp : Tensor(), s);
+    if (!out.defined()) return;
+    if (hd > 0) hidden_dropout(tmp, tmp, hd, dropout_stream(s.dropout_step, l, 2));
+    k::add(a.x_mid, tmp, out);
+    return;
+  }
   linear_fwd(a.ln2, p.fc1_w, p.fc1_b, a.fc1);
   if (cfg_.swiglu) k::swiglu_forward(a.fc1, a.act);
   else k::gelu_forward(mlp_activation(cfg_), a.fc1, a.act);
@@ -1127,8 +1382,8 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   const int64_t adim = a_ * cfg_.head_dim();
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
-  Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch({N_, F_}, mid_),
-         dfc1 = scratch({N_, fc1_}, mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
+  Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch({R_, F_}, mid_),
+         dfc1 = scratch({R_, fc1_}, mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   const k::AttentionOptions ao = attention_options(s, l);
   Tensor ctx = a.ctx, lse = a.lse;
@@ -1142,10 +1397,14 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   // out = res2 + dropout(fc2(act)), res2 = post ? ln2 : x_mid
   if (hd > 0) hidden_dropout(dresid, dtmp, hd, dropout_stream(s.dropout_step, l, 2));
   const Tensor& dfc2 = hd > 0 ? dtmp : dresid;
-  row_linear_bwd(a.act, p.fc2_w, p.fc2_b, dfc2, dact);
-  if (cfg_.swiglu) k::swiglu_backward(a.fc1, dact, dfc1);
-  else k::gelu_backward(mlp_activation(cfg_), a.fc1, dact, dfc1);
-  column_linear_bwd(a.ln2, p.fc1_w, p.fc1_b, dfc1, dln);
+  if (p.router_w >= 0) {
+    moe_backward(l, p, a, s, dfc2, dact, dfc1, dln);
+  } else {
+    row_linear_bwd(a.act, p.fc2_w, p.fc2_b, dfc2, dact);
+    if (cfg_.swiglu) k::swiglu_backward(a.fc1, dact, dfc1);
+    else k::gelu_backward(mlp_activation(cfg_), a.fc1, dact, dfc1);
+    column_linear_bwd(a.ln2, p.fc1_w, p.fc1_b, dfc1, dln);
+  }
   if (post) {
     k::add_inplace(dln, dresid);  // residual taken from ln2
     dresid.zero();
@@ -1213,6 +1472,8 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
            fmt::format("GPTModel::forward: tokens and labels must be int32 [{}, {}]", B_, Tg_));
   s.dropout_step = dropout_step;
   s.training = training;
+  std::fill(s.moe_aux.begin(), s.moe_aux.end(), 0.0);
+  std::fill(s.moe_z.begin(), s.moe_z.end(), 0.0);
   // [b, s] -> [s, b], on the host (tokens and labels are host tensors), then to the model's device.
   MT_CHECK(tokens.device() == Device::kCpu && labels.device() == Device::kCpu,
            "GPTModel::forward: tokens and labels are host tensors");
@@ -1313,6 +1574,11 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
     }
   }
   s.ready = true;
+  if (training && cfg_.is_moe()) {
+    moe_stats_.load_balancing += std::accumulate(s.moe_aux.begin(), s.moe_aux.end(), 0.0);
+    moe_stats_.z += std::accumulate(s.moe_z.begin(), s.moe_z.end(), 0.0);
+    moe_stats_.layer_forwards += static_cast<double>(R.count);
+  }
   if (!last_stage(chunk)) return 0.0;
   // Final norm (on the shard with SP, then all-gathered), output layer (tied:
   // the word embedding; vocab-parallel), loss (vocab-parallel cross-entropy).
@@ -1357,6 +1623,7 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
            fmt::format("GPTModel::backward: slot {} outside [0, {}) (GPTOptions::slots)", slot, slots_.size()));
   Slot& s = slots_[static_cast<size_t>(slot)];
   MT_CHECK(s.ready, "GPTModel::backward: slot has no forward");
+  moe_loss_scale_ = moe_loss_scale_override_.value_or(loss_scale * static_cast<double>(opt_.cp));
   s.ready = false;
   const int chunk = s.chunk;
   const LayerRange R = chunks_[static_cast<size_t>(chunk)];
@@ -1458,6 +1725,16 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
   if (backward_hook_) backward_hook_(-1);
 }
 
+double GPTModel::moe_load_balancing_loss(int slot) const {
+  const Slot& s = slots_.at(static_cast<size_t>(slot));
+  return std::accumulate(s.moe_aux.begin(), s.moe_aux.end(), 0.0);
+}
+
+double GPTModel::moe_z_loss(int slot) const {
+  const Slot& s = slots_.at(static_cast<size_t>(slot));
+  return std::accumulate(s.moe_z.begin(), s.moe_z.end(), 0.0);
+}
+
 double GPTModel::flops_per_micro_batch() const {
   const double h = static_cast<double>(h_), a = static_cast<double>(cfg_.num_attention_heads),
                g = static_cast<double>(cfg_.query_groups()), d = static_cast<double>(cfg_.head_dim());
@@ -1466,7 +1743,10 @@ double GPTModel::flops_per_micro_batch() const {
   // counts the whole s^2 term per sequence; here per rank: its share).
   const double T = static_cast<double>(N_),
                Q = static_cast<double>(B_) * static_cast<double>(Tg_) * static_cast<double>(Tg_) / static_cast<double>(opt_.cp);
-  return T * (6 * h * phi * static_cast<double>(cfg_.ffn()) * Lr + Lr * 6 * (h * (q + 2 * kv) + q * h) +
+  // An MoE layer's MLP: each token through its top-k experts (the router's
+  // GEMM is not counted, as in Megatron).
+  const double F = cfg_.is_moe() ? static_cast<double>(cfg_.moe_ffn() * cfg_.moe_router_topk) : static_cast<double>(cfg_.ffn());
+  return T * (6 * h * phi * F * Lr + Lr * 6 * (h * (q + 2 * kv) + q * h) +
               6 * h * static_cast<double>(Vg_)) +
          Q * Lr * 6 * q;
 }

@@ -82,6 +82,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/arena.h"
@@ -244,7 +245,7 @@ struct GPTCommPlan {
 
 class GPTModel {
  public:
-  static constexpr int kLayerFields = 15;  // the activation tensors one layer can keep (gpt.cc's LayerActs)
+  static constexpr int kLayerFields = 24;  // the activation tensors one layer can keep (gpt.cc's LayerActs)
   // Validates cfg (Status for user errors) and allocates every arena.
   static Result<std::unique_ptr<GPTModel>> create(const ModelConfig& cfg, const GPTOptions& opt);
   // The bytes create() would allocate, without allocating (for the planner);
@@ -373,6 +374,28 @@ class GPTModel {
   const Arena& scratch_arena() const { return scratch_; }
   const Arena& activation_arena() const { return acts_; }
 
+  // --num-experts: the last forward of `slot` (training): its chunk's layers'
+  // load-balancing losses (Megatron's switch loss E/(k T^2) sum_e P_e n_e,
+  // without --moe-aux-loss-coeff) and z-losses (mean logsumexp^2, without
+  // --moe-z-loss-coeff), summed over the layers; this rank's share (summed
+  // over CP they are the micro-batch's).
+  double moe_load_balancing_loss(int slot) const;
+  double moe_z_loss(int slot) const;
+  // The factor on the load-balancing and z-loss gradients in backward: by
+  // default backward's loss_scale times CP (each CP rank holds a share of
+  // these losses, whereas its language-model loss is a mean over its own
+  // tokens); the trainer sets Megatron's 1 / (micro-batches x DP), or the
+  // micro-batch's tokens under --calculate-per-token-loss.
+  void set_moe_loss_scale(std::optional<double> scale) { moe_loss_scale_override_ = scale; }
+  // The training forwards' router losses since the last take (the trainer's
+  // log: Megatron's load_balancing_loss and z_loss are their means per layer
+  // and micro-batch): sums over layers and micro-batches, and the count of
+  // (layer, micro-batch) pairs.
+  struct MoeStats {
+    double load_balancing = 0, z = 0, layer_forwards = 0;
+  };
+  MoeStats take_moe_stats() { return std::exchange(moe_stats_, MoeStats{}); }
+
   // Model FLOPs of one forward+backward of a micro-batch on this rank
   // (Megatron's formula, ../shared/spec/megatron-reference.md §5, with B*s
   // tokens; with CP this rank's share: its B*s/CP tokens and 1/CP of the
@@ -429,6 +452,12 @@ class GPTModel {
   void layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor& out, const Slot& s);
   // dresid holds d(output) on entry and d(x) on exit.
   void layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& s, const Tensor& dresid);
+  // --num-experts: the MoE MLP of layer l (gpt.cc has the details).
+  void moe_forward(int l, const LayerIdx& p, const LayerActs& a, const Tensor& y_own, const Slot& s);
+  void moe_backward(int l, const LayerIdx& p, const LayerActs& a, const Slot& s, const Tensor& dy_own,
+                    const Tensor& dact, const Tensor& dfc1, const Tensor& dln_own);
+  void moe_record_losses(int l, const LayerActs& a, const Slot& s);
+  std::vector<int64_t> expert_offsets(const LayerActs& a) const;
   static LayerActs bind_layer(const std::vector<Tensor>& views, const std::array<int, kLayerFields>& entries);
   // --qk-layernorm on layer p's fused QKV (forward: a.qkv in place; backward: dqkv in place).
   void qk_norm_fwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a);
@@ -441,6 +470,10 @@ class GPTModel {
   ModelConfig cfg_;
   GPTOptions opt_;
   int64_t B_ = 0, T_ = 0, N_ = 0, h_ = 0, V_ = 0, qkv_ = 0, fc1_ = 0, F_ = 0;
+  int64_t R_ = 0;  // the MLP's rows: N, or N k routed slots with --num-experts (fc1_, F_ the expert's)
+  double moe_loss_scale_ = 1;
+  std::optional<double> moe_loss_scale_override_;
+  MoeStats moe_stats_;
   // Stored dtype of qkv, ctx, fc1 and their gradients (and act's gradient):
   // bf16 under --bf16 (they only meet GEMMs and the ops between two GEMMs),
   // else the model dtype.

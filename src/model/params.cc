@@ -148,6 +148,18 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
     add(p + "self_attention.linear_proj.weight", {h, a * d}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
     if (bias) add(p + "self_attention.linear_proj.bias", {h}, ShardKind::kReplicated, -1, InitKind::kZeros, false, i);
     norm(p + "pre_mlp_layernorm", i);
+    if (c.is_moe()) {
+      // Megatron's MoELayer: the router's [E, h] gate and the experts in
+      // SequentialMLP's naming, each a column/row-parallel MLP (ETP = TP).
+      const int64_t Fe = c.moe_ffn();
+      add(p + "mlp.router.weight", {c.num_experts, h}, ShardKind::kReplicated, -1, InitKind::kNormal, true, i);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.local_experts.{}.", p, e);
+        add(x + "linear_fc1.weight", {gate * Fe, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i, int(gate));
+        add(x + "linear_fc2.weight", {h, Fe}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
+      }
+      continue;
+    }
     add(p + "mlp.linear_fc1.weight", {gate * F, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i, int(gate));
     if (bias) add(p + "mlp.linear_fc1.bias", {gate * F}, ShardKind::kColumn, 0, InitKind::kZeros, false, i, int(gate));
     add(p + "mlp.linear_fc2.weight", {h, F}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);

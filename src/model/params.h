@@ -20,6 +20,10 @@
 //   decoder.layers.{i}.mlp.linear_fc1.bias                [F or 2F]     column (chunks as the weight)
 //   decoder.layers.{i}.mlp.linear_fc2.weight              [h, F]        row (dim 1)
 //   decoder.layers.{i}.mlp.linear_fc2.bias                [h]           replicated
+//   with --num-experts E, instead of the two mlp.linear_fc* (no biases):
+//   decoder.layers.{i}.mlp.router.weight                  [E, h]        replicated
+//   decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight  [Fe or 2Fe, h]  column, as fc1
+//   decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight  [h, Fe]         row, as fc2
 //   decoder.final_layernorm.{weight,bias}                 [h]           replicated
 //   output_layer.weight                                   [V, h]        vocab (dim 0), untied only
 // With Transformer Engine Megatron names the first norm of each block

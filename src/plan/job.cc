@@ -137,6 +137,16 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"distributed-timeout-minutes", {}, true,
        "no collective timeout to set: a rank that dies ends the whole job (MPI/NCCL abort)"},
       {"async-save", {}, false, "checkpoints are written synchronously (to a temporary name, then renamed)"},
+      {"moe-grouped-gemm", {}, false,
+       "the experts run one GEMM each (SequentialMLP's arithmetic); a grouped GEMM computes the same products"},
+      {"moe-token-dispatcher-type", {"allgather", "alltoall", "flex"}, true,
+       "every rank holds all of its layers' experts (no expert parallelism), so tokens are permuted locally; the "
+       "dispatchers move the same tokens to the same experts"},
+      {"moe-router-dtype", {"fp32"}, true,
+       "the router's logits, softmax, top-k and losses are always fp32 here (under --bf16 its two GEMMs take bf16 "
+       "inputs with fp32 accumulation, as every GEMM here; Megatron's fp64 router is not offered)"},
+      {"moe-permute-fusion", {}, false, kFusion},
+      {"moe-router-fusion", {}, false, kFusion},
   };
   for (const NoEffect& e : no_effect) {
     const std::string line = fmt::format("--{}: {}", e.name, e.why);

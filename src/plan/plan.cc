@@ -232,8 +232,8 @@ namespace {
 void plan_trainer_buffers(PlanReport& r) {
   TrainerBuffers& t = r.memory.trainer;
   const auto& p = r.job.parallel;
-  if (p.ep > 1 || r.job.model.is_moe()) {
-    t.why_not = "this build's trainer runs EP = 1 dense models";
+  if (p.ep > 1) {
+    t.why_not = "this build's trainer runs EP = 1 (experts replicated over DP)";
     return;
   }
   // Gradients are reduced, and with the distributed optimizer sharded, over DP x CP.

@@ -28,11 +28,14 @@ std::string format_log_line(const IterationStats& s) {
   // plus throughput and memory.
   return fmt::format(
       " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
-      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.3f} |{}{} "
+      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} |{} loss scale: 1.0 | grad norm: {:.3f} |{}{} "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | tokens/s: {:.0f} | "
       "throughput per device (TFLOP/s): {:.3f} | MFU: {:.1f}% | memory (MiB): {} measured, {} planned, peak RSS {}",
       now_text(), s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iteration, s.learning_rate,
-      s.global_batch_size, s.loss, s.grad_norm,
+      s.global_batch_size, s.loss,
+      (s.load_balancing_loss ? fmt::format(" load_balancing_loss: {:.6E} |", *s.load_balancing_loss) : std::string()) +
+          (s.z_loss ? fmt::format(" z_loss: {:.6E} |", *s.z_loss) : std::string()),
+      s.grad_norm,
       // Megatron reduces the count as a float32 and prints the Python float.
       s.num_zeros ? fmt::format(" num zeros: {:.1f} |", static_cast<double>(static_cast<float>(*s.num_zeros))) : std::string(),
       s.params_norm ? fmt::format(" params norm: {:.3f} |", *s.params_norm) : std::string(), s.skipped_iterations,
@@ -59,6 +62,8 @@ nlohmann::json to_json(const IterationStats& s) {
           {"peak_rss_bytes", s.peak_rss_bytes}};
   if (s.params_norm) j["params_norm"] = *s.params_norm;
   if (s.num_zeros) j["num_zeros"] = *s.num_zeros;
+  if (s.load_balancing_loss) j["load_balancing_loss"] = *s.load_balancing_loss;
+  if (s.z_loss) j["z_loss"] = *s.z_loss;
   return j;
 }
 

@@ -21,6 +21,8 @@ struct IterationStats {
   double grad_norm = 0;
   std::optional<double> params_norm;  // with --log-params-norm
   std::optional<int64_t> num_zeros;   // with --log-num-zeros-in-grad
+  // --num-experts: the router losses, unweighted, mean per layer and micro-batch
+  std::optional<double> load_balancing_loss, z_loss;
   int64_t skipped_iterations = 0, nan_iterations = 0;
   double tokens_per_s = 0;
   double tflops_per_device = 0;

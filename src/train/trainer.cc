@@ -200,6 +200,10 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     problems.push_back("[--no-data-sharding] the cyclic loader without data sharding is not implemented: Megatron's "
                        "deals one permutation of (size / micro-batch) x micro-batch samples to the ranks, which can "
                        "give them different numbers of micro-batches in an epoch (fix: drop --no-data-sharding)");
+  if (job.parallel.ep > 1)
+    problems.push_back("[--expert-model-parallel-size] expert parallelism is not implemented: every rank holds all "
+                       "of its layers' experts (split over TP like a dense MLP), replicated over DP (fix: "
+                       "--expert-model-parallel-size 1)");
   if (job.precision.fp16)
     problems.push_back("[--fp16] fp16 training (with loss scaling) is not implemented; `megatron plan` takes --fp16, "
                        "the trainer does not (fix: --bf16, which needs no loss scaling)");
@@ -213,13 +217,15 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
                              : fmt::format("the layout needs {} ranks (world size from {}) but mpirun started {}: "
                                            "use mpirun -np {} or change --world-size",
                                            plan.world, plan::world_source_name(plan.world_source), processes, plan.world));
-    if (job.parallel.ep > 1 || mc.is_moe())
-      problems.push_back("[--expert-model-parallel-size, --num-experts] mixture of experts is not implemented");
+    if (mc.is_moe() && job.parallel.etp && *job.parallel.etp != job.parallel.tp)
+      problems.push_back(fmt::format("[--expert-tensor-parallel-size] the experts are split over TP here: an expert "
+                                     "tensor-parallel size ({}) other than TP ({}) is not implemented (fix: drop the flag)",
+                                     *job.parallel.etp, job.parallel.tp));
     // The schedules and the model's own checks, here so that they too are
     // reported once, before any rank allocates.
     if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.global_batch)); !sc)
       problems.push_back(sc.status().message());
-    if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty() && job.parallel.ep == 1 && !mc.is_moe())
+    if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty() && job.parallel.ep == 1)
       problems.push_back(plan.memory.trainer.why_not);
     // NCCL matches point-to-point messages in issue order per pair of ranks
     // (no tags). With PP 2, virtual stages and micro-batch groups larger than
@@ -496,7 +502,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                      : fmt::format("TP x PP x DP = {} x {} x {}", tp, pp, dp);
   std::fprintf(out, "training %s: %lld parameters, %s on %d rank%s%s%s%s, micro-batch %lld x %lld "
                     "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %s\n",
-               mc.swiglu ? "a LLaMA-style GPT" : "a GPT", static_cast<long long>(plan.total_params), layout.c_str(),
+               (std::string(mc.swiglu ? "a LLaMA-style GPT" : "a GPT") +
+                (mc.is_moe() ? fmt::format(" with {} experts per layer (top {})", mc.num_experts, mc.moe_router_topk)
+                             : std::string()))
+                   .c_str(),
+               static_cast<long long>(plan.total_params), layout.c_str(),
                world, world == 1 ? "" : "s",
                vpp > 1 ? fmt::format(", {} virtual stages per pipeline rank", vpp).c_str() : "",
                sp ? ", sequence parallel" : "", dist_opt ? ", distributed optimizer" : "", static_cast<long long>(mbs),
@@ -628,7 +638,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const auto start = Clock::now();
   const int64_t first_iteration = iteration;
   auto interval_start = Clock::now();
-  double interval_loss = 0, interval_wait = 0;
+  double interval_loss = 0, interval_wait = 0, interval_lb = 0, interval_z = 0;
+  const bool moe_lb_active =
+      mc.is_moe() && mc.moe_router_load_balancing_type == "aux_loss" && mc.moe_aux_loss_coeff > 0;
   int64_t interval_iters = 0, skipped = 0, nan_iters = 0;
   double last_norm = 0;
   const char* kill_env = std::getenv("MEGATRON_CPP_TEST_KILL");  // test hook: "rank:iteration" dies mid-iteration
@@ -691,6 +703,13 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     // gradient scaling over the dp-cp group).
     // Per-token loss: each micro-batch's loss sum, divided below by the
     // tokens of the whole global batch.
+    // The router losses' gradients (--num-experts): Megatron's scale,
+    // 1 / (M x DP) (each CP rank holds a share of a micro-batch's), or under
+    // --calculate-per-token-loss the micro-batch's tokens, divided with every
+    // gradient by the global batch's counted tokens below.
+    if (mc.is_moe())
+      model.set_moe_loss_scale(cfg.calculate_per_token_loss ? static_cast<double>(mbs * seq)
+                                                            : 1.0 / static_cast<double>(M * dp));
     const LossTotals totals = executor.run_train(
         inputs, cfg.calculate_per_token_loss ? 1.0 : 1.0 / static_cast<double>(M * gdp),
         cfg.calculate_per_token_loss ? LossReduction::kSum : LossReduction::kMean,
@@ -751,6 +770,18 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     result.iteration = it;
     result.last_loss = loss;
     interval_loss += loss;
+    std::optional<double> lb_loss, z_loss;
+    if (mc.is_moe()) {
+      // Per layer and micro-batch, over the whole model: every rank's sums
+      // (TP ranks alike, CP ranks' shares adding up to the micro-batch's).
+      const model::GPTModel::MoeStats ms = model.take_moe_stats();
+      const double n = world_comm->all_reduce_scalar(ms.layer_forwards) / static_cast<double>(cp);
+      // Logged as Megatron logs them: the load-balancing loss while it
+      // trains (type aux_loss, coefficient > 0), the z-loss with its flag.
+      if (moe_lb_active) lb_loss = world_comm->all_reduce_scalar(ms.load_balancing) / std::max(1.0, n);
+      if (mc.moe_z_loss_coeff) z_loss = world_comm->all_reduce_scalar(ms.z) / std::max(1.0, n);
+      interval_lb += lb_loss.value_or(0.0), interval_z += z_loss.value_or(0.0);
+    }
     interval_wait += executor.last_wait_seconds();
     ++interval_iters;
     const double tp_bytes = static_cast<double>(tp_comm.stats().bytes), dp_bytes = static_cast<double>(grad_comm.stats().bytes);
@@ -761,6 +792,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                           {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes},
                           {"pp_bytes", pp_bytes}};
     if (cp > 1) row["cp_bytes"] = cp_bytes;
+    if (lb_loss) row["load_balancing_loss"] = *lb_loss;
+    if (z_loss) row["z_loss"] = *z_loss;
     if (params_norm) row["params_norm"] = *params_norm;
     if (num_zeros) row["num_zeros"] = *num_zeros;
     metrics.append(row);
@@ -796,6 +829,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       s.iteration = it, s.train_iters = train_iters, s.consumed_samples = consumed_train;
       s.ms_per_iteration = 1000 * secs / static_cast<double>(interval_iters);
       s.learning_rate = sched.lr(), s.global_batch_size = gbs, s.loss = interval_loss / static_cast<double>(interval_iters);
+      if (moe_lb_active) s.load_balancing_loss = interval_lb / static_cast<double>(interval_iters);
+      if (mc.moe_z_loss_coeff) s.z_loss = interval_z / static_cast<double>(interval_iters);
       s.grad_norm = last_norm, s.params_norm = params_norm, s.num_zeros = num_zeros, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
       s.tokens_per_s = static_cast<double>(gbs * seq) / (s.ms_per_iteration / 1000);
       s.tflops_per_device = flops_per_iter / (s.ms_per_iteration / 1000) / 1e12 / static_cast<double>(world);
@@ -820,7 +855,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       j["memory_comm_planned_bytes"] = plan.memory.trainer.comm;
       if (pp > 1) j["pipeline_idle_fraction"] = interval_wait / secs;
       metrics.append(j);
-      interval_loss = 0, interval_iters = 0, nan_iters = 0, interval_wait = 0;
+      interval_loss = 0, interval_iters = 0, nan_iters = 0, interval_wait = 0, interval_lb = 0, interval_z = 0;
       interval_start = Clock::now();
     }
     bar.update(it, train_iters, secs_since_start / static_cast<double>(it - first_iteration), loss);

@@ -263,6 +263,41 @@ q_back=$("$BIN" generate --load "$TMP/qwen3-imp" --prompt "$P2" --temperature 0 
 [ -n "$q_back" ] && [ "$q_back" = "$q_ours" ] || fail "qwen3: imported model continues '$q_back', the original '$q_ours'"
 echo "qwen3 greedy: ours '$q_ours', exported '$q_theirs', imported '$q_back'"
 
+# Mixtral style (--num-experts 4, top-2, GQA, untied), one rank: exported as
+# MixtralForCausalLM (router and experts as block_sparse_moe), continued by
+# PyTorch exactly as by `megatron generate`, and the same after import.
+MIXTRAL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention --num-query-groups 2
+  --ffn-hidden-size 96 --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear
+  --untie-embeddings-and-output-weights --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
+  --moe-aux-loss-coeff 1e-2)
+"$BIN" train "${COMMON[@]}" "${MIXTRAL[@]}" --train-iters 400 --save "$TMP/mixtral" >"$TMP/mixtral.log" 2>&1 \
+  || { fail "train mixtral"; tail -20 "$TMP/mixtral.log"; }
+"$BIN" export --load "$TMP/mixtral" --output "$TMP/hf-mixtral" >"$TMP/e6.log" 2>&1 || { fail "export mixtral"; cat "$TMP/e6.log"; }
+python3 -c "
+import json,sys; c=json.load(open(sys.argv[1]))
+assert c['architectures']==['MixtralForCausalLM'] and c['model_type']=='mixtral', c
+assert c['num_local_experts']==4 and c['num_experts_per_tok']==2 and c['intermediate_size']==48, c
+assert not c['tie_word_embeddings'] and c['num_key_value_heads']==2, c
+" "$TMP/hf-mixtral/config.json" || fail "mixtral config.json"
+x_ours=$("$BIN" generate --load "$TMP/mixtral" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+x_theirs=$(/usr/bin/python3 "$REF" "$TMP/hf-mixtral" greedy "$P2" 8)
+if [ $? != 77 ]; then
+  [ -n "$x_ours" ] && [ "$x_ours" = "$x_theirs" ] || fail "mixtral: generate '$x_ours' vs exported model '$x_theirs'"
+fi
+"$BIN" import --hf "$TMP/hf-mixtral" --save "$TMP/mixtral-imp" >"$TMP/i6.log" 2>&1 || { fail "import mixtral"; cat "$TMP/i6.log"; }
+grep -q -- "--num-experts 4" "$TMP/i6.log" && grep -q -- "--moe-ffn-hidden-size 48" "$TMP/i6.log" \
+  || { fail "mixtral import flags"; cat "$TMP/i6.log"; }
+x_back=$("$BIN" generate --load "$TMP/mixtral-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+[ -n "$x_back" ] && [ "$x_back" = "$x_ours" ] || fail "mixtral: imported model continues '$x_back', the original '$x_ours'"
+echo "mixtral greedy: ours '$x_ours', exported '$x_theirs', imported '$x_back'"
+# A MoE model no transformers class computes: named, nothing written.
+"$BIN" train "${COMMON[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear \
+  --num-experts 2 --moe-router-topk 1 --moe-router-pre-softmax --train-iters 10 --save "$TMP/moegpt" >"$TMP/moegpt.log" 2>&1 \
+  || { fail "train moe gpt"; tail -5 "$TMP/moegpt.log"; }
+"$BIN" export --load "$TMP/moegpt" --output "$TMP/hf-moegpt" 2>"$TMP/err"; rc=$?
+[ $rc = 2 ] && grep -q "GPT2LMHeadModel has no experts" "$TMP/err" && [ ! -e "$TMP/hf-moegpt" ] \
+  || { fail "moe gpt export should be refused: rc $rc"; cat "$TMP/err"; }
+
 # Errors: exit 2, the flag named, nothing overwritten.
 "$BIN" export --load "$TMP/gpt" --output "$TMP/hf-gpt" 2>"$TMP/err"; rc=$?
 [ $rc = 2 ] && grep -q -- "--output" "$TMP/err" || { fail "occupied --output: rc $rc"; cat "$TMP/err"; }

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Runs a Hugging Face model directory the way the transformers library defines
-GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, in
-float64 PyTorch,
+GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
+MixtralForCausalLM, in float64 PyTorch,
 from config.json and the safetensors files alone (written for megatron-cpp's
 export tests; transformers itself is not packaged in Debian).
 
@@ -152,6 +152,9 @@ def llama(cfg, W, ids):
         y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
         x = x + lin(y, p + "self_attn.o_proj", o_bias)
         h = rms(x, W[p + "post_attention_layernorm.weight"])
+        if cfg["model_type"] == "mixtral":
+            x = x + sparse_moe(cfg, W, p + "block_sparse_moe.", h)
+            continue
         g = lin(h, p + "mlp.gate_proj", mlp_bias)
         u = lin(h, p + "mlp.up_proj", mlp_bias)
         x = x + lin(F.silu(g) * u, p + "mlp.down_proj", mlp_bias)
@@ -160,11 +163,32 @@ def llama(cfg, W, ids):
     return x @ head.t()
 
 
+def sparse_moe(cfg, W, p, h):
+    """Mixtral's sparse MoE block: softmax over all experts' router logits,
+    the top num_experts_per_tok, renormalised to sum to 1; each chosen
+    expert's w2(silu(w1 x) * w3 x), weighted and summed."""
+    B, T, E = h.shape
+    x = h.reshape(B * T, E)
+    probs = torch.softmax(x @ W[p + "gate.weight"].t(), dim=-1)
+    top, idx = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)
+    top = top / top.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for e in range(cfg["num_local_experts"]):
+        rows, slot = (idx == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        q = f"{p}experts.{e}."
+        xe = x[rows]
+        y = (F.silu(xe @ W[q + "w1.weight"].t()) * (xe @ W[q + "w3.weight"].t())) @ W[q + "w2.weight"].t()
+        out = out.index_add(0, rows, top[rows, slot].unsqueeze(1) * y)
+    return out.reshape(B, T, E)
+
+
 def forward(cfg, W, ids):
     arch = cfg["architectures"][0]
     if arch == "GPT2LMHeadModel":
         return gpt2(cfg, W, ids)
-    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM"):
         return llama(cfg, W, ids)
     raise SystemExit(f"hf_reference.py: unknown architecture {arch}")
 

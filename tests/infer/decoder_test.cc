@@ -71,6 +71,18 @@ ModelConfig qk_ln_style() {  // LayerNorm q/k norms with zero-centred weights, o
   return c;
 }
 
+ModelConfig mixtral_style() {  // MoE: 4 experts, top-2
+  ModelConfig c = llama_style();
+  c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24;
+  return c;
+}
+
+ModelConfig moe_gpt_style() {  // MoE GPT: 3 experts, top-1 with the pre-softmax router, no biases
+  ModelConfig c = gpt2_style();
+  c.add_bias_linear = false, c.num_experts = 3, c.moe_router_topk = 1, c.moe_router_pre_softmax = true;
+  return c;
+}
+
 template <typename T>
 double row_rel_err(const T* a, const T* b, int64_t n) {
   double num = 0, den = 0;
@@ -174,7 +186,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
                          ::testing::Values(Case{"gpt2", gpt2_style}, Case{"llama", llama_style},
                                            Case{"postln", post_ln_style}, Case{"mqa", mqa_style},
                                            Case{"llama31", llama31_style}, Case{"qwen", qwen_style},
-                                           Case{"qwen3", qwen3_style}, Case{"qk_ln", qk_ln_style}),
+                                           Case{"qwen3", qwen3_style}, Case{"qk_ln", qk_ln_style},
+                                           Case{"mixtral", mixtral_style}, Case{"moe_gpt", moe_gpt_style}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Decoder, ParametersOnlyModelAndErrors) {

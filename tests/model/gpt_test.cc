@@ -91,6 +91,25 @@ ModelConfig post_ln_style() {  // GPT with the residual after the norm and OpenA
   return c;
 }
 
+// Mixtral-style: LLaMA with 4 experts of width 24, two per token, the
+// load-balancing loss and the z-loss.
+ModelConfig mixtral_style() {
+  ModelConfig c = llama_style();
+  c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24;
+  c.moe_aux_loss_coeff = 0.3, c.moe_z_loss_coeff = 0.05;
+  return c;
+}
+
+// GPT (LayerNorm, GELU) with 3 experts, one per token: the pre-softmax
+// router (Megatron requires it with top-1), probabilities scaled by 1.5.
+ModelConfig moe_gpt_style() {
+  ModelConfig c = gpt2_style();
+  c.add_bias_linear = false;
+  c.num_experts = 3, c.moe_router_topk = 1, c.moe_router_pre_softmax = true, c.moe_router_topk_scaling_factor = 1.5;
+  c.moe_aux_loss_coeff = 0.2;
+  return c;
+}
+
 nlohmann::json config_json(const ModelConfig& c) {
   return {{"num_layers", c.num_layers}, {"hidden_size", c.hidden_size}, {"num_attention_heads", c.num_attention_heads},
           {"num_query_groups", c.query_groups()}, {"kv_channels", c.head_dim()},
@@ -102,7 +121,11 @@ nlohmann::json config_json(const ModelConfig& c) {
           {"rotary_interpolation", static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1))},
           {"swiglu", c.swiglu}, {"gelu_tanh", c.gelu_tanh()}, {"squared_relu", c.squared_relu},
           {"qk_layernorm", c.qk_layernorm},
-          {"apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm}};
+          {"apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm},
+          {"num_experts", c.num_experts}, {"moe_router_topk", c.moe_router_topk},
+          {"moe_router_pre_softmax", c.moe_router_pre_softmax},
+          {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor.value_or(1.0)},
+          {"moe_aux_loss_coeff", c.moe_aux_loss_coeff}, {"moe_z_loss_coeff", c.moe_z_loss_coeff.value_or(0.0)}};
 }
 
 void random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, std::vector<int32_t>& tok, std::vector<int32_t>& lab) {
@@ -134,6 +157,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "sqrelu"  ? squared_relu_style()
                     : which == "qwen3"   ? qwen3_style()
                     : which == "gptqk"   ? gpt_qk_style()
+                    : which == "mixtral" ? mixtral_style()
+                    : which == "moegpt"  ? moe_gpt_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -176,7 +201,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   random_batch(opt.micro_batch, cfg.seq_length, *cfg.vocab_size, 7, tok, lab);
   Tensor tt(tok.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32), lt(lab.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32);
   m.zero_grads();
-  const double loss = m.forward(0, tt, lt, 0, false);
+  // Training mode for MoE (its load-balancing and z-losses are training's); no dropout here.
+  const double loss = m.forward(0, tt, lt, 0, cfg.is_moe());
   std::vector<float> logits(m.logits(0).ptr<float>(), m.logits(0).ptr<float>() + m.logits(0).numel());
   m.backward(0);
 
@@ -199,6 +225,12 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   EXPECT_LT(rel_err<float>(ours, *ref->get("logits")), 1e-5) << "logits";
   const double ref_loss = ref->get("loss")->ptr<float>()[0];
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << "loss";
+  if (cfg.is_moe()) {
+    const double aux = ref->get("moe_aux")->ptr<float>()[0], z = ref->get("moe_z")->ptr<float>()[0];
+    EXPECT_NEAR(m.moe_load_balancing_loss(0), aux, 1e-5 * aux) << "load-balancing loss";
+    EXPECT_NEAR(m.moe_z_loss(0), cfg.moe_z_loss_coeff ? z : 0.0, 1e-5 * z) << "z-loss";
+    EXPECT_GT(aux, 0.5 * cfg.num_layers) << "E sum f_i P_i is about 1 per layer";
+  }
   for (size_t i = 0; i < m.specs().size(); ++i) {
     auto g = ref->get("grad." + m.specs()[i].name);
     ASSERT_TRUE(g.is_ok()) << g.status().message();
@@ -208,7 +240,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                          ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
-                                           "gptqk"));
+                                           "gptqk", "mixtral", "moegpt"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.
@@ -439,11 +471,30 @@ TEST(ParamRegistry, MegatronNamesShardsAndPlannerCounts) {
 TEST(GPTModel, ConfigErrorsAreListed) {
   ModelConfig cfg = llama_style();
   cfg.num_query_groups = 4;  // 6 heads do not split into 4 groups
-  cfg.num_experts = 2;
+  cfg.num_experts = 2, cfg.moe_router_topk = 3;
   auto m = GPTModel::create(cfg, GPTOptions{});
   ASSERT_FALSE(m.is_ok());
   EXPECT_NE(m.status().message().find("--num-query-groups"), std::string::npos);
-  EXPECT_NE(m.status().message().find("--num-experts"), std::string::npos);
+  EXPECT_NE(m.status().message().find("--moe-router-topk 3 exceeds --num-experts 2"), std::string::npos);
+}
+
+// What the MoE layer does not take is refused, each with its fix: expert
+// biases, top-1 without the pre-softmax router (Megatron's rule), TP
+// without SP, an expert width TP does not divide.
+TEST(GPTModel, MoeConfigErrorsNameTheirFix) {
+  ModelConfig cfg = gpt2_style();  // with biases
+  cfg.num_experts = 4, cfg.moe_router_topk = 1, cfg.moe_ffn_hidden_size = 30;
+  GPTOptions opt;
+  opt.tp = 4;
+  auto m = GPTModel::planned_bytes(cfg, opt);
+  ASSERT_FALSE(m.is_ok());
+  const std::string msg = m.status().message();
+  for (const char* want : {"add --disable-bias-linear", "add --moe-router-pre-softmax", "needs --sequence-parallel",
+                           "--moe-ffn-hidden-size 30 is not divisible by --tensor-model-parallel-size 4"})
+    EXPECT_NE(msg.find(want), std::string::npos) << want << " in:\n" << msg;
+  cfg.add_bias_linear = false, cfg.moe_router_pre_softmax = true, cfg.moe_ffn_hidden_size = 32;
+  opt.sequence_parallel = true;
+  EXPECT_TRUE(GPTModel::planned_bytes(cfg, opt).is_ok());
 }
 
 }  // namespace

@@ -52,6 +52,20 @@ ModelConfig post_ln_style() {
   return c;
 }
 
+ModelConfig mixtral_style() {  // MoE: 4 experts, top-2, load-balancing and z-losses
+  ModelConfig c = llama_style();
+  c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 40;
+  c.moe_aux_loss_coeff = 0.1, c.moe_z_loss_coeff = 0.01;
+  return c;
+}
+
+ModelConfig moe_gpt_style() {  // MoE GPT: top-1 with the pre-softmax router, no biases
+  ModelConfig c = gpt2_style();
+  c.add_bias_linear = false, c.num_experts = 3, c.moe_router_topk = 1, c.moe_router_pre_softmax = true;
+  c.moe_aux_loss_coeff = 0.1;
+  return c;
+}
+
 RecomputeOptions full(RecomputeMethod m, int64_t n) {
   RecomputeOptions r;
   r.granularity = RecomputeGranularity::kFull, r.method = m, r.num_layers = n;
@@ -155,7 +169,9 @@ INSTANTIATE_TEST_SUITE_P(Configs, RecomputeNumerics,
                                            Case{"llama_bf16", llama_style, true}, Case{"qk", qk_style, false},
                                            Case{"qwen3", qwen3_style, false}, Case{"qwen3_bf16", qwen3_style, true},
                                            Case{"qwen3_bf16_fp32res", qwen3_style, true, true},
-                                           Case{"llama_bf16_fp32res", llama_style, true, true}),
+                                           Case{"llama_bf16_fp32res", llama_style, true, true},
+                                           Case{"mixtral", mixtral_style, false}, Case{"mixtral_bf16", mixtral_style, true},
+                                           Case{"moe_gpt", moe_gpt_style, false}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The size arithmetic, written out: every tensor rounded up to 64 bytes.

@@ -123,6 +123,8 @@ def forward(P, tokens, labels, cfg):
         b = bias(name + ".bias")
         return y if b is None else y + b
 
+    aux_total = torch.zeros(())
+    z_total = torch.zeros(())
     for i in range(cfg["num_layers"]):
         p = f"decoder.layers.{i}."
         ln1 = norm(x, P[p + "input_layernorm.weight"], bias(p + "input_layernorm.bias"), cfg)
@@ -144,20 +146,57 @@ def forward(P, tokens, labels, cfg):
         ctx = (torch.softmax(s, dim=-1) @ vh).permute(2, 0, 1, 3).reshape(T, B, a * d)
         x_mid = (ln1 if post else x) + linear(ctx, p + "self_attention.linear_proj")
         ln2 = norm(x_mid, P[p + "pre_mlp_layernorm.weight"], bias(p + "pre_mlp_layernorm.bias"), cfg)
+        if cfg.get("num_experts", 0):
+            mlp_out, aux, z = moe(ln2.reshape(T * B, h), p + "mlp.", cfg, linear)
+            aux_total = aux_total + aux
+            z_total = z_total + z
+            x = x_mid + mlp_out.reshape(T, B, h)
+            continue
         fc1 = linear(ln2, p + "mlp.linear_fc1")
-        if cfg["swiglu"]:
-            gate, up = fc1.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-        elif cfg.get("squared_relu", False):  # Megatron's squared_relu: relu(x) ** 2
-            act = torch.pow(F.relu(fc1), 2)
-        else:
-            act = F.gelu(fc1, approximate="tanh" if cfg["gelu_tanh"] else "none")
-        x = (ln2 if post else x_mid) + linear(act, p + "mlp.linear_fc2")
+        x = (ln2 if post else x_mid) + linear(activation(fc1, cfg), p + "mlp.linear_fc2")
     x = norm(x, P["decoder.final_layernorm.weight"], bias("decoder.final_layernorm.bias"), cfg)
     out_w = P["output_layer.weight"] if "output_layer.weight" in P else P["embedding.word_embeddings.weight"]
     logits = (x @ out_w.t()).reshape(T * B, -1)
     loss = F.cross_entropy(logits, labels.t().reshape(-1).long(), ignore_index=-1)
-    return logits, loss
+    return logits, loss, aux_total, z_total
+
+
+def activation(fc1, cfg):
+    if cfg["swiglu"]:
+        gate, up = fc1.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if cfg.get("squared_relu", False):  # Megatron's squared_relu: relu(x) ** 2
+        return torch.pow(F.relu(fc1), 2)
+    return F.gelu(fc1, approximate="tanh" if cfg["gelu_tanh"] else "none")
+
+
+def moe(xs, p, cfg, linear):
+    """Megatron's MoELayer written plainly: top-k routing (softmax over the
+    chosen logits, or with pre-softmax the full softmax's values), experts
+    run token by token, outputs weighted and summed; the switch
+    load-balancing loss and the z-loss as in moe_utils (unweighted)."""
+    E, k = cfg["num_experts"], cfg["moe_router_topk"]
+    N = xs.shape[0]
+    logits = xs @ P_ROUTER(p).t()
+    scores = torch.softmax(logits, dim=-1)
+    if cfg["moe_router_pre_softmax"]:
+        probs, idx = torch.topk(scores, k, dim=-1)
+    else:
+        top, idx = torch.topk(logits, k, dim=-1)
+        probs = torch.softmax(top, dim=-1)
+    probs = probs * cfg["moe_router_topk_scaling_factor"]
+    out = torch.zeros_like(xs)
+    for e in range(E):
+        rows, slot = (idx == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        y = linear(activation(linear(xs[rows], p + f"experts.local_experts.{e}.linear_fc1"), cfg),
+                   p + f"experts.local_experts.{e}.linear_fc2")
+        out = out.index_add(0, rows, probs[rows, slot].unsqueeze(1) * y)
+    counts = torch.nn.functional.one_hot(idx, E).sum(dim=(0, 1)).to(scores.dtype)
+    aux = (scores.sum(dim=0) * counts).sum() * E / (k * N * N)
+    z = torch.logsumexp(logits, dim=-1).square().mean()
+    return out, aux, z
 
 
 def main():
@@ -166,9 +205,12 @@ def main():
     tokens, labels = tensors.pop("tokens"), tensors.pop("labels")
     P = {n: t.float().requires_grad_(True) for n, t in tensors.items()}
     torch.set_num_threads(1)
-    logits, loss = forward(P, tokens, labels, cfg)
-    loss.backward()
-    out = {"logits": logits, "loss": loss.reshape(1)}
+    global P_ROUTER
+    P_ROUTER = lambda p: P[p + "router.weight"]
+    logits, loss, aux, z = forward(P, tokens, labels, cfg)
+    total = loss + cfg.get("moe_aux_loss_coeff", 0.0) * aux + cfg.get("moe_z_loss_coeff", 0.0) * z
+    total.backward()
+    out = {"logits": logits, "loss": loss.reshape(1), "moe_aux": aux.reshape(1), "moe_z": z.reshape(1)}
     for n, t in P.items():
         out["grad." + n] = t.grad if t.grad is not None else torch.zeros_like(t)
     write_safetensors(sys.argv[2], out)

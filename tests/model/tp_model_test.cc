@@ -57,6 +57,20 @@ ModelConfig gpt_qk_cfg() {  // LayerNorm q/k norms (weights and biases)
   return c;
 }
 
+ModelConfig mixtral_cfg() {  // MoE (TP needs SP): 4 experts of width 24, top-2, both router losses
+  ModelConfig c = llama_cfg();
+  c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24;
+  c.moe_aux_loss_coeff = 0.3, c.moe_z_loss_coeff = 0.05;
+  return c;
+}
+
+ModelConfig moe_gpt_cfg() {  // MoE GPT: top-1, pre-softmax router scaled by 2, no biases
+  ModelConfig c = gpt_cfg();
+  c.add_bias_linear = false, c.num_experts = 3, c.moe_router_topk = 1, c.moe_router_pre_softmax = true;
+  c.moe_router_topk_scaling_factor = 2.0, c.moe_aux_loss_coeff = 0.2, c.moe_ffn_hidden_size = 16;
+  return c;
+}
+
 template <typename T>
 double value(const Tensor& t, int64_t i) {
   return static_cast<double>(t.ptr<T>()[i]);
@@ -135,6 +149,7 @@ void run_case(const Case& c) {
     P.backward(0, 0.5);
   }
   P.reduce_tp_replicated_grads();
+  EXPECT_EQ(P.scratch_arena().high_water(), P.memory_plan().scratch) << c.name << ": scratch plan";
   double largest = 0;  // the largest serial gradient element
   for (const Tensor& gr : S.grads())
     for (int64_t i = 0; i < gr.numel(); ++i)
@@ -157,6 +172,10 @@ TEST(TensorParallelModel, EqualsSerialModel) {
       run_case({"postln", postln_cfg(), sp, dt, tol});
       run_case({"qwen3", qwen3_cfg(), sp, dt, tol});
       run_case({"gpt_qk", gpt_qk_cfg(), sp, dt, tol});
+      if (sp || comm::world_communicator()->size() == 1) {  // MoE with TP needs SP
+        run_case({"mixtral", mixtral_cfg(), sp, dt, tol});
+        run_case({"moe_gpt", moe_gpt_cfg(), sp, dt, tol});
+      }
     }
 }
 
@@ -235,6 +254,7 @@ void run_cp_case(const CpCase& c) {
     EXPECT_NEAR(total, S.loss_total(0), c.tol * std::abs(S.loss_total(0))) << c.name << ": loss sum";
     EXPECT_EQ(cp_comm->all_reduce_scalar(P.label_count(0)), S.label_count(0)) << c.name;
     S.backward(0, 0.5);
+    P.set_moe_loss_scale(0.5);  // the router losses: each CP rank holds its share of the serial ones
     P.backward(0, 0.5 * P.label_count(0) / S.label_count(0));
   }
   P.reduce_tp_replicated_grads();
@@ -264,6 +284,12 @@ TEST(ContextParallelModel, EqualsSerialModel) {
       run_cp_case({"llama bf16", llama_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
       run_cp_case({"gpt documents", gpt_cfg(), tp, sp, DType::kF64, false, none, 1e-11, true});
       run_cp_case({"llama documents selective", llama_cfg(), tp, sp, DType::kF64, false, sel, 1e-11, true});
+      if (sp || tp == 1) {  // MoE with TP needs SP
+        run_cp_case({"mixtral", mixtral_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
+        run_cp_case({"mixtral full recompute", mixtral_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
+        run_cp_case({"moe_gpt fp32", moe_gpt_cfg(), tp, sp, DType::kF32, false, none, 2e-5});
+        run_cp_case({"mixtral bf16", mixtral_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
+      }
     }
   }
 }

@@ -459,6 +459,30 @@ PY
 "$BIN" train "${MOCK[@]}" --train-iters 2 --data-path "$TMP/d_text_document" 2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q "a single data source must be provided" "$TMP/err" || { fail "--mock-data with --data-path"; cat "$TMP/err"; }
 
+# Mixture of experts on the mock data: the router losses logged as Megatron
+# names them, the loss falling; Megatron's dispatcher and grouped-GEMM flags
+# accepted as no-ops; what is not implemented refused together, each named.
+MOE=(--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --disable-bias-linear)
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-grouped-gemm --moe-token-dispatcher-type alltoall --train-iters 40 \
+  --metrics-file "$TMP/moe.jsonl" >"$TMP/moe.log" 2>&1 || { fail "MoE run"; cat "$TMP/moe.log"; }
+grep -q "training a GPT with 4 experts per layer (top 2)" "$TMP/moe.log" && grep -q "load_balancing_loss: " "$TMP/moe.log" \
+  && grep -q "z_loss: " "$TMP/moe.log" && grep -q -- "--moe-token-dispatcher-type: " "$TMP/moe.log" \
+  || { fail "MoE log line"; cat "$TMP/moe.log"; }
+python3 - "$TMP/moe.jsonl" <<'PY' || fail "MoE: loss or router losses not as expected"
+import json, math, sys
+rows = [json.loads(x) for x in open(sys.argv[1])]
+rows = [r for r in rows if "lm_loss" in r and "kind" not in r]
+assert len(rows) == 40 and rows[-1]["lm_loss"] < 0.8 * math.log(512), rows[-1]
+assert all(0.9 < r["load_balancing_loss"] < 2.5 and r["z_loss"] > 0 for r in rows), rows[0]
+print(f"MoE mock data: loss {rows[0]['lm_loss']:.3f} -> {rows[-1]['lm_loss']:.3f}, "
+      f"load balancing {rows[-1]['load_balancing_loss']:.3f}")
+PY
+"$BIN" train "${MOCK[@]}" --num-experts 4 --moe-router-topk 1 --train-iters 2 2>"$TMP/err"
+[ $? = 2 ] && grep -q -- "add --disable-bias-linear" "$TMP/err" && grep -q -- "add --moe-router-pre-softmax" "$TMP/err" \
+  || { fail "MoE refusals"; cat "$TMP/err"; }
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --expert-model-parallel-size 2 --train-iters 2 2>"$TMP/err"
+[ $? = 2 ] && grep -q "expert parallelism is not implemented" "$TMP/err" || { fail "EP refusal"; cat "$TMP/err"; }
+
 "$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"
 [ $? = 2 ] && grep -q "2 problems on the command line" "$TMP/err" && grep -q "unknown flag --mock-dat; did you mean --mock-data?" "$TMP/err" \
   || { fail "unknown flags listed at once"; cat "$TMP/err"; }

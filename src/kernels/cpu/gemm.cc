@@ -3,8 +3,9 @@
 // linear_fc2's forward), where oneDNN's matmul primitive (brgemm) is faster
 // on Zen 4 (216 vs 173 GFLOP/s for GPT-2's 1024x768x3072, 2 threads; bench/
 // gemm_bench) and Zen 5 (340 vs 265). Not for qkv's 1024x2304x768 (sgemm 360,
-// matmul 325 on Zen 5) nor proj's 768x768 (even). bf16 always through a
-// matmul primitive. Primitives are cached
+// matmul 325 on Zen 5) nor proj's 768x768 (even). bf16 through a matmul
+// primitive where this oneDNN has bf16 kernels (AVX-512 and up), else widened
+// to fp32 (gemm_bf16_widened: the same products). Primitives are cached
 // per (dtype, shape, transposes, beta) since creating one costs far more than
 // running a small one. The choice depends only on the shape, so results are
 // deterministic.
@@ -108,6 +109,59 @@ void gemm_matmul(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, c
   stream.wait();
 }
 
+// Whether this CPU's oneDNN can build bf16 matmul primitives: oneDNN 2.6
+// has bf16 kernels from AVX-512 up; on an AVX2-only CPU the primitive
+// descriptor cannot be created. Probed once.
+bool bf16_matmul_available() {
+  static const bool ok = [] {
+    try {
+      matmul_prim(PrimKey{true, false, true, false, 16, 16, 16, false});
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+// The bf16 GEMM without bf16 kernels: the operands widened to fp32
+// (exactly) and one fp32 sgemm, whose products are the bf16 products
+// exactly (8-bit significands multiply exactly in fp32); a bf16 C is read
+// as fp32 for beta 1 and the sum rounded to bf16 once, as the matmul
+// primitive's sum post-op rounds. The same values as the primitive's up to
+// the order of the fp32 accumulation.
+void gemm_bf16_widened(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
+                       float beta, const Tensor& C) {
+  // Per call (freed on return): a bf16 GEMM on such a CPU briefly holds
+  // fp32 copies of its operands, outside the memory plan.
+  std::vector<float> a, b, c;
+  auto widen = [](const Tensor& t, int64_t n, std::vector<float>& out) {
+    out.resize(static_cast<size_t>(n));
+    const bf16* p = t.ptr<bf16>();
+    float* o = out.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_float(p[i]);
+  };
+  widen(A, M * K, a);
+  widen(B, K * N, b);
+  const bool c_bf16 = C.dtype() == DType::kBF16;
+  float* cp = c_bf16 ? nullptr : C.ptr<float>();
+  if (c_bf16) {
+    if (beta == 1.0f) widen(C, M * N, c);
+    else c.assign(static_cast<size_t>(M * N), 0.0f);
+    cp = c.data();
+  }
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, a.data(), ta ? M : K, b.data(),
+                                tb ? K : N, beta, cp, N);
+  MT_CHECK(st == dnnl_success, "gemm: dnnl_sgemm failed (bf16 widened to fp32)");
+  if (c_bf16) {
+    bf16* out = C.ptr<bf16>();
+    const float* sum = c.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < M * N; ++i) out[i] = float_to_bf16(sum[i]);
+  }
+}
+
 }  // namespace
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const Tensor& A,
@@ -133,7 +187,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
                fmt::format("gemm: bf16 A needs bf16 B and an fp32 or bf16 C (got B {}, C {})", dtype_name(B.dtype()),
                            dtype_name(C.dtype())));
       MT_CHECK(alpha == 1.0f, "gemm bf16: alpha must be 1");
-      gemm_matmul(true, ta, tb, M, N, K, A, B, beta, C);
+      MT_CHECK(beta == 0.0f || beta == 1.0f, "gemm bf16: beta must be 0 or 1");
+      if (bf16_matmul_available()) gemm_matmul(true, ta, tb, M, N, K, A, B, beta, C);
+      else gemm_bf16_widened(ta, tb, M, N, K, A, B, beta, C);
       return;
     case DType::kF64:
       MT_CHECK(B.dtype() == DType::kF64 && C.dtype() == DType::kF64, "gemm: fp64 A needs fp64 B and C");

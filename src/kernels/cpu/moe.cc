@@ -1,0 +1,204 @@
+#include "kernels/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/common.h"
+
+namespace mt::kernels::cpu {
+namespace {
+
+void check_route_shapes(const Tensor& logits, const Tensor& idx, const Tensor& probs, const Tensor& scores,
+                        const Tensor& lse, const char* op) {
+  MT_CHECK(logits.ndim() == 2, std::string(op) + ": logits must be [N, E]");
+  const int64_t N = logits.dim(0), E = logits.dim(1);
+  MT_CHECK(idx.ndim() == 2 && idx.dim(0) == N && idx.dtype() == DType::kI32 && idx.dim(1) >= 1 && idx.dim(1) <= E,
+           std::string(op) + ": idx must be [N, k] int32 with 1 <= k <= E");
+  MT_CHECK(probs.numel() == idx.numel() && probs.dtype() == logits.dtype(), std::string(op) + ": probs must be [N, k]");
+  MT_CHECK(scores.numel() == N * E && scores.dtype() == logits.dtype(), std::string(op) + ": scores must be [N, E]");
+  MT_CHECK(lse.numel() == N && lse.dtype() == logits.dtype(), std::string(op) + ": lse must be [N]");
+}
+
+}  // namespace
+
+void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tensor& idx, const Tensor& probs,
+               const Tensor& scores, const Tensor& lse) {
+  check_route_shapes(logits, idx, probs, scores, lse, "moe_route");
+  const int64_t N = logits.dim(0), E = logits.dim(1), k = idx.dim(1);
+  float_types(logits.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    const T* l = logits.ptr<T>();
+    T *p = probs.ptr<T>(), *s = scores.ptr<T>(), *z = lse.ptr<T>();
+    int32_t* ix = idx.ptr<int32_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const T* lt = l + t * E;
+      T mx = lt[0];
+      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, lt[e]);
+      T sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(lt[e] - mx);
+      z[t] = mx + std::log(sum);
+      for (int64_t e = 0; e < E; ++e) s[t * E + e] = std::exp(lt[e] - mx) / sum;
+      // Top k by repeated selection: the largest logit not yet taken, the
+      // lower expert on ties.
+      int32_t* it = ix + t * k;
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; ++e) {
+          bool taken = false;
+          for (int64_t i = 0; i < j; ++i) taken = taken || it[i] == e;
+          if (!taken && (best < 0 || lt[e] > lt[best])) best = e;
+        }
+        it[j] = static_cast<int32_t>(best);
+      }
+      T* pt = p + t * k;
+      if (pre_softmax) {
+        for (int64_t j = 0; j < k; ++j) pt[j] = static_cast<T>(scale) * s[t * E + it[j]];
+      } else {
+        const T top = lt[it[0]];  // the largest chosen logit
+        T ssum = 0;
+        for (int64_t j = 0; j < k; ++j) ssum += std::exp(lt[it[j]] - top);
+        for (int64_t j = 0; j < k; ++j) pt[j] = static_cast<T>(scale) * (std::exp(lt[it[j]] - top) / ssum);
+      }
+    }
+  });
+}
+
+void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& probs, const Tensor& scores,
+                        const Tensor& lse, const Tensor& aux, double z, bool pre_softmax, double scale,
+                        const Tensor& dlogits) {
+  check_route_shapes(dlogits, idx, probs, scores, lse, "moe_route_backward");
+  const int64_t N = dlogits.dim(0), E = dlogits.dim(1), k = idx.dim(1);
+  MT_CHECK(dprobs.numel() == N * k && dprobs.dtype() == dlogits.dtype(), "moe_route_backward: dprobs must be [N, k]");
+  MT_CHECK(!aux.defined() || (aux.numel() == E && aux.dtype() == dlogits.dtype()), "moe_route_backward: aux must be [E]");
+  float_types(dlogits.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    const T *dp = dprobs.ptr<T>(), *p = probs.ptr<T>(), *s = scores.ptr<T>(), *zl = lse.ptr<T>();
+    const T* a = opt_ptr<T>(aux);
+    const int32_t* ix = idx.ptr<int32_t>();
+    T* dl = dlogits.ptr<T>();
+    const T sc = static_cast<T>(scale), zz = static_cast<T>(z);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; ++t) {
+      const T* st = s + t * E;
+      T* dt = dl + t * E;
+      const int32_t* it = ix + t * k;
+      // d(loss)/d(scores): the aux loss, and the chosen probabilities with pre_softmax.
+      for (int64_t e = 0; e < E; ++e) dt[e] = a ? a[e] : T(0);
+      if (pre_softmax)
+        for (int64_t j = 0; j < k; ++j) dt[it[j]] += sc * dp[t * k + j];
+      T dot = 0;
+      for (int64_t e = 0; e < E; ++e) dot += st[e] * dt[e];
+      for (int64_t e = 0; e < E; ++e) dt[e] = st[e] * (dt[e] - dot) + 2 * zz * zl[t] * st[e];
+      if (!pre_softmax) {  // the softmax over the chosen logits: p^ = probs / scale
+        T ds = 0;
+        for (int64_t j = 0; j < k; ++j) ds += (p[t * k + j] / sc) * (sc * dp[t * k + j]);
+        for (int64_t j = 0; j < k; ++j) dt[it[j]] += (p[t * k + j] / sc) * (sc * dp[t * k + j] - ds);
+      }
+    }
+  });
+}
+
+void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos) {
+  const int64_t N = idx.dim(0), k = idx.dim(1), E = counts.numel();
+  MT_CHECK(idx.dtype() == DType::kI32 && counts.dtype() == DType::kI32 && src.dtype() == DType::kI32 &&
+               pos.dtype() == DType::kI32,
+           "moe_dispatch_map: int32 tensors expected");
+  MT_CHECK(src.numel() == N * k && pos.numel() == N * k, "moe_dispatch_map: src and pos must have N k elements");
+  const int32_t* ix = idx.ptr<int32_t>();
+  int32_t *c = counts.ptr<int32_t>(), *sr = src.ptr<int32_t>(), *ps = pos.ptr<int32_t>();
+  std::fill(c, c + E, 0);
+  for (int64_t i = 0; i < N * k; ++i) {
+    MT_CHECK(ix[i] >= 0 && ix[i] < E, "moe_dispatch_map: expert index out of range");
+    ++c[ix[i]];
+  }
+  std::vector<int64_t> next(static_cast<size_t>(E), 0);
+  for (int64_t e = 1; e < E; ++e) next[static_cast<size_t>(e)] = next[static_cast<size_t>(e - 1)] + c[e - 1];
+  for (int64_t i = 0; i < N * k; ++i) {  // tokens ascending: each expert's slots in token order
+    const int64_t p = next[static_cast<size_t>(ix[i])]++;
+    ps[i] = static_cast<int32_t>(p);
+    sr[p] = static_cast<int32_t>(i / k);
+  }
+}
+
+void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out) {
+  MT_CHECK(x.dtype() == out.dtype(), "moe_permute: x and out must have one dtype");
+  const int64_t C = x.dim(-1), M = src.numel(), N = x.numel() / C;
+  MT_CHECK(out.numel() == M * C, "moe_permute: out must be [M, C]");
+  const size_t row = static_cast<size_t>(C) * dtype_size(x.dtype());
+  const char* xp = static_cast<const char*>(x.data());
+  char* op = static_cast<char*>(out.data());
+  const int32_t* s = src.ptr<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < M; ++p) {
+    MT_CHECK(s[p] >= 0 && s[p] < N, "moe_permute: source row out of range");
+    std::memcpy(op + static_cast<size_t>(p) * row, xp + static_cast<size_t>(s[p]) * row, row);
+  }
+}
+
+void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, const Tensor& out) {
+  const int64_t C = out.dim(-1), N = out.numel() / C, k = pos.numel() / std::max<int64_t>(N, 1);
+  MT_CHECK(pos.numel() == N * k && y.numel() == N * k * C, "moe_unpermute: y [N k, C], pos [N, k], out [N, C]");
+  storage_types(y.dtype(), [&](auto ytag) { using S = decltype(ytag); using T = compute_t<S>;
+    storage_types(out.dtype(), [&](auto otag) { using Y = decltype(otag);
+      MT_CHECK(!probs.defined() || (probs.dtype() == dtype_of<T>() && probs.numel() == N * k),
+               "moe_unpermute: probs must be [N, k] in the compute type (fp32 for bf16 y)");
+      const S* yp = y.ptr<S>();
+      const T* w = opt_ptr<T>(probs);
+      const int32_t* ps = pos.ptr<int32_t>();
+      Y* o = out.ptr<Y>();
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < N; ++t)
+        for (int64_t c = 0; c < C; ++c) {
+          T acc = 0;
+          for (int64_t j = 0; j < k; ++j) {
+            const T v = ld<T>(yp[static_cast<int64_t>(ps[t * k + j]) * C + c]);
+            acc += w ? w[t * k + j] * v : v;
+          }
+          o[t * C + c] = to_out<Y>(acc);
+        }
+    });
+  });
+}
+
+void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& pos, const Tensor& probs,
+                            const Tensor& dy, const Tensor& dprobs) {
+  const int64_t C = dout.dim(-1), N = dout.numel() / C, k = pos.numel() / std::max<int64_t>(N, 1);
+  MT_CHECK(pos.numel() == N * k && y.numel() == N * k * C && dy.numel() == N * k * C && probs.numel() == N * k &&
+               dprobs.numel() == N * k && probs.dtype() == dprobs.dtype(),
+           "moe_unpermute_backward: dout [N, C], y and dy [N k, C], pos, probs and dprobs [N, k]");
+  float_types(probs.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    x_types<T>(dout.dtype(), "moe_unpermute_backward", "dout", [&](auto otag) {
+      x_types<T>(y.dtype(), "moe_unpermute_backward", "y", [&](auto ytag) {
+        x_types<T>(dy.dtype(), "moe_unpermute_backward", "dy", [&](auto dtag) {
+          using SO = decltype(otag);
+          using SY = decltype(ytag);
+          using SD = decltype(dtag);
+          {
+            const SO* d = dout.ptr<SO>();
+            const SY* yp = y.ptr<SY>();
+            const T* w = probs.ptr<T>();
+            const int32_t* ps = pos.ptr<int32_t>();
+            SD* dyp = dy.ptr<SD>();
+            T* dw = dprobs.ptr<T>();
+#pragma omp parallel for schedule(static)
+            for (int64_t t = 0; t < N; ++t)
+              for (int64_t j = 0; j < k; ++j) {
+                const int64_t p = ps[t * k + j];
+                T dot = 0;
+                for (int64_t c = 0; c < C; ++c) {
+                  const T g = ld<T>(d[t * C + c]);
+                  dot += g * ld<T>(yp[p * C + c]);
+                  dyp[p * C + c] = to_out<SD>(w[t * k + j] * g);
+                }
+                dw[t * k + j] = dot;
+              }
+          }
+        });
+      });
+    });
+  });
+}
+
+}  // namespace mt::kernels::cpu

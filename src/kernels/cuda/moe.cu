@@ -1,0 +1,281 @@
+// CUDA twins of kernels/cpu/moe.cc (kernels/moe.h has the contract).
+//
+// moe_route, moe_route_backward: one thread per token, the CPU twin's loops
+//   (E is at most a few hundred: the router is a small fraction of a layer).
+// moe_dispatch_map: two kernels with one thread per expert: the first counts
+//   the expert's slots, the second takes the counts of the lower experts as
+//   its offset and walks the slots in order, numbering its own: the CPU's
+//   map exactly. Each thread scans all N k slots serially (E threads only):
+//   simple and deterministic, but slow for large micro-batches (a block-wide
+//   scan per expert would be the fast form).
+// moe_permute: grid-stride copy of rows. moe_unpermute: grid-stride over
+//   out [N, C], j ascending as the CPU. moe_unpermute_backward: dy
+//   grid-stride; dprobs one warp per (t, j), lanes strided over C and a
+//   fixed shuffle tree (deterministic; rounding differs from the CPU's
+//   sequential sum).
+#include "core/cuda/check.cuh"
+#include "kernels/cuda/pointwise_common.cuh"
+#include "kernels/moe.h"
+
+namespace mt::kernels::cuda {
+namespace {
+
+using namespace ::mt::kernels::cuda::pointwise;
+
+__device__ __forceinline__ float log_t(float x) { return logf(x); }
+__device__ __forceinline__ double log_t(double x) { return log(x); }
+
+template <typename T>
+__global__ void route_fwd(int64_t N, int64_t E, int64_t k, bool pre, T scale, const T* __restrict__ l,
+                          int32_t* __restrict__ ix, T* __restrict__ p, T* __restrict__ s, T* __restrict__ z) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  const T* lt = l + t * E;
+  T mx = lt[0];
+  for (int64_t e = 1; e < E; ++e) mx = lt[e] > mx ? lt[e] : mx;
+  T sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += exp_t(lt[e] - mx);
+  z[t] = mx + log_t(sum);
+  for (int64_t e = 0; e < E; ++e) s[t * E + e] = exp_t(lt[e] - mx) / sum;
+  int32_t* it = ix + t * k;
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken = taken || it[i] == e;
+      if (!taken && (best < 0 || lt[e] > lt[best])) best = e;
+    }
+    it[j] = static_cast<int32_t>(best);
+  }
+  T* pt = p + t * k;
+  if (pre) {
+    for (int64_t j = 0; j < k; ++j) pt[j] = scale * s[t * E + it[j]];
+  } else {
+    const T top = lt[it[0]];
+    T ssum = 0;
+    for (int64_t j = 0; j < k; ++j) ssum += exp_t(lt[it[j]] - top);
+    for (int64_t j = 0; j < k; ++j) pt[j] = scale * (exp_t(lt[it[j]] - top) / ssum);
+  }
+}
+
+template <typename T>
+__global__ void route_bwd(int64_t N, int64_t E, int64_t k, bool pre, T scale, T zz, const T* __restrict__ dp,
+                          const int32_t* __restrict__ ix, const T* __restrict__ p, const T* __restrict__ s,
+                          const T* __restrict__ zl, const T* __restrict__ a, T* __restrict__ dl) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= N) return;
+  const T* st = s + t * E;
+  T* dt = dl + t * E;
+  const int32_t* it = ix + t * k;
+  for (int64_t e = 0; e < E; ++e) dt[e] = a ? a[e] : T(0);
+  if (pre)
+    for (int64_t j = 0; j < k; ++j) dt[it[j]] += scale * dp[t * k + j];
+  T dot = 0;
+  for (int64_t e = 0; e < E; ++e) dot += st[e] * dt[e];
+  for (int64_t e = 0; e < E; ++e) dt[e] = st[e] * (dt[e] - dot) + 2 * zz * zl[t] * st[e];
+  if (!pre) {
+    T ds = 0;
+    for (int64_t j = 0; j < k; ++j) ds += (p[t * k + j] / scale) * (scale * dp[t * k + j]);
+    for (int64_t j = 0; j < k; ++j) dt[it[j]] += (p[t * k + j] / scale) * (scale * dp[t * k + j] - ds);
+  }
+}
+
+__global__ void dispatch_count(int64_t M, int64_t E, const int32_t* __restrict__ ix, int32_t* __restrict__ counts) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  int32_t n = 0;
+  for (int64_t i = 0; i < M; ++i) n += ix[i] == e ? 1 : 0;
+  counts[e] = n;
+}
+
+__global__ void dispatch_pos(int64_t M, int64_t E, int64_t k, const int32_t* __restrict__ ix,
+                             const int32_t* __restrict__ counts, int32_t* __restrict__ src, int32_t* __restrict__ pos) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  int64_t next = 0;
+  for (int64_t i = 0; i < e; ++i) next += counts[i];
+  for (int64_t i = 0; i < M; ++i)
+    if (ix[i] == e) {
+      pos[i] = static_cast<int32_t>(next);
+      src[next] = static_cast<int32_t>(i / k);
+      ++next;
+    }
+}
+
+template <typename S>
+__global__ void permute_rows(int64_t n, int64_t C, const int32_t* __restrict__ src, const S* __restrict__ x,
+                             S* __restrict__ out) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    int64_t p, c;
+    divmod(e, C, p, c);
+    out[e] = x[static_cast<int64_t>(src[p]) * C + c];
+  }
+}
+
+template <typename T, typename S, typename Y>
+__global__ void unpermute_rows(int64_t n, int64_t C, int64_t k, const int32_t* __restrict__ pos,
+                               const T* __restrict__ w, const S* __restrict__ y, Y* __restrict__ out) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    int64_t t, c;
+    divmod(e, C, t, c);
+    T acc = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const T v = ld<T>(y[static_cast<int64_t>(pos[t * k + j]) * C + c]);
+      acc += w ? w[t * k + j] * v : v;
+    }
+    out[e] = to_out<Y>(acc);
+  }
+}
+
+template <typename T, typename SO, typename SD>
+__global__ void unpermute_bwd_dy(int64_t n, int64_t C, int64_t k, const int32_t* __restrict__ pos,
+                                 const T* __restrict__ w, const SO* __restrict__ d, SD* __restrict__ dy) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    int64_t tj, c;  // slot (t, j) = tj, flat over [N, k]
+    divmod(e, C, tj, c);
+    dy[static_cast<int64_t>(pos[tj]) * C + c] = to_out<SD>(w[tj] * ld<T>(d[(tj / k) * C + c]));
+  }
+}
+
+template <typename T, typename SO, typename SY>
+__global__ void unpermute_bwd_dprobs(int64_t NK, int64_t C, int64_t k, const int32_t* __restrict__ pos,
+                                     const SO* __restrict__ d, const SY* __restrict__ y, T* __restrict__ dw) {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= NK) return;
+  const int64_t t = warp / k, p = pos[warp];
+  T acc = 0;
+  for (int64_t c = lane; c < C; c += 32) acc += ld<T>(d[t * C + c]) * ld<T>(y[p * C + c]);
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
+  if (lane == 0) dw[warp] = acc;
+}
+
+}  // namespace
+
+void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tensor& idx, const Tensor& probs,
+               const Tensor& scores, const Tensor& lse) {
+  MT_CHECK(logits.ndim() == 2 && idx.ndim() == 2, "moe_route: logits must be [N, E] and idx [N, k]");
+  const int64_t N = logits.dim(0), E = logits.dim(1), k = idx.dim(1);
+  MT_CHECK(idx.dtype() == DType::kI32 && k >= 1 && k <= E && idx.numel() == N * k && probs.numel() == N * k &&
+               scores.numel() == N * E && lse.numel() == N && probs.dtype() == logits.dtype() &&
+               scores.dtype() == logits.dtype() && lse.dtype() == logits.dtype(),
+           "moe_route: logits [N, E], idx [N, k] int32 (1 <= k <= E), probs [N, k], scores [N, E] and lse [N] in "
+           "the logits' dtype");
+  check_on_gpu({&logits, &idx, &probs, &scores, &lse}, "moe_route");
+  if (N == 0) return;
+  float_types(logits.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    route_fwd<T><<<::mt::cuda::blocks_for(N, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(
+        N, E, k, pre_softmax, static_cast<T>(scale), logits.ptr<T>(), idx.ptr<int32_t>(), probs.ptr<T>(),
+        scores.ptr<T>(), lse.ptr<T>());
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& probs, const Tensor& scores,
+                        const Tensor& lse, const Tensor& aux, double z, bool pre_softmax, double scale,
+                        const Tensor& dlogits) {
+  MT_CHECK(dlogits.ndim() == 2 && idx.ndim() == 2, "moe_route_backward: dlogits must be [N, E] and idx [N, k]");
+  const int64_t N = dlogits.dim(0), E = dlogits.dim(1), k = idx.dim(1);
+  const DType dt = dlogits.dtype();
+  MT_CHECK(idx.dtype() == DType::kI32 && k >= 1 && k <= E && dprobs.numel() == N * k && probs.numel() == N * k &&
+               scores.numel() == N * E && lse.numel() == N && (!aux.defined() || aux.numel() == E) &&
+               dprobs.dtype() == dt && probs.dtype() == dt && scores.dtype() == dt && lse.dtype() == dt &&
+               (!aux.defined() || aux.dtype() == dt),
+           "moe_route_backward: shapes as moe_route's, dprobs [N, k], aux [E], all in dlogits' dtype");
+  check_on_gpu({&dprobs, &idx, &probs, &scores, &lse, &aux, &dlogits}, "moe_route_backward");
+  if (N == 0) return;
+  float_types(dlogits.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    route_bwd<T><<<::mt::cuda::blocks_for(N, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(
+        N, E, k, pre_softmax, static_cast<T>(scale), static_cast<T>(z), dprobs.ptr<T>(), idx.ptr<int32_t>(),
+        probs.ptr<T>(), scores.ptr<T>(), lse.ptr<T>(), opt_ptr<T>(aux), dlogits.ptr<T>());
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos) {
+  const int64_t M = idx.numel(), k = idx.dim(1), E = counts.numel();
+  MT_CHECK(idx.dtype() == DType::kI32 && counts.dtype() == DType::kI32 && src.dtype() == DType::kI32 &&
+               pos.dtype() == DType::kI32,
+           "moe_dispatch_map: int32 tensors expected");
+  MT_CHECK(src.numel() == M && pos.numel() == M, "moe_dispatch_map: src and pos must have N k elements");
+  check_on_gpu({&idx, &counts, &src, &pos}, "moe_dispatch_map");
+  if (E == 0) return;
+  dispatch_count<<<::mt::cuda::blocks_for(E, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(M, E, idx.ptr<int32_t>(),
+                                                                                              counts.ptr<int32_t>());
+  MT_CUDA_CHECK_LAUNCH();
+  dispatch_pos<<<::mt::cuda::blocks_for(E, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(
+      M, E, k, idx.ptr<int32_t>(), counts.ptr<int32_t>(), src.ptr<int32_t>(), pos.ptr<int32_t>());
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out) {
+  MT_CHECK(x.dtype() == out.dtype(), "moe_permute: x and out must have one dtype");
+  const int64_t C = x.dim(-1), M = src.numel();
+  MT_CHECK(out.numel() == M * C, "moe_permute: out must be [M, C]");
+  check_on_gpu({&x, &src, &out}, "moe_permute");
+  const int64_t n = M * C;
+  if (n == 0) return;
+  storage_types(x.dtype(), [&](auto tag_) {
+    using S = decltype(tag_);
+    permute_rows<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, C, src.ptr<int32_t>(), x.ptr<S>(),
+                                                                         out.ptr<S>());
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, const Tensor& out) {
+  const int64_t C = out.dim(-1), N = out.numel() / C, k = N ? pos.numel() / N : 0;
+  MT_CHECK(pos.numel() == N * k && y.numel() == N * k * C, "moe_unpermute: y [N k, C], pos [N, k], out [N, C]");
+  check_on_gpu({&y, &pos, &probs, &out}, "moe_unpermute");
+  const int64_t n = N * C;
+  if (n == 0) return;
+  storage_types(y.dtype(), [&](auto ytag) {
+    using S = decltype(ytag);
+    using T = compute_t<S>;
+    storage_types(out.dtype(), [&](auto otag) {
+      using Y = decltype(otag);
+      MT_CHECK(!probs.defined() || (probs.dtype() == dtype_of<T>() && probs.numel() == N * k),
+               "moe_unpermute: probs must be [N, k] in the compute type (fp32 for bf16 y)");
+      unpermute_rows<T, S, Y><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
+          n, C, k, pos.ptr<int32_t>(), opt_ptr<T>(probs), y.ptr<S>(), out.ptr<Y>());
+      MT_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& pos, const Tensor& probs,
+                            const Tensor& dy, const Tensor& dprobs) {
+  const int64_t C = dout.dim(-1), N = dout.numel() / C, k = N ? pos.numel() / N : 0;
+  MT_CHECK(pos.numel() == N * k && y.numel() == N * k * C && dy.numel() == N * k * C && probs.numel() == N * k &&
+               dprobs.numel() == N * k && probs.dtype() == dprobs.dtype(),
+           "moe_unpermute_backward: dout [N, C], y and dy [N k, C], pos, probs and dprobs [N, k]");
+  check_on_gpu({&dout, &y, &pos, &probs, &dy, &dprobs}, "moe_unpermute_backward");
+  if (N * k * C == 0) return;
+  float_types(probs.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    x_types<T>(dout.dtype(), "moe_unpermute_backward", "dout", [&](auto otag) {
+      x_types<T>(y.dtype(), "moe_unpermute_backward", "y", [&](auto ytag) {
+        x_types<T>(dy.dtype(), "moe_unpermute_backward", "dy", [&](auto dtag) {
+          using SO = decltype(otag);
+          using SY = decltype(ytag);
+          using SD = decltype(dtag);
+          {
+            const int64_t n = N * k * C;
+            unpermute_bwd_dy<T, SO, SD><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
+                n, C, k, pos.ptr<int32_t>(), probs.ptr<T>(), dout.ptr<SO>(), dy.ptr<SD>());
+            MT_CUDA_CHECK_LAUNCH();
+            const int64_t warps = N * k;
+            unpermute_bwd_dprobs<T, SO, SY><<<::mt::cuda::blocks_for(warps * 32, kThreads), kThreads, 0,
+                                              ::mt::cuda::stream()>>>(warps, C, k, pos.ptr<int32_t>(),
+                                                                      dout.ptr<SO>(), y.ptr<SY>(), dprobs.ptr<T>());
+            MT_CUDA_CHECK_LAUNCH();
+          }
+        });
+      });
+    });
+  });
+}
+
+}  // namespace mt::kernels::cuda

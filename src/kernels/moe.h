@@ -1,0 +1,89 @@
+#pragma once
+// Mixture-of-experts routing and token permutation (Megatron's TopKRouter
+// and the token dispatcher's permute/unpermute for experts held locally).
+//
+// N tokens (rows), E experts, k = top-k. A "slot" is one (token t, choice j)
+// pair; the M = N k slots are permuted so that each expert's slots are
+// consecutive, experts in order and, inside an expert, tokens ascending (the
+// order of Megatron's permute, which walks the routing map expert by expert).
+//
+// moe_route: logits [N, E] (T = fp32 or fp64) ->
+//   idx    [N, k] int32: the k largest logits' experts, largest first (ties:
+//          the lower expert first)
+//   probs  [N, k] T:     softmax over the k chosen logits (Megatron's default,
+//          the Mixtral renormalised top-k), or with pre_softmax the full
+//          softmax's values at the chosen experts; times `scale`
+//          (--moe-router-topk-scaling-factor, 1 without it)
+//   scores [N, E] T:     the softmax over all E logits (the load-balancing
+//          loss reads it: compute_routing_scores_for_aux_loss)
+//   lse    [N] T:        log-sum-exp over the E logits (the z-loss)
+// moe_route_backward: the gradient of
+//   sum_{t,j} dprobs[t,j] probs[t,j] + sum_{t,e} aux[e] scores[t,e] + z sum_t lse[t]^2
+// with respect to the logits, written (not accumulated) to dlogits [N, E].
+// aux [E] T (optional): d(aux loss)/d(scores[t, e]), the same for every
+// token (Megatron's switch loss is linear in the scores: coeff E /
+// (k T_total^2) times the expert's global token count).
+//
+// moe_dispatch_map: idx [N, k] -> counts [E] int32 (slots per expert), src
+//   [M] int32 (the token of each permuted slot) and pos [N, k] int32 (the
+//   permuted slot of each (t, j)). Deterministic.
+// moe_permute: out[p] = x[src[p]] (rows of width C; x and out one dtype).
+// moe_unpermute: out[t] = sum_j w[t,j] y[pos[t,j]], j ascending, in the
+//   compute type (fp32 for bf16 storage), w = probs, or 1 without probs (the
+//   gradient of moe_permute). y: T or bf16; out: T or bf16.
+// moe_unpermute_backward: dy[pos[t,j]] = probs[t,j] dout[t] (dy: T or bf16)
+//   and dprobs[t,j] = sum_c dout[t,c] y[pos[t,j],c] (T).
+
+#include "kernels/dispatch.h"
+
+namespace mt::kernels {
+
+#define MT_MOE_OPS(X)                                                                                           \
+  X(void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tensor& idx, const Tensor& probs,  \
+                   const Tensor& scores, const Tensor& lse))                                                     \
+  X(void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& probs, const Tensor& scores,   \
+                            const Tensor& lse, const Tensor& aux, double z, bool pre_softmax, double scale,     \
+                            const Tensor& dlogits))                                                              \
+  X(void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos))        \
+  X(void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out))                                     \
+  X(void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, const Tensor& out))              \
+  X(void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& pos, const Tensor& probs,     \
+                                const Tensor& dy, const Tensor& dprobs))
+#define MT_MOE_DECLARE(sig) sig;
+namespace cpu {
+MT_MOE_OPS(MT_MOE_DECLARE)
+}  // namespace cpu
+#ifdef MT_HAVE_CUDA
+// The CUDA twins (kernels/cuda/moe.cu), on the rank's stream.
+namespace cuda {
+MT_MOE_OPS(MT_MOE_DECLARE)
+}  // namespace cuda
+#endif
+#undef MT_MOE_DECLARE
+#undef MT_MOE_OPS
+
+inline void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tensor& idx, const Tensor& probs,
+                      const Tensor& scores, const Tensor& lse) {
+  MT_DISPATCH(moe_route, logits.device(), logits, pre_softmax, scale, idx, probs, scores, lse);
+}
+inline void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& probs, const Tensor& scores,
+                               const Tensor& lse, const Tensor& aux, double z, bool pre_softmax, double scale,
+                               const Tensor& dlogits) {
+  MT_DISPATCH(moe_route_backward, dlogits.device(), dprobs, idx, probs, scores, lse, aux, z, pre_softmax, scale,
+              dlogits);
+}
+inline void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos) {
+  MT_DISPATCH(moe_dispatch_map, idx.device(), idx, counts, src, pos);
+}
+inline void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out) {
+  MT_DISPATCH(moe_permute, out.device(), x, src, out);
+}
+inline void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, const Tensor& out) {
+  MT_DISPATCH(moe_unpermute, out.device(), y, pos, probs, out);
+}
+inline void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& pos, const Tensor& probs,
+                                   const Tensor& dy, const Tensor& dprobs) {
+  MT_DISPATCH(moe_unpermute_backward, dout.device(), dout, y, pos, probs, dy, dprobs);
+}
+
+}  // namespace mt::kernels

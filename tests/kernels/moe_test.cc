@@ -1,0 +1,181 @@
+// MoE routing and permutation kernels (kernels/moe.h) on the CPU: the top-k
+// choice and probabilities against a sort-based reference, the router's
+// gradient against central differences (both softmax orders, a scaling
+// factor, the load-balancing and z-loss terms), and the dispatch map,
+// permutation and combination against their definitions.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/moe.h"
+#include "test_util.h"
+
+namespace mt {
+namespace {
+
+using test::Buf;
+using test::fill_normal;
+namespace k = kernels;
+
+struct Route {
+  Buf<int32_t> idx;
+  Buf<double> probs, scores, lse;
+};
+
+Route route(std::vector<double>& logits, int64_t N, int64_t E, int64_t topk, bool pre, double scale) {
+  Route r{Buf<int32_t>({N, topk}), Buf<double>({N, topk}), Buf<double>({N, E}), Buf<double>({N})};
+  k::moe_route(Tensor(logits.data(), {N, E}, DType::kF64), pre, scale, r.idx.t(), r.probs.t(), r.scores.t(), r.lse.t());
+  return r;
+}
+
+TEST(MoeKernels, RouteMatchesSortedSoftmaxReference) {
+  for (bool pre : {false, true})
+    for (int64_t topk : {1, 2, 4}) {
+      const int64_t N = 13, E = 8;
+      const double scale = pre ? 1.0 : 2.5;
+      std::vector<double> logits(static_cast<size_t>(N * E));
+      fill_normal(logits, 11 + static_cast<uint64_t>(topk), 2.0);
+      logits[3] = logits[5];  // a tie in row 0: the lower expert comes first
+      Route r = route(logits, N, E, topk, pre, scale);
+      for (int64_t t = 0; t < N; ++t) {
+        const double* l = logits.data() + t * E;
+        std::vector<int> order(static_cast<size_t>(E));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+        double z = 0;
+        for (int64_t e = 0; e < E; ++e) z += std::exp(l[e]);
+        EXPECT_NEAR(r.lse[static_cast<size_t>(t)], std::log(z), 1e-13);
+        double chosen = 0;
+        for (int64_t j = 0; j < topk; ++j) chosen += std::exp(l[order[static_cast<size_t>(j)]]);
+        for (int64_t j = 0; j < topk; ++j) {
+          const int e = order[static_cast<size_t>(j)];
+          ASSERT_EQ(r.idx[static_cast<size_t>(t * topk + j)], e) << "row " << t << " choice " << j;
+          const double want = scale * std::exp(l[e]) / (pre ? z : chosen);
+          EXPECT_NEAR(r.probs[static_cast<size_t>(t * topk + j)], want, 1e-14 * std::max(1.0, scale));
+        }
+        for (int64_t e = 0; e < E; ++e) EXPECT_NEAR(r.scores[static_cast<size_t>(t * E + e)], std::exp(l[e]) / z, 1e-15);
+      }
+    }
+}
+
+TEST(MoeKernels, RouteBackwardMatchesFiniteDifferences) {
+  for (bool pre : {false, true})
+    for (bool aux : {false, true}) {
+      const int64_t N = 5, E = 6, topk = 2;
+      const double scale = 1.7, z = aux ? 0.3 : 0.0;
+      std::vector<double> logits(static_cast<size_t>(N * E)), dprobs(static_cast<size_t>(N * topk)),
+          auxw(static_cast<size_t>(E));
+      fill_normal(logits, 3, 1.5);
+      fill_normal(dprobs, 4);
+      fill_normal(auxw, 5);
+      auto loss = [&]() {
+        Route r = route(logits, N, E, topk, pre, scale);
+        double s = 0;
+        for (int64_t i = 0; i < N * topk; ++i) s += dprobs[static_cast<size_t>(i)] * r.probs[static_cast<size_t>(i)];
+        for (int64_t t = 0; t < N; ++t) {
+          if (aux)
+            for (int64_t e = 0; e < E; ++e) s += auxw[static_cast<size_t>(e)] * r.scores[static_cast<size_t>(t * E + e)];
+          s += z * r.lse[static_cast<size_t>(t)] * r.lse[static_cast<size_t>(t)];
+        }
+        return s;
+      };
+      Route r = route(logits, N, E, topk, pre, scale);
+      Buf<double> dlogits({N, E});
+      k::moe_route_backward(Tensor(dprobs.data(), {N, topk}, DType::kF64), r.idx.t(), r.probs.t(), r.scores.t(),
+                            r.lse.t(), aux ? Tensor(auxw.data(), {E}, DType::kF64) : Tensor(), z, pre, scale,
+                            dlogits.t());
+      test::expect_fd_grad(logits, loss, dlogits.v, pre ? "pre-softmax router" : "top-k softmax router", 1e-6, 1e-7);
+    }
+}
+
+TEST(MoeKernels, DispatchPermuteAndCombineFollowTheirDefinitions) {
+  const int64_t N = 11, E = 5, topk = 2, C = 7;
+  std::vector<double> logits(static_cast<size_t>(N * E));
+  fill_normal(logits, 21, 3.0);
+  Route r = route(logits, N, E, topk, false, 1.0);
+  Buf<int32_t> counts({E}), src({N * topk}), pos({N, topk});
+  k::moe_dispatch_map(r.idx.t(), counts.t(), src.t(), pos.t());
+  // Experts in order, each expert's tokens ascending; pos and src inverse.
+  int64_t p = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < topk; ++j)
+        if (r.idx[static_cast<size_t>(t * topk + j)] == e) {
+          EXPECT_EQ(pos[static_cast<size_t>(t * topk + j)], p) << "expert " << e << " token " << t;
+          EXPECT_EQ(src[static_cast<size_t>(p)], t);
+          ++p, ++n;
+        }
+    EXPECT_EQ(counts[static_cast<size_t>(e)], n);
+  }
+  ASSERT_EQ(p, N * topk);
+
+  Buf<double> x({N, C}), xp({N * topk, C});
+  fill_normal(x.v, 22);
+  k::moe_permute(x.t(), src.t(), xp.t());
+  for (int64_t q = 0; q < N * topk; ++q)
+    for (int64_t c = 0; c < C; ++c)
+      ASSERT_EQ(xp[static_cast<size_t>(q * C + c)], x[static_cast<size_t>(src[static_cast<size_t>(q)] * C + c)]);
+
+  // Combination and its gradient: out = sum_j w y[pos]; the gradient of
+  // sum(g * out) against finite differences in y and w.
+  Buf<double> y({N * topk, C}), g({N, C});
+  fill_normal(y.v, 23);
+  fill_normal(g.v, 24);
+  std::vector<double> w = r.probs.v;
+  auto combined = [&](bool with_w) {
+    Buf<double> out({N, C});
+    k::moe_unpermute(y.t(), pos.t(), with_w ? Tensor(w.data(), {N, topk}, DType::kF64) : Tensor(), out.t());
+    return out;
+  };
+  Buf<double> out = combined(true), plain = combined(false);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      double want = 0, want_plain = 0;
+      for (int64_t j = 0; j < topk; ++j) {
+        const double v = y[static_cast<size_t>(pos[static_cast<size_t>(t * topk + j)] * C + c)];
+        want += w[static_cast<size_t>(t * topk + j)] * v, want_plain += v;
+      }
+      EXPECT_NEAR(out[static_cast<size_t>(t * C + c)], want, 1e-14);
+      EXPECT_NEAR(plain[static_cast<size_t>(t * C + c)], want_plain, 1e-14);
+    }
+  // moe_unpermute without weights is moe_permute's adjoint: <permute(x), y> = <x, unpermute(y)>.
+  EXPECT_NEAR(test::dot(xp.v, y.v), test::dot(x.v, plain.v), 1e-12);
+  Buf<double> dy({N * topk, C}), dw({N, topk});
+  k::moe_unpermute_backward(g.t(), y.t(), pos.t(), Tensor(w.data(), {N, topk}, DType::kF64), dy.t(), dw.t());
+  auto loss = [&]() { return test::dot(combined(true).v, g.v); };
+  test::expect_fd_grad(y.v, loss, dy.v, "d y", 1e-5, 1e-9);
+  test::expect_fd_grad(w, loss, dw.v, "d probs", 1e-5, 1e-9);
+}
+
+TEST(MoeKernels, Bf16StorageRoundsOnceAsStored) {
+  const int64_t N = 4, topk = 2, C = 5;
+  Buf<int32_t> pos({N, topk});
+  for (int64_t i = 0; i < N * topk; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>((i * 3) % (N * topk));
+  std::vector<float> yf(static_cast<size_t>(N * topk * C)), w(static_cast<size_t>(N * topk)), g(static_cast<size_t>(N * C));
+  fill_normal(yf, 31);
+  fill_normal(w, 32);
+  fill_normal(g, 33);
+  std::vector<bf16> yb(yf.size()), gb(g.size());
+  for (size_t i = 0; i < yf.size(); ++i) yb[i] = float_to_bf16(yf[i]), yf[i] = bf16_to_float(yb[i]);
+  for (size_t i = 0; i < g.size(); ++i) gb[i] = float_to_bf16(g[i]), g[i] = bf16_to_float(gb[i]);
+  Buf<float> out32({N, C}), dy32({N * topk, C}), dw32({N, topk}), dwb({N, topk});
+  std::vector<bf16> outb(static_cast<size_t>(N * C)), dyb(yf.size());
+  const Tensor wt(w.data(), {N, topk}, DType::kF32);
+  k::moe_unpermute(Tensor(yf.data(), {N * topk, C}, DType::kF32), pos.t(), wt, out32.t());
+  k::moe_unpermute(Tensor(yb.data(), {N * topk, C}, DType::kBF16), pos.t(), wt, Tensor(outb.data(), {N, C}, DType::kBF16));
+  for (size_t i = 0; i < outb.size(); ++i) EXPECT_EQ(outb[i].bits, float_to_bf16(out32[i]).bits);
+  k::moe_unpermute_backward(Tensor(g.data(), {N, C}, DType::kF32), Tensor(yf.data(), {N * topk, C}, DType::kF32),
+                            pos.t(), wt, dy32.t(), dw32.t());
+  k::moe_unpermute_backward(Tensor(gb.data(), {N, C}, DType::kBF16), Tensor(yb.data(), {N * topk, C}, DType::kBF16),
+                            pos.t(), wt, Tensor(dyb.data(), {N * topk, C}, DType::kBF16), dwb.t());
+  for (size_t i = 0; i < dyb.size(); ++i) EXPECT_EQ(dyb[i].bits, float_to_bf16(dy32[i]).bits);
+  for (size_t i = 0; i < dwb.size(); ++i) EXPECT_EQ(dwb[i], dw32[i]);
+}
+
+}  // namespace
+}  // namespace mt
