@@ -64,6 +64,10 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
         why.push_back("--moe-router-topk-scaling-factor (MixtralForCausalLM does not scale the probabilities)");
       if (c.use_rope_scaling || c.rotary_seq_len_interpolation_factor)
         why.push_back("RoPE scaling with --num-experts (this export writes MixtralForCausalLM without rope_scaling)");
+      if (c.head_dim() * c.num_attention_heads != c.hidden_size)
+        why.push_back(fmt::format("--kv-channels {} x {} heads != --hidden-size {} (transformers 4.45's MixtralForCausalLM "
+                                  "splits the hidden size into its heads)",
+                                  c.head_dim(), c.num_attention_heads, c.hidden_size));
       if (why.empty()) return HfArch::kMixtral;
     }
     if (why.empty() && c.qk_layernorm) return HfArch::kQwen3;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 #include "core/checked.h"
@@ -184,6 +185,27 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
       {"use-torch-fsdp2", false, "no FSDP",
        "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and Adam state over DP"},
+      // Mixture-of-experts features beyond the dropless top-k softmax router.
+      {"moe-expert-capacity-factor", true, "no token dropping",
+       "token dropping (expert capacity) is not implemented: every token reaches its top-k experts (dropless, "
+       "Megatron's default); drop the flag"},
+      {"moe-pad-expert-input-to-capacity", false, "no token dropping",
+       "expert capacity is not implemented (dropless routing); drop the flag"},
+      {"moe-token-drop-policy", true, "no token dropping",
+       "expert capacity is not implemented (dropless routing); drop the flag"},
+      {"moe-shared-expert-intermediate-size", true, "no shared experts",
+       "shared experts are not implemented: every MoE layer here is routed experts only; drop the flag"},
+      {"moe-router-enable-expert-bias", false, "no expert bias",
+       "the aux-loss-free expert bias (DeepSeek-V3) is not implemented: use --moe-aux-loss-coeff"},
+      {"moe-router-num-groups", true, "no group-limited routing",
+       "group-limited routing is not implemented: every token chooses among all experts; drop the flag"},
+      {"moe-router-group-topk", true, "no group-limited routing",
+       "group-limited routing is not implemented: every token chooses among all experts; drop the flag"},
+      {"moe-input-jitter-eps", true, "no router input jitter",
+       "router input jitter is not implemented; drop the flag"},
+      {"moe-per-layer-logging", false, "no per-layer router logs",
+       "the router losses are logged as their mean over layers (load_balancing_loss, z_loss), not per layer; drop "
+       "the flag"},
   };
   for (const Refused& r : refused) {
     const std::string flag = std::string("--") + r.name, why = r.why;
@@ -194,6 +216,49 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
                  c->refused.emplace_back(flag, why);
                });
   }
+  // MoE choices with one implemented value: the default accepted, the others refused.
+  f.add_seen("moe-router-score-function", true, "the router's score function: softmax (sigmoid is not implemented)",
+             {"softmax", "sigmoid"}, [c](const std::string& v) {
+               if (v != "softmax")
+                 c->refused.emplace_back("--moe-router-score-function",
+                                         "the sigmoid score function (DeepSeek-V3) is not implemented: use softmax");
+             });
+  f.add_seen("moe-layer-freq", true,
+             "which layers are MoE: 1 (every layer, the only pattern here), or a list such as ([1]*8) of ones",
+             {}, [c](const std::string& v) {
+               // Megatron takes an integer N (layer i is MoE iff i % N == 0) or
+               // a Python list expression of 0/1 terms joined by '+', each
+               // [a, b, ...] or [a]*n; every layer MoE is "1" or all ones.
+               bool all_ones = v == "1";
+               if (!all_ones) {
+                 std::string e;
+                 for (char ch : v)
+                   if (ch != ' ' && ch != '(' && ch != ')') e += ch;
+                 all_ones = !e.empty();
+                 size_t i = 0;
+                 while (all_ones && i < e.size()) {
+                   const size_t close = e.find(']', i);
+                   if (e[i] != '[' || close == std::string::npos) {
+                     all_ones = false;
+                     break;
+                   }
+                   for (size_t j = i + 1; j < close; ++j) all_ones = all_ones && (e[j] == '1' || e[j] == ',');
+                   i = close + 1;
+                   if (i < e.size() && e[i] == '*') {  // a repeat count
+                     size_t j = i + 1;
+                     while (j < e.size() && std::isdigit(static_cast<unsigned char>(e[j]))) ++j;
+                     all_ones = all_ones && j > i + 1;
+                     i = j;
+                   }
+                   if (i < e.size()) all_ones = all_ones && e[i++] == '+' && i < e.size();
+                 }
+               }
+               if (!all_ones)
+                 c->refused.emplace_back("--moe-layer-freq", fmt::format("'{}': dense layers between MoE layers are "
+                                                                         "not implemented; every layer is MoE here "
+                                                                         "(--moe-layer-freq 1)",
+                                                                         v));
+             });
   // Megatron's deprecated spellings of --position-embedding-type.
   f.add_seen("use-rotary-position-embeddings", false, "same as --position-embedding-type rope (Megatron's deprecated "
              "spelling)", {}, [m](const std::string&) { m->position_embedding = model::PositionEmbedding::kRope; });

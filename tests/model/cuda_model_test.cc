@@ -145,5 +145,21 @@ TEST(CudaModel, QkLayernormForwardBackwardMatchesCpu) {
   compare(g, false, false, "GPT --qk-layernorm --apply-layernorm-1p fp32");
 }
 
+// --num-experts: routing, the dispatch map, permutation and combination on
+// the device (kernels/cuda/moe.cu), the experts' GEMMs on slices of the
+// permuted rows, and the router losses' gradients.
+TEST(CudaModel, MoeForwardBackwardMatchesCpu) {
+  MT_REQUIRE_GPU();
+  ModelConfig x = small_llama();
+  x.num_experts = 4, x.moe_router_topk = 2, x.moe_ffn_hidden_size = 48;
+  x.moe_aux_loss_coeff = 0.1, x.moe_z_loss_coeff = 0.01;
+  compare(x, false, false, "Mixtral-style fp32");
+  compare(x, true, false, "Mixtral-style bf16");
+  ModelConfig g = small_gpt();
+  g.add_bias_linear = false, g.num_experts = 3, g.moe_router_topk = 1, g.moe_router_pre_softmax = true;
+  g.moe_aux_loss_coeff = 0.1, g.hidden_dropout = 0, g.attention_dropout = 0;
+  compare(g, false, false, "GPT MoE top-1 fp32");
+}
+
 }  // namespace
 }  // namespace mt::model

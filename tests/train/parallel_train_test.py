@@ -536,6 +536,9 @@ RESHARDS = [
      [("tp1pp4dp2", 1, 4, 2, []), ("tp1pp1dp1", 1, 1, 1, [])]),
     ("CP2 x DP2 + dist-opt", (1, 1, 2, ["--context-parallel-size", "2", "--use-distributed-optimizer"]),
      [("tp2sp", 2, 1, 1, ["--sequence-parallel"]), ("cp4", 1, 1, 1, ["--context-parallel-size", "4"])]),
+    # MoE: the experts' shards (column/row over TP) and the router move like a dense MLP's.
+    ("MoE TP2+SP x DP2 + dist-opt", (2, 1, 2, MOE_FLAGS + ["--sequence-parallel", "--use-distributed-optimizer"]),
+     [("moe-tp1pp2dp2", 1, 2, 2, MOE_FLAGS), ("moe-tp4sp", 4, 1, 1, MOE_FLAGS + ["--sequence-parallel"])]),
 ]
 for model in MODELS:
     for k, (label, (stp, spp, sdp, sextra), targets) in enumerate(RESHARDS):

@@ -463,7 +463,8 @@ PY
 # names them, the loss falling; Megatron's dispatcher and grouped-GEMM flags
 # accepted as no-ops; what is not implemented refused together, each named.
 MOE=(--num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --disable-bias-linear)
-"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-grouped-gemm --moe-token-dispatcher-type alltoall --train-iters 40 \
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-layer-freq "([1]*2)" \
+  --moe-router-score-function softmax --train-iters 40 \
   --metrics-file "$TMP/moe.jsonl" >"$TMP/moe.log" 2>&1 || { fail "MoE run"; cat "$TMP/moe.log"; }
 grep -q "training a GPT with 4 experts per layer (top 2)" "$TMP/moe.log" && grep -q "load_balancing_loss: " "$TMP/moe.log" \
   && grep -q "z_loss: " "$TMP/moe.log" && grep -q -- "--moe-token-dispatcher-type: " "$TMP/moe.log" \
@@ -482,6 +483,11 @@ PY
   || { fail "MoE refusals"; cat "$TMP/err"; }
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --expert-model-parallel-size 2 --train-iters 2 2>"$TMP/err"
 [ $? = 2 ] && grep -q "expert parallelism is not implemented" "$TMP/err" || { fail "EP refusal"; cat "$TMP/err"; }
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq 2 --moe-expert-capacity-factor 1.0 \
+  --moe-router-score-function sigmoid --train-iters 2 2>"$TMP/err"
+[ $? = 2 ] && grep -q "3 problems" "$TMP/err" && grep -q "dense layers between MoE layers are not implemented" "$TMP/err" \
+  && grep -q "token dropping (expert capacity) is not implemented" "$TMP/err" \
+  && grep -q "sigmoid score function" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
 
 "$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"
 [ $? = 2 ] && grep -q "2 problems on the command line" "$TMP/err" && grep -q "unknown flag --mock-dat; did you mean --mock-data?" "$TMP/err" \

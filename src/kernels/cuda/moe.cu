@@ -2,12 +2,11 @@
 //
 // moe_route, moe_route_backward: one thread per token, the CPU twin's loops
 //   (E is at most a few hundred: the router is a small fraction of a layer).
-// moe_dispatch_map: two kernels with one thread per expert: the first counts
-//   the expert's slots, the second takes the counts of the lower experts as
-//   its offset and walks the slots in order, numbering its own: the CPU's
-//   map exactly. Each thread scans all N k slots serially (E threads only):
-//   simple and deterministic, but slow for large micro-batches (a block-wide
-//   scan per expert would be the fast form).
+// moe_dispatch_map: two kernels with one block per expert: the first counts
+//   the expert's slots (a block sum), the second takes the counts of the
+//   lower experts as its offset and numbers its slots in slot order by a
+//   block-wide scan of 256 slots at a time: the CPU's map exactly. Every
+//   block reads all N k slot choices (E N k int32 reads in all).
 // moe_permute: grid-stride copy of rows. moe_unpermute: grid-stride over
 //   out [N, C], j ascending as the CPU. moe_unpermute_backward: dy
 //   grid-stride; dprobs one warp per (t, j), lanes strided over C and a
@@ -80,26 +79,52 @@ __global__ void route_bwd(int64_t N, int64_t E, int64_t k, bool pre, T scale, T 
   }
 }
 
-__global__ void dispatch_count(int64_t M, int64_t E, const int32_t* __restrict__ ix, int32_t* __restrict__ counts) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= E) return;
+// counts[e] = the slots choosing expert e: block e, threads strided over the
+// slots, one block sum.
+__global__ void __launch_bounds__(kThreads) dispatch_count(int64_t M, const int32_t* __restrict__ ix,
+                                                           int32_t* __restrict__ counts) {
+  const int32_t e = static_cast<int32_t>(blockIdx.x);
   int32_t n = 0;
-  for (int64_t i = 0; i < M; ++i) n += ix[i] == e ? 1 : 0;
-  counts[e] = n;
+  for (int64_t i = threadIdx.x; i < M; i += blockDim.x) n += ix[i] == e ? 1 : 0;
+  n = block_sum(n);
+  if (threadIdx.x == 0) counts[e] = n;
 }
 
-__global__ void dispatch_pos(int64_t M, int64_t E, int64_t k, const int32_t* __restrict__ ix,
-                             const int32_t* __restrict__ counts, int32_t* __restrict__ src, int32_t* __restrict__ pos) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= E) return;
-  int64_t next = 0;
-  for (int64_t i = 0; i < e; ++i) next += counts[i];
-  for (int64_t i = 0; i < M; ++i)
-    if (ix[i] == e) {
-      pos[i] = static_cast<int32_t>(next);
-      src[next] = static_cast<int32_t>(i / k);
-      ++next;
+// Block e numbers expert e's slots in slot order: the lower experts' counts
+// as the offset, then blockDim.x slots at a time an exclusive scan of "is
+// mine" flags (Hillis-Steele in shared memory), the running total carried.
+__global__ void __launch_bounds__(kThreads) dispatch_pos(int64_t M, int64_t k, const int32_t* __restrict__ ix,
+                                                         const int32_t* __restrict__ counts, int32_t* __restrict__ src,
+                                                         int32_t* __restrict__ pos) {
+  __shared__ int32_t scan[kThreads];
+  __shared__ int64_t base;
+  const int32_t e = static_cast<int32_t>(blockIdx.x);
+  if (threadIdx.x == 0) {
+    int64_t o = 0;
+    for (int32_t i = 0; i < e; ++i) o += counts[i];
+    base = o;
+  }
+  __syncthreads();
+  for (int64_t i0 = 0; i0 < M; i0 += blockDim.x) {
+    const int64_t i = i0 + threadIdx.x;
+    const int32_t mine = i < M && ix[i] == e ? 1 : 0;
+    scan[threadIdx.x] = mine;
+    __syncthreads();
+    for (int off = 1; off < static_cast<int>(blockDim.x); off <<= 1) {
+      const int32_t add = threadIdx.x >= static_cast<unsigned>(off) ? scan[threadIdx.x - off] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
     }
+    if (mine) {
+      const int64_t p = base + scan[threadIdx.x] - 1;  // inclusive scan - 1: the slots before this one
+      pos[i] = static_cast<int32_t>(p);
+      src[p] = static_cast<int32_t>(i / k);
+    }
+    __syncthreads();  // everyone has read base and scan before they change
+    if (threadIdx.x == 0) base += scan[blockDim.x - 1];
+    __syncthreads();
+  }
 }
 
 template <typename S>
@@ -202,11 +227,12 @@ void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src
   MT_CHECK(src.numel() == M && pos.numel() == M, "moe_dispatch_map: src and pos must have N k elements");
   check_on_gpu({&idx, &counts, &src, &pos}, "moe_dispatch_map");
   if (E == 0) return;
-  dispatch_count<<<::mt::cuda::blocks_for(E, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(M, E, idx.ptr<int32_t>(),
-                                                                                              counts.ptr<int32_t>());
+  MT_CHECK(E <= 0x7fffffff, "moe_dispatch_map: too many experts for the grid");
+  dispatch_count<<<static_cast<unsigned>(E), kThreads, 0, ::mt::cuda::stream()>>>(M, idx.ptr<int32_t>(),
+                                                                                  counts.ptr<int32_t>());
   MT_CUDA_CHECK_LAUNCH();
-  dispatch_pos<<<::mt::cuda::blocks_for(E, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(
-      M, E, k, idx.ptr<int32_t>(), counts.ptr<int32_t>(), src.ptr<int32_t>(), pos.ptr<int32_t>());
+  dispatch_pos<<<static_cast<unsigned>(E), kThreads, 0, ::mt::cuda::stream()>>>(
+      M, k, idx.ptr<int32_t>(), counts.ptr<int32_t>(), src.ptr<int32_t>(), pos.ptr<int32_t>());
   MT_CUDA_CHECK_LAUNCH();
 }
 
