@@ -1208,7 +1208,7 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
   else k::gelu_forward(mlp_activation(cfg_), a.fc1, a.act);
   for (int64_t e = 0; e < E; ++e)
     if (off[e + 1] > off[e]) linear_fwd(a.act.slice(off[e], off[e + 1]), p.exp_fc2[e], -1, a.y.slice(off[e], off[e + 1]));
-  if (s.training) moe_record_losses(l, a, s);
+  if (s.training) moe_record_losses(l, a, off, s);
   if (!y_own.defined()) return;
   if (!sp()) return k::moe_unpermute(a.y, a.pos, a.r_probs, y_own);
   ArenaScope scope(scratch_);
@@ -1243,13 +1243,13 @@ std::vector<double> tensor_to_host(const Tensor& t) {
 // with the tokens routed to each expert over the whole micro-batch (this
 // rank's counts summed over CP: every TP rank routes the same N rows), so
 // that the CP ranks' values sum to the micro-batch's; the z-loss as its
-// share of the micro-batch mean. Keeps the counts for backward.
-void GPTModel::moe_record_losses(int l, const LayerActs& a, const Slot& s) {
+// share of the micro-batch mean. Keeps the counts for backward. off: the
+// expert offsets of the dispatch map (expert_offsets).
+void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<int64_t>& off, const Slot& s) {
   const int64_t E = cfg_.num_experts, k = cfg_.moe_router_topk;
   const double total = static_cast<double>(N_ * opt_.cp);  // the micro-batch's tokens (all CP ranks)
-  std::vector<int32_t> c(static_cast<size_t>(E));
-  copy_tensor(a.counts, Tensor(c.data(), {E}, DType::kI32));
-  std::vector<double> counts(c.begin(), c.end()), colsum;
+  std::vector<double> counts(static_cast<size_t>(E)), colsum;  // this rank's, from the expert offsets
+  for (int64_t e = 0; e < E; ++e) counts[static_cast<size_t>(e)] = static_cast<double>(off[e + 1] - off[e]);
   {
     ArenaScope scope(scratch_);
     const Tensor t = scratch({E}, opt_.dtype);

@@ -456,7 +456,7 @@ class GPTModel {
   void moe_forward(int l, const LayerIdx& p, const LayerActs& a, const Tensor& y_own, const Slot& s);
   void moe_backward(int l, const LayerIdx& p, const LayerActs& a, const Slot& s, const Tensor& dy_own,
                     const Tensor& dact, const Tensor& dfc1, const Tensor& dln_own);
-  void moe_record_losses(int l, const LayerActs& a, const Slot& s);
+  void moe_record_losses(int l, const LayerActs& a, const std::vector<int64_t>& off, const Slot& s);
   std::vector<int64_t> expert_offsets(const LayerActs& a) const;
   static LayerActs bind_layer(const std::vector<Tensor>& views, const std::array<int, kLayerFields>& entries);
   // --qk-layernorm on layer p's fused QKV (forward: a.qkv in place; backward: dqkv in place).

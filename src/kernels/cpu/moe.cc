@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/moe_row.h"
 
 namespace mt::kernels::cpu {
 namespace {
@@ -32,36 +33,8 @@ void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tenso
     T *p = probs.ptr<T>(), *s = scores.ptr<T>(), *z = lse.ptr<T>();
     int32_t* ix = idx.ptr<int32_t>();
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      const T* lt = l + t * E;
-      T mx = lt[0];
-      for (int64_t e = 1; e < E; ++e) mx = std::max(mx, lt[e]);
-      T sum = 0;
-      for (int64_t e = 0; e < E; ++e) sum += std::exp(lt[e] - mx);
-      z[t] = mx + std::log(sum);
-      for (int64_t e = 0; e < E; ++e) s[t * E + e] = std::exp(lt[e] - mx) / sum;
-      // Top k by repeated selection: the largest logit not yet taken, the
-      // lower expert on ties.
-      int32_t* it = ix + t * k;
-      for (int64_t j = 0; j < k; ++j) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < E; ++e) {
-          bool taken = false;
-          for (int64_t i = 0; i < j; ++i) taken = taken || it[i] == e;
-          if (!taken && (best < 0 || lt[e] > lt[best])) best = e;
-        }
-        it[j] = static_cast<int32_t>(best);
-      }
-      T* pt = p + t * k;
-      if (pre_softmax) {
-        for (int64_t j = 0; j < k; ++j) pt[j] = static_cast<T>(scale) * s[t * E + it[j]];
-      } else {
-        const T top = lt[it[0]];  // the largest chosen logit
-        T ssum = 0;
-        for (int64_t j = 0; j < k; ++j) ssum += std::exp(lt[it[j]] - top);
-        for (int64_t j = 0; j < k; ++j) pt[j] = static_cast<T>(scale) * (std::exp(lt[it[j]] - top) / ssum);
-      }
-    }
+    for (int64_t t = 0; t < N; ++t)
+      moe_row::route(l + t * E, E, k, pre_softmax, static_cast<T>(scale), ix + t * k, p + t * k, s + t * E, z + t);
   });
 }
 
@@ -79,23 +52,9 @@ void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& p
     T* dl = dlogits.ptr<T>();
     const T sc = static_cast<T>(scale), zz = static_cast<T>(z);
 #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; ++t) {
-      const T* st = s + t * E;
-      T* dt = dl + t * E;
-      const int32_t* it = ix + t * k;
-      // d(loss)/d(scores): the aux loss, and the chosen probabilities with pre_softmax.
-      for (int64_t e = 0; e < E; ++e) dt[e] = a ? a[e] : T(0);
-      if (pre_softmax)
-        for (int64_t j = 0; j < k; ++j) dt[it[j]] += sc * dp[t * k + j];
-      T dot = 0;
-      for (int64_t e = 0; e < E; ++e) dot += st[e] * dt[e];
-      for (int64_t e = 0; e < E; ++e) dt[e] = st[e] * (dt[e] - dot) + 2 * zz * zl[t] * st[e];
-      if (!pre_softmax) {  // the softmax over the chosen logits: p^ = probs / scale
-        T ds = 0;
-        for (int64_t j = 0; j < k; ++j) ds += (p[t * k + j] / sc) * (sc * dp[t * k + j]);
-        for (int64_t j = 0; j < k; ++j) dt[it[j]] += (p[t * k + j] / sc) * (sc * dp[t * k + j] - ds);
-      }
-    }
+    for (int64_t t = 0; t < N; ++t)
+      moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a, zz, E, k, pre_softmax, sc,
+                              dl + t * E);
   });
 }
 

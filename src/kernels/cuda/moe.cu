@@ -1,7 +1,8 @@
 // CUDA twins of kernels/cpu/moe.cc (kernels/moe.h has the contract).
 //
-// moe_route, moe_route_backward: one thread per token, the CPU twin's loops
-//   (E is at most a few hundred: the router is a small fraction of a layer).
+// moe_route, moe_route_backward: one thread per token running the CPU
+//   twin's row functions (kernels/moe_row.h; E is at most a few hundred: the
+//   router is a small fraction of a layer).
 // moe_dispatch_map: two kernels with one block per expert: the first counts
 //   the expert's slots (a block sum), the second takes the counts of the
 //   lower experts as its offset and numbers its slots in slot order by a
@@ -15,46 +16,18 @@
 #include "core/cuda/check.cuh"
 #include "kernels/cuda/pointwise_common.cuh"
 #include "kernels/moe.h"
+#include "kernels/moe_row.h"
 
 namespace mt::kernels::cuda {
 namespace {
 
 using namespace ::mt::kernels::cuda::pointwise;
 
-__device__ __forceinline__ float log_t(float x) { return logf(x); }
-__device__ __forceinline__ double log_t(double x) { return log(x); }
-
 template <typename T>
 __global__ void route_fwd(int64_t N, int64_t E, int64_t k, bool pre, T scale, const T* __restrict__ l,
                           int32_t* __restrict__ ix, T* __restrict__ p, T* __restrict__ s, T* __restrict__ z) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= N) return;
-  const T* lt = l + t * E;
-  T mx = lt[0];
-  for (int64_t e = 1; e < E; ++e) mx = lt[e] > mx ? lt[e] : mx;
-  T sum = 0;
-  for (int64_t e = 0; e < E; ++e) sum += exp_t(lt[e] - mx);
-  z[t] = mx + log_t(sum);
-  for (int64_t e = 0; e < E; ++e) s[t * E + e] = exp_t(lt[e] - mx) / sum;
-  int32_t* it = ix + t * k;
-  for (int64_t j = 0; j < k; ++j) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int64_t i = 0; i < j; ++i) taken = taken || it[i] == e;
-      if (!taken && (best < 0 || lt[e] > lt[best])) best = e;
-    }
-    it[j] = static_cast<int32_t>(best);
-  }
-  T* pt = p + t * k;
-  if (pre) {
-    for (int64_t j = 0; j < k; ++j) pt[j] = scale * s[t * E + it[j]];
-  } else {
-    const T top = lt[it[0]];
-    T ssum = 0;
-    for (int64_t j = 0; j < k; ++j) ssum += exp_t(lt[it[j]] - top);
-    for (int64_t j = 0; j < k; ++j) pt[j] = scale * (exp_t(lt[it[j]] - top) / ssum);
-  }
+  if (t < N) moe_row::route(l + t * E, E, k, pre, scale, ix + t * k, p + t * k, s + t * E, z + t);
 }
 
 template <typename T>
@@ -62,21 +35,8 @@ __global__ void route_bwd(int64_t N, int64_t E, int64_t k, bool pre, T scale, T 
                           const int32_t* __restrict__ ix, const T* __restrict__ p, const T* __restrict__ s,
                           const T* __restrict__ zl, const T* __restrict__ a, T* __restrict__ dl) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= N) return;
-  const T* st = s + t * E;
-  T* dt = dl + t * E;
-  const int32_t* it = ix + t * k;
-  for (int64_t e = 0; e < E; ++e) dt[e] = a ? a[e] : T(0);
-  if (pre)
-    for (int64_t j = 0; j < k; ++j) dt[it[j]] += scale * dp[t * k + j];
-  T dot = 0;
-  for (int64_t e = 0; e < E; ++e) dot += st[e] * dt[e];
-  for (int64_t e = 0; e < E; ++e) dt[e] = st[e] * (dt[e] - dot) + 2 * zz * zl[t] * st[e];
-  if (!pre) {
-    T ds = 0;
-    for (int64_t j = 0; j < k; ++j) ds += (p[t * k + j] / scale) * (scale * dp[t * k + j]);
-    for (int64_t j = 0; j < k; ++j) dt[it[j]] += (p[t * k + j] / scale) * (scale * dp[t * k + j] - ds);
-  }
+  if (t < N)
+    moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a, zz, E, k, pre, scale, dl + t * E);
 }
 
 // counts[e] = the slots choosing expert e: block e, threads strided over the
