@@ -69,6 +69,29 @@ void Communicator::check_peer(const char* call, int peer, int tag) const {
   MT_CHECK(tag >= 0, fmt::format("{} on {}: expected a tag >= 0, got {}", call, name(), tag));
 }
 
+int64_t Communicator::check_all_to_all_v(const char* call, const Tensor& in, const std::vector<int64_t>& send_counts,
+                                         const Tensor& out, const std::vector<int64_t>& recv_counts) const {
+  check_same_dtype(call, in, out);
+  const auto n = static_cast<size_t>(size());
+  MT_CHECK(send_counts.size() == n && recv_counts.size() == n,
+           fmt::format("{} on {}: expected one send and one receive count per rank ({}), got {} and {}", call, name(),
+                       n, send_counts.size(), recv_counts.size()));
+  int64_t sent = 0, received = 0;
+  for (size_t j = 0; j < n; ++j) {
+    MT_CHECK(send_counts[j] >= 0 && recv_counts[j] >= 0,
+             fmt::format("{} on {}: expected counts >= 0, got send {} and receive {} for rank {}", call, name(),
+                         send_counts[j], recv_counts[j], j));
+    sent += send_counts[j], received += recv_counts[j];
+  }
+  MT_CHECK(sent <= in.numel() && received <= out.numel(),
+           fmt::format("{} on {}: the counts ask to send {} of in's {} elements and receive {} into out's {}", call,
+                       name(), sent, in.numel(), received, out.numel()));
+  const auto a0 = reinterpret_cast<uintptr_t>(in.data()), b0 = reinterpret_cast<uintptr_t>(out.data());
+  MT_CHECK(in.nbytes() == 0 || out.nbytes() == 0 || a0 >= b0 + out.nbytes() || b0 >= a0 + in.nbytes(),
+           fmt::format("{} on {}: in and out overlap; pass separate buffers", call, name()));
+  return sent;
+}
+
 std::string group_name(const std::string& name, const std::vector<int>& members) {
   bool consecutive = members.size() >= 3;
   for (size_t i = 1; consecutive && i < members.size(); ++i) consecutive = members[i] == members[i - 1] + 1;
@@ -119,6 +142,16 @@ class SelfCommunicator final : public Communicator {
   void all_to_all(const Tensor& in, const Tensor& out) override {
     copy("all_to_all", in, out);
     record(&CommStats::all_to_all_bytes, in.nbytes());
+  }
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                    const std::vector<int64_t>& recv_counts) override {
+    check_tensor("all_to_all_v", in), check_tensor("all_to_all_v", out);
+    const int64_t n = check_all_to_all_v("all_to_all_v", in, send_counts, out, recv_counts);
+    MT_CHECK(recv_counts[0] == n, fmt::format("all_to_all_v on {}: a group of one receives what it sends ({} "
+                                              "elements), got a receive count of {}",
+                                              name_, n, recv_counts[0]));
+    if (n > 0) std::memcpy(out.data(), in.data(), static_cast<size_t>(n) * dtype_size(in.dtype()));
+    record(&CommStats::all_to_all_bytes, static_cast<size_t>(n) * dtype_size(in.dtype()));
   }
   void barrier() override {}
 

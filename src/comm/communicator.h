@@ -14,7 +14,7 @@
 //   the group (0..size()-1); members() maps them to world ranks.
 // - Payload bytes: each call adds the bytes of its largest buffer to stats()
 //   (all_reduce: t; all_gather: out; reduce_scatter: in; broadcast: t;
-//   send/recv: t; all_to_all: in). The planner predicts the same quantity,
+//   send/recv: t; all_to_all: in; all_to_all_v: the elements sent). The planner predicts the same quantity,
 //   so measured and predicted traffic are comparable number for number.
 //   The asynchronous variants count when they start, like their blocking
 //   twins; barrier moves no payload and counts nothing (not even a call).
@@ -87,6 +87,16 @@ class Communicator {
   // Block j of `in` goes to rank j; block i of `out` comes from rank i
   // (blocks of in.numel() / size() elements).
   virtual void all_to_all(const Tensor& in, const Tensor& out) = 0;
+  // Blocks of any size (expert parallelism's token exchange): `in` holds
+  // size() consecutive blocks in rank order, block j of send_counts[j]
+  // elements going to rank j; `out` receives recv_counts[i] elements from
+  // rank i, consecutive in rank order. Counts are elements (>= 0), one per
+  // rank; recv_counts[i] must equal rank i's send_counts[rank()] (exchange
+  // the counts first, e.g. with all_to_all); the sums must fit in `in` and
+  // `out`, whose remaining elements are neither read nor written. in and out
+  // must not overlap.
+  virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                            const std::vector<int64_t>& recv_counts) = 0;
   virtual void barrier() = 0;
 
   // Asynchronous variants (data-parallel gradient buckets overlap with
@@ -120,6 +130,10 @@ class Communicator {
   // in.numel() divisible by size(); returns the block size in.numel() / size().
   int64_t block_of(const char* call, const Tensor& in) const;
   void check_peer(const char* call, int peer, int tag) const;
+  // all_to_all_v's arguments: same dtype, one count per rank, none negative,
+  // sums within in and out, no overlap. Returns the elements sent.
+  int64_t check_all_to_all_v(const char* call, const Tensor& in, const std::vector<int64_t>& send_counts,
+                             const Tensor& out, const std::vector<int64_t>& recv_counts) const;
 
   CommStats stats_;
 };

@@ -236,6 +236,24 @@ class MpiCommunicator final : public Communicator {
     record(&CommStats::all_to_all_bytes, in.nbytes());
   }
 
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                    const std::vector<int64_t>& recv_counts) override {
+    check_tensor("all_to_all_v", in);
+    check_tensor("all_to_all_v", out);
+    const int64_t sent = check_all_to_all_v("all_to_all_v", in, send_counts, out, recv_counts);
+    const auto n = static_cast<size_t>(size());
+    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    int64_t so = 0, ro = 0;
+    for (size_t j = 0; j < n; ++j) {
+      sc[j] = count("all_to_all_v", send_counts[j]), sd[j] = count("all_to_all_v", so);
+      rc[j] = count("all_to_all_v", recv_counts[j]), rd[j] = count("all_to_all_v", ro);
+      so += send_counts[j], ro += recv_counts[j];
+    }
+    MPI_Datatype type = mpi_type(in.dtype());
+    MPI_Alltoallv(in.data(), sc.data(), sd.data(), type, out.data(), rc.data(), rd.data(), type, comm_);
+    record(&CommStats::all_to_all_bytes, static_cast<size_t>(sent) * dtype_size(in.dtype()));
+  }
+
   void barrier() override { MPI_Barrier(comm_); }
 
   std::unique_ptr<Work> iall_reduce(const Tensor& t, ReduceOp op) override {

@@ -475,6 +475,46 @@ class NcclCommunicator final : public Communicator {
     record(&CommStats::all_to_all_bytes, in.nbytes());
   }
 
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                    const std::vector<int64_t>& recv_counts) override {
+    check_tensor("all_to_all_v", in, Device::kCuda);
+    check_tensor("all_to_all_v", out, Device::kCuda);
+    const int64_t sent = check_all_to_all_v("all_to_all_v", in, send_counts, out, recv_counts);
+    const int r = rank(), n = size();
+    MT_CHECK(send_counts[static_cast<size_t>(r)] == recv_counts[static_cast<size_t>(r)],
+             fmt::format("all_to_all_v on {}: this rank sends itself {} elements but expects {}", name(),
+                         send_counts[static_cast<size_t>(r)], recv_counts[static_cast<size_t>(r)]));
+    begin();
+    cudaStream_t s = rank_stream();
+    const size_t es = dtype_size(in.dtype());
+    const char* src = static_cast<const char*>(in.data());
+    char* dst = static_cast<char*>(out.data());
+    std::vector<size_t> so(static_cast<size_t>(n) + 1, 0), ro(static_cast<size_t>(n) + 1, 0);
+    for (int j = 0; j < n; ++j) {
+      so[static_cast<size_t>(j) + 1] = so[static_cast<size_t>(j)] + static_cast<size_t>(send_counts[static_cast<size_t>(j)]);
+      ro[static_cast<size_t>(j) + 1] = ro[static_cast<size_t>(j)] + static_cast<size_t>(recv_counts[static_cast<size_t>(j)]);
+    }
+    // This rank's own block is a local copy.
+    if (send_counts[static_cast<size_t>(r)] > 0)
+      MT_CUDA_CHECK(cudaMemcpyAsync(dst + ro[static_cast<size_t>(r)] * es, src + so[static_cast<size_t>(r)] * es,
+                                    static_cast<size_t>(send_counts[static_cast<size_t>(r)]) * es,
+                                    cudaMemcpyDeviceToDevice, s));
+    if (n > 1) {
+      const ncclDataType_t type = nccl_type(in.dtype());
+      MT_NCCL_CHECK(*core_, ncclGroupStart());
+      for (int j = 0; j < n; ++j) {
+        if (j == r) continue;
+        const auto J = static_cast<size_t>(j);
+        if (send_counts[J] > 0)
+          MT_NCCL_CHECK(*core_, ncclSend(src + so[J] * es, static_cast<size_t>(send_counts[J]), type, j, core_->comm, s));
+        if (recv_counts[J] > 0)
+          MT_NCCL_CHECK(*core_, ncclRecv(dst + ro[J] * es, static_cast<size_t>(recv_counts[J]), type, j, core_->comm, s));
+      }
+      MT_NCCL_CHECK(*core_, ncclGroupEnd());
+    }
+    record(&CommStats::all_to_all_bytes, static_cast<size_t>(sent) * es);
+  }
+
   // An all-reduce of one int, then a host wait: every member has reached it.
   void barrier() override {
     begin();

@@ -116,6 +116,21 @@ class StagedCommunicator final : public Communicator {
     record(&CommStats::all_to_all_bytes, in.nbytes());
   }
 
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, const Tensor& out,
+                    const std::vector<int64_t>& recv_counts) override {
+    check_tensor("all_to_all_v", in, Device::kCuda), check_tensor("all_to_all_v", out, Device::kCuda);
+    const int64_t sent = check_all_to_all_v("all_to_all_v", in, send_counts, out, recv_counts);
+    int64_t received = 0;
+    for (int64_t c : recv_counts) received += c;
+    // Only the counted prefixes travel between device and host.
+    const Tensor in_used = in.view({in.numel()}).slice(0, sent), out_used = out.view({out.numel()}).slice(0, received);
+    auto hi = stage_in(in_used);
+    HostBuffer ho(out_used);
+    host_->all_to_all_v(hi->t, send_counts, ho.t, recv_counts);
+    copy_tensor(ho.t, out_used);
+    record(&CommStats::all_to_all_bytes, static_cast<size_t>(sent) * dtype_size(in.dtype()));
+  }
+
   std::unique_ptr<Work> iall_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor("all_reduce", t, Device::kCuda);
     auto h = stage_in(t);

@@ -153,6 +153,29 @@ TYPED_TEST(Collective, AllToAll) {
     for (int i = 0; i < p.n; ++i) EXPECT_EQ(num(in[s * p.n + i]), s * p.A + r * p.B + i) << "in place, block " << s;
 }
 
+// Blocks of different sizes, zero-sized ones among them: rank r sends
+// (r + 2 j) % 4 elements to rank j. The tail of out past the received
+// elements is left alone.
+TYPED_TEST(Collective, AllToAllV) {
+  using T = TypeParam;
+  auto w = world_communicator();
+  const int N = w->size(), r = w->rank();
+  const Pattern p = pattern<T>();
+  auto sends = [](int from, int to) { return static_cast<int64_t>((from + 2 * to) % 4); };
+  std::vector<int64_t> sc(N), rc(N);
+  int64_t ns = 0, nr = 0;
+  for (int j = 0; j < N; ++j) sc[j] = sends(r, j), rc[j] = sends(j, r), ns += sc[j], nr += rc[j];
+  std::vector<T> in(static_cast<size_t>(ns)), out(static_cast<size_t>(nr) + 3, val<T>(-1));
+  for (int j = 0, at = 0; j < N; ++j)
+    for (int i = 0; i < sc[j]; ++i) in[at++] = val<T>(r * p.A + j * p.B + i);
+  w->reset_stats();
+  w->all_to_all_v(host_view(in), sc, host_view(out), rc);
+  for (int s = 0, at = 0; s < N; ++s)
+    for (int i = 0; i < rc[s]; ++i) EXPECT_EQ(num(out[at++]), s * p.A + r * p.B + i) << "from rank " << s;
+  for (size_t i = static_cast<size_t>(nr); i < out.size(); ++i) EXPECT_EQ(num(out[i]), -1) << "tail " << i;
+  EXPECT_EQ(w->stats().all_to_all_bytes, static_cast<uint64_t>(ns) * sizeof(T));  // the elements sent
+}
+
 // Ring: rank r sends to r+1 and receives from r-1. 5000 elements is past
 // OpenMPI's eager limit, so blocking sends rendezvous: even ranks send first.
 TYPED_TEST(Collective, SendRecvRing) {
@@ -452,6 +475,27 @@ TEST(Staged, CollectivesAndPointToPointOnDeviceTensors) {
   EXPECT_EQ(to_host(t)[0], 1.0f);
   EXPECT_EQ(g->all_gather_scalar(r + 2.0).back(), N + 1.0);
   EXPECT_EQ(g->all_reduce_scalar(1.0), N);
+
+  // all_to_all_v: rank r sends r + j + 1 elements to rank j; the tail of out
+  // past what arrives keeps its values.
+  {
+    std::vector<int64_t> sc(N), rc(N);
+    int64_t ns = 0, nr = 0;
+    for (int j = 0; j < N; ++j) sc[j] = r + j + 1, rc[j] = j + r + 1, ns += sc[j], nr += rc[j];
+    std::vector<float> hin(static_cast<size_t>(ns)), hout(static_cast<size_t>(nr) + 2, -5.0f);
+    for (int j = 0, at = 0; j < N; ++j)
+      for (int64_t i = 0; i < sc[j]; ++i) hin[at++] = static_cast<float>(1000 * r + 10 * j + i);
+    Tensor din = dev.alloc({ns}, DType::kF32), dout = dev.alloc({nr + 2}, DType::kF32);
+    to_device(hin, din), to_device(hout, dout);
+    g->reset_stats();
+    g->all_to_all_v(din, sc, dout, rc);
+    got = to_host(dout);
+    for (int s = 0, at = 0; s < N; ++s)
+      for (int64_t i = 0; i < rc[s]; ++i) EXPECT_EQ(got[at++], static_cast<float>(1000 * s + 10 * r + i));
+    EXPECT_EQ(got[nr], -5.0f);
+    EXPECT_EQ(got[nr + 1], -5.0f);
+    EXPECT_EQ(g->stats().all_to_all_bytes, static_cast<uint64_t>(ns * 4));
+  }
 }
 
 TEST(StagedDeathTest, HostTensorsAreRefused) {
@@ -613,21 +657,27 @@ TEST(Self, CopiesAndCounts) {
   Tensor b(buf.data(), Shape{5}, DType::kI32);
   s->all_to_all(b.slice(0, 4), b.slice(1, 5));
   EXPECT_EQ(buf, (std::vector<int32_t>{1, 1, 2, 3, 4}));
+  // all_to_all_v: the counted prefix, the rest untouched.
+  EXPECT_EQ(s->stats().all_to_all_bytes, 16u + 16u);
+  std::vector<float> big(6, -1);
+  s->all_to_all_v(host_view(in), {3}, host_view(big), {3});
+  EXPECT_EQ(big, (std::vector<float>{1, 2, 3, -1, -1, -1}));
+  EXPECT_EQ(s->stats().all_to_all_bytes, 16u + 16u + 12u);
+  s->reset_stats();
   EXPECT_TRUE(s->iall_reduce(host_view(in))->test());
   EXPECT_TRUE(s->ireduce_scatter(host_view(in), host_view(out))->test());
   EXPECT_TRUE(s->iall_gather(host_view(in), host_view(out))->test());
   s->barrier();
   EXPECT_EQ(s->all_reduce_scalar(2.5), 2.5);
-  // 16 bytes each: all_gather, reduce_scatter, all_to_all (twice),
-  // all_reduce, broadcast, iall_reduce, ireduce_scatter, iall_gather; the
-  // scalar 8.
-  EXPECT_EQ(s->stats().calls, 10u);
-  EXPECT_EQ(s->stats().all_reduce_bytes, 16u + 16u + 8u);
-  EXPECT_EQ(s->stats().all_gather_bytes, 32u);
-  EXPECT_EQ(s->stats().reduce_scatter_bytes, 32u);
-  EXPECT_EQ(s->stats().all_to_all_bytes, 16u + 16u);
-  EXPECT_EQ(s->stats().broadcast_bytes, 16u);
-  EXPECT_EQ(s->stats().bytes, 40u + 32u + 32u + 32u + 16u);
+  // Since the reset: 16 bytes each: iall_reduce, ireduce_scatter,
+  // iall_gather; the scalar 8.
+  EXPECT_EQ(s->stats().calls, 4u);
+  EXPECT_EQ(s->stats().all_reduce_bytes, 16u + 8u);
+  EXPECT_EQ(s->stats().all_gather_bytes, 16u);
+  EXPECT_EQ(s->stats().reduce_scatter_bytes, 16u);
+  EXPECT_EQ(s->stats().all_to_all_bytes, 0u);
+  EXPECT_EQ(s->stats().broadcast_bytes, 0u);
+  EXPECT_EQ(s->stats().bytes, 24u + 16u + 16u);
 }
 
 TEST(SelfDeathTest, MisuseFailsWithAMessage) {
@@ -641,6 +691,9 @@ TEST(SelfDeathTest, MisuseFailsWithAMessage) {
   EXPECT_DEATH(s->broadcast(host_view(v), 1), "expected root 0");
   std::vector<double> d(4);
   EXPECT_DEATH(s->all_to_all(host_view(v), host_view(d)), "expected in and out of the same dtype, got fp32 and fp64");
+  EXPECT_DEATH(s->all_to_all_v(host_view(v), {5}, host_view(small), {5}), "send 5 of in's 4 elements");
+  EXPECT_DEATH(s->all_to_all_v(host_view(v), {1, 1}, host_view(small), {1, 1}), "one send and one receive count per rank");
+  EXPECT_DEATH(s->all_to_all_v(host_view(v), {2}, host_view(v), {2}), "in and out overlap");
   EXPECT_DEATH(make_group({0, 1}, "tp"), "expected members \\[0\\] or none");
   // Without MPI, abort_job is a flushed exit with the code.
   EXPECT_EXIT(abort_job(3), ::testing::ExitedWithCode(3), "");

@@ -249,6 +249,30 @@ TYPED_TEST(NcclCollective, AllToAll) {
     for (int i = 0; i < p.n; ++i) EXPECT_EQ(num(got[s * p.n + i]), s * p.A + r * p.B + i) << "in place, block " << s;
 }
 
+// Blocks of different sizes, zero-sized ones among them: rank r sends
+// (r + 2 j) % 4 elements to rank j; the tail of out past them is untouched.
+TYPED_TEST(NcclCollective, AllToAllV) {
+  MT_REQUIRE_NCCL();
+  using T = TypeParam;
+  Communicator& w = *g_world;
+  const int N = w.size(), r = w.rank();
+  const Pattern p = pattern<T>();
+  Arena a = gpu_arena();
+  auto sends = [](int from, int to) { return static_cast<int64_t>((from + 2 * to) % 4); };
+  std::vector<int64_t> sc(N), rc(N);
+  int64_t ns = 0, nr = 0;
+  for (int j = 0; j < N; ++j) sc[j] = sends(r, j), rc[j] = sends(j, r), ns += sc[j], nr += rc[j];
+  std::vector<T> in(static_cast<size_t>(ns) + 1), out = filled<T>(static_cast<size_t>(nr) + 3, -1);
+  for (int j = 0, at = 0; j < N; ++j)
+    for (int i = 0; i < sc[j]; ++i) in[at++] = val<T>(r * p.A + j * p.B + i);
+  Tensor din = to_dev(a, in), dout = to_dev(a, out);
+  w.all_to_all_v(din, sc, dout, rc);
+  std::vector<T> got = to_host<T>(dout);
+  for (int s = 0, at = 0; s < N; ++s)
+    for (int i = 0; i < rc[s]; ++i) EXPECT_EQ(num(got[at++]), s * p.A + r * p.B + i) << "from rank " << s;
+  for (size_t i = static_cast<size_t>(nr); i < got.size(); ++i) EXPECT_EQ(num(got[i]), -1) << "tail " << i;
+}
+
 // Ring: rank r sends to r+1 and receives from r-1 (even ranks send first).
 TYPED_TEST(NcclCollective, SendRecvRing) {
   MT_REQUIRE_NCCL();
