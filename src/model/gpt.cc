@@ -51,13 +51,15 @@ struct GPTModel::LayerIdx {
 //   fc1 [N, F or 2F] pre-activation                  act [N,F]
 //   --qk-layernorm: qk_raw [N,(a+g)d] the q and k heads before their norms
 //   (kernels::qk_heads_gather's layout), qk_mean (LayerNorm), qk_rstd [N(a+g)]
-//   --num-experts E (k = --moe-router-topk; the MLP's rows are the N k
-//   routed slots, so fc1 [N k, Fe or 2Fe] and act [N k, Fe] with Fe this TP
-//   rank's expert columns): the router's choice r_idx [N,k] int32, its
-//   probabilities r_probs [N,k], the full softmax r_scores [N,E] and
-//   log-sum-exp r_lse [N]; the dispatch map (kernels/moe.h) pos [N,k], src
-//   [N k], counts [E] int32; the permuted input xp [N k, h] and the experts'
-//   outputs y [N k, h] (before the probabilities and the TP reduction)
+//   --num-experts E (k = --moe-router-topk): the router's choice r_idx [N,k]
+//   int32, its probabilities r_probs [N,k], the full softmax r_scores [N,E]
+//   and log-sum-exp r_lse [N]; the dispatch map (kernels/moe.h) pos [N,k],
+//   src [N k], counts [E] int32; the rows this rank's experts ran, xp [Rx,
+//   h], with fc1 [Rx, Fe or 2Fe] and act [Rx, Fe] (Fe: this TP rank's expert
+//   columns); and the experts' outputs for this rank's N k routed slots, y
+//   [N k, h] (before the probabilities and the TP reduction). Without
+//   expert parallelism the experts run this rank's slots (Rx = N k, xp the
+//   permuted ln2); with it, what the EP group sent (Rx bounds that, see Dims).
 // The layer's input is resid[l], its output resid[l+1]. An undefined tensor
 // is one this configuration does not keep.
 struct GPTModel::LayerActs {
@@ -105,6 +107,11 @@ struct Dims {
   // (N without experts), fc1 and F then the expert's (this rank's columns).
   int64_t E = 0, topk = 0, R = 0;
   bool moe = false;
+  // Expert parallelism: EP ranks, E / EP experts each; Rx the rows this
+  // rank's experts can receive: each of the EP ranks sends each of its N
+  // tokens to at most min(k, E / EP) of them (k distinct choices), so Rx =
+  // EP N min(k, E / EP), the dropless worst case (R when EP = 1).
+  int64_t ep = 1, Rx = 0;
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
 };
 
@@ -116,7 +123,7 @@ Shape field_shape(int f, const Dims& d) {
     case kQkv: return {d.N, d.qkv};
     case kCtx: return {d.N, d.ad};
     case kLse: return {d.B, d.a, d.T};
-    case kFc1: return {d.R, d.fc1};
+    case kFc1: return {d.Rx, d.fc1};
     case kQkRaw: return {d.qk_rows(), d.hd};
     case kQkMean: case kQkRstd: return {d.qk_rows()};
     case kRIdx: case kRProbs: case kPos: return {d.N, d.topk};
@@ -124,8 +131,9 @@ Shape field_shape(int f, const Dims& d) {
     case kRLse: return {d.N};
     case kSrc: return {d.R};
     case kCounts: return {d.E};
-    case kXp: case kY: return {d.R, d.h};
-    default: return {d.R, d.F};
+    case kXp: return {d.Rx, d.h};
+    case kY: return {d.R, d.h};
+    default: return {d.Rx, d.F};
   }
 }
 
@@ -185,6 +193,8 @@ struct GPTModel::Tables {
   std::vector<LayerRange> chunks;
   std::vector<std::vector<LayerGroup>> groups;  // per chunk
   SizeTable params, lowp, acts, workspace, rope;
+  SizeTable expert_params;  // --num-experts: the routed experts' parameters, after `params` in the flat buffers
+  size_t dense_flat_bytes = 0;  // params' bytes padded to the flat unit (where the experts start)
   std::vector<int> lowp_which;  // parameter index of each lowp entry
   ActIndex act;
   std::vector<FieldIdx> ws_layers;  // per position in a recomputed group
@@ -213,6 +223,10 @@ struct GPTModel::Slot {
   // and the layer's unweighted load-balancing and z-losses (this rank's share).
   mutable std::vector<std::vector<double>> moe_counts;
   mutable std::vector<double> moe_aux, moe_z;
+  // And the exchange of its routed slots (GPTModel::moe_forward): the slots
+  // sent to each EP rank [EP] and the rows received per (source rank, local
+  // expert) [EP x E/EP], source-major (without EP: {N k} and the counts).
+  mutable std::vector<std::vector<int64_t>> moe_send, moe_recv;
 };
 
 // One recomputed group's activations, carved from scratch.
@@ -339,6 +353,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
         errs.push_back("--num-experts with --tensor-model-parallel-size > 1 needs --sequence-parallel (Megatron "
                        "warns it must be used: without it every TP rank routes the same tokens, and its load-balancing "
                        "and z-losses count them TP times)");
+      if (opt.ep < 1 || opt.ep_rank < 0 || opt.ep_rank >= opt.ep)
+        errs.push_back(fmt::format("expert-parallel rank {} outside [0, {})", opt.ep_rank, opt.ep));
+      else if (cfg.num_experts % opt.ep)
+        errs.push_back(fmt::format("--num-experts {} is not divisible by --expert-model-parallel-size {}",
+                                   cfg.num_experts, opt.ep));
       if (opt.tp > 1 && cfg.moe_ffn() % opt.tp)
         errs.push_back(fmt::format("--moe-ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}",
                                    cfg.moe_ffn(), opt.tp));
@@ -368,6 +387,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                               "--tensor-model-parallel-size {}",
                                               T, tp));
   }
+  if (opt.ep > 1 && !cfg.is_moe())
+    errs.push_back(fmt::format("--expert-model-parallel-size {} needs --num-experts", opt.ep));
+  if (opt.expert_flat_multiple < 1) errs.push_back("expert_flat_multiple must be at least 1");
   if (opt.micro_batch <= 0) errs.push_back("--micro-batch-size must be positive");
   if (opt.flat_multiple < 1) errs.push_back("flat_multiple must be at least 1");
   if (opt.slots < 0) errs.push_back("activation slots must be >= 0");
@@ -416,7 +438,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   if (cfg.is_moe()) {
     d.moe = true, d.E = cfg.num_experts, d.topk = cfg.moe_router_topk, d.R = N * d.topk;
     d.F = cfg.moe_ffn() / tp, d.fc1 = (cfg.swiglu ? 2 : 1) * d.F;
+    d.ep = opt.ep;
   }
+  d.Rx = d.ep > 1 ? d.ep * N * std::min(d.topk, d.E / d.ep) : d.R;
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
   t.chunks = chunks;
@@ -436,9 +460,13 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
       keep = opt.pre_process || (opt.post_process && !cfg.untie_embeddings_and_output_weights);
     else if (s.name.rfind("embedding.", 0) == 0) keep = opt.pre_process;
     else keep = opt.post_process;  // final norm, output layer
+    // Expert parallelism: this rank's experts only.
+    if (s.expert >= 0 && s.expert / (cfg.num_experts / opt.ep) != opt.ep_rank) keep = false;
     if (keep) t.specs.push_back(std::move(s));
   }
-  for (const ParamSpec& s : t.specs) t.params.add(s.name, s.local_shape(opt.tp), dt);
+  // The routed experts' parameters last (their own region of the flat buffers).
+  std::stable_partition(t.specs.begin(), t.specs.end(), [](const ParamSpec& s) { return s.expert < 0; });
+  for (const ParamSpec& s : t.specs) (s.expert < 0 ? t.params : t.expert_params).add(s.name, s.local_shape(opt.tp), dt);
   if (opt.bf16_compute)
     for (size_t i = 0; i < t.specs.size(); ++i) {
       const Shape sh = t.specs[i].local_shape(opt.tp);
@@ -541,7 +569,12 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // --num-experts: the router's logits [N, E] (then [E] vectors of its
   // statistics), and the combined [N, h] before the SP reduce-scatter
   // (GPTModel::moe_forward).
-  const size_t moe_fwd = d.moe ? std::max(abytes(N * d.E, dt), full) : 0;
+  // Expert parallelism (scopes after the logits'): the counts received [E]
+  // int32 and the permuted slots to send [N k, h]; then the experts'
+  // outputs to send back [Rx, h].
+  const size_t ep_fwd =
+      d.ep > 1 ? std::max(abytes(d.E, DType::kI32) + abytes(d.R * h, d.ln), abytes(d.Rx * h, dt)) : 0;
+  const size_t moe_fwd = d.moe ? std::max({abytes(N * d.E, dt), ep_fwd, full}) : 0;
   const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});  // tmp (+ ctx, lse) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});
   // Backward's transients after the layer's own buffers: each linear's
@@ -553,12 +586,16 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // the combined d(ln2) before the SP reduce-scatter, the load-balancing
   // weights, d(logits) of this rank's rows, the router's dx, and its bf16
   // cast of d(logits) under --bf16.
-  const size_t moe_bwd = d.moe ? (sp ? abytes(N * h, d.rs) : 0) + 2 * abytes(d.R * h, d.mid) + abytes(N * d.topk, dt) +
+  // Expert parallelism adds the received d(outputs) [Rx, h] and the d(xp)
+  // sent back [N k, h].
+  const size_t moe_bwd = d.moe ? (sp ? abytes(N * h, d.rs) : 0) + abytes(d.R * h, d.mid) + abytes(d.Rx * h, d.mid) +
+                                     (d.ep > 1 ? abytes(d.Rx * h, d.mid) + abytes(d.R * h, d.mid) : 0) +
+                                     abytes(N * d.topk, dt) +
                                      (sp ? abytes(N * h, dt) : 0) + abytes(d.E, dt) + abytes(Ns * d.E, dt) +
                                      abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0)
                                : 0;
-  const size_t layer_bwd = abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(d.R * d.F, d.mid) +
-                           abytes(d.R * d.fc1, d.mid) + abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp +
+  const size_t layer_bwd = abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(d.Rx * d.F, d.mid) +
+                           abytes(d.Rx * d.fc1, d.mid) + abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp +
                            std::max({full + std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0), cp_bwd,
                                      moe_bwd});
   bool any_kept = false;
@@ -580,7 +617,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // arena rounds its capacity up to kArenaAlign).
   const size_t flat_unit = std::lcm(static_cast<size_t>(std::max<int64_t>(1, opt.flat_multiple)) * dtype_size(dt),
                                     kArenaAlign);
-  const size_t flat_bytes = (t.params.total_bytes() + flat_unit - 1) / flat_unit * flat_unit;
+  const size_t expert_unit = std::lcm(
+      static_cast<size_t>(std::max<int64_t>(1, opt.expert_flat_multiple)) * dtype_size(dt), kArenaAlign);
+  t.dense_flat_bytes = (t.params.total_bytes() + flat_unit - 1) / flat_unit * flat_unit;
+  const size_t flat_bytes =
+      t.dense_flat_bytes + (t.expert_params.total_bytes() + expert_unit - 1) / expert_unit * expert_unit;
   p.params = flat_bytes;
   p.grads = opt.slots > 0 ? flat_bytes : 0;
   p.lowp = t.lowp.total_bytes();
@@ -622,6 +663,17 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
         const double counts = d.moe ? n * static_cast<double>(d.E * static_cast<int64_t>(dtype_size(d.dt))) : 0.0;
         c.cp_forward_bytes += counts;
         c.cp_backward_bytes += g.recompute ? counts : 0.0;
+      }
+  }
+  if (d.moe && d.ep > 1) {
+    const double slots = static_cast<double>(d.R * d.h);
+    const double fwd = static_cast<double>(4 * d.E) + slots * static_cast<double>(dtype_size(d.ln) + dtype_size(d.dt));
+    const double bwd = 2 * slots * static_cast<double>(dtype_size(d.mid));
+    for (size_t k = 0; k < t->groups.size(); ++k)
+      for (const LayerGroup& g : t->groups[k]) {
+        const double n = static_cast<double>(g.end - g.begin);
+        c.ep_forward_bytes += n * fwd;
+        c.ep_backward_bytes += n * bwd + (g.recompute ? n * fwd : 0.0);
       }
   }
   if (opt.tp <= 1) return c;
@@ -671,6 +723,10 @@ Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const
   if (opt.tp_comm && opt.tp_comm->size() != opt.tp)
     return Status::invalid(fmt::format("the tensor-parallel communicator has {} ranks, GPTOptions::tp is {}",
                                        opt.tp_comm->size(), opt.tp));
+  if (opt.ep > 1 && opt.slots > 0 && (!opt.ep_comm || opt.ep_comm->size() != opt.ep))
+    return Status::invalid(fmt::format("expert parallelism needs the expert-parallel communicator of {} ranks "
+                                       "(GPTOptions::ep_comm)",
+                                       opt.ep));
   if (opt.cp > 1 && opt.slots > 0 && (!opt.cp_comm || opt.cp_comm->size() != opt.cp))
     return Status::invalid(fmt::format("context parallelism needs the context-parallel communicator of {} ranks "
                                        "(GPTOptions::cp_comm)",
@@ -682,7 +738,7 @@ Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const
 
 GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : cfg_(cfg), opt_(opt) {
   const Dims& d = t.dims;
-  B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1, R_ = d.R;
+  B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1, R_ = d.R, Rx_ = d.Rx;
   Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
   Tg_ = d.Tg;
   {
@@ -704,14 +760,16 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   chunk_groups_ = std::move(t.groups);
   plan_ = t.plan;
   param_table_ = std::move(t.params);
+  expert_table_ = std::move(t.expert_params);
+  expert_flat_begin_ = static_cast<int64_t>(t.dense_flat_bytes / dtype_size(opt.dtype));
   act_table_ = std::move(t.acts);
   workspace_table_ = std::move(t.workspace);
   for (size_t i = 0; i < specs_.size(); ++i) index_[specs_[i].name] = static_cast<int>(i);
   params_arena_ = Arena(plan_.params, "params", opt.device);
-  params_ = params_arena_.carve(param_table_);
+  params_ = carve_params(params_arena_);
   if (plan_.grads) {
     grads_arena_ = Arena(plan_.grads, "grads", opt.device);
-    grads_ = grads_arena_.carve(param_table_);
+    grads_ = carve_params(grads_arena_);
   } else {
     grads_.assign(params_.size(), Tensor());
   }
@@ -732,7 +790,8 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     x.q_ln_w = find(p + "self_attention.q_layernorm.weight"), x.q_ln_b = find(p + "self_attention.q_layernorm.bias");
     x.k_ln_w = find(p + "self_attention.k_layernorm.weight"), x.k_ln_b = find(p + "self_attention.k_layernorm.bias");
     x.router_w = find(p + "mlp.router.weight");
-    for (int64_t e = 0; x.router_w >= 0 && e < cfg.num_experts; ++e) {
+    const int64_t El = cfg.is_moe() ? cfg.num_experts / opt.ep : 0;  // this rank's experts, local index e
+    for (int64_t e = opt.ep_rank * El; x.router_w >= 0 && e < (opt.ep_rank + 1) * El; ++e) {
       x.exp_fc1.push_back(find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc1.weight", p, e)));
       x.exp_fc2.push_back(find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc2.weight", p, e)));
     }
@@ -761,6 +820,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       if (cfg.is_moe()) {
         const size_t L = static_cast<size_t>(cfg.num_layers);
         sl.moe_counts.assign(L, {}), sl.moe_aux.assign(L, 0.0), sl.moe_z.assign(L, 0.0);
+        sl.moe_send.assign(L, {}), sl.moe_recv.assign(L, {});
       }
       slots_.push_back(std::move(sl));
     }
@@ -897,6 +957,18 @@ Tensor GPTModel::flat_grads() const {
   return Tensor(grads_arena_.base(), {static_cast<int64_t>(grads_arena_.capacity() / dtype_size(opt_.dtype))},
                 opt_.dtype, opt_.device);
 }
+// The parameter table, then (--num-experts) the experts' table from
+// expert_flat_begin_: params_/grads_ in specs_ order (experts last).
+std::vector<Tensor> GPTModel::carve_params(Arena& arena) const {
+  std::vector<Tensor> v = arena.carve(param_table_);
+  if (expert_table_.size() == 0) return v;
+  const size_t at = arena.used(), start = static_cast<size_t>(expert_flat_begin_) * dtype_size(opt_.dtype);
+  MT_CHECK(at <= start && (start - at) % dtype_size(opt_.dtype) == 0, "GPTModel: the expert region's start is misplaced");
+  if (start > at) arena.alloc({static_cast<int64_t>((start - at) / dtype_size(opt_.dtype))}, opt_.dtype);  // padding
+  for (Tensor& t : arena.carve(expert_table_)) v.push_back(t);
+  return v;
+}
+
 int64_t GPTModel::flat_offset(int i) const {
   return static_cast<int64_t>((static_cast<const char*>(params_[static_cast<size_t>(i)].data()) -
                                static_cast<const char*>(params_arena_.base())) /
@@ -1190,7 +1262,7 @@ std::vector<int64_t> GPTModel::expert_offsets(const LayerActs& a) const {
 // (a recomputed group's last layer: backward needs nothing after them).
 // Records the layer's load-balancing and z-loss values in the slot.
 void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const Tensor& y_own, const Slot& s) {
-  const int64_t E = cfg_.num_experts;
+  const int64_t E = cfg_.num_experts, ep = opt_.ep, El = E / ep;
   const DType dt = opt_.dtype;
   {
     ArenaScope scope(scratch_);
@@ -1200,14 +1272,50 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
                  a.r_probs, a.r_scores, a.r_lse);
   }
   k::moe_dispatch_map(a.r_idx, a.counts, a.src, a.pos);
-  k::moe_permute(a.ln2, a.src, a.xp);
   const std::vector<int64_t> off = expert_offsets(a);
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e]) linear_fwd(a.xp.slice(off[e], off[e + 1]), p.exp_fc1[e], -1, a.fc1.slice(off[e], off[e + 1]));
-  if (cfg_.swiglu) k::swiglu_forward(a.fc1, a.act);
-  else k::gelu_forward(mlp_activation(cfg_), a.fc1, a.act);
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e]) linear_fwd(a.act.slice(off[e], off[e + 1]), p.exp_fc2[e], -1, a.y.slice(off[e], off[e + 1]));
+  std::vector<int64_t>& send = s.moe_send[static_cast<size_t>(l)];
+  std::vector<int64_t>& recv = s.moe_recv[static_cast<size_t>(l)];
+  send.assign(static_cast<size_t>(ep), 0);
+  for (int64_t r = 0; r < ep; ++r) send[static_cast<size_t>(r)] = off[(r + 1) * El] - off[r * El];
+  if (ep == 1) {
+    recv.resize(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) recv[static_cast<size_t>(e)] = off[e + 1] - off[e];
+    k::moe_permute(a.ln2, a.src, a.xp);
+  } else {
+    // Every EP rank learns how many of its experts' rows come from each
+    // rank (block r of the counts holds rank r's experts), then the slots
+    // travel, in expert order, to the ranks holding their experts.
+    ArenaScope scope(scratch_);
+    const Tensor got = scratch({E}, DType::kI32);
+    opt_.ep_comm->all_to_all(a.counts, got);
+    std::vector<int32_t> c(static_cast<size_t>(E));
+    copy_tensor(got, Tensor(c.data(), {E}, DType::kI32));
+    recv.assign(c.begin(), c.end());
+    const Tensor xs = scratch({R_, h_}, a.xp.dtype());
+    k::moe_permute(a.ln2, a.src, xs);
+    opt_.ep_comm->all_to_all_v(xs, rows_to_elements(send), a.xp, rows_to_elements(source_rows(recv)));
+  }
+  const int64_t rows = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+  MT_CHECK(rows <= Rx_, fmt::format("GPTModel: layer {}'s experts received {} rows, more than the {} planned", l, rows, Rx_));
+  // The local experts, each on its rows from every source rank.
+  auto each_chunk = [&](auto&& fn) {
+    int64_t at = 0;
+    for (int64_t src = 0; src < ep; ++src)
+      for (int64_t e = 0; e < El; ++e) {
+        const int64_t n = recv[static_cast<size_t>(src * El + e)];
+        if (n > 0) fn(e, at, at + n);
+        at += n;
+      }
+  };
+  each_chunk([&](int64_t e, int64_t r0, int64_t r1) { linear_fwd(a.xp.slice(r0, r1), p.exp_fc1[e], -1, a.fc1.slice(r0, r1)); });
+  if (cfg_.swiglu) k::swiglu_forward(a.fc1.slice(0, rows), a.act.slice(0, rows));
+  else k::gelu_forward(mlp_activation(cfg_), a.fc1.slice(0, rows), a.act.slice(0, rows));
+  {
+    ArenaScope scope(scratch_);
+    const Tensor y = ep == 1 ? a.y : scratch({Rx_, h_}, a.y.dtype());
+    each_chunk([&](int64_t e, int64_t r0, int64_t r1) { linear_fwd(a.act.slice(r0, r1), p.exp_fc2[e], -1, y.slice(r0, r1)); });
+    if (ep > 1) opt_.ep_comm->all_to_all_v(y, rows_to_elements(source_rows(recv)), a.y, rows_to_elements(send));
+  }
   if (s.training) moe_record_losses(l, a, off, s);
   if (!y_own.defined()) return;
   if (!sp()) return k::moe_unpermute(a.y, a.pos, a.r_probs, y_own);
@@ -1215,6 +1323,20 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
   const Tensor full = scratch({N_, h_}, dt);
   k::moe_unpermute(a.y, a.pos, a.r_probs, full);
   opt_.tp_comm->reduce_scatter(full, y_own);
+}
+
+// Rows received per source rank, from rows per (source rank, local expert).
+std::vector<int64_t> GPTModel::source_rows(const std::vector<int64_t>& recv) const {
+  const int64_t ep = opt_.ep, El = static_cast<int64_t>(recv.size()) / ep;
+  std::vector<int64_t> v(static_cast<size_t>(ep), 0);
+  for (int64_t r = 0; r < ep; ++r)
+    for (int64_t e = 0; e < El; ++e) v[static_cast<size_t>(r)] += recv[static_cast<size_t>(r * El + e)];
+  return v;
+}
+// Counts of [*, h] rows as element counts (all_to_all_v's unit).
+std::vector<int64_t> GPTModel::rows_to_elements(std::vector<int64_t> rows) const {
+  for (int64_t& r : rows) r *= h_;
+  return rows;
 }
 
 namespace {
@@ -1292,24 +1414,48 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   const Tensor dy = scratch({R_, h_}, mid_), dprobs = scratch({N_, k}, dt);
   k::moe_unpermute_backward(dout, a.y, a.pos, a.r_probs, dy, dprobs);
   if (opt_.tp > 1) opt_.tp_comm->all_reduce(dprobs);  // each rank's columns gave part of y
-  const std::vector<int64_t> off = expert_offsets(a);
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e])
-      linear_bwd(a.act.slice(off[e], off[e + 1]), p.exp_fc2[e], -1, dy.slice(off[e], off[e + 1]),
-                 dact.slice(off[e], off[e + 1]));
-  if (cfg_.swiglu) k::swiglu_backward(a.fc1, dact, dfc1);
-  else k::gelu_backward(mlp_activation(cfg_), a.fc1, dact, dfc1);
-  const Tensor dxp = scratch({R_, h_}, mid_);
-  for (int64_t e = 0; e < E; ++e)
-    if (off[e + 1] > off[e])
-      linear_bwd(a.xp.slice(off[e], off[e + 1]), p.exp_fc1[e], -1, dfc1.slice(off[e], off[e + 1]),
-                 dxp.slice(off[e], off[e + 1]));
+  // The experts' backward on the rows forward ran (moe_forward's exchange
+  // in reverse: d(outputs) travel to the experts, d(inputs) back).
+  const int64_t ep = opt_.ep, El = E / ep;
+  const std::vector<int64_t>& send = s.moe_send.at(static_cast<size_t>(l));
+  const std::vector<int64_t>& recv = s.moe_recv.at(static_cast<size_t>(l));
+  MT_CHECK(send.size() == static_cast<size_t>(ep) && recv.size() == static_cast<size_t>(E),
+           "GPTModel::backward: an MoE layer's forward did not run for this slot");
+  const int64_t nrecv = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+  auto each_chunk = [&](auto&& fn) {
+    int64_t at = 0;
+    for (int64_t src = 0; src < ep; ++src)
+      for (int64_t e = 0; e < El; ++e) {
+        const int64_t n = recv[static_cast<size_t>(src * El + e)];
+        if (n > 0) fn(e, at, at + n);
+        at += n;
+      }
+  };
+  Tensor dyx = dy;
+  if (ep > 1) {
+    dyx = scratch({Rx_, h_}, mid_);
+    opt_.ep_comm->all_to_all_v(dy, rows_to_elements(send), dyx, rows_to_elements(source_rows(recv)));
+  }
+  each_chunk([&](int64_t e, int64_t r0, int64_t r1) {
+    linear_bwd(a.act.slice(r0, r1), p.exp_fc2[e], -1, dyx.slice(r0, r1), dact.slice(r0, r1));
+  });
+  if (cfg_.swiglu) k::swiglu_backward(a.fc1.slice(0, nrecv), dact.slice(0, nrecv), dfc1.slice(0, nrecv));
+  else k::gelu_backward(mlp_activation(cfg_), a.fc1.slice(0, nrecv), dact.slice(0, nrecv), dfc1.slice(0, nrecv));
+  const Tensor dxp = scratch({Rx_, h_}, mid_);
+  each_chunk([&](int64_t e, int64_t r0, int64_t r1) {
+    linear_bwd(a.xp.slice(r0, r1), p.exp_fc1[e], -1, dfc1.slice(r0, r1), dxp.slice(r0, r1));
+  });
+  Tensor dx = dxp;
+  if (ep > 1) {
+    dx = scratch({R_, h_}, mid_);
+    opt_.ep_comm->all_to_all_v(dxp, rows_to_elements(source_rows(recv)), dx, rows_to_elements(send));
+  }
   if (sp()) {
     const Tensor full = scratch({N_, h_}, dt);
-    k::moe_unpermute(dxp, a.pos, Tensor(), full);
+    k::moe_unpermute(dx, a.pos, Tensor(), full);
     opt_.tp_comm->reduce_scatter(full, dln_own);
   } else {
-    k::moe_unpermute(dxp, a.pos, Tensor(), dln_own);
+    k::moe_unpermute(dx, a.pos, Tensor(), dln_own);
   }
   // The router, on this rank's rows.
   const int64_t r0 = sp() ? opt_.tp_rank * Ns_ : 0;
@@ -1382,8 +1528,8 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& 
   const int64_t adim = a_ * cfg_.head_dim();
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
-  Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch({R_, F_}, mid_),
-         dfc1 = scratch({R_, fc1_}, mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
+  Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch({Rx_, F_}, mid_),
+         dfc1 = scratch({Rx_, fc1_}, mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   const k::AttentionOptions ao = attention_options(s, l);
   Tensor ctx = a.ctx, lse = a.lse;

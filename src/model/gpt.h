@@ -189,6 +189,20 @@ struct GPTOptions {
   bool post_process = true;
   int64_t flat_multiple = 1;     // pad the parameter and gradient arenas to a multiple of this many
                                  // elements (the data-parallel size: reduce-scatter blocks divide evenly)
+  // Expert parallelism (--expert-model-parallel-size, with --num-experts):
+  // this rank holds the routed experts [ep_rank E/ep, (ep_rank + 1) E/ep) of
+  // its layers. Each MoE layer routes this rank's tokens, sends every
+  // routed slot to the rank holding its expert (ep_comm->all_to_all_v, the
+  // EP group: ranks of one TP and PP position that hold different data),
+  // runs the local experts on what it receives and sends the outputs back.
+  // The experts' parameters lie after the other parameters in the flat
+  // buffers (expert_flat_begin()), padded to expert_flat_multiple elements
+  // (the expert data-parallel size), since they are reduced over that group.
+  // Every MoE model has the expert region, at any ep.
+  int64_t ep = 1;
+  int64_t ep_rank = 0;
+  comm::Communicator* ep_comm = nullptr;  // required when ep > 1 (not owned)
+  int64_t expert_flat_multiple = 1;
 };
 
 // The residual stream's dtype under these options (GPTModel::residual_dtype()):
@@ -241,6 +255,14 @@ struct GPTCommPlan {
   // again in backward and in recomputed forwards) and dQ/dK/dV reduce-scatters.
   double cp_forward_bytes = 0;
   double cp_backward_bytes = 0;
+  // Expert parallelism (all_to_all bytes sent): per MoE layer the expert
+  // counts and the N k routed slots out, and the experts' outputs for the
+  // slots this rank received back; backward the same slots' gradients both
+  // ways; recomputed forwards again. What a rank sends back depends on the
+  // routing; these figures count N k rows each way, which is exact summed
+  // over the EP group and per rank when routing is balanced.
+  double ep_forward_bytes = 0;
+  double ep_backward_bytes = 0;
 };
 
 class GPTModel {
@@ -310,6 +332,11 @@ class GPTModel {
   Tensor flat_params() const;
   Tensor flat_grads() const;
   int64_t flat_offset(int i) const;
+  // --num-experts: the routed experts' parameters (specs()[i].expert >= 0,
+  // listed after every other parameter) are elements [expert_flat_begin(),
+  // numel) of the flat buffers; the rest [0, expert_flat_begin()). Both
+  // lengths are multiples of their flat_multiple. numel without experts.
+  int64_t expert_flat_begin() const { return expert_flat_begin_; }
   // Called during backward with each stage (param_stage) as its gradients
   // become final for this micro-batch: L first, then this rank's layers in
   // reverse, then -1 (first pipeline stage only: a last stage's tied word
@@ -458,6 +485,8 @@ class GPTModel {
                     const Tensor& dact, const Tensor& dfc1, const Tensor& dln_own);
   void moe_record_losses(int l, const LayerActs& a, const std::vector<int64_t>& off, const Slot& s);
   std::vector<int64_t> expert_offsets(const LayerActs& a) const;
+  std::vector<int64_t> source_rows(const std::vector<int64_t>& recv) const;
+  std::vector<int64_t> rows_to_elements(std::vector<int64_t> rows) const;
   static LayerActs bind_layer(const std::vector<Tensor>& views, const std::array<int, kLayerFields>& entries);
   // --qk-layernorm on layer p's fused QKV (forward: a.qkv in place; backward: dqkv in place).
   void qk_norm_fwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a);
@@ -470,6 +499,8 @@ class GPTModel {
   ModelConfig cfg_;
   GPTOptions opt_;
   int64_t B_ = 0, T_ = 0, N_ = 0, h_ = 0, V_ = 0, qkv_ = 0, fc1_ = 0, F_ = 0;
+  int64_t expert_flat_begin_ = 0;
+  int64_t Rx_ = 0;  // --num-experts: the rows this rank's experts can receive (R_ without expert parallelism)
   int64_t R_ = 0;  // the MLP's rows: N, or N k routed slots with --num-experts (fc1_, F_ the expert's)
   double moe_loss_scale_ = 1;
   std::optional<double> moe_loss_scale_override_;
@@ -495,6 +526,8 @@ class GPTModel {
   std::vector<std::vector<LayerGroup>> chunk_groups_;  // per chunk, positions relative to the chunk
   GPTMemoryPlan plan_;
   SizeTable param_table_, act_table_, workspace_table_;
+  SizeTable expert_table_;  // --num-experts: the routed experts' parameters (after param_table_'s)
+  std::vector<Tensor> carve_params(Arena& arena) const;
   Arena params_arena_, grads_arena_, lowp_arena_, acts_, scratch_, tables_;
   std::vector<Tensor> params_, grads_, lowp_;  // lowp_[i] undefined unless a bf16 GEMM weight
   std::vector<LayerIdx> layers_;

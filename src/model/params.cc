@@ -157,6 +157,7 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
         const std::string x = fmt::format("{}mlp.experts.local_experts.{}.", p, e);
         add(x + "linear_fc1.weight", {gate * Fe, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i, int(gate));
         add(x + "linear_fc2.weight", {h, Fe}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
+        v[v.size() - 2].expert = v[v.size() - 1].expert = static_cast<int>(e);
       }
       continue;
     }

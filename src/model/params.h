@@ -63,6 +63,12 @@ struct ParamSpec {
   InitKind init = InitKind::kNormal;
   bool weight_decay = true;  // false for biases and norm parameters (Megatron's no_wd group)
   int layer = -1;            // transformer layer index, -1 for embedding/final/output
+  // --num-experts: the routed expert (global index) a weight belongs to, -1
+  // for every other parameter. With expert parallelism a rank holds the
+  // experts [ep_rank E/EP, (ep_rank + 1) E/EP) of its layers, under these
+  // global names, and their gradients are reduced over the expert
+  // data-parallel group instead of DP x CP.
+  int expert = -1;
 
   // This rank's shape for a TP size (REQUIRES: the split dimension divides).
   Shape local_shape(int64_t tp) const;

@@ -294,6 +294,118 @@ TEST(ContextParallelModel, EqualsSerialModel) {
   }
 }
 
+// Expert parallelism (with TP and SP where the world allows): the world as
+// an EP x TP grid (TP fastest, as Megatron orders tp-ep). The EP ranks hold
+// different data, as the DP ranks they are, and E / EP experts each; every
+// rank also builds the serial model on its own data. Forward is the serial
+// model's token for token, so the losses and every non-expert gradient
+// equal the serial ones on the rank's data; an expert's gradient sums the
+// tokens every EP rank routed to it, so it equals the serial gradients
+// summed over the EP group. The scratch arena peaks exactly at the plan, and
+// the all-to-all bytes the EP group sent add up to EP times the planned
+// per-rank figure (exact for the group whatever the routing).
+struct EpCase {
+  const char* name;
+  ModelConfig cfg;
+  int64_t tp;
+  DType dt;
+  bool bf16;
+  RecomputeGranularity recompute;
+  double tol;
+};
+
+void run_ep_case(const EpCase& c) {
+  auto world = comm::world_communicator();
+  const int64_t W = world->size(), wr = world->rank(), tp = c.tp, ep = W / tp;
+  const int64_t tr = wr % tp, er = wr / tp;
+  std::vector<int> tp_members, ep_members;
+  for (int64_t i = 0; i < tp; ++i) tp_members.push_back(static_cast<int>(er * tp + i));
+  for (int64_t j = 0; j < ep; ++j) ep_members.push_back(static_cast<int>(j * tp + tr));
+  auto tp_comm = comm::make_group(tp_members, "tp");
+  auto ep_comm = comm::make_group(ep_members, "ep");
+  ModelConfig cfg = c.cfg;
+  cfg.vocab_size = cfg.padded_vocab(tp);
+  const int64_t B = 2, T = cfg.seq_length, V = *cfg.vocab_size;
+  GPTOptions so;
+  so.micro_batch = B, so.dtype = c.dt, so.bf16_compute = c.bf16;
+  so.recompute.granularity = c.recompute;
+  if (c.recompute == RecomputeGranularity::kFull) so.recompute.num_layers = 2;
+  GPTOptions po = so;
+  po.tp = tp, po.tp_rank = tr, po.sequence_parallel = tp > 1, po.tp_comm = tp_comm.get();
+  po.ep = ep, po.ep_rank = er, po.ep_comm = ep_comm.get();
+  auto serial = GPTModel::create(cfg, so);
+  ASSERT_TRUE(serial.is_ok()) << serial.status().message();
+  auto par = GPTModel::create(cfg, po);
+  ASSERT_TRUE(par.is_ok()) << c.name << ": " << par.status().message();
+  GPTModel &S = **serial, &P = **par;
+  S.init_parameters(79);
+  P.init_parameters(79);
+  const int64_t El = cfg.num_experts / ep;
+  for (size_t i = 0; i < P.specs().size(); ++i) {
+    const ParamSpec& ps = P.specs()[i];
+    ASSERT_TRUE(ps.expert < 0 || ps.expert / El == er) << c.name << ": " << ps.name << " on EP rank " << er;
+    const int j = S.find(ps.name);
+    ASSERT_GE(j, 0) << ps.name;
+    const double e = c.dt == DType::kF64 ? slice_err<double>(ps, tp, tr, P.params()[i], S.params()[j])
+                                         : slice_err<float>(ps, tp, tr, P.params()[i], S.params()[j]);
+    ASSERT_EQ(e, 0.0) << c.name << ": initial " << ps.name << " is not the serial slice";
+  }
+  // Every parameter is held by one EP rank at least: the experts split E / EP ways.
+  int64_t experts_here = 0;
+  for (const ParamSpec& ps : P.specs()) experts_here += ps.expert >= 0;
+  EXPECT_EQ(experts_here, 2 * El * cfg.num_layers) << c.name;
+  std::mt19937 g(static_cast<uint32_t>(11 + er));  // this EP rank's data
+  std::vector<int32_t> tok(B * T), lab(B * T);
+  for (auto& t : tok) t = static_cast<int32_t>(g() % V);
+  for (auto& l : lab) l = static_cast<int32_t>(g() % V);
+  lab[3] = -1;
+  Tensor tt(tok.data(), {B, T}, DType::kI32), lt(lab.data(), {B, T}, DType::kI32);
+  S.zero_grads(), P.zero_grads();
+  ep_comm->reset_stats();
+  for (int pass = 0; pass < 2; ++pass) {  // two micro-batches accumulate
+    const double ls = S.forward(0, tt, lt, 9 + pass, true);
+    const double lp = P.forward(0, tt, lt, 9 + pass, true);
+    EXPECT_NEAR(lp, ls, c.tol * std::abs(ls)) << c.name << ": loss on EP rank " << er;
+    S.backward(0, 0.5);
+    P.backward(0, 0.5);
+  }
+  const double sent = static_cast<double>(ep_comm->stats().all_to_all_bytes);
+  auto plan = GPTModel::planned_comm(cfg, po);
+  ASSERT_TRUE(plan.is_ok());
+  EXPECT_EQ(ep_comm->all_reduce_scalar(sent), 2.0 * static_cast<double>(ep) * (plan->ep_forward_bytes + plan->ep_backward_bytes))
+      << c.name << ": all-to-all bytes over the EP group";
+  P.reduce_tp_replicated_grads();
+  EXPECT_EQ(P.scratch_arena().high_water(), P.memory_plan().scratch) << c.name << ": scratch plan";
+  // The serial expert gradients summed over the EP group (every rank, every expert, in order).
+  for (size_t j = 0; j < S.specs().size(); ++j)
+    if (S.specs()[j].expert >= 0) ep_comm->all_reduce(S.grads()[j]);
+  for (size_t i = 0; i < P.specs().size(); ++i) {
+    const ParamSpec& ps = P.specs()[i];
+    const int j = S.find(ps.name);
+    const double e = c.dt == DType::kF64 ? slice_err<double>(ps, tp, tr, P.grads()[i], S.grads()[j])
+                                         : slice_err<float>(ps, tp, tr, P.grads()[i], S.grads()[j]);
+    EXPECT_LT(e, c.tol) << c.name << ": gradient of " << ps.name << " on EP rank " << er << ", TP rank " << tr;
+  }
+}
+
+TEST(ExpertParallelModel, EqualsSerialModel) {
+  auto world = comm::world_communicator();
+  if (world->size() < 2) GTEST_SKIP() << "needs EP > 1";
+  const auto none = RecomputeGranularity::kNone, full = RecomputeGranularity::kFull;
+  ModelConfig moe4 = moe_gpt_cfg();
+  moe4.num_experts = 4;
+  ModelConfig wide = mixtral_cfg();  // more experts than the top-k on each rank, and fewer
+  wide.num_experts = 8, wide.moe_router_topk = 3;
+  for (int64_t tp : {int64_t{1}, int64_t{2}}) {
+    if (world->size() / tp < 2) continue;
+    run_ep_case({"mixtral", mixtral_cfg(), tp, DType::kF64, false, none, 1e-11});
+    run_ep_case({"mixtral full recompute", mixtral_cfg(), tp, DType::kF64, false, full, 1e-11});
+    run_ep_case({"8 experts top-3", wide, tp, DType::kF64, false, none, 1e-11});
+    run_ep_case({"moe_gpt top-1 fp32", moe4, tp, DType::kF32, false, none, 2e-5});
+    run_ep_case({"mixtral bf16", mixtral_cfg(), tp, DType::kF32, true, none, 3e-2});
+  }
+}
+
 TEST(ContextParallelModel, RejectsASequenceNotSplitIntoEqualChunks) {
   ModelConfig cfg = gpt_cfg();
   cfg.seq_length = cfg.max_position_embeddings = 12;
