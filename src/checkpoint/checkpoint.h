@@ -179,16 +179,20 @@ Result<std::optional<int64_t>> read_tracker(const std::string& dir);
 // becomes at most three rectangles per piece). Who writes what, so that
 // every element is stored exactly once:
 //   parameters: the rank with dp_writer (DP rank 0); parameters replicated
-//     over TP only from TP rank 0;
+//     over TP only from TP rank 0; the routed experts' (--num-experts) from
+//     the rank with expert_dp_writer (expert data-parallel rank 0: each EP
+//     rank writes its own experts, under their global names);
 //   moments: without the distributed optimizer as the parameters; with it,
 //     every DP rank its own ranges (replicated parameters: TP rank 0 only).
 // Loading reads exactly the local pieces, from whatever slices were stored.
 
 // Every slice this rank writes (see above). params_dtype: store the
 // parameters as that dtype (e.g. kBF16); nullopt = the parameters' dtype
-// (fp32 masters, for an exact resume). dp_writer: this rank is DP rank 0.
+// (fp32 masters, for an exact resume). dp_writer: this rank is DP rank 0;
+// expert_dp_writer: expert data-parallel rank 0 (nullopt: as dp_writer).
 std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, const optim::AdamWOptimizer* optimizer,
-                                              std::optional<DType> params_dtype = std::nullopt, bool dp_writer = true);
+                                              std::optional<DType> params_dtype = std::nullopt, bool dp_writer = true,
+                                              std::optional<bool> expert_dp_writer = std::nullopt);
 
 // Reads this rank's pieces of every parameter of `model` (converting from a
 // bf16-stored checkpoint) and, when `optimizer` is non-null, of its moments

@@ -58,6 +58,9 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
       // (Megatron's default top-k softmax), no biases, plain RoPE.
       if (c.add_qkv_bias || c.add_bias_linear) why.push_back("biases (MixtralForCausalLM, the transformers MoE class, has none)");
       if (c.qk_layernorm) why.push_back("--qk-layernorm with --num-experts (MixtralForCausalLM has no q/k norms)");
+      if (c.has_shared_expert())
+        why.push_back("--moe-shared-expert-intermediate-size (MixtralForCausalLM has no shared expert; Qwen2-MoE's gates "
+                      "its shared expert, which Megatron's command line does not)");
       if (c.moe_router_pre_softmax)
         why.push_back("--moe-router-pre-softmax (MixtralForCausalLM renormalises the chosen experts' probabilities)");
       if (c.moe_router_topk_scaling_factor && *c.moe_router_topk_scaling_factor != 1.0)

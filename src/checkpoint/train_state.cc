@@ -25,7 +25,8 @@ int64_t row_elems(const Tensor& t) { return t.ndim() >= 2 ? t.numel() / t.dim(0)
 }  // namespace
 
 std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, const optim::AdamWOptimizer* optimizer,
-                                              std::optional<DType> params_dtype, bool dp_writer) {
+                                              std::optional<DType> params_dtype, bool dp_writer,
+                                              std::optional<bool> expert_dp_writer) {
   const auto& specs = model.specs();
   const auto& params = model.params();
   const int64_t tp = model.options().tp, tp_rank = model.options().tp_rank;
@@ -34,19 +35,22 @@ std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, cons
   auto writes = [&](const model::ParamSpec& s) {
     return (s.shard != model::ShardKind::kReplicated || tp_rank == 0) && !model.is_shared_copy(model.find(s.name));
   };
+  // The parameters (and undistributed moments) this rank writes, once over DP.
+  auto dp_writes = [&](const model::ParamSpec& s) {
+    return s.expert >= 0 ? expert_dp_writer.value_or(dp_writer) : dp_writer;
+  };
   std::vector<NamedSlice> out;
-  if (dp_writer)
-    for (size_t i = 0; i < specs.size(); ++i) {
-      if (!writes(specs[i])) continue;
-      for (const model::ShardPiece& p : model::shard_pieces(specs[i], tp, tp_rank))
-        out.push_back(NamedSlice{specs[i].name, specs[i].global_shape, p.offsets,
-                                 local_piece(params[i], p.local_row * row_elems(params[i]), p.shape), params_dtype});
-    }
-  if (optimizer && (dp_writer || optimizer->distributed())) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!writes(specs[i]) || !dp_writes(specs[i])) continue;
+    for (const model::ShardPiece& p : model::shard_pieces(specs[i], tp, tp_rank))
+      out.push_back(NamedSlice{specs[i].name, specs[i].global_shape, p.offsets,
+                               local_piece(params[i], p.local_row * row_elems(params[i]), p.shape), params_dtype});
+  }
+  if (optimizer) {
     for (int which = 0; which < 2; ++which)
       for (const optim::StateRange& r : optimizer->state_ranges()) {
         const model::ParamSpec& s = specs[static_cast<size_t>(r.param)];
-        if (!writes(s)) continue;
+        if (!writes(s) || (!optimizer->distributed() && !dp_writes(s))) continue;
         const Tensor& state = which ? r.v : r.m;
         const std::string name = (which ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.") + s.name;
         for (const model::FlatPiece& p : model::flat_range_pieces(s, tp, tp_rank, r.begin, r.end))

@@ -30,6 +30,7 @@ struct Decoder::Layer {
   int q_ln_w = -1, q_ln_b = -1, k_ln_w = -1, k_ln_b = -1;  // --qk-layernorm
   int router_w = -1;                  // --num-experts
   std::vector<int> exp_fc1, exp_fc2;
+  int sh_fc1 = -1, sh_fc2 = -1;       // --moe-shared-expert-intermediate-size
 };
 
 namespace {
@@ -37,7 +38,7 @@ namespace {
 // With --num-experts the MLP's rows are the chunk's k routed slots per token
 // (kFc1, kAct, kXp, kY), and the router's buffers are [chunk, E] or [chunk, k].
 enum Buf { kIds, kX, kXMid, kLn, kMean, kRstd, kQkv, kCtx, kTmp, kFc1, kAct, kQkHeads, kQkNormed, kQkMean, kQkRstd,
-           kLogits, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY, kNumBufs };
+           kLogits, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY, kSFc1, kSAct, kSOut, kNumBufs };
 int64_t model_limit(const model::GPTModel& m) {
   const ModelConfig& c = m.config();
   if (c.position_embedding == PositionEmbedding::kLearnedAbsolute) return c.max_position_embeddings;
@@ -85,6 +86,8 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
       x.exp_fc1.push_back(m.find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc1.weight", p, e)));
       x.exp_fc2.push_back(m.find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc2.weight", p, e)));
     }
+    x.sh_fc1 = m.find(p + "mlp.shared_experts.linear_fc1.weight");
+    x.sh_fc2 = m.find(p + "mlp.shared_experts.linear_fc2.weight");
     layers_.push_back(x);
   }
   SizeTable ct;
@@ -128,6 +131,10 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   st.add("moe.counts", {E}, DType::kI32);
   st.add("moe.xp", {E ? C * topk : 0, h_}, dt_);
   st.add("moe.y", {E ? C * topk : 0, h_}, dt_);
+  const int64_t S = c.has_shared_expert() ? c.moe_shared_expert_intermediate_size : 0;  // the shared expert
+  st.add("shared.fc1", {C, (c.swiglu ? 2 : 1) * S}, dt_);
+  st.add("shared.act", {C, S}, dt_);
+  st.add("shared.out", {S ? C : 0, h_}, dt_);
   scratch_ = Arena(st.total_bytes(), "decoder-scratch");
   buf_ = scratch_.carve(st);
   if (c.position_embedding == PositionEmbedding::kRope) {
@@ -203,6 +210,14 @@ void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out
   for (int64_t e = 0; e < E; ++e)
     if (off[e + 1] > off[e]) linear(act.slice(off[e], off[e + 1]), p.exp_fc2[e], -1, y.slice(off[e], off[e + 1]));
   k::moe_unpermute(y, pos, probs, out);
+  if (p.sh_fc1 >= 0) {  // the shared expert, on every row
+    const Tensor sf = rows(kSFc1, n), sa = rows(kSAct, n), so = rows(kSOut, n);
+    linear(ln, p.sh_fc1, -1, sf);
+    if (c.swiglu) k::swiglu_forward(sf, sa);
+    else k::gelu_forward(model::mlp_activation(c), sf, sa);
+    linear(sa, p.sh_fc2, -1, so);
+    k::add_inplace(out, so);
+  }
 }
 
 // The layer math of GPTModel::layer_forward with training = false, on n rows

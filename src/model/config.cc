@@ -130,6 +130,10 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                "the k chosen logits)");
   f.add_double("moe-router-topk-scaling-factor", &c.moe_router_topk_scaling_factor,
                "multiplies the routing probabilities", 1e-6, 1e6);
+  f.add_int("moe-shared-expert-intermediate-size", &c.moe_shared_expert_intermediate_size,
+            "width of the shared expert, an MLP every token goes through beside its routed experts (DeepSeek's "
+            "shared experts together as one; 0: none)",
+            0, kMaxDim);
   f.add_string("moe-router-load-balancing-type", &c.moe_router_load_balancing_type,
                "aux_loss: the switch load-balancing loss of --moe-aux-loss-coeff; none: no load-balancing loss",
                {"aux_loss", "none"});
@@ -174,6 +178,10 @@ LayerParams layer_params(const ModelConfig& c) {
     const int64_t Fe = c.moe_ffn();
     p.router = h * c.num_experts;
     p.experts = c.num_experts * (h * gate * Fe + Fe * h + (bias ? gate * Fe + h : 0));
+    if (c.has_shared_expert()) {
+      p.fc1_weight = h * gate * c.moe_shared_expert_intermediate_size;
+      p.fc2_weight = c.moe_shared_expert_intermediate_size * h;
+    }
   }
   return p;
 }
@@ -196,7 +204,8 @@ MegatronParamCount megatron_param_count(const ModelConfig& c, int64_t V) {
   const int64_t phi = c.swiglu ? 3 : 2;
   MegatronParamCount m;
   int64_t att = 2 * h * d * (a + g);
-  int64_t mlp = c.is_moe() ? phi * h * c.moe_ffn() * c.num_experts + h * c.num_experts
+  int64_t mlp = c.is_moe() ? phi * h * c.moe_ffn() * c.num_experts + h * c.num_experts +
+                               (c.has_shared_expert() ? phi * h * c.moe_shared_expert_intermediate_size : 0)
                            : phi * h * c.ffn();
   m.per_layer = att + mlp + 2 * c.norm_params_per_norm();
   m.embedding = h * V;

@@ -71,7 +71,11 @@ struct ModelConfig {
   bool qk_layernorm = false;
   // Mixture of experts (0 experts = dense): every layer's MLP becomes a
   // top-k router over num_experts expert MLPs (Megatron's MoELayer with
-  // --moe-layer-freq 1, dropless, no shared experts).
+  // --moe-layer-freq 1, dropless), plus with
+  // moe_shared_expert_intermediate_size a shared expert: an MLP of that
+  // width every token goes through, added to the routed experts' output
+  // (Megatron's SharedExpertMLP without its gate; DeepSeek's shared experts
+  // together as one MLP).
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
   std::optional<int64_t> moe_ffn_hidden_size;
@@ -80,6 +84,7 @@ struct ModelConfig {
   bool moe_router_pre_softmax = false;         // --moe-router-pre-softmax: top-k of the full softmax
   std::optional<double> moe_router_topk_scaling_factor;  // multiplies the routing probabilities
   std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss or none
+  int64_t moe_shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size (0: none)
 
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;
@@ -90,6 +95,7 @@ struct ModelConfig {
   int64_t norm_params_per_norm() const;  // h (RMSNorm) or 2h (LayerNorm): ν·h
   int64_t moe_ffn() const { return moe_ffn_hidden_size.value_or(ffn()); }
   bool is_moe() const { return num_experts > 0; }
+  bool has_shared_expert() const { return is_moe() && moe_shared_expert_intermediate_size > 0; }
   // Megatron's padded vocabulary: ceil(V / (m*tp)) * (m*tp).
   int64_t padded_vocab(int64_t tp) const;
   bool has_architecture() const { return num_layers && hidden_size && num_attention_heads; }

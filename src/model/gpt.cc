@@ -37,6 +37,7 @@ struct GPTModel::LayerIdx {
   int q_ln_w = -1, q_ln_b = -1, k_ln_w = -1, k_ln_b = -1;  // --qk-layernorm
   int router_w = -1;                  // --num-experts: the router, and each expert's two linears
   std::vector<int> exp_fc1, exp_fc2;
+  int sh_fc1 = -1, sh_fc2 = -1;       // --moe-shared-expert-intermediate-size: the shared expert
 };
 
 // What backward needs from one layer's forward (N = T*B rows, T this
@@ -60,22 +61,27 @@ struct GPTModel::LayerIdx {
 //   [N k, h] (before the probabilities and the TP reduction). Without
 //   expert parallelism the experts run this rank's slots (Rx = N k, xp the
 //   permuted ln2); with it, what the EP group sent (Rx bounds that, see Dims).
+//   The shared expert (--moe-shared-expert-intermediate-size) keeps s_fc1
+//   [N, S or 2S] and s_act [N, S], S its columns on this TP rank.
 // The layer's input is resid[l], its output resid[l+1]. An undefined tensor
 // is one this configuration does not keep.
 struct GPTModel::LayerActs {
   Tensor x_mid, ln1, ln1_mean, ln1_rstd, qkv, ctx, lse, ln2, ln2_mean, ln2_rstd, fc1, act, qk_raw, qk_mean, qk_rstd;
   Tensor r_idx, r_probs, r_scores, r_lse, pos, src, counts, xp, y;  // --num-experts
+  Tensor s_fc1, s_act;                                             // its shared expert
 };
 
 namespace {
 
 constexpr int kLayerFields = GPTModel::kLayerFields;
 enum LayerField { kXMid, kLn1, kLn1Mean, kLn1Rstd, kQkv, kCtx, kLse, kLn2, kLn2Mean, kLn2Rstd, kFc1, kAct,
-                  kQkRaw, kQkMean, kQkRstd, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY };
+                  kQkRaw, kQkMean, kQkRstd, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY,
+                  kSFc1, kSAct };
 const char* const kLayerFieldNames[kLayerFields] = {"x_mid", "ln1",   "ln1_mean", "ln1_rstd", "qkv",     "ctx",
                                                     "lse",   "ln2",   "ln2_mean", "ln2_rstd", "fc1",     "act",
                                                     "qk_raw", "qk_mean", "qk_rstd", "r_idx",  "r_probs", "r_scores",
-                                                    "r_lse", "pos",   "src",      "counts",   "xp",      "y"};
+                                                    "r_lse", "pos",   "src",      "counts",   "xp",      "y",
+                                                    "shared.fc1", "shared.act"};
 using FieldIdx = std::array<int, kLayerFields>;  // entry index in a SizeTable, -1: not kept
 
 // The sizes every table and the scratch plan are built from.
@@ -112,6 +118,8 @@ struct Dims {
   // tokens to at most min(k, E / EP) of them (k distinct choices), so Rx =
   // EP N min(k, E / EP), the dropless worst case (R when EP = 1).
   int64_t ep = 1, Rx = 0;
+  // The shared expert: this TP rank's columns S (0: none), its fc1 width.
+  int64_t S = 0, sfc1 = 0;
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
 };
 
@@ -133,6 +141,8 @@ Shape field_shape(int f, const Dims& d) {
     case kCounts: return {d.E};
     case kXp: return {d.Rx, d.h};
     case kY: return {d.R, d.h};
+    case kSFc1: return {d.N, d.sfc1};
+    case kSAct: return {d.N, d.S};
     default: return {d.Rx, d.F};
   }
 }
@@ -140,8 +150,8 @@ Shape field_shape(int f, const Dims& d) {
 DType field_dtype(int f, const Dims& d) {
   if (f == kXMid) return d.rs;
   if (f == kLn1 || f == kLn2) return d.ln;
-  if (f == kAct) return d.gemm_in;
-  if (f == kQkv || f == kCtx || f == kFc1 || f == kQkRaw) return d.mid;
+  if (f == kAct || f == kSAct) return d.gemm_in;
+  if (f == kQkv || f == kCtx || f == kFc1 || f == kQkRaw || f == kSFc1) return d.mid;
   if (f == kRIdx || f == kPos || f == kSrc || f == kCounts) return DType::kI32;
   if (f == kXp) return d.ln;
   return d.dt;
@@ -156,6 +166,7 @@ FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool 
     if ((f == kQkRaw || f == kQkMean || f == kQkRstd) && !d.qk) continue;
     if ((f == kCtx || f == kLse) && !keep_attention) continue;
     if (f >= kRIdx && !d.moe) continue;
+    if ((f == kSFc1 || f == kSAct) && d.S == 0) continue;
     idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d), field_dtype(f, d));
   }
   return idx;
@@ -240,7 +251,8 @@ GPTModel::LayerActs GPTModel::bind_layer(const std::vector<Tensor>& v, const std
   Tensor* fields[kLayerFields] = {&a.x_mid,   &a.ln1,    &a.ln1_mean, &a.ln1_rstd, &a.qkv,     &a.ctx,
                                   &a.lse,     &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fc1,     &a.act,
                                   &a.qk_raw,  &a.qk_mean, &a.qk_rstd, &a.r_idx,    &a.r_probs, &a.r_scores,
-                                  &a.r_lse,   &a.pos,    &a.src,      &a.counts,   &a.xp,      &a.y};
+                                  &a.r_lse,   &a.pos,    &a.src,      &a.counts,   &a.xp,      &a.y,
+                                  &a.s_fc1,   &a.s_act};
   for (int f = 0; f < kLayerFields; ++f)
     if (idx[f] >= 0) *fields[f] = v[static_cast<size_t>(idx[f])];
   return a;
@@ -358,6 +370,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
       else if (cfg.num_experts % opt.ep)
         errs.push_back(fmt::format("--num-experts {} is not divisible by --expert-model-parallel-size {}",
                                    cfg.num_experts, opt.ep));
+      if (opt.tp > 1 && cfg.moe_shared_expert_intermediate_size % opt.tp)
+        errs.push_back(fmt::format("--moe-shared-expert-intermediate-size {} is not divisible by "
+                                   "--tensor-model-parallel-size {}",
+                                   cfg.moe_shared_expert_intermediate_size, opt.tp));
       if (opt.tp > 1 && cfg.moe_ffn() % opt.tp)
         errs.push_back(fmt::format("--moe-ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}",
                                    cfg.moe_ffn(), opt.tp));
@@ -387,6 +403,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                               "--tensor-model-parallel-size {}",
                                               T, tp));
   }
+  if (cfg.moe_shared_expert_intermediate_size > 0 && !cfg.is_moe())
+    errs.push_back("--moe-shared-expert-intermediate-size needs --num-experts (the shared expert is part of an MoE layer)");
   if (opt.ep > 1 && !cfg.is_moe())
     errs.push_back(fmt::format("--expert-model-parallel-size {} needs --num-experts", opt.ep));
   if (opt.expert_flat_multiple < 1) errs.push_back("expert_flat_multiple must be at least 1");
@@ -439,6 +457,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     d.moe = true, d.E = cfg.num_experts, d.topk = cfg.moe_router_topk, d.R = N * d.topk;
     d.F = cfg.moe_ffn() / tp, d.fc1 = (cfg.swiglu ? 2 : 1) * d.F;
     d.ep = opt.ep;
+    d.S = cfg.moe_shared_expert_intermediate_size / tp, d.sfc1 = (cfg.swiglu ? 2 : 1) * d.S;
   }
   d.Rx = d.ep > 1 ? d.ep * N * std::min(d.topk, d.E / d.ep) : d.R;
   const DType dt = opt.dtype;
@@ -574,7 +593,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // outputs to send back [Rx, h].
   const size_t ep_fwd =
       d.ep > 1 ? std::max(abytes(d.E, DType::kI32) + abytes(d.R * h, d.ln), abytes(d.Rx * h, dt)) : 0;
-  const size_t moe_fwd = d.moe ? std::max({abytes(N * d.E, dt), ep_fwd, full}) : 0;
+  // The shared expert's output [N, h] beside the combined routed outputs.
+  const size_t shared_fwd = d.S ? abytes(N * h, dt) : 0;
+  const size_t moe_fwd = d.moe ? std::max({abytes(N * d.E, dt), ep_fwd, full + shared_fwd}) : 0;
   const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});  // tmp (+ ctx, lse) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});
   // Backward's transients after the layer's own buffers: each linear's
@@ -591,6 +612,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const size_t moe_bwd = d.moe ? (sp ? abytes(N * h, d.rs) : 0) + abytes(d.R * h, d.mid) + abytes(d.Rx * h, d.mid) +
                                      (d.ep > 1 ? abytes(d.Rx * h, d.mid) + abytes(d.R * h, d.mid) : 0) +
                                      abytes(N * d.topk, dt) +
+                                     // the shared expert: d(act), d(fc1), its d(ln2)
+                                     (d.S ? abytes(N * d.S, d.mid) + abytes(N * d.sfc1, d.mid) +
+                                                abytes(N * h, sp ? dt : d.dn)
+                                          : 0) +
                                      (sp ? abytes(N * h, dt) : 0) + abytes(d.E, dt) + abytes(Ns * d.E, dt) +
                                      abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0)
                                : 0;
@@ -623,6 +648,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const size_t flat_bytes =
       t.dense_flat_bytes + (t.expert_params.total_bytes() + expert_unit - 1) / expert_unit * expert_unit;
   p.params = flat_bytes;
+  p.expert_params = flat_bytes - t.dense_flat_bytes;
   p.grads = opt.slots > 0 ? flat_bytes : 0;
   p.lowp = t.lowp.total_bytes();
   p.activations_per_slot = opt.slots > 0 ? t.acts.total_bytes() : 0;
@@ -795,6 +821,8 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       x.exp_fc1.push_back(find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc1.weight", p, e)));
       x.exp_fc2.push_back(find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc2.weight", p, e)));
     }
+    x.sh_fc1 = find(p + "mlp.shared_experts.linear_fc1.weight");
+    x.sh_fc2 = find(p + "mlp.shared_experts.linear_fc2.weight");
     layers_.push_back(x);
   }
   // bf16 copies of every matrix a GEMM reads.
@@ -1252,15 +1280,19 @@ std::vector<int64_t> GPTModel::expert_offsets(const LayerActs& a) const {
   return off;
 }
 
-// The MoE MLP (Megatron's MoELayer with its all-gather dispatcher, experts
-// held locally, ETP = TP): every TP rank routes all N rows of the gathered
-// ln2 (the same choices on every rank: the router is replicated), permutes
-// them by expert, runs its columns of each expert's MLP, and combines the
-// outputs weighted by the routing probabilities; the partial sums over the
-// TP ranks' columns are reduce-scattered (SP) into y_own [Ns, h], as a
-// row-parallel linear's. y_own undefined: stop after the experts' outputs
-// (a recomputed group's last layer: backward needs nothing after them).
-// Records the layer's load-balancing and z-loss values in the slot.
+// The MoE MLP (Megatron's MoELayer, ETP = TP): every TP rank routes all N
+// rows of the gathered ln2 (the same choices on every rank: the router is
+// replicated) and permutes them by expert. Without expert parallelism it
+// runs its columns of every expert's MLP on them; with it, the slots go to
+// the EP ranks holding their experts (all_to_all_v over ep_comm, the
+// counts exchanged first), the local experts run on what arrives, and the
+// outputs return the same way. The outputs are combined weighted by the
+// routing probabilities, the shared expert's output (if any) added, and the
+// partial sums over the TP ranks' columns reduce-scattered (SP) into y_own
+// [Ns, h], as a row-parallel linear's. y_own undefined: stop after the
+// experts' outputs (a recomputed group's last layer: backward needs nothing
+// after them). Records the layer's load-balancing and z-loss values and the
+// exchange's counts in the slot.
 void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const Tensor& y_own, const Slot& s) {
   const int64_t E = cfg_.num_experts, ep = opt_.ep, El = E / ep;
   const DType dt = opt_.dtype;
@@ -1317,12 +1349,24 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
     if (ep > 1) opt_.ep_comm->all_to_all_v(y, rows_to_elements(source_rows(recv)), a.y, rows_to_elements(send));
   }
   if (s.training) moe_record_losses(l, a, off, s);
+  // The shared expert: this rank's columns of an MLP on every row, added to
+  // the routed experts' combined output before the TP reduction.
+  const bool shared = p.sh_fc1 >= 0;
+  if (shared) {
+    linear_fwd(a.ln2, p.sh_fc1, -1, a.s_fc1);
+    if (cfg_.swiglu) k::swiglu_forward(a.s_fc1, a.s_act);
+    else k::gelu_forward(mlp_activation(cfg_), a.s_fc1, a.s_act);
+  }
   if (!y_own.defined()) return;
-  if (!sp()) return k::moe_unpermute(a.y, a.pos, a.r_probs, y_own);
   ArenaScope scope(scratch_);
-  const Tensor full = scratch({N_, h_}, dt);
-  k::moe_unpermute(a.y, a.pos, a.r_probs, full);
-  opt_.tp_comm->reduce_scatter(full, y_own);
+  const Tensor out = sp() ? scratch({N_, h_}, dt) : y_own;
+  k::moe_unpermute(a.y, a.pos, a.r_probs, out);
+  if (shared) {
+    const Tensor t = scratch({N_, h_}, out.dtype());
+    linear_fwd(a.s_act, p.sh_fc2, -1, t);
+    k::add_inplace(out, t);
+  }
+  if (sp()) opt_.tp_comm->reduce_scatter(out, y_own);
 }
 
 // Rows received per source rank, from rows per (source rank, local expert).
@@ -1395,7 +1439,7 @@ void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<in
   s.moe_counts[static_cast<size_t>(l)] = std::move(counts);
 }
 
-// Backward of moe_forward. dy_own: d(y_own) [Ns, h]; dact, dfc1 [N k, ...]
+// Backward of moe_forward. dy_own: d(y_own) [Ns, h]; dact, dfc1 [Rx, ...]
 // scratch; dln_own receives d(ln2) of this rank's rows (the experts' part
 // reduce-scattered over TP, then the router's, from this rank's rows: its
 // weight gradient is partial over TP under SP, as Megatron's router marked
@@ -1414,6 +1458,16 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   const Tensor dy = scratch({R_, h_}, mid_), dprobs = scratch({N_, k}, dt);
   k::moe_unpermute_backward(dout, a.y, a.pos, a.r_probs, dy, dprobs);
   if (opt_.tp > 1) opt_.tp_comm->all_reduce(dprobs);  // each rank's columns gave part of y
+  // The shared expert's backward, its d(ln2) added below.
+  Tensor sdx;
+  if (p.sh_fc1 >= 0) {
+    const Tensor ds_act = scratch(a.s_act.shape(), mid_), ds_fc1 = scratch(a.s_fc1.shape(), mid_);
+    sdx = scratch({N_, h_}, sp() ? dt : dln_own.dtype());
+    linear_bwd(a.s_act, p.sh_fc2, -1, dout, ds_act);
+    if (cfg_.swiglu) k::swiglu_backward(a.s_fc1, ds_act, ds_fc1);
+    else k::gelu_backward(mlp_activation(cfg_), a.s_fc1, ds_act, ds_fc1);
+    linear_bwd(a.ln2, p.sh_fc1, -1, ds_fc1, sdx);
+  }
   // The experts' backward on the rows forward ran (moe_forward's exchange
   // in reverse: d(outputs) travel to the experts, d(inputs) back).
   const int64_t ep = opt_.ep, El = E / ep;
@@ -1453,9 +1507,11 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   if (sp()) {
     const Tensor full = scratch({N_, h_}, dt);
     k::moe_unpermute(dx, a.pos, Tensor(), full);
+    if (sdx.defined()) k::add_inplace(full, sdx);
     opt_.tp_comm->reduce_scatter(full, dln_own);
   } else {
     k::moe_unpermute(dx, a.pos, Tensor(), dln_own);
+    if (sdx.defined()) k::add_inplace(dln_own, sdx);
   }
   // The router, on this rank's rows.
   const int64_t r0 = sp() ? opt_.tp_rank * Ns_ : 0;

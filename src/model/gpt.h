@@ -234,6 +234,7 @@ int param_stage(const ParamSpec& spec, int64_t num_layers);
 // carves (so predicted == allocated, exactly).
 struct GPTMemoryPlan {
   size_t params = 0;                // parameter arena
+  size_t expert_params = 0;         // of which the routed experts' region (--num-experts), padding included
   size_t grads = 0;                 // gradient arena (0 with slots == 0)
   size_t lowp = 0;                  // bf16 copies of the GEMM weights (bf16 compute)
   size_t activations_per_slot = 0;  // what one micro-batch keeps for backward
@@ -267,7 +268,7 @@ struct GPTCommPlan {
 
 class GPTModel {
  public:
-  static constexpr int kLayerFields = 24;  // the activation tensors one layer can keep (gpt.cc's LayerActs)
+  static constexpr int kLayerFields = 26;  // the activation tensors one layer can keep (gpt.cc's LayerActs)
   // Validates cfg (Status for user errors) and allocates every arena.
   static Result<std::unique_ptr<GPTModel>> create(const ModelConfig& cfg, const GPTOptions& opt);
   // The bytes create() would allocate, without allocating (for the planner);

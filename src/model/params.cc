@@ -159,6 +159,12 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
         add(x + "linear_fc2.weight", {h, Fe}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
         v[v.size() - 2].expert = v[v.size() - 1].expert = static_cast<int>(e);
       }
+      if (c.has_shared_expert()) {  // an MLP on every token, split over TP like the dense one
+        const int64_t S = c.moe_shared_expert_intermediate_size;
+        add(p + "mlp.shared_experts.linear_fc1.weight", {gate * S, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i,
+            int(gate));
+        add(p + "mlp.shared_experts.linear_fc2.weight", {h, S}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
+      }
       continue;
     }
     add(p + "mlp.linear_fc1.weight", {gate * F, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i, int(gate));

@@ -145,16 +145,30 @@ AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, c
   const Tensor flat = model_.flat_grads();
   MT_CHECK(flat.defined(), "AdamWOptimizer: the distributed optimizer needs a model with gradients (slots > 0)");
   const DType dt = flat.dtype();
-  for (const parallel::ShardBlock& blk : gb.shard()) {
-    MT_CHECK(0 <= blk.begin && blk.begin <= blk.end && blk.end <= flat.numel(),
-             fmt::format("AdamWOptimizer: shard block [{}, {}) lies outside the model's flat buffer of {} elements; "
-                         "the buckets must be built over model.flat_grads()",
-                         blk.begin, blk.end, flat.numel()));
-    for (size_t i = 0; i < params.size(); ++i) {
-      const int64_t off = model_.flat_offset(static_cast<int>(i));
-      const int64_t lo = std::max(blk.begin, off), hi = std::min(blk.end, off + params[i].numel());
-      if (lo < hi) ranges_.push_back(StateRange{static_cast<int>(i), lo - off, hi - off, Tensor(), Tensor()});
+  const int64_t xb = model_.expert_flat_begin();
+  MT_CHECK(xb == flat.numel() || par_.expert_dist_buckets != nullptr,
+           "AdamWOptimizer: the distributed optimizer of a model with experts needs expert_dist_buckets over "
+           "[expert_flat_begin(), numel) of its flat buffers");
+  // Blocks of the dense buckets (built over [0, xb)), then of the experts'
+  // (built over [xb, numel): their offsets start at xb).
+  auto add_blocks = [&](const parallel::GradBuckets& b, int64_t base, int64_t end) {
+    for (const parallel::ShardBlock& blk : b.shard()) {
+      MT_CHECK(0 <= blk.begin && blk.begin <= blk.end && base + blk.end <= end,
+               fmt::format("AdamWOptimizer: shard block [{}, {}) lies outside its region [{}, {}) of the model's flat "
+                           "buffer; the buckets must be built over model.flat_grads() split at expert_flat_begin()",
+                           blk.begin, blk.end, base, end));
+      for (size_t i = 0; i < params.size(); ++i) {
+        const int64_t off = model_.flat_offset(static_cast<int>(i));
+        const int64_t lo = std::max(base + blk.begin, off), hi = std::min(base + blk.end, off + params[i].numel());
+        if (lo < hi) ranges_.push_back(StateRange{static_cast<int>(i), lo - off, hi - off, Tensor(), Tensor()});
+      }
     }
+  };
+  add_blocks(gb, 0, xb);
+  if (par_.expert_dist_buckets) {
+    MT_CHECK(par_.expert_dist_buckets->mode() == parallel::GradReduceMode::kReduceScatter,
+             "AdamWOptimizer: the experts' buckets must reduce-scatter too");
+    add_blocks(*par_.expert_dist_buckets, xb, flat.numel());
   }
   int64_t owned = 0;
   for (const StateRange& r : ranges_) owned += r.end - r.begin;
@@ -203,9 +217,11 @@ void AdamWOptimizer::step(double lr, double wd, double decoupled_lr) {
   if (distributed()) {
     if (par_.overlap_param_gather) {
       par_.dist_buckets->start_param_gather();  // the trainer waits per stage, then syncs bf16 copies per stage
+      if (par_.expert_dist_buckets) par_.expert_dist_buckets->start_param_gather();
       return;
     }
     par_.dist_buckets->all_gather_params();
+    if (par_.expert_dist_buckets) par_.expert_dist_buckets->all_gather_params();
     if (model_.options().bf16_compute) model_.sync_low_precision();
   }
 }
@@ -213,7 +229,8 @@ void AdamWOptimizer::step(double lr, double wd, double decoupled_lr) {
 double AdamWOptimizer::grad_norm() const { return norm_of(model_.grads()); }
 double AdamWOptimizer::params_norm() const { return norm_of(model_.params()); }
 
-std::vector<Tensor> AdamWOptimizer::counted_parts(const std::vector<Tensor>& tensors) const {
+std::pair<std::vector<Tensor>, std::vector<Tensor>> AdamWOptimizer::counted_parts(
+    const std::vector<Tensor>& tensors) const {
   const auto& specs = model_.specs();
   // Replicated parameters are identical on every TP rank: count them on TP rank 0 only.
   // A tied word embedding on the last pipeline stage is a copy of the first
@@ -222,37 +239,49 @@ std::vector<Tensor> AdamWOptimizer::counted_parts(const std::vector<Tensor>& ten
     return (par_.tp_rank == 0 || specs[i].shard != model::ShardKind::kReplicated) &&
            !model_.is_shared_copy(static_cast<int>(i));
   };
-  std::vector<Tensor> parts;
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> parts;
+  auto add = [&](size_t i, const Tensor& t) { (specs[i].expert >= 0 ? parts.second : parts.first).push_back(t); };
   if (distributed()) {
     for (const StateRange& r : ranges_) {
       const size_t i = static_cast<size_t>(r.param);
-      if (counted(i)) parts.push_back(flat_slice(tensors[i], r.begin, r.end));
+      if (counted(i)) add(i, flat_slice(tensors[i], r.begin, r.end));
     }
   } else {
     for (size_t i = 0; i < tensors.size(); ++i)
-      if (counted(i)) parts.push_back(tensors[i]);
+      if (counted(i)) add(i, tensors[i]);
   }
   return parts;
 }
 
-double AdamWOptimizer::sum_over_model(double v) const {
+// A per-rank statistic of the non-expert and the expert parameters, summed
+// over the ranks that split them: the experts' over the expert data-parallel
+// group (sharded) and the EP group, then both over TP and PP.
+double AdamWOptimizer::sum_over_model(double dense, double expert) const {
+  if (distributed()) {
+    dense = sum_over(par_.dp, dense);
+    if (par_.expert_dp) expert = sum_over(par_.expert_dp, expert);  // a model with experts
+  }
+  double v = dense + sum_over(par_.ep, expert);
   v = sum_over(par_.tp, v);
-  if (distributed()) v = sum_over(par_.dp, v);
   return sum_over(par_.pp, v);
 }
 
 // The global L2 norm of `tensors` (the model's gradients or parameters, in
 // parameter order), each element counted once.
 double AdamWOptimizer::norm_of(const std::vector<Tensor>& tensors) const {
-  double s = 0;
-  for (double v : sums_of_squares(counted_parts(tensors))) s += v;  // in parameter order
-  return std::sqrt(sum_over_model(s));
+  const auto [dense, expert] = counted_parts(tensors);
+  double s = 0, x = 0;
+  for (double v : sums_of_squares(dense)) s += v;  // in parameter order
+  for (double v : sums_of_squares(expert)) x += v;
+  return std::sqrt(sum_over_model(s, x));
 }
 
 int64_t AdamWOptimizer::grad_zeros() const {
-  int64_t n = 0;
-  for (int64_t z : kernels::count_zeros_each(counted_parts(model_.grads()), grad_scale_)) n += z;
-  return static_cast<int64_t>(sum_over_model(static_cast<double>(n)));  // exact below 2^53
+  const auto [dense, expert] = counted_parts(model_.grads());
+  int64_t n = 0, x = 0;
+  for (int64_t z : kernels::count_zeros_each(dense, grad_scale_)) n += z;
+  for (int64_t z : kernels::count_zeros_each(expert, grad_scale_)) x += z;
+  return static_cast<int64_t>(sum_over_model(static_cast<double>(n), static_cast<double>(x)));  // exact below 2^53
 }
 
 double AdamWOptimizer::clip_grad_norm(double max_norm) {
@@ -286,6 +315,10 @@ bool AdamWOptimizer::grads_finite() const {
   double bad = ok ? 0.0 : 1.0;
   if (par_.tp && par_.tp->size() > 1) bad = par_.tp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
   if (distributed() && par_.dp->size() > 1) bad = par_.dp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
+  // The experts' gradients differ over EP, and when sharded over their own group.
+  comm::Communicator* xdp = par_.expert_dp;
+  if (distributed() && xdp && xdp != par_.dp && xdp->size() > 1) bad = xdp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
+  if (par_.ep && par_.ep->size() > 1) bad = par_.ep->all_reduce_scalar(bad, comm::ReduceOp::kMax);
   if (par_.pp && par_.pp->size() > 1) bad = par_.pp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
   return bad == 0.0;
 }

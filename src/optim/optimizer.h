@@ -46,6 +46,11 @@
 //   updated parameters (GradBuckets::all_gather_params, or asynchronously
 //   with overlap_param_gather: the trainer waits per forward stage). The
 //   norm sums squares over the owned blocks and all-reduces over DP and TP.
+// - Expert parallelism (--num-experts): the experts' region of the flat
+//   buffers has its own buckets over the expert data-parallel group (and
+//   its own distributed-optimizer shards); the norm's expert part is summed
+//   over that group when sharded and over the EP group (each EP rank holds
+//   other experts) before it joins the rest.
 //
 // Thread safety: none. Holds a reference to the model, which must outlive it.
 
@@ -78,6 +83,16 @@ struct ParallelOptimizerOptions {
   // built over the model's flat_grads()/flat_params()).
   parallel::GradBuckets* dist_buckets = nullptr;
   bool overlap_param_gather = false;     // step() starts the gather; the trainer waits
+  // --num-experts: the routed experts' parameters (model.expert_flat_begin()
+  // on) differ over the expert-parallel group `ep` (null: EP = 1) and are
+  // reduced over the expert data-parallel group `expert_dp` (null: a model
+  // without experts; the DP x CP group itself when EP = 1, so that it is
+  // recognised as the same group); with the distributed optimizer, expert_dist_buckets are
+  // built over that region of the flat buffers (kReduceScatter) and shard
+  // their Adam state over expert_dp, as dist_buckets do the rest over dp.
+  comm::Communicator* ep = nullptr;
+  comm::Communicator* expert_dp = nullptr;
+  parallel::GradBuckets* expert_dist_buckets = nullptr;
 };
 
 // The part of one parameter whose Adam state this rank keeps: local flat
@@ -172,8 +187,9 @@ class AdamWOptimizer {
   // The pieces of `tensors` (gradients or parameters) this rank counts toward
   // a whole-model statistic, and the sum of a per-rank value over the ranks
   // that split the model (TP, PP, and DP with the distributed optimizer).
-  std::vector<Tensor> counted_parts(const std::vector<Tensor>& tensors) const;
-  double sum_over_model(double v) const;
+  // Returned as {non-expert parts, expert parts}.
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> counted_parts(const std::vector<Tensor>& tensors) const;
+  double sum_over_model(double dense, double expert) const;
 
   model::GPTModel& model_;
   AdamWConfig cfg_;

@@ -141,8 +141,10 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"moe-grouped-gemm", {}, false,
        "the experts run one GEMM each (SequentialMLP's arithmetic); a grouped GEMM computes the same products"},
       {"moe-token-dispatcher-type", {"allgather", "alltoall", "flex"}, true,
-       "every rank holds all of its layers' experts (no expert parallelism), so tokens are permuted locally; the "
-       "dispatchers move the same tokens to the same experts"},
+       "tokens are permuted locally and, with --expert-model-parallel-size, exchanged with an all-to-all over the EP "
+       "group (Megatron's alltoall dispatcher); the dispatchers move the same tokens to the same experts"},
+      {"moe-shared-expert-overlap", {}, false,
+       "overlapping the shared expert with the token exchange changes speed, not results"},
       {"moe-router-dtype", {"fp32"}, true,
        "the router's logits, softmax, top-k and losses are always fp32 here (under --bf16 its two GEMMs take bf16 "
        "inputs with fp32 accumulation, as every GEMM here; Megatron's fp64 router is not offered)"},
@@ -193,8 +195,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
        "expert capacity is not implemented (dropless routing); drop the flag"},
       {"moe-token-drop-policy", true, "no token dropping",
        "expert capacity is not implemented (dropless routing); drop the flag"},
-      {"moe-shared-expert-intermediate-size", true, "no shared experts",
-       "shared experts are not implemented: every MoE layer here is routed experts only; drop the flag"},
       {"moe-router-enable-expert-bias", false, "no expert bias",
        "the aux-loss-free expert bias (DeepSeek-V3) is not implemented: use --moe-aux-loss-coeff"},
       {"moe-router-num-groups", true, "no group-limited routing",

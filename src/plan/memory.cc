@@ -28,7 +28,7 @@ MegatronMemoryEstimate megatron_theoretical_memory(const JobConfig& job, const M
   const double p_norm = 2 * nu * h;
   double p_mlp_tp = phi * h * F, routed = 0, router = 0;
   if (m.is_moe()) {
-    p_mlp_tp = 0;  // no shared experts modelled
+    p_mlp_tp = phi * h * static_cast<double>(m.moe_shared_expert_intermediate_size);  // the shared expert (0: none)
     routed = phi * h * m.moe_ffn() * m.num_experts;
     router = h * m.num_experts;
   }
@@ -114,6 +114,7 @@ double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l) {
     bytes += 4 * s.tok * m.num_experts;                   // router probabilities (fp32)
     bytes += s.e * routed * s.h;                          // dispatched expert input
     bytes += s.e * routed * (s.gate + 1) * m.moe_ffn() / etp;
+    bytes += s.e * s.tok * (s.gate + 1) * static_cast<double>(m.moe_shared_expert_intermediate_size) / s.t;  // shared
   }
   return bytes;
 }
@@ -141,6 +142,8 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
   } else {
     const double Fe = m.moe_ffn(), etp = l.etp, local_experts = static_cast<double>(m.num_experts) / par.ep;
     dense_layer += h * m.num_experts;  // router, replicated
+    const double S = static_cast<double>(m.moe_shared_expert_intermediate_size);
+    dense_layer += (h * gate * S + S * h) / t;  // the shared expert, split over TP
     expert_layer = local_experts * ((h * gate * Fe + Fe * h) / etp + (bias ? gate * Fe / etp + h : 0));
   }
   int64_t layers = 0;

@@ -63,7 +63,9 @@ double megatron_flops_per_iteration(const model::ModelConfig& m, int64_t V, int6
   const double d = m.head_dim(), q = m.num_attention_heads * d, k = m.query_groups() * d;
   const double phi = m.swiglu ? 3 : 2;
   double mlp;
-  if (m.is_moe()) mlp = 6 * h * phi * m.moe_ffn() * m.moe_router_topk * L;
+  if (m.is_moe())  // the routed experts each token reaches, and the shared expert
+    mlp = 6 * h * phi * (static_cast<double>(m.moe_ffn() * m.moe_router_topk) +
+                         static_cast<double>(m.moe_shared_expert_intermediate_size)) * L;
   else mlp = 6 * h * phi * m.ffn() * L;
   const double attn_proj = L * 6 * (h * (q + 2 * k) + q * h);
   const double logits = 6 * h * static_cast<double>(V);
@@ -215,6 +217,8 @@ Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_
   go.reset_position_ids = r.job.batch.reset_position_ids;
   go.reset_attention_mask = r.job.batch.reset_attention_mask;
   go.flat_multiple = r.dp * p.cp;  // bucket boundaries and reduce-scatter blocks divide by DP x CP
+  go.ep = p.ep;                    // the trainer sets ep_rank and ep_comm
+  go.expert_flat_multiple = r.edp; // the experts' region: by the expert DP size
   for (const ChunkLayers& c : r.chunks)
     if (c.pp_rank == pp_rank) go.chunks.push_back({c.first_layer, c.num_layers});
   go.pre_process = pp_rank == 0;
@@ -232,11 +236,8 @@ namespace {
 void plan_trainer_buffers(PlanReport& r) {
   TrainerBuffers& t = r.memory.trainer;
   const auto& p = r.job.parallel;
-  if (p.ep > 1) {
-    t.why_not = "this build's trainer runs EP = 1 (experts replicated over DP)";
-    return;
-  }
-  // Gradients are reduced, and with the distributed optimizer sharded, over DP x CP.
+  // Gradients are reduced, and with the distributed optimizer sharded, over
+  // DP x CP; the routed experts' (--num-experts) over the expert DP group.
   const int64_t gdp = r.dp * p.cp;
   const bool dist_opt = p.use_distributed_optimizer && gdp > 1;
   // Pipeline rank 0 (the first stage).
@@ -261,8 +262,11 @@ void plan_trainer_buffers(PlanReport& r) {
   if (auto cp = model::GPTModel::planned_comm(r.job.model, go); cp.is_ok()) {
     r.comm.available = true;
     r.comm.tp_bytes = static_cast<double>(r.num_microbatches) * (cp->tp_forward_bytes + cp->tp_backward_bytes) + cp->tp_step_bytes;
-    r.comm.dp_bytes = gdp <= 1 ? 0.0 : static_cast<double>(mp->params) * (dist_opt ? 2.0 : 1.0);
+    // The non-expert gradients over DP x CP, the experts' over the expert DP group.
+    const double dense = static_cast<double>(mp->params - mp->expert_params), expert = static_cast<double>(mp->expert_params);
+    r.comm.dp_bytes = ((gdp > 1 ? dense : 0.0) + (r.edp > 1 ? expert : 0.0)) * (dist_opt ? 2.0 : 1.0);
     r.comm.cp_bytes = static_cast<double>(r.num_microbatches) * (cp->cp_forward_bytes + cp->cp_backward_bytes);
+    r.comm.ep_bytes = static_cast<double>(r.num_microbatches) * (cp->ep_forward_bytes + cp->ep_backward_bytes);
     // Pipeline rank 0: per micro-batch and chunk, the activation received
     // from the previous virtual stage and sent to the next, and the gradient
     // received back and sent back ([Ns, h] each); plus the tied embedding's
@@ -284,9 +288,16 @@ void plan_trainer_buffers(PlanReport& r) {
   }
   // Adam m and v: the parameters' size table twice, or with the distributed
   // optimizer this rank's 1/DP of the (DP-padded) flat buffer twice.
-  t.optimizer = 2.0 * static_cast<double>(mp->params) / (dist_opt ? static_cast<double>(gdp) : 1.0);
+  // The experts' region is sharded over the expert DP group instead.
+  const double dense = static_cast<double>(mp->params - mp->expert_params), expert = static_cast<double>(mp->expert_params);
+  t.optimizer = dist_opt ? 2.0 * (dense / static_cast<double>(gdp) + expert / static_cast<double>(r.edp))
+                         : 2.0 * static_cast<double>(mp->params);
   // Communication buffers the trainer allocates (parallel/grad_buckets.h, train/pipeline.h).
-  if (dist_opt) t.comm += static_cast<double>(align_up(static_cast<size_t>(static_cast<double>(mp->params) / gdp)));
+  if (dist_opt) {
+    t.comm += static_cast<double>(align_up(static_cast<size_t>(dense / static_cast<double>(gdp))));
+    if (expert > 0 && r.edp > 1)
+      t.comm += static_cast<double>(align_up(static_cast<size_t>(expert / static_cast<double>(r.edp))));
+  }
   if (p.pp > 1) {
     const double ns = static_cast<double>(go.micro_batch * go.seq_length) / static_cast<double>(p.cp) /
                       (p.sequence_parallel && p.tp > 1 ? p.tp : 1);

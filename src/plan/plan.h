@@ -88,6 +88,7 @@ struct CommReport {
   double dp_bytes = 0;     // gradients (all-reduce), or reduce-scatter + parameter all-gather (dist-opt)
   double pp_bytes = 0;     // pipeline rank 0: activations and their gradients to/from neighbours, tied-embedding all-reduce
   double cp_bytes = 0;     // core attention's Q/K/V all-gathers and gradient reduce-scatters over the CP group
+  double ep_bytes = 0;     // the MoE layers' token all-to-alls over the EP group (balanced routing; see GPTCommPlan)
 };
 
 struct PlanReport {

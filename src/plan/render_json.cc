@@ -143,7 +143,8 @@ json to_json(const PlanReport& r) {
                  {"weights_only_bytes", mem.weights_only_bytes}};
   if (r.comm.available)
     j["communication"] = {{"tp_bytes_per_iteration", r.comm.tp_bytes}, {"dp_bytes_per_iteration", r.comm.dp_bytes},
-                          {"pp_bytes_per_iteration", r.comm.pp_bytes}, {"cp_bytes_per_iteration", r.comm.cp_bytes}};
+                          {"pp_bytes_per_iteration", r.comm.pp_bytes}, {"cp_bytes_per_iteration", r.comm.cp_bytes},
+                          {"ep_bytes_per_iteration", r.comm.ep_bytes}};
   if (mem.trainer.available)
     j["memory"]["trainer"] = {{"params", mem.trainer.params}, {"grads", mem.trainer.grads}, {"lowp", mem.trainer.lowp},
                               {"optimizer", mem.trainer.optimizer}, {"activations", mem.trainer.activations},

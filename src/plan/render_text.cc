@@ -118,12 +118,15 @@ std::string render_text(const PlanReport& r) {
                      gib(t.total()), gib(t.params), gib(t.grads), gib(t.lowp), gib(t.optimizer), gib(t.activations), gib(t.scratch),
                      gib(t.comm)));
   }
-  if (r.comm.available && (r.comm.tp_bytes > 0 || r.comm.dp_bytes > 0 || r.comm.pp_bytes > 0 || r.comm.cp_bytes > 0))
-    line(fmt::format("  communication       per rank per iteration: TP {:.1f} MB, {} {:.1f} MB, PP {:.1f} MB{} "
+  if (r.comm.available &&
+      (r.comm.tp_bytes > 0 || r.comm.dp_bytes > 0 || r.comm.pp_bytes > 0 || r.comm.cp_bytes > 0 || r.comm.ep_bytes > 0))
+    line(fmt::format("  communication       per rank per iteration: TP {:.1f} MB, {} {:.1f} MB, PP {:.1f} MB{}{} "
                      "(this build's trainer, pipeline rank 0)",
                      r.comm.tp_bytes / 1e6, r.job.parallel.cp > 1 ? "DP x CP (gradients)" : "DP", r.comm.dp_bytes / 1e6,
                      r.comm.pp_bytes / 1e6,
-                     r.job.parallel.cp > 1 ? fmt::format(", CP (attention) {:.1f} MB", r.comm.cp_bytes / 1e6) : ""));
+                     r.job.parallel.cp > 1 ? fmt::format(", CP (attention) {:.1f} MB", r.comm.cp_bytes / 1e6) : "",
+                     r.job.parallel.ep > 1 ? fmt::format(", EP (tokens, balanced routing) {:.1f} MB", r.comm.ep_bytes / 1e6)
+                                           : ""));
   line(fmt::format("  model state         {} params x {:.0f} bytes = {:.1f} GB ({} precision, before any sharding)",
                    group_digits(r.total_params),
                    r.memory.model_state_bytes_per_param, r.memory.model_state_bytes / 1e9, r.job.precision.name()));

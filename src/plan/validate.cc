@@ -208,6 +208,14 @@ void validate(PlanReport& r) {
       c.error("moe-ffn-divisible", {"--moe-ffn-hidden-size", "--expert-tensor-parallel-size"},
               fmt::format("expert FFN hidden size {} does not split over ETP = {}", m.moe_ffn(), ETP),
               fmt::format("use {}", list_or(nearby_multiples(ETP, m.moe_ffn()), "--moe-ffn-hidden-size")));
+    if (m.has_shared_expert() && m.moe_shared_expert_intermediate_size % TP != 0)
+      c.error("moe-shared-expert-divisible", {"--moe-shared-expert-intermediate-size", "--tensor-model-parallel-size"},
+              fmt::format("shared expert size {} does not split over TP = {}", m.moe_shared_expert_intermediate_size, TP),
+              fmt::format("use {}", list_or(nearby_multiples(TP, m.moe_shared_expert_intermediate_size),
+                                            "--moe-shared-expert-intermediate-size")));
+    if (m.moe_shared_expert_intermediate_size > 0 && !m.is_moe())
+      c.error("moe-shared-expert-needs-experts", {"--moe-shared-expert-intermediate-size", "--num-experts"},
+              "a shared expert is part of an MoE layer, and there are no experts", "give --num-experts, or drop the flag");
     if (m.ffn() <= 0)
       c.error("ffn-size", {"--hidden-size", "--ffn-hidden-size"}, fmt::format("the derived FFN hidden size is {}", m.ffn()),
               "give --ffn-hidden-size");

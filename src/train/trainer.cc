@@ -115,13 +115,34 @@ int local_ranks() {
 }
 
 // The group kinds this trainer communicates device tensors over: TP, PP, DP
-// and the embedding group, and with context parallelism (cp > 1) the CP and
-// DP x CP groups; the others (expert and other combined kinds) stay MPI
-// groups, so a job makes four NCCL communicators (six with CP), not one per kind.
-bool device_group_kind(const std::string& name, int64_t cp) {
+// and the embedding group, with context parallelism (cp > 1) the CP and
+// DP x CP groups, and with expert parallelism (ep > 1) the EP and expert
+// data-parallel groups; the others (other combined kinds) stay MPI groups,
+// so a job makes four NCCL communicators (six with CP or EP, eight with
+// both), not one per kind.
+bool device_group_kind(const std::string& name, int64_t cp, int64_t ep) {
   return name == "tp" || name == "pp" || name == "dp" || name == "embedding" ||
-         (cp > 1 && (name == "cp" || name == "dp-cp"));
+         (cp > 1 && (name == "cp" || name == "dp-cp")) || (ep > 1 && (name == "ep" || name == "expert-dp"));
 }
+
+// The data-parallel gradient buckets: the non-expert parameters' over DP x
+// CP, and (--num-experts) the routed experts' region of the flat buffers
+// over the expert data-parallel group. Calls go to both.
+struct DpBuckets {
+  std::unique_ptr<parallel::GradBuckets> dense, expert;
+  explicit operator bool() const { return dense != nullptr; }
+  template <typename F>
+  void each(F&& f) {
+    if (dense) f(*dense);
+    if (expert) f(*expert);
+  }
+  void begin_last_backward() { each([](parallel::GradBuckets& b) { b.begin_last_backward(); }); }
+  void mark_ready(int stage) { each([&](parallel::GradBuckets& b) { b.mark_ready(stage); }); }
+  void finish() { each([](parallel::GradBuckets& b) { b.finish(); }); }
+  void wait_param_gather(int stage) { each([&](parallel::GradBuckets& b) { b.wait_param_gather(stage); }); }
+  void wait_param_gather_all() { each([](parallel::GradBuckets& b) { b.wait_param_gather_all(); }); }
+  size_t buffer_bytes() const { return (dense ? dense->buffer_bytes() : 0) + (expert ? expert->buffer_bytes() : 0); }
+};
 
 // Whether a job's groups are NCCL communicators: several ranks on real GPUs
 // in a build with NCCL (see train_validated).
@@ -200,10 +221,6 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     problems.push_back("[--no-data-sharding] the cyclic loader without data sharding is not implemented: Megatron's "
                        "deals one permutation of (size / micro-batch) x micro-batch samples to the ranks, which can "
                        "give them different numbers of micro-batches in an epoch (fix: drop --no-data-sharding)");
-  if (job.parallel.ep > 1)
-    problems.push_back("[--expert-model-parallel-size] expert parallelism is not implemented: every rank holds all "
-                       "of its layers' experts (split over TP like a dense MLP), replicated over DP (fix: "
-                       "--expert-model-parallel-size 1)");
   if (job.precision.fp16)
     problems.push_back("[--fp16] fp16 training (with loss scaling) is not implemented; `megatron plan` takes --fp16, "
                        "the trainer does not (fix: --bf16, which needs no loss scaling)");
@@ -225,7 +242,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     // reported once, before any rank allocates.
     if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.global_batch)); !sc)
       problems.push_back(sc.status().message());
-    if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty() && job.parallel.ep == 1)
+    if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty())
       problems.push_back(plan.memory.trainer.why_not);
     // NCCL matches point-to-point messages in issue order per pair of ranks
     // (no tags). With PP 2, virtual stages and micro-batch groups larger than
@@ -292,8 +309,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (uses_nccl_groups(cfg.device, world)) {
 #ifdef MT_HAVE_NCCL
     if (Status s = comm::init_nccl(); !s) return s;
-    make_group = [cp = job.parallel.cp](const std::vector<int>& members, const std::string& name) {
-      return device_group_kind(name, cp) ? comm::make_nccl_group(members, name) : comm::make_group(members, name);
+    make_group = [cp = job.parallel.cp, ep = job.parallel.ep](const std::vector<int>& members, const std::string& name) {
+      return device_group_kind(name, cp, ep) ? comm::make_nccl_group(members, name) : comm::make_group(members, name);
     };
     group_kind = "NCCL";
 #endif
@@ -301,9 +318,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
 #ifdef MT_HAVE_CUDA
     comm::select_local_device(/*allow_shared=*/true);
 #endif
-    make_group = [cp = job.parallel.cp](const std::vector<int>& members, const std::string& name) {
+    make_group = [cp = job.parallel.cp, ep = job.parallel.ep](const std::vector<int>& members, const std::string& name) {
       auto g = comm::make_group(members, name);
-      return device_group_kind(name, cp) ? comm::make_staged_group(std::move(g)) : std::move(g);
+      return device_group_kind(name, cp, ep) ? comm::make_staged_group(std::move(g)) : std::move(g);
     };
     group_kind = "MPI staged through host memory";
   }
@@ -321,6 +338,16 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // distributed optimizer sharded) over DP x CP, as Megatron's dp-cp group.
   comm::Communicator& grad_comm = cp > 1 ? groups.dp_cp() : dp_comm;
   const int64_t gdp = dp * cp;
+  // Expert parallelism (--expert-model-parallel-size): EP ranks of one TP
+  // and PP position hold different experts; the experts' gradients are
+  // reduced over the expert data-parallel group (DP x CP / EP ranks).
+  // Without EP the expert data-parallel group has the DP x CP group's members
+  // in the same order (EDP = DP x CP): the experts' gradients go over that
+  // one (a device group on GPUs; the expert groups are device groups only
+  // with EP > 1).
+  const int64_t ep = job.parallel.ep;
+  comm::Communicator& ep_comm = *groups.get(parallel::GroupKind::kExpert);
+  comm::Communicator& expert_dp_comm = ep > 1 ? *groups.get(parallel::GroupKind::kExpertData) : grad_comm;
   const bool sp = job.parallel.sequence_parallel && tp > 1, dist_opt = job.parallel.use_distributed_optimizer && gdp > 1;
 
   const int64_t mbs = job.batch.micro_batch_size, M = plan.num_microbatches, gbs = plan.global_batch;
@@ -338,6 +365,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   model::GPTOptions mo = *mo_r;
   mo.tp_rank = tp_rank, mo.tp_comm = &tp_comm;
   if (cp > 1) mo.cp_rank = groups.cp().rank(), mo.cp_comm = &groups.cp();
+  if (ep > 1) mo.ep_rank = ep_comm.rank(), mo.ep_comm = &ep_comm;
   mo.device = cfg.device == "cuda" ? Device::kCuda : Device::kCpu;
   auto schedule = parallel::build_schedule(pp, vpp, M, job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
   if (!schedule) return schedule.status();
@@ -346,24 +374,36 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   model::GPTModel& model = **model_r;
   model.init_parameters(static_cast<uint64_t>(cfg.seed));
   if (job.precision.bf16) model.sync_low_precision();
-  // Data-parallel (x CP) gradient buckets over the model's flat gradient buffer.
-  std::unique_ptr<parallel::GradBuckets> buckets;
+  // Data-parallel (x CP) gradient buckets over the model's flat gradient
+  // buffer: the experts' region (--num-experts) over the expert DP group.
+  DpBuckets buckets;
   if (gdp > 1) {
-    std::vector<parallel::ParamRange> ranges;
+    const int64_t xb = model.expert_flat_begin(), n = model.flat_grads().numel();
+    std::vector<parallel::ParamRange> ranges, expert_ranges;
     for (size_t i = 0; i < model.specs().size(); ++i) {
-      const int64_t b = model.flat_offset(static_cast<int>(i));
-      ranges.push_back({b, b + model.params()[i].numel(), model::param_stage(model.specs()[i], mc.num_layers)});
+      const int64_t b = model.flat_offset(static_cast<int>(i)), e = b + model.params()[i].numel();
+      const int stage = model::param_stage(model.specs()[i], mc.num_layers);
+      if (b < xb) ranges.push_back({b, e, stage});
+      else expert_ranges.push_back({b - xb, e - xb, stage});
     }
     parallel::GradBucketOptions bo;
     bo.mode = dist_opt ? parallel::GradReduceMode::kReduceScatter : parallel::GradReduceMode::kAllReduce;
     bo.overlap_grad_reduce = job.parallel.overlap_grad_reduce;
     bo.bucket_elems = job.parallel.ddp_bucket_size.value_or(0);
-    buckets = std::make_unique<parallel::GradBuckets>(model.flat_grads(), dist_opt ? model.flat_params() : Tensor(),
-                                                      std::move(ranges), grad_comm, bo);
+    auto region = [](const Tensor& flat, int64_t b, int64_t e) { return flat.defined() ? flat.slice(b, e) : flat; };
+    const Tensor params = dist_opt ? model.flat_params() : Tensor();
+    buckets.dense = std::make_unique<parallel::GradBuckets>(region(model.flat_grads(), 0, xb), region(params, 0, xb),
+                                                            std::move(ranges), grad_comm, bo);
+    if (xb < n)
+      buckets.expert = std::make_unique<parallel::GradBuckets>(region(model.flat_grads(), xb, n), region(params, xb, n),
+                                                               std::move(expert_ranges), expert_dp_comm, bo);
   }
   optim::ParallelOptimizerOptions po;
   po.tp = &tp_comm, po.dp = &grad_comm, po.pp = &pp_comm, po.tp_rank = tp_rank;
-  po.dist_buckets = dist_opt ? buckets.get() : nullptr;
+  po.dist_buckets = dist_opt ? buckets.dense.get() : nullptr;
+  po.ep = ep > 1 ? &ep_comm : nullptr;
+  po.expert_dp = model.expert_flat_begin() < model.flat_params().numel() ? &expert_dp_comm : nullptr;
+  po.expert_dist_buckets = dist_opt ? buckets.expert.get() : nullptr;
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
   optim::AdamWOptimizer opt(
       model,
@@ -384,7 +424,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   bool gather_pending = false;
   auto wait_params = [&] {
     if (!gather_pending) return;
-    buckets->wait_param_gather_all();
+    buckets.wait_param_gather_all();
     if (job.precision.bf16) model.sync_low_precision();
     gather_pending = false;
   };
@@ -493,17 +533,24 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const double flops_per_iter = plan.flops_per_iteration;
   auto measured_bytes = [&] {
     return static_cast<double>(model.measured_bytes().total()) + static_cast<double>(opt.state_bytes()) +
-           static_cast<double>(buckets ? buckets->buffer_bytes() : 0) + static_cast<double>(executor.buffer_bytes());
+           static_cast<double>(buckets.buffer_bytes()) + static_cast<double>(executor.buffer_bytes());
   };
   // The planner's prediction of this trainer's buffers (the model's size
   // tables plus Adam state): what `megatron plan` prints for these flags.
   const double planned_bytes = plan.memory.trainer.available ? plan.memory.trainer.total() : 0;
-  const std::string layout = cp > 1 ? fmt::format("TP x CP x PP x DP = {} x {} x {} x {}", tp, cp, pp, dp)
-                                     : fmt::format("TP x PP x DP = {} x {} x {}", tp, pp, dp);
+  const std::string layout = (cp > 1 ? fmt::format("TP x CP x PP x DP = {} x {} x {} x {}", tp, cp, pp, dp)
+                                      : fmt::format("TP x PP x DP = {} x {} x {}", tp, pp, dp)) +
+                             (ep > 1 ? fmt::format(" (experts: EP {} x expert DP {}, {} experts per rank)", ep,
+                                                   expert_dp_comm.size(), mc.num_experts / ep)
+                                     : std::string());
   std::fprintf(out, "training %s: %lld parameters, %s on %d rank%s%s%s%s, micro-batch %lld x %lld "
                     "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %s\n",
                (std::string(mc.swiglu ? "a LLaMA-style GPT" : "a GPT") +
-                (mc.is_moe() ? fmt::format(" with {} experts per layer (top {})", mc.num_experts, mc.moe_router_topk)
+                (mc.is_moe() ? fmt::format(" with {} experts per layer (top {}{})", mc.num_experts, mc.moe_router_topk,
+                                           mc.has_shared_expert()
+                                               ? fmt::format(", and a shared expert of width {}",
+                                                             mc.moe_shared_expert_intermediate_size)
+                                               : std::string())
                              : std::string()))
                    .c_str(),
                static_cast<long long>(plan.total_params), layout.c_str(),
@@ -520,9 +567,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (world > 1) {
     // The layout, once: every group of the kinds this build uses.
     for (auto kind : {parallel::GroupKind::kTensor, parallel::GroupKind::kContext, parallel::GroupKind::kPipeline,
-                      parallel::GroupKind::kData, parallel::GroupKind::kEmbedding}) {
+                      parallel::GroupKind::kData, parallel::GroupKind::kEmbedding, parallel::GroupKind::kExpert,
+                      parallel::GroupKind::kExpertData}) {
       if (kind == parallel::GroupKind::kEmbedding && (pp == 1 || mc.untie_embeddings_and_output_weights)) continue;
       if (kind == parallel::GroupKind::kContext && cp == 1) continue;
+      if ((kind == parallel::GroupKind::kExpert || kind == parallel::GroupKind::kExpertData) && ep == 1) continue;
       std::string line;
       for (const auto& g : plan.grid->groups(kind)) {
         line += line.empty() ? "" : " ";
@@ -562,10 +611,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       common["rng_state"] = {{"seed", cfg.seed}, {"kind", "philox4x32-10 keyed by (seed, global micro-batch index)"}};
     common["args"] = args_to_json(cfg, argv);
     common["parallel"] = {{"tensor_model_parallel_size", tp}, {"data_parallel_size", dp}, {"sequence_parallel", sp},
-                          {"context_parallel_size", cp}, {"use_distributed_optimizer", dist_opt}, {"world_size", world}};
+                          {"context_parallel_size", cp}, {"expert_model_parallel_size", ep},
+                          {"use_distributed_optimizer", dist_opt}, {"world_size", world}};
     wait_params();
     auto slices =
-        checkpoint::training_state_slices(model, cfg.no_save_optim ? nullptr : &opt, std::nullopt, grad_comm.rank() == 0);
+        checkpoint::training_state_slices(model, cfg.no_save_optim ? nullptr : &opt, std::nullopt, grad_comm.rank() == 0,
+                                          expert_dp_comm.rank() == 0);
     const auto t0 = Clock::now();
     checkpoint::SaveOptions so_opts;
     so_opts.tmp_tag = save_tag;
@@ -651,7 +702,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   int fail_rank = -1;
   int64_t fail_iteration = -1;
   if (fail_env) std::sscanf(fail_env, "%d:%lld", &fail_rank, reinterpret_cast<long long*>(&fail_iteration));
-  const bool overlap_grads = buckets && job.parallel.overlap_grad_reduce;
+  const bool overlap_grads = static_cast<bool>(buckets) && job.parallel.overlap_grad_reduce;
   std::vector<char> gathered(static_cast<size_t>(mc.num_layers + 2), 0);  // stages -1..L waited this iteration
   // MT_PROFILE_OPS: time per op from the end of the first iteration (core/op_profile.h).
   const bool profiling = profile::enabled();
@@ -666,6 +717,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     model.zero_grads();
     tp_comm.reset_stats();
     grad_comm.reset_stats();
+    if (ep > 1) expert_dp_comm.reset_stats(), ep_comm.reset_stats();
     if (cp > 1) groups.cp().reset_stats();
     pp_comm.reset_stats();
     if (groups.embedding()) groups.embedding()->reset_stats();
@@ -677,7 +729,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         char& done = gathered[static_cast<size_t>(stage + 1)];
         if (done) return;
         done = 1;
-        buckets->wait_param_gather(stage);
+        buckets.wait_param_gather(stage);
         if (job.precision.bf16) model.sync_low_precision(stage);
       });
     }
@@ -718,12 +770,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
           if (!overlap_grads || m + 1 != M) return;
           // The last micro-batch's backward of a chunk finalises its
           // gradients: buckets launch as their stages report in.
-          if (!armed) buckets->begin_last_backward(), armed = true;
+          if (!armed) buckets.begin_last_backward(), armed = true;
           model.set_backward_hook([&](int stage) {
             // A tied embedding shared by the first and last stage is reduced
             // over the embedding group first (below), then in finish().
             if (stage == -1 && shared_embedding) return;
-            buckets->mark_ready(stage);
+            buckets.mark_ready(stage);
           });
         },
         [&](int, int) { model.set_backward_hook(nullptr); });
@@ -731,7 +783,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (gather_pending) {
       // Every gather this rank started is complete, and every stage's bf16
       // copy is fresh, before anything else reads the parameters.
-      buckets->wait_param_gather_all();
+      buckets.wait_param_gather_all();
       if (job.precision.bf16)
         for (int st = -1; st <= static_cast<int>(mc.num_layers); ++st)
           if (!gathered[static_cast<size_t>(st + 1)]) model.sync_low_precision(st);
@@ -740,7 +792,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     // Tied embeddings split over the pipeline: first and last stage sum their
     // word-embedding gradients (Megatron's embedding group all-reduce).
     if (shared_embedding) groups.embedding()->all_reduce(model.grad("embedding.word_embeddings.weight"));
-    if (buckets) buckets->finish();
+    buckets.finish();
     model.reduce_tp_replicated_grads();
     const auto [loss, global_tokens] = reported_loss(totals);
     // Megatron's finalize_model_grads under --calculate-per-token-loss: every
@@ -784,14 +836,19 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     }
     interval_wait += executor.last_wait_seconds();
     ++interval_iters;
-    const double tp_bytes = static_cast<double>(tp_comm.stats().bytes), dp_bytes = static_cast<double>(grad_comm.stats().bytes);
+    const double tp_bytes = static_cast<double>(tp_comm.stats().bytes);
+    // The gradients: the non-expert ones over DP x CP, the experts' over the expert DP group.
+    const double dp_bytes = static_cast<double>(grad_comm.stats().bytes) +
+                            (ep > 1 ? static_cast<double>(expert_dp_comm.stats().bytes) : 0.0);
     const double cp_bytes = cp > 1 ? static_cast<double>(groups.cp().stats().bytes) : 0.0;
+    const double ep_bytes = ep > 1 ? static_cast<double>(ep_comm.stats().bytes) : 0.0;
     const double pp_bytes = static_cast<double>(pp_comm.stats().bytes) +
                             (groups.embedding() ? static_cast<double>(groups.embedding()->stats().bytes) : 0.0);
     nlohmann::json row = {{"iteration", it}, {"lm_loss", loss}, {"grad_norm", last_norm}, {"learning_rate", sched.lr()},
                           {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes},
                           {"pp_bytes", pp_bytes}};
     if (cp > 1) row["cp_bytes"] = cp_bytes;
+    if (ep > 1) row["ep_bytes"] = ep_bytes;
     if (lb_loss) row["load_balancing_loss"] = *lb_loss;
     if (z_loss) row["z_loss"] = *z_loss;
     if (params_norm) row["params_norm"] = *params_norm;
@@ -815,10 +872,14 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (it == first_iteration + 1 && world > 1) {
       bar.clear();
       std::fprintf(out, "communication per rank per iteration: TP %.2f MB (planned %.2f MB), %s %.2f MB (planned %.2f MB), "
-                        "PP %.2f MB (planned %.2f MB)%s\n",
+                        "PP %.2f MB (planned %.2f MB)%s%s\n",
                    tp_bytes / 1e6, plan.comm.tp_bytes / 1e6, cp > 1 ? "DP x CP" : "DP", dp_bytes / 1e6,
                    plan.comm.dp_bytes / 1e6, pp_bytes / 1e6, plan.comm.pp_bytes / 1e6,
                    cp > 1 ? fmt::format(", CP {:.2f} MB (planned {:.2f} MB)", cp_bytes / 1e6, plan.comm.cp_bytes / 1e6).c_str()
+                          : "",
+                   ep > 1 ? fmt::format(", EP {:.2f} MB (planned {:.2f} MB with balanced routing)", ep_bytes / 1e6,
+                                        plan.comm.ep_bytes / 1e6)
+                                .c_str()
                           : "");
     }
 
@@ -851,7 +912,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       j["kind"] = "log";
       // Communication buffers alone (exactly planned; small beside the total).
       j["memory_comm_measured_bytes"] =
-          static_cast<double>(buckets ? buckets->buffer_bytes() : 0) + static_cast<double>(executor.buffer_bytes());
+          static_cast<double>(buckets.buffer_bytes()) + static_cast<double>(executor.buffer_bytes());
       j["memory_comm_planned_bytes"] = plan.memory.trainer.comm;
       if (pp > 1) j["pipeline_idle_fraction"] = interval_wait / secs;
       metrics.append(j);

@@ -297,6 +297,12 @@ echo "mixtral greedy: ours '$x_ours', exported '$x_theirs', imported '$x_back'"
 "$BIN" export --load "$TMP/moegpt" --output "$TMP/hf-moegpt" 2>"$TMP/err"; rc=$?
 [ $rc = 2 ] && grep -q "GPT2LMHeadModel has no experts" "$TMP/err" && [ ! -e "$TMP/hf-moegpt" ] \
   || { fail "moe gpt export should be refused: rc $rc"; cat "$TMP/err"; }
+# A Mixtral-style model with a shared expert: MixtralForCausalLM has none.
+"$BIN" train "${COMMON[@]}" "${MIXTRAL[@]}" --moe-shared-expert-intermediate-size 32 --train-iters 8 \
+  --save "$TMP/moeshared" >"$TMP/moeshared.log" 2>&1 || { fail "train moe with a shared expert"; tail -5 "$TMP/moeshared.log"; }
+"$BIN" export --load "$TMP/moeshared" --output "$TMP/hf-moeshared" 2>"$TMP/err"; rc=$?
+[ $rc = 2 ] && grep -q "MixtralForCausalLM has no shared expert" "$TMP/err" && [ ! -e "$TMP/hf-moeshared" ] \
+  || { fail "shared-expert export should be refused: rc $rc"; cat "$TMP/err"; }
 
 # Errors: exit 2, the flag named, nothing overwritten.
 "$BIN" export --load "$TMP/gpt" --output "$TMP/hf-gpt" 2>"$TMP/err"; rc=$?

@@ -83,6 +83,12 @@ ModelConfig moe_gpt_style() {  // MoE GPT: 3 experts, top-1 with the pre-softmax
   return c;
 }
 
+ModelConfig shared_style() {  // MoE GPT with a shared expert beside its routed ones
+  ModelConfig c = moe_gpt_style();
+  c.moe_shared_expert_intermediate_size = 24;
+  return c;
+}
+
 template <typename T>
 double row_rel_err(const T* a, const T* b, int64_t n) {
   double num = 0, den = 0;
@@ -187,7 +193,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
                                            Case{"postln", post_ln_style}, Case{"mqa", mqa_style},
                                            Case{"llama31", llama31_style}, Case{"qwen", qwen_style},
                                            Case{"qwen3", qwen3_style}, Case{"qk_ln", qk_ln_style},
-                                           Case{"mixtral", mixtral_style}, Case{"moe_gpt", moe_gpt_style}),
+                                           Case{"mixtral", mixtral_style}, Case{"moe_gpt", moe_gpt_style},
+                                           Case{"shared_expert", shared_style}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Decoder, ParametersOnlyModelAndErrors) {

@@ -110,6 +110,13 @@ ModelConfig moe_gpt_style() {
   return c;
 }
 
+// moegpt with a shared expert of width 20 beside its routed ones (GELU).
+ModelConfig moe_shared_style() {
+  ModelConfig c = moe_gpt_style();
+  c.moe_shared_expert_intermediate_size = 20;
+  return c;
+}
+
 nlohmann::json config_json(const ModelConfig& c) {
   return {{"num_layers", c.num_layers}, {"hidden_size", c.hidden_size}, {"num_attention_heads", c.num_attention_heads},
           {"num_query_groups", c.query_groups()}, {"kv_channels", c.head_dim()},
@@ -125,7 +132,8 @@ nlohmann::json config_json(const ModelConfig& c) {
           {"num_experts", c.num_experts}, {"moe_router_topk", c.moe_router_topk},
           {"moe_router_pre_softmax", c.moe_router_pre_softmax},
           {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor.value_or(1.0)},
-          {"moe_aux_loss_coeff", c.moe_aux_loss_coeff}, {"moe_z_loss_coeff", c.moe_z_loss_coeff.value_or(0.0)}};
+          {"moe_aux_loss_coeff", c.moe_aux_loss_coeff}, {"moe_z_loss_coeff", c.moe_z_loss_coeff.value_or(0.0)},
+          {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size}};
 }
 
 void random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, std::vector<int32_t>& tok, std::vector<int32_t>& lab) {
@@ -159,6 +167,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "gptqk"   ? gpt_qk_style()
                     : which == "mixtral" ? mixtral_style()
                     : which == "moegpt"  ? moe_gpt_style()
+                    : which == "moeshared" ? moe_shared_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -240,7 +249,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                          ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
-                                           "gptqk", "mixtral", "moegpt"));
+                                           "gptqk", "mixtral", "moegpt", "moeshared"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

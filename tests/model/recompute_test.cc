@@ -66,6 +66,12 @@ ModelConfig moe_gpt_style() {  // MoE GPT: top-1 with the pre-softmax router, no
   return c;
 }
 
+ModelConfig shared_style() {  // mixtral with a shared expert
+  ModelConfig c = mixtral_style();
+  c.moe_shared_expert_intermediate_size = 48;
+  return c;
+}
+
 RecomputeOptions full(RecomputeMethod m, int64_t n) {
   RecomputeOptions r;
   r.granularity = RecomputeGranularity::kFull, r.method = m, r.num_layers = n;
@@ -171,7 +177,9 @@ INSTANTIATE_TEST_SUITE_P(Configs, RecomputeNumerics,
                                            Case{"qwen3_bf16_fp32res", qwen3_style, true, true},
                                            Case{"llama_bf16_fp32res", llama_style, true, true},
                                            Case{"mixtral", mixtral_style, false}, Case{"mixtral_bf16", mixtral_style, true},
-                                           Case{"moe_gpt", moe_gpt_style, false}),
+                                           Case{"moe_gpt", moe_gpt_style, false},
+                                           Case{"shared_expert", shared_style, false},
+                                           Case{"shared_expert_bf16", shared_style, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The size arithmetic, written out: every tensor rounded up to 64 bytes.

@@ -193,6 +193,8 @@ def moe(xs, p, cfg, linear):
         y = linear(activation(linear(xs[rows], p + f"experts.local_experts.{e}.linear_fc1"), cfg),
                    p + f"experts.local_experts.{e}.linear_fc2")
         out = out.index_add(0, rows, probs[rows, slot].unsqueeze(1) * y)
+    if cfg.get("moe_shared_expert_intermediate_size", 0):  # the shared expert: an MLP on every token
+        out = out + linear(activation(linear(xs, p + "shared_experts.linear_fc1"), cfg), p + "shared_experts.linear_fc2")
     counts = torch.nn.functional.one_hot(idx, E).sum(dim=(0, 1)).to(scores.dtype)
     aux = (scores.sum(dim=0) * counts).sum() * E / (k * N * N)
     z = torch.logsumexp(logits, dim=-1).square().mean()

@@ -64,6 +64,12 @@ ModelConfig mixtral_cfg() {  // MoE (TP needs SP): 4 experts of width 24, top-2,
   return c;
 }
 
+ModelConfig shared_cfg() {  // mixtral with a shared expert of width 32 (SwiGLU, split over TP)
+  ModelConfig c = mixtral_cfg();
+  c.moe_shared_expert_intermediate_size = 32;
+  return c;
+}
+
 ModelConfig moe_gpt_cfg() {  // MoE GPT: top-1, pre-softmax router scaled by 2, no biases
   ModelConfig c = gpt_cfg();
   c.add_bias_linear = false, c.num_experts = 3, c.moe_router_topk = 1, c.moe_router_pre_softmax = true;
@@ -175,6 +181,7 @@ TEST(TensorParallelModel, EqualsSerialModel) {
       if (sp || comm::world_communicator()->size() == 1) {  // MoE with TP needs SP
         run_case({"mixtral", mixtral_cfg(), sp, dt, tol});
         run_case({"moe_gpt", moe_gpt_cfg(), sp, dt, tol});
+        run_case({"shared expert", shared_cfg(), sp, dt, tol});
       }
     }
 }
@@ -287,6 +294,8 @@ TEST(ContextParallelModel, EqualsSerialModel) {
       if (sp || tp == 1) {  // MoE with TP needs SP
         run_cp_case({"mixtral", mixtral_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
         run_cp_case({"mixtral full recompute", mixtral_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
+        run_cp_case({"shared expert full recompute", shared_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
+        run_cp_case({"shared expert bf16", shared_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
         run_cp_case({"moe_gpt fp32", moe_gpt_cfg(), tp, sp, DType::kF32, false, none, 2e-5});
         run_cp_case({"mixtral bf16", mixtral_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
       }
@@ -403,6 +412,7 @@ TEST(ExpertParallelModel, EqualsSerialModel) {
     run_ep_case({"8 experts top-3", wide, tp, DType::kF64, false, none, 1e-11});
     run_ep_case({"moe_gpt top-1 fp32", moe4, tp, DType::kF32, false, none, 2e-5});
     run_ep_case({"mixtral bf16", mixtral_cfg(), tp, DType::kF32, true, none, 3e-2});
+    run_ep_case({"shared expert", shared_cfg(), tp, DType::kF64, false, none, 1e-11});
   }
 }
 

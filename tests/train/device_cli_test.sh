@@ -105,7 +105,9 @@ done
 # Several ranks on the device (one GPU per rank; NCCL groups on real GPUs,
 # MPI staged through host memory on the simulated device): tensor + sequence,
 # context, pipeline, and data parallelism with the distributed optimizer and
-# overlapped gradient reduction, each against the same layout on the CPU;
+# overlapped gradient reduction, and expert parallelism (a LLaMA-style MoE
+# whose tokens travel to the other rank's experts: all-to-all), each against
+# the same layout on the CPU;
 # and a pipeline run stopped on the device resumed by one CPU rank.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 gpus=2
@@ -126,8 +128,12 @@ else
   }
   # LLaMA-style for TP and DP; GPT for PP (its tied embeddings add the
   # first and last stages' embedding group).
-  for layout in tp2 pp2 dp2 cp2; do
+  MOE=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2)
+  for layout in tp2 pp2 dp2 cp2 moedp2 ep2; do
     case $layout in
+      moedp2) lflags=("${LLAMA[@]}" "${MOE[@]}" --use-distributed-optimizer) ;;
+      ep2) lflags=("${LLAMA[@]}" "${MOE[@]}" --moe-shared-expert-intermediate-size 64 --expert-model-parallel-size 2
+                   --use-distributed-optimizer) ;;
       tp2) lflags=("${LLAMA[@]}" --tensor-model-parallel-size 2 --sequence-parallel) ;;
       cp2) lflags=("${LLAMA[@]}" --context-parallel-size 2 --reset-position-ids --reset-attention-mask) ;;
       pp2) lflags=("${GPT[@]}" --pipeline-model-parallel-size 2) ;;

@@ -277,7 +277,8 @@ def check_plan(full, out):
     import re
     m = re.search(r"communication per rank per iteration: TP ([\d.]+) MB \(planned ([\d.]+) MB\), "
                   r"DP(?: x CP)? ([\d.]+) MB \(planned ([\d.]+) MB\), PP ([\d.]+) MB \(planned ([\d.]+) MB\)"
-                  r"(?:, CP ([\d.]+) MB \(planned ([\d.]+) MB\))?", out)
+                  r"(?:, CP ([\d.]+) MB \(planned ([\d.]+) MB\))?"
+                  r"(?:, EP ([\d.]+) MB \(planned ([\d.]+) MB with balanced routing\))?", out)
     if not m:
         fail(f"{full}: no communication line")
     else:
@@ -288,6 +289,16 @@ def check_plan(full, out):
         for what, meas, plan in (("TP", tpm, tpp), ("DP", dpm, dpp), ("PP", ppm, ppp), ("CP", cpm, cpp)):
             if (plan == 0) != (meas < 0.01) or (plan > 0 and abs(meas - plan) / plan > 0.01):
                 fail(f"{full}: {what} traffic {meas} MB vs planned {plan} MB")
+        # Expert parallelism: what a rank sends back depends on how many
+        # tokens its experts drew (the plan counts balanced routing; the
+        # model test checks the EP group's sum exactly): reported exactly
+        # when EP > 1, near the plan.
+        if ("(experts: EP " in out) != (m.group(9) is not None):
+            fail(f"{full}: the EP traffic is reported exactly when EP > 1")
+        if m.group(9) is not None:
+            epm, epp = float(m.group(9)), float(m.group(10))
+            if not (0.5 * epp <= epm <= 1.5 * epp):
+                fail(f"{full}: EP traffic {epm} MB vs planned {epp} MB (balanced routing)")
     logs = [json.loads(l) for l in open(os.path.join(TMP, full + ".jsonl")) if '"kind"' in l]
     if not logs or abs(logs[-1]["memory_measured_bytes"] - logs[-1]["memory_planned_bytes"]) > \
             0.03 * logs[-1]["memory_planned_bytes"]:
@@ -472,9 +483,16 @@ against_reference("cpptl", ["--calculate-per-token-loss", "--eod-mask-loss"], [
 # the load-balancing and z-losses. The router and experts are split over TP
 # like a dense MLP (routing on the gathered sequence; the router's weight
 # gradient from each rank's own rows, summed over TP), replicated over DP;
-# under CP the expert counts are summed over the CP group. Every layout
-# follows one rank: losses (the logged router losses too), gradient norms,
-# final tensors; traffic and buffers as planned.
+# under CP the expert counts are summed over the CP group. With expert
+# parallelism (--expert-model-parallel-size) each EP rank holds 4 / EP
+# experts and the routed tokens travel to them (all-to-all over the EP group,
+# which spans DP and CP ranks); the experts' gradients are reduced, and with
+# the distributed optimizer sharded, over the expert data-parallel group.
+# Every layout follows one rank: losses (the logged router losses too),
+# gradient norms, final tensors; traffic and buffers as planned (the EP
+# all-to-alls depend on the routing: check_plan wants them near the plan).
+# A shared expert (--moe-shared-expert-intermediate-size) rides along in
+# the layouts of its own section below.
 MOE_FLAGS = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96",
              "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--disable-bias-linear"]
 MOE_LAYOUTS = [
@@ -484,10 +502,26 @@ MOE_LAYOUTS = [
     ("cp2", 1, 1, 1, ["--context-parallel-size", "2"]),
     ("tp2spcp2full", 2, 1, 1, ["--sequence-parallel", "--context-parallel-size", "2", "--recompute-granularity",
                                "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"]),
+    ("dp2ep2", 1, 1, 2, ["--expert-model-parallel-size", "2"]),
+    ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
+                                "--use-distributed-optimizer"]),
+    ("dp4ep2overlap", 1, 1, 4, ["--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+                                "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "20000"]),
+    ("cp2ep2full", 1, 1, 1, ["--context-parallel-size", "2", "--expert-model-parallel-size", "2",
+                             "--recompute-granularity", "full", "--recompute-method", "uniform",
+                             "--recompute-num-layers", "2"]),
+    ("pp2dp2ep2", 1, 2, 2, ["--expert-model-parallel-size", "2"]),
 ]
 if QUICK:
-    MOE_LAYOUTS = [l for l in MOE_LAYOUTS if l[0] in ("tp2sp", "cp2")]
+    MOE_LAYOUTS = [l for l in MOE_LAYOUTS if l[0] in ("tp2sp", "cp2", "tp2spdp2ep2do")]
 against_reference("moe", MOE_FLAGS, MOE_LAYOUTS, plan=True, zeros_slack=CP_ZEROS)
+# The shared expert: an MLP split over TP like a dense one, beside the
+# routed experts, with TP + SP, EP and CP.
+against_reference("moeshared", MOE_FLAGS + ["--moe-shared-expert-intermediate-size", "64"], [
+    ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
+                                "--use-distributed-optimizer"]),
+    ("cp2pp2", 1, 2, 1, ["--context-parallel-size", "2"]),
+], plan=True, zeros_slack=CP_ZEROS)
 # Per-token loss: the router losses' gradients scaled as Megatron's
 # (pre-multiplied by the micro-batch's tokens, then divided with every
 # gradient by the global batch's counted tokens).
@@ -539,6 +573,12 @@ RESHARDS = [
     # MoE: the experts' shards (column/row over TP) and the router move like a dense MLP's.
     ("MoE TP2+SP x DP2 + dist-opt", (2, 1, 2, MOE_FLAGS + ["--sequence-parallel", "--use-distributed-optimizer"]),
      [("moe-tp1pp2dp2", 1, 2, 2, MOE_FLAGS), ("moe-tp4sp", 4, 1, 1, MOE_FLAGS + ["--sequence-parallel"])]),
+    # Expert parallelism: each EP rank saved its own experts under their
+    # global names; resumed with another EP size, and with none.
+    ("MoE DP4 x EP2 + dist-opt", (1, 1, 4, MOE_FLAGS + ["--expert-model-parallel-size", "2",
+                                                       "--use-distributed-optimizer"]),
+     [("moe-dp4ep4", 1, 1, 4, MOE_FLAGS + ["--expert-model-parallel-size", "4"]),
+      ("moe-tp2sp", 2, 1, 1, MOE_FLAGS + ["--sequence-parallel"])]),
 ]
 for model in MODELS:
     for k, (label, (stp, spp, sdp, sextra), targets) in enumerate(RESHARDS):

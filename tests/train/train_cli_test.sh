@@ -478,11 +478,21 @@ assert all(0.9 < r["load_balancing_loss"] < 2.5 and r["z_loss"] > 0 for r in row
 print(f"MoE mock data: loss {rows[0]['lm_loss']:.3f} -> {rows[-1]['lm_loss']:.3f}, "
       f"load balancing {rows[-1]['load_balancing_loss']:.3f}")
 PY
+# A shared expert (an MLP every token goes through) adds 2 layers x (fc1 + fc2)
+# = 2 x 2 x 64 x 96 parameters to the same model; Megatron's overlap flag is a no-op.
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-shared-expert-intermediate-size 96 --moe-shared-expert-overlap \
+  --train-iters 2 >"$TMP/moe-shared.log" 2>&1 || { fail "MoE with a shared expert"; cat "$TMP/moe-shared.log"; }
+params() { sed -n 's/.*: \([0-9]*\) parameters,.*/\1/p' "$1"; }
+[ "$(( $(params "$TMP/moe-shared.log") - $(params "$TMP/moe.log") ))" = 24576 ] \
+  && grep -q "and a shared expert of width 96" "$TMP/moe-shared.log" \
+  && grep -q -- "--moe-shared-expert-overlap: " "$TMP/moe-shared.log" \
+  || { fail "shared expert: parameters, header or no-effect note"; head -3 "$TMP/moe-shared.log"; }
 "$BIN" train "${MOCK[@]}" --num-experts 4 --moe-router-topk 1 --train-iters 2 2>"$TMP/err"
 [ $? = 2 ] && grep -q -- "add --disable-bias-linear" "$TMP/err" && grep -q -- "add --moe-router-pre-softmax" "$TMP/err" \
   || { fail "MoE refusals"; cat "$TMP/err"; }
-"$BIN" train "${MOCK[@]}" "${MOE[@]}" --expert-model-parallel-size 2 --train-iters 2 2>"$TMP/err"
-[ $? = 2 ] && grep -q "expert parallelism is not implemented" "$TMP/err" || { fail "EP refusal"; cat "$TMP/err"; }
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --expert-model-parallel-size 3 --train-iters 2 2>"$TMP/err"
+[ $? = 2 ] && grep -q "4 experts do not split over EP = 3" "$TMP/err" && grep -q "use --expert-model-parallel-size 4" "$TMP/err" \
+  || { fail "EP that does not divide the experts"; cat "$TMP/err"; }
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq 2 --moe-expert-capacity-factor 1.0 \
   --moe-router-score-function sigmoid --train-iters 2 2>"$TMP/err"
 [ $? = 2 ] && grep -q "3 problems" "$TMP/err" && grep -q "dense layers between MoE layers are not implemented" "$TMP/err" \
