@@ -58,6 +58,8 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
       // (Megatron's default top-k softmax), no biases, plain RoPE.
       if (c.add_qkv_bias || c.add_bias_linear) why.push_back("biases (MixtralForCausalLM, the transformers MoE class, has none)");
       if (c.qk_layernorm) why.push_back("--qk-layernorm with --num-experts (MixtralForCausalLM has no q/k norms)");
+      if (c.sigmoid_router())
+        why.push_back("--moe-router-score-function sigmoid (MixtralForCausalLM's router is a softmax)");
       if (c.has_shared_expert())
         why.push_back("--moe-shared-expert-intermediate-size (MixtralForCausalLM has no shared expert; Qwen2-MoE's gates "
                       "its shared expert, which Megatron's command line does not)");

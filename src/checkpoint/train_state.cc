@@ -46,6 +46,11 @@ std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, cons
       out.push_back(NamedSlice{specs[i].name, specs[i].global_shape, p.offsets,
                                local_piece(params[i], p.local_row * row_elems(params[i]), p.shape), params_dtype});
   }
+  // --moe-router-enable-expert-bias: each layer's bias, the same on every
+  // TP and DP rank of its stage.
+  if (dp_writer && tp_rank == 0)
+    for (const auto& [name, t] : model.expert_bias_tensors())
+      out.push_back(NamedSlice{name, t.shape(), {}, t, std::nullopt});
   if (optimizer) {
     for (int which = 0; which < 2; ++which)
       for (const optim::StateRange& r : optimizer->state_ranges()) {
@@ -110,6 +115,18 @@ Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model,
                                         /*convert=*/false, &clipped));
       }
   }
+  int missing_bias = 0;
+  for (const auto& [name, t] : model.expert_bias_tensors()) {
+    if (!ckpt.has_tensor(name)) {
+      ++missing_bias;
+      continue;
+    }
+    MT_RETURN_IF_ERROR(ckpt.read(name, t, /*allow_dtype_conversion=*/true));
+  }
+  if (missing_bias && notes)
+    notes->push_back(fmt::format("the checkpoint has no expert bias for {} of this stage's MoE layers (trained without "
+                                 "--moe-router-enable-expert-bias): they start from zeros",
+                                 missing_bias));
   if (clipped && notes)
     notes->push_back(fmt::format("the checkpoint's padded vocabulary differs from this run's ({} rows at "
                                  "--tensor-model-parallel-size {}): rows present in both were loaded, the others keep "

@@ -31,6 +31,7 @@ struct Decoder::Layer {
   int router_w = -1;                  // --num-experts
   std::vector<int> exp_fc1, exp_fc2;
   int sh_fc1 = -1, sh_fc2 = -1;       // --moe-shared-expert-intermediate-size
+  int layer = -1;                     // the global layer (its expert bias)
 };
 
 namespace {
@@ -86,6 +87,7 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
       x.exp_fc1.push_back(m.find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc1.weight", p, e)));
       x.exp_fc2.push_back(m.find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc2.weight", p, e)));
     }
+    x.layer = static_cast<int>(l);
     x.sh_fc1 = m.find(p + "mlp.shared_experts.linear_fc1.weight");
     x.sh_fc2 = m.find(p + "mlp.shared_experts.linear_fc2.weight");
     layers_.push_back(x);
@@ -195,7 +197,7 @@ void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out
                src = rows(kSrc, n * K), xp = rows(kXp, n * K), fc1 = rows(kFc1, n * K), act = rows(kAct, n * K),
                y = rows(kY, n * K);
   linear(ln, p.router_w, -1, logits);
-  k::moe_route(logits, c.moe_router_pre_softmax, c.moe_router_topk_scaling_factor.value_or(1.0), idx, probs,
+  k::moe_route(logits, model::moe_router(c), m_.expert_bias(p.layer), idx, probs,
                rows(kRScores, n), rows(kRLse, n));
   k::moe_dispatch_map(idx, buf_[kCounts], src, pos);
   k::moe_permute(ln, src, xp);

@@ -17,9 +17,16 @@
 //   scores [N, E] T:     the softmax over all E logits (the load-balancing
 //          loss reads it: compute_routing_scores_for_aux_loss)
 //   lse    [N] T:        log-sum-exp over the E logits (the z-loss)
+//   With sigmoid (--moe-router-score-function sigmoid, DeepSeek-V3's
+//   router): scores are the sigmoids normalised to sum 1 per token, the top
+//   k are chosen by sigmoid + bias ([E] T, the expert bias; undefined: 0),
+//   probs are the chosen sigmoids normalised over the k (k > 1) or the
+//   sigmoid itself (k = 1), times `scale`; pre_softmax is ignored.
 // moe_route_backward: the gradient of
 //   sum_{t,j} dprobs[t,j] probs[t,j] + sum_{t,e} aux[e] scores[t,e] + z sum_t lse[t]^2
 // with respect to the logits, written (not accumulated) to dlogits [N, E].
+// With sigmoid it reads the logits [N, E] (route's inputs) instead of probs
+// and scores; logits may be undefined otherwise.
 // aux [E] T (optional): d(aux loss)/d(scores[t, e]), the same for every
 // token (Megatron's switch loss is linear in the scores: coeff E /
 // (k T_total^2) times the expert's global token count).
@@ -38,12 +45,19 @@
 
 namespace mt::kernels {
 
+// The router's score function and probability options.
+struct MoeRouter {
+  bool pre_softmax = false;  // --moe-router-pre-softmax (softmax only)
+  bool sigmoid = false;      // --moe-router-score-function sigmoid
+  double scale = 1.0;        // --moe-router-topk-scaling-factor
+};
+
 #define MT_MOE_OPS(X)                                                                                           \
-  X(void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tensor& idx, const Tensor& probs,  \
-                   const Tensor& scores, const Tensor& lse))                                                     \
+  X(void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias, const Tensor& idx,          \
+                   const Tensor& probs, const Tensor& scores, const Tensor& lse))                                \
   X(void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& probs, const Tensor& scores,   \
-                            const Tensor& lse, const Tensor& aux, double z, bool pre_softmax, double scale,     \
-                            const Tensor& dlogits))                                                              \
+                            const Tensor& lse, const Tensor& aux, double z, const MoeRouter& router,            \
+                            const Tensor& logits, const Tensor& dlogits))                                        \
   X(void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos))        \
   X(void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out))                                     \
   X(void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, const Tensor& out))              \
@@ -62,15 +76,14 @@ MT_MOE_OPS(MT_MOE_DECLARE)
 #undef MT_MOE_DECLARE
 #undef MT_MOE_OPS
 
-inline void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tensor& idx, const Tensor& probs,
-                      const Tensor& scores, const Tensor& lse) {
-  MT_DISPATCH(moe_route, logits.device(), logits, pre_softmax, scale, idx, probs, scores, lse);
+inline void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias, const Tensor& idx,
+                      const Tensor& probs, const Tensor& scores, const Tensor& lse) {
+  MT_DISPATCH(moe_route, logits.device(), logits, router, bias, idx, probs, scores, lse);
 }
 inline void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& probs, const Tensor& scores,
-                               const Tensor& lse, const Tensor& aux, double z, bool pre_softmax, double scale,
-                               const Tensor& dlogits) {
-  MT_DISPATCH(moe_route_backward, dlogits.device(), dprobs, idx, probs, scores, lse, aux, z, pre_softmax, scale,
-              dlogits);
+                               const Tensor& lse, const Tensor& aux, double z, const MoeRouter& router,
+                               const Tensor& logits, const Tensor& dlogits) {
+  MT_DISPATCH(moe_route_backward, dlogits.device(), dprobs, idx, probs, scores, lse, aux, z, router, logits, dlogits);
 }
 inline void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos) {
   MT_DISPATCH(moe_dispatch_map, idx.device(), idx, counts, src, pos);

@@ -22,15 +22,50 @@ MT_HOST_DEVICE inline T log_of(T x) {
   else return log(x);
 }
 
+template <typename T>
+MT_HOST_DEVICE inline T sigmoid_of(T x) {
+  return T(1) / (T(1) + exp_of(-x));
+}
+// Megatron's guard against an all-zero sum of sigmoid scores.
+template <typename T>
+MT_HOST_DEVICE inline T sigmoid_eps() {
+  return T(1e-20);
+}
+
 // l [E] logits -> s [E] softmax, *z log-sum-exp, it [k] the top-k experts
 // (largest first, the lower expert on ties), p [k] their probabilities.
+// sig (--moe-router-score-function sigmoid): s the sigmoids normalised to
+// sum 1 (the load-balancing loss's scores), the top k by sigmoid + b (b:
+// the expert bias, may be null), p the chosen sigmoids normalised over the
+// k (k > 1) or the sigmoid itself (k = 1); *z stays the logits' lse.
 template <typename T>
-MT_HOST_DEVICE inline void route(const T* l, int64_t E, int64_t k, bool pre, T scale, int32_t* it, T* p, T* s, T* z) {
+MT_HOST_DEVICE inline void route(const T* l, int64_t E, int64_t k, bool pre, bool sig, const T* b, T scale, int32_t* it,
+                                 T* p, T* s, T* z) {
   T mx = l[0];
   for (int64_t e = 1; e < E; ++e) mx = l[e] > mx ? l[e] : mx;
   T sum = 0;
   for (int64_t e = 0; e < E; ++e) sum += exp_of(l[e] - mx);
   *z = mx + log_of(sum);
+  if (sig) {
+    T ss = 0;
+    for (int64_t e = 0; e < E; ++e) ss += sigmoid_of(l[e]);
+    for (int64_t e = 0; e < E; ++e) s[e] = sigmoid_of(l[e]) / (ss + sigmoid_eps<T>());
+    for (int64_t j = 0; j < k; ++j) {  // the largest sigmoid + bias not yet taken
+      int64_t best = -1;
+      T bv = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken = taken || it[i] == e;
+        const T v = sigmoid_of(l[e]) + (b ? b[e] : T(0));
+        if (!taken && (best < 0 || v > bv)) best = e, bv = v;
+      }
+      it[j] = static_cast<int32_t>(best);
+    }
+    T q = 0;
+    for (int64_t j = 0; j < k; ++j) q += sigmoid_of(l[it[j]]);
+    for (int64_t j = 0; j < k; ++j) p[j] = scale * (k > 1 ? sigmoid_of(l[it[j]]) / (q + sigmoid_eps<T>()) : sigmoid_of(l[it[j]]));
+    return;
+  }
   for (int64_t e = 0; e < E; ++e) s[e] = exp_of(l[e] - mx) / sum;
   // Top k by repeated selection: the largest logit not yet taken.
   for (int64_t j = 0; j < k; ++j) {
@@ -53,10 +88,35 @@ MT_HOST_DEVICE inline void route(const T* l, int64_t E, int64_t k, bool pre, T s
 }
 
 // dl [E] = d/d(logits) of sum_j dp[j] p[j] + sum_e a[e] s[e] + zz lse^2
-// (a may be null), from route()'s outputs it, p, s and lse.
+// (a may be null), from route()'s outputs it, p, s and lse; with sig, from
+// the logits l (route's input) instead of p and s.
 template <typename T>
 MT_HOST_DEVICE inline void route_backward(const T* dp, const int32_t* it, const T* p, const T* s, T lse, const T* a,
-                                          T zz, int64_t E, int64_t k, bool pre, T scale, T* dl) {
+                                          T zz, int64_t E, int64_t k, bool pre, bool sig, const T* l, T scale, T* dl) {
+  if (sig) {
+    // d/d(sigmoid_e): the normalised scores' (a), the chosen probabilities'.
+    T ss = 0;
+    for (int64_t e = 0; e < E; ++e) ss += sigmoid_of(l[e]);
+    ss += sigmoid_eps<T>();
+    T as = 0;  // sum_e a_e sigma_e / ss
+    if (a)
+      for (int64_t e = 0; e < E; ++e) as += a[e] * sigmoid_of(l[e]) / ss;
+    for (int64_t e = 0; e < E; ++e) dl[e] = a ? (a[e] - as) / ss : T(0);
+    if (k > 1) {
+      T q = 0, pd = 0;
+      for (int64_t j = 0; j < k; ++j) q += sigmoid_of(l[it[j]]);
+      q += sigmoid_eps<T>();
+      for (int64_t j = 0; j < k; ++j) pd += dp[j] * sigmoid_of(l[it[j]]) / q;
+      for (int64_t j = 0; j < k; ++j) dl[it[j]] += scale * (dp[j] - pd) / q;
+    } else {
+      dl[it[0]] += scale * dp[0];
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const T sg = sigmoid_of(l[e]);
+      dl[e] = sg * (T(1) - sg) * dl[e] + 2 * zz * lse * exp_of(l[e] - lse);
+    }
+    return;
+  }
   // d(loss)/d(scores): the aux loss, and the chosen probabilities with pre_softmax.
   for (int64_t e = 0; e < E; ++e) dl[e] = a ? a[e] : T(0);
   if (pre)

@@ -134,6 +134,14 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
             "width of the shared expert, an MLP every token goes through beside its routed experts (DeepSeek's "
             "shared experts together as one; 0: none)",
             0, kMaxDim);
+  f.add_string("moe-router-score-function", &c.moe_router_score_function,
+               "the router's scores: softmax, or sigmoid (DeepSeek-V3: the chosen sigmoids normalised over the top k)",
+               {"softmax", "sigmoid"});
+  f.add_switch("moe-router-enable-expert-bias", &c.moe_router_enable_expert_bias,
+               "aux-loss-free load balancing (DeepSeek-V3; sigmoid router): a per-layer expert bias added to the scores "
+               "when choosing the experts, moved after each step towards the under-used experts");
+  f.add_double("moe-router-bias-update-rate", &c.moe_router_bias_update_rate,
+               "the step of --moe-router-enable-expert-bias's update: bias += rate x sign(mean count - count)", 0, 1e6);
   f.add_string("moe-router-load-balancing-type", &c.moe_router_load_balancing_type,
                "aux_loss: the switch load-balancing loss of --moe-aux-loss-coeff; none: no load-balancing loss",
                {"aux_loss", "none"});

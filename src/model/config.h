@@ -85,6 +85,14 @@ struct ModelConfig {
   std::optional<double> moe_router_topk_scaling_factor;  // multiplies the routing probabilities
   std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss or none
   int64_t moe_shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size (0: none)
+  // --moe-router-score-function sigmoid (DeepSeek-V3's router; see
+  // kernels/moe.h), and its aux-loss-free balancing: a per-layer expert bias
+  // added to the sigmoids for choosing (not weighting) the experts, moved
+  // after every step by --moe-router-bias-update-rate towards the experts
+  // that got fewer tokens than the mean (the sign of mean - count).
+  std::string moe_router_score_function = "softmax";
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
 
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;
@@ -96,6 +104,8 @@ struct ModelConfig {
   int64_t moe_ffn() const { return moe_ffn_hidden_size.value_or(ffn()); }
   bool is_moe() const { return num_experts > 0; }
   bool has_shared_expert() const { return is_moe() && moe_shared_expert_intermediate_size > 0; }
+  bool sigmoid_router() const { return moe_router_score_function == "sigmoid"; }
+  bool has_expert_bias() const { return is_moe() && moe_router_enable_expert_bias; }
   // Megatron's padded vocabulary: ceil(V / (m*tp)) * (m*tp).
   int64_t padded_vocab(int64_t tp) const;
   bool has_architecture() const { return num_layers && hidden_size && num_attention_heads; }

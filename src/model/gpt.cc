@@ -238,6 +238,8 @@ struct GPTModel::Slot {
   // sent to each EP rank [EP] and the rows received per (source rank, local
   // expert) [EP x E/EP], source-major (without EP: {N k} and the counts).
   mutable std::vector<std::vector<int64_t>> moe_send, moe_recv;
+  // --moe-router-enable-expert-bias: this rank's tokens per expert per layer.
+  mutable std::vector<std::vector<double>> moe_routed;
 };
 
 // One recomputed group's activations, carved from scratch.
@@ -358,7 +360,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
         errs.push_back("--num-experts with --apply-residual-connection-post-layernorm is not supported; drop the latter");
       if (cfg.moe_router_topk > cfg.num_experts)
         errs.push_back(fmt::format("--moe-router-topk {} exceeds --num-experts {}", cfg.moe_router_topk, cfg.num_experts));
-      if (cfg.moe_router_topk == 1 && !cfg.moe_router_pre_softmax)
+      if (cfg.moe_router_enable_expert_bias && !cfg.sigmoid_router())
+        errs.push_back("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron's "
+                       "aux-loss-free routing)");
+      if (cfg.moe_router_topk == 1 && !cfg.moe_router_pre_softmax && !cfg.sigmoid_router())
         errs.push_back("--moe-router-topk 1: a softmax over one chosen logit is always 1 and the router would learn "
                        "nothing from the language-model loss; add --moe-router-pre-softmax (as Megatron requires)");
       if (opt.tp > 1 && !opt.sequence_parallel)
@@ -555,6 +560,14 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     t.rope.add("norm1p.ones", {widest}, dt);
     t.rope.add("norm1p.weight", {widest}, dt);
   }
+  // --moe-router-enable-expert-bias: each held MoE layer's bias [E], then the
+  // update's counts buffer (GPTModel::update_expert_bias).
+  if (cfg.has_expert_bias()) {
+    int64_t held = 0;
+    for (const LayerRange& c : chunks)
+      for (int64_t l = c.first; l < c.first + c.count; ++l) t.rope.add(fmt::format("expert_bias.{}", l), {d.E}, dt), ++held;
+    t.rope.add("expert_bias.counts", {held, d.E}, dt);
+  }
 
   // Scratch: the peak of the allocations forward() and backward() make, in
   // the order they make them (each rounded up by Arena::alloc).
@@ -605,13 +618,15 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // --num-experts: GPTModel::moe_backward's buffers, none freed before the
   // router's: the gathered dy (SP), d(experts' outputs) and d(probs), d(xp),
   // the combined d(ln2) before the SP reduce-scatter, the load-balancing
-  // weights, d(logits) of this rank's rows, the router's dx, and its bf16
-  // cast of d(logits) under --bf16.
+  // weights, d(logits) of this rank's rows, the router's dx, its bf16 cast
+  // of d(logits) under --bf16, and with the sigmoid router its logits of
+  // this rank's rows again.
   // Expert parallelism adds the received d(outputs) [Rx, h] and the d(xp)
   // sent back [N k, h].
   const size_t moe_bwd = d.moe ? (sp ? abytes(N * h, d.rs) : 0) + abytes(d.R * h, d.mid) + abytes(d.Rx * h, d.mid) +
                                      (d.ep > 1 ? abytes(d.Rx * h, d.mid) + abytes(d.R * h, d.mid) : 0) +
                                      abytes(N * d.topk, dt) +
+                                     (cfg.sigmoid_router() ? abytes(Ns * d.E, dt) : 0) +  // the router's logits again
                                      // the shared expert: d(act), d(fc1), its d(ln2)
                                      (d.S ? abytes(N * d.S, d.mid) + abytes(N * d.sfc1, d.mid) +
                                                 abytes(N * h, sp ? dt : d.dn)
@@ -848,7 +863,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       if (cfg.is_moe()) {
         const size_t L = static_cast<size_t>(cfg.num_layers);
         sl.moe_counts.assign(L, {}), sl.moe_aux.assign(L, 0.0), sl.moe_z.assign(L, 0.0);
-        sl.moe_send.assign(L, {}), sl.moe_recv.assign(L, {});
+        sl.moe_send.assign(L, {}), sl.moe_recv.assign(L, {}), sl.moe_routed.assign(L, {});
       }
       slots_.push_back(std::move(sl));
     }
@@ -887,6 +902,16 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       copy_tensor(opt.dtype == DType::kF64 ? Tensor(one.data(), {n}, DType::kF64) : Tensor(onef.data(), {n}, DType::kF32),
                   norm_ones_);
     }
+    expert_bias_.assign(static_cast<size_t>(cfg.num_layers), Tensor());
+    bias_counts_.assign(static_cast<size_t>(cfg.num_layers), {});
+    if (cfg.has_expert_bias()) {  // zeros (the arena is zero-filled)
+      for (const LayerRange& c : chunks_)
+        for (int64_t l = c.first; l < c.first + c.count; ++l) expert_bias_[static_cast<size_t>(l)] = v[next++];
+      expert_bias_counts_ = v[next++];
+    }
+  } else {
+    expert_bias_.assign(static_cast<size_t>(cfg.num_layers), Tensor());
+    bias_counts_.assign(static_cast<size_t>(cfg.num_layers), {});
   }
 }
 
@@ -1300,11 +1325,16 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
     ArenaScope scope(scratch_);
     const Tensor logits = scratch({N_, E}, dt);
     linear_fwd(a.ln2, p.router_w, -1, logits);
-    k::moe_route(logits, cfg_.moe_router_pre_softmax, cfg_.moe_router_topk_scaling_factor.value_or(1.0), a.r_idx,
-                 a.r_probs, a.r_scores, a.r_lse);
+    k::moe_route(logits, moe_router(cfg_), expert_bias_[static_cast<size_t>(l)], a.r_idx, a.r_probs, a.r_scores,
+                 a.r_lse);
   }
   k::moe_dispatch_map(a.r_idx, a.counts, a.src, a.pos);
   const std::vector<int64_t> off = expert_offsets(a);
+  if (s.training && cfg_.has_expert_bias()) {  // this rank's tokens per expert, for the bias update
+    std::vector<double>& c = s.moe_routed[static_cast<size_t>(l)];
+    c.assign(static_cast<size_t>(E), 0.0);
+    for (int64_t e = 0; e < E; ++e) c[static_cast<size_t>(e)] = static_cast<double>(off[e + 1] - off[e]);
+  }
   std::vector<int64_t>& send = s.moe_send[static_cast<size_t>(l)];
   std::vector<int64_t>& recv = s.moe_recv[static_cast<size_t>(l)];
   send.assign(static_cast<size_t>(ep), 0);
@@ -1404,6 +1434,50 @@ std::vector<double> tensor_to_host(const Tensor& t) {
 }
 }  // namespace
 
+std::vector<std::pair<std::string, Tensor>> GPTModel::expert_bias_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> v;
+  for (size_t l = 0; l < expert_bias_.size(); ++l)
+    if (expert_bias_[l].defined()) v.emplace_back(fmt::format("decoder.layers.{}.mlp.router.expert_bias", l), expert_bias_[l]);
+  return v;
+}
+
+void GPTModel::update_expert_bias(comm::Communicator* group) {
+  if (!cfg_.has_expert_bias() || !expert_bias_counts_.defined()) return;
+  const int64_t E = cfg_.num_experts;
+  std::vector<size_t> held;
+  for (size_t l = 0; l < expert_bias_.size(); ++l)
+    if (expert_bias_[l].defined()) held.push_back(l);
+  std::vector<double> counts(held.size() * static_cast<size_t>(E), 0.0);
+  for (size_t i = 0; i < held.size(); ++i) {
+    const std::vector<double>& c = bias_counts_[held[i]];
+    for (size_t e = 0; e < c.size(); ++e) counts[i * static_cast<size_t>(E) + e] = c[e];
+    bias_counts_[held[i]].clear();
+  }
+  if (group && group->size() > 1) {  // exact: whole numbers in fp32 below 2^24, in fp64 below 2^53
+    host_to_tensor(counts, expert_bias_counts_);
+    group->all_reduce(expert_bias_counts_);
+    counts = tensor_to_host(expert_bias_counts_);
+  }
+  // Megatron's get_updated_expert_bias: bias + sign(mean - count) x rate, in the bias's dtype.
+  for (size_t i = 0; i < held.size(); ++i) {
+    const double* c = counts.data() + i * static_cast<size_t>(E);
+    double mean = 0;
+    for (int64_t e = 0; e < E; ++e) mean += c[e];
+    mean /= static_cast<double>(E);
+    std::vector<double> b = tensor_to_host(expert_bias_[held[i]]);
+    for (int64_t e = 0; e < E; ++e) {
+      const double off = mean - c[e], sign = off > 0 ? 1.0 : off < 0 ? -1.0 : 0.0;
+      if (opt_.dtype == DType::kF32)
+        b[static_cast<size_t>(e)] = static_cast<double>(static_cast<float>(b[static_cast<size_t>(e)]) +
+                                                        static_cast<float>(sign) *
+                                                            static_cast<float>(cfg_.moe_router_bias_update_rate));
+      else
+        b[static_cast<size_t>(e)] += sign * cfg_.moe_router_bias_update_rate;
+    }
+    host_to_tensor(b, expert_bias_[held[i]]);
+  }
+}
+
 // The load-balancing loss (Megatron's switch loss) and the z-loss of layer
 // l, unweighted, as this rank sees them: the switch loss over its N rows
 // with the tokens routed to each expert over the whole micro-batch (this
@@ -1416,6 +1490,26 @@ void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<in
   const double total = static_cast<double>(N_ * opt_.cp);  // the micro-batch's tokens (all CP ranks)
   std::vector<double> counts(static_cast<size_t>(E)), colsum;  // this rank's, from the expert offsets
   for (int64_t e = 0; e < E; ++e) counts[static_cast<size_t>(e)] = static_cast<double>(off[e + 1] - off[e]);
+  const bool lb = cfg_.moe_router_load_balancing_type == "aux_loss" && cfg_.moe_aux_loss_coeff > 0;
+  if (cfg_.has_expert_bias() && lb) {
+    // Megatron counts the load-balancing loss's tokens by the scores' own top
+    // k, without the bias that chose the experts (a host pass over [N, E];
+    // without the loss the counts only feed a value nobody logs).
+    const std::vector<double> sc = tensor_to_host(a.r_scores);
+    std::fill(counts.begin(), counts.end(), 0.0);
+    std::vector<char> taken(static_cast<size_t>(E));
+    for (int64_t t = 0; t < N_; ++t) {
+      std::fill(taken.begin(), taken.end(), 0);
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; ++e)
+          if (!taken[static_cast<size_t>(e)] &&
+              (best < 0 || sc[static_cast<size_t>(t * E + e)] > sc[static_cast<size_t>(t * E + best)]))
+            best = e;
+        taken[static_cast<size_t>(best)] = 1, counts[static_cast<size_t>(best)] += 1;
+      }
+    }
+  }
   {
     ArenaScope scope(scratch_);
     const Tensor t = scratch({E}, opt_.dtype);
@@ -1518,6 +1612,12 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   const double total = static_cast<double>(N_ * opt_.cp);
   const bool lb = cfg_.moe_router_load_balancing_type == "aux_loss" && cfg_.moe_aux_loss_coeff > 0;
   const Tensor aux = scratch({E}, dt), dlogits = scratch({Ns_, E}, dt), rdx = scratch({Ns_, h_}, dn_);
+  // The sigmoid router's backward reads the logits: this rank's rows again.
+  Tensor own_logits;
+  if (cfg_.sigmoid_router()) {
+    own_logits = scratch({Ns_, E}, dt);
+    linear_fwd(own_rows(a.ln2), p.router_w, -1, own_logits);
+  }
   {
     const std::vector<double>& counts = s.moe_counts.at(static_cast<size_t>(l));
     MT_CHECK(counts.size() == static_cast<size_t>(E), "GPTModel::backward: an MoE layer's forward did not train");
@@ -1531,7 +1631,7 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   const double z = cfg_.moe_z_loss_coeff.value_or(0.0) / total * moe_loss_scale_;
   auto rows = [&](const Tensor& t) { return t.slice(r0, r0 + Ns_); };
   k::moe_route_backward(rows(dprobs), rows(a.r_idx), rows(a.r_probs), rows(a.r_scores), rows(a.r_lse), aux, z,
-                        cfg_.moe_router_pre_softmax, cfg_.moe_router_topk_scaling_factor.value_or(1.0), dlogits);
+                        moe_router(cfg_), own_logits, dlogits);
   linear_bwd(own_rows(a.ln2), p.router_w, -1, dlogits, rdx);
   k::add_inplace(dln_own, rdx);
 }
@@ -1780,6 +1880,12 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
     moe_stats_.load_balancing += std::accumulate(s.moe_aux.begin(), s.moe_aux.end(), 0.0);
     moe_stats_.z += std::accumulate(s.moe_z.begin(), s.moe_z.end(), 0.0);
     moe_stats_.layer_forwards += static_cast<double>(R.count);
+    for (int64_t l = R.first; l < R.first + R.count && cfg_.has_expert_bias(); ++l) {
+      const std::vector<double>& c = s.moe_routed[static_cast<size_t>(l)];
+      std::vector<double>& acc = bias_counts_[static_cast<size_t>(l)];
+      acc.resize(c.size(), 0.0);
+      for (size_t e = 0; e < c.size(); ++e) acc[e] += c[e];
+    }
   }
   if (!last_stage(chunk)) return 0.0;
   // Final norm (on the shard with SP, then all-gathered), output layer (tied:

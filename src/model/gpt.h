@@ -91,6 +91,7 @@
 #include "kernels/activation.h"
 #include "kernels/qkv_layout.h"
 #include "kernels/attention.h"
+#include "kernels/moe.h"
 #include "kernels/rope.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -213,6 +214,12 @@ inline kernels::GeluKind mlp_activation(const ModelConfig& c) {
   return c.squared_relu ? kernels::GeluKind::kSquaredRelu : c.gelu_tanh() ? kernels::GeluKind::kTanh : kernels::GeluKind::kExact;
 }
 
+// The router's options (--moe-router-pre-softmax, --moe-router-score-function,
+// --moe-router-topk-scaling-factor).
+inline kernels::MoeRouter moe_router(const ModelConfig& c) {
+  return {c.moe_router_pre_softmax, c.sigmoid_router(), c.moe_router_topk_scaling_factor.value_or(1.0)};
+}
+
 inline DType residual_dtype(const GPTOptions& o) {
   return o.bf16_compute && !o.fp32_residual ? DType::kBF16 : o.dtype;
 }
@@ -241,7 +248,7 @@ struct GPTMemoryPlan {
   size_t activations = 0;           // slots x activations_per_slot
   size_t recompute_workspace = 0;   // one recomputed group's activations (inside scratch)
   size_t scratch = 0;               // peak temporaries of forward/backward, workspace included
-  size_t tables = 0;                // RoPE cos/sin tables
+  size_t tables = 0;                // RoPE cos/sin tables, --apply-layernorm-1p's rows, expert biases and counts
   size_t total() const { return params + grads + lowp + activations + scratch + tables; }
 };
 
@@ -424,6 +431,19 @@ class GPTModel {
   };
   MoeStats take_moe_stats() { return std::exchange(moe_stats_, MoeStats{}); }
 
+  // --moe-router-enable-expert-bias: layer l's expert bias [E] (undefined
+  // where this rank does not hold layer l or there is none), zeros at first.
+  const Tensor& expert_bias(int layer) const { return expert_bias_[static_cast<size_t>(layer)]; }
+  // Checkpoint names ("decoder.layers.{l}.mlp.router.expert_bias") and
+  // tensors of the biases this rank holds.
+  std::vector<std::pair<std::string, Tensor>> expert_bias_tensors() const;
+  // Megatron's aux-loss-free update, once per iteration after the training
+  // micro-batches: each held layer's tokens per expert since the last
+  // update (this rank's routing, summed over `group`, the DP x CP group)
+  // move its bias by rate x sign(mean - count). Collective over `group`
+  // (null: this rank alone). A no-op without expert bias.
+  void update_expert_bias(comm::Communicator* group);
+
   // Model FLOPs of one forward+backward of a micro-batch on this rank
   // (Megatron's formula, ../shared/spec/megatron-reference.md §5, with B*s
   // tokens; with CP this rank's share: its B*s/CP tokens and 1/CP of the
@@ -501,6 +521,9 @@ class GPTModel {
   GPTOptions opt_;
   int64_t B_ = 0, T_ = 0, N_ = 0, h_ = 0, V_ = 0, qkv_ = 0, fc1_ = 0, F_ = 0;
   int64_t expert_flat_begin_ = 0;
+  std::vector<Tensor> expert_bias_;                  // per global layer (--moe-router-enable-expert-bias)
+  Tensor expert_bias_counts_;                        // [held MoE layers, E]: the update's all-reduce buffer
+  std::vector<std::vector<double>> bias_counts_;     // per global layer: tokens per expert since the update
   int64_t Rx_ = 0;  // --num-experts: the rows this rank's experts can receive (R_ without expert parallelism)
   int64_t R_ = 0;  // the MLP's rows: N, or N k routed slots with --num-experts (fc1_, F_ the expert's)
   double moe_loss_scale_ = 1;

@@ -195,8 +195,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
        "expert capacity is not implemented (dropless routing); drop the flag"},
       {"moe-token-drop-policy", true, "no token dropping",
        "expert capacity is not implemented (dropless routing); drop the flag"},
-      {"moe-router-enable-expert-bias", false, "no expert bias",
-       "the aux-loss-free expert bias (DeepSeek-V3) is not implemented: use --moe-aux-loss-coeff"},
       {"moe-router-num-groups", true, "no group-limited routing",
        "group-limited routing is not implemented: every token chooses among all experts; drop the flag"},
       {"moe-router-group-topk", true, "no group-limited routing",
@@ -217,12 +215,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
                });
   }
   // MoE choices with one implemented value: the default accepted, the others refused.
-  f.add_seen("moe-router-score-function", true, "the router's score function: softmax (sigmoid is not implemented)",
-             {"softmax", "sigmoid"}, [c](const std::string& v) {
-               if (v != "softmax")
-                 c->refused.emplace_back("--moe-router-score-function",
-                                         "the sigmoid score function (DeepSeek-V3) is not implemented: use softmax");
-             });
   f.add_seen("moe-layer-freq", true,
              "which layers are MoE: 1 (every layer, the only pattern here), or a list such as ([1]*8) of ones",
              {}, [c](const std::string& v) {

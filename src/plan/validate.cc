@@ -213,6 +213,10 @@ void validate(PlanReport& r) {
               fmt::format("shared expert size {} does not split over TP = {}", m.moe_shared_expert_intermediate_size, TP),
               fmt::format("use {}", list_or(nearby_multiples(TP, m.moe_shared_expert_intermediate_size),
                                             "--moe-shared-expert-intermediate-size")));
+    if (m.moe_router_enable_expert_bias && m.moe_router_score_function != "sigmoid")
+      c.error("moe-expert-bias-sigmoid", {"--moe-router-enable-expert-bias", "--moe-router-score-function"},
+              "the aux-loss-free expert bias needs the sigmoid score function",
+              "add --moe-router-score-function sigmoid");
     if (m.moe_shared_expert_intermediate_size > 0 && !m.is_moe())
       c.error("moe-shared-expert-needs-experts", {"--moe-shared-expert-intermediate-size", "--num-experts"},
               "a shared expert is part of an MoE layer, and there are no experts", "give --num-experts, or drop the flag");

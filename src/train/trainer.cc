@@ -793,6 +793,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     // word-embedding gradients (Megatron's embedding group all-reduce).
     if (shared_embedding) groups.embedding()->all_reduce(model.grad("embedding.word_embeddings.weight"));
     buckets.finish();
+    // --moe-router-enable-expert-bias: Megatron's update in finalize_model_grads,
+    // from the iteration's tokens per expert summed over DP x CP.
+    if (mc.has_expert_bias()) model.update_expert_bias(&grad_comm);
     model.reduce_tp_replicated_grads();
     const auto [loss, global_tokens] = reported_loss(totals);
     // Megatron's finalize_model_grads under --calculate-per-token-loss: every

@@ -83,6 +83,12 @@ ModelConfig moe_gpt_style() {  // MoE GPT: 3 experts, top-1 with the pre-softmax
   return c;
 }
 
+ModelConfig sigmoid_style() {  // DeepSeek-V3's sigmoid router (its expert bias at zero)
+  ModelConfig c = mixtral_style();
+  c.moe_router_score_function = "sigmoid", c.moe_router_enable_expert_bias = true;
+  return c;
+}
+
 ModelConfig shared_style() {  // MoE GPT with a shared expert beside its routed ones
   ModelConfig c = moe_gpt_style();
   c.moe_shared_expert_intermediate_size = 24;
@@ -194,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
                                            Case{"llama31", llama31_style}, Case{"qwen", qwen_style},
                                            Case{"qwen3", qwen3_style}, Case{"qk_ln", qk_ln_style},
                                            Case{"mixtral", mixtral_style}, Case{"moe_gpt", moe_gpt_style},
-                                           Case{"shared_expert", shared_style}),
+                                           Case{"shared_expert", shared_style}, Case{"sigmoid", sigmoid_style}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Decoder, ParametersOnlyModelAndErrors) {

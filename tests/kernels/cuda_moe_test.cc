@@ -26,14 +26,18 @@ std::vector<T> normal(size_t n, uint64_t seed, double scale = 1.0) {
 }
 
 template <typename T>
-void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double tol) {
-  SCOPED_TRACE(::testing::Message() << "N " << N << " E " << E << " k " << topk << " C " << C << " pre " << pre);
+void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double tol, bool sig = false) {
+  SCOPED_TRACE(::testing::Message() << "N " << N << " E " << E << " k " << topk << " C " << C << " pre " << pre
+                                    << " sigmoid " << sig);
+  const k::MoeRouter router{pre, sig, 1.5};
   const DType dt = dtype_of<T>();
   Arena g = gpu_arena();
   std::vector<T> logits = normal<T>(static_cast<size_t>(N * E), 1, 2.0), dprobs = normal<T>(static_cast<size_t>(N * topk), 2),
                  aux = normal<T>(static_cast<size_t>(E), 3), x = normal<T>(static_cast<size_t>(N * C), 4),
                  y = normal<T>(static_cast<size_t>(N * topk * C), 5), dout = normal<T>(static_cast<size_t>(N * C), 6);
   const Tensor hl(logits.data(), {N, E}, dt);
+  std::vector<T> bias = normal<T>(static_cast<size_t>(E), 7, 0.3);  // the sigmoid router's expert bias
+  const Tensor hb = sig ? Tensor(bias.data(), {E}, dt) : Tensor();
   // CPU reference.
   std::vector<int32_t> idx(static_cast<size_t>(N * topk)), counts(static_cast<size_t>(E)), src(idx.size()), pos(idx.size());
   std::vector<T> probs(idx.size()), scores(static_cast<size_t>(N * E)), lse(static_cast<size_t>(N)),
@@ -41,9 +45,9 @@ void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double to
       dw(idx.size());
   const Tensor ti(idx.data(), {N, topk}, DType::kI32), tp(probs.data(), {N, topk}, dt), ts(scores.data(), {N, E}, dt),
       tl(lse.data(), {N}, dt), tpos(pos.data(), {N, topk}, DType::kI32);
-  k::moe_route(hl, pre, 1.5, ti, tp, ts, tl);
-  k::moe_route_backward(Tensor(dprobs.data(), {N, topk}, dt), ti, tp, ts, tl, Tensor(aux.data(), {E}, dt), 0.25, pre,
-                        1.5, Tensor(dlogits.data(), {N, E}, dt));
+  k::moe_route(hl, router, hb, ti, tp, ts, tl);
+  k::moe_route_backward(Tensor(dprobs.data(), {N, topk}, dt), ti, tp, ts, tl, Tensor(aux.data(), {E}, dt), 0.25, router,
+                        sig ? hl : Tensor(), Tensor(dlogits.data(), {N, E}, dt));
   k::moe_dispatch_map(ti, Tensor(counts.data(), {E}, DType::kI32), Tensor(src.data(), {N * topk}, DType::kI32), tpos);
   k::moe_permute(Tensor(x.data(), {N, C}, dt), Tensor(src.data(), {N * topk}, DType::kI32), Tensor(xp.data(), {N * topk, C}, dt));
   k::moe_unpermute(Tensor(y.data(), {N * topk, C}, dt), tpos, tp, Tensor(out.data(), {N, C}, dt));
@@ -55,13 +59,13 @@ void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double to
                gc = g.alloc({E}, DType::kI32), gsrc = g.alloc({N * topk}, DType::kI32),
                gpos = g.alloc({N, topk}, DType::kI32), gxp = g.alloc({N * topk, C}, dt), gout = g.alloc({N, C}, dt),
                gdy = g.alloc({N * topk, C}, dt), gdw = g.alloc({N, topk}, dt);
-  k::moe_route(gl, pre, 1.5, gi, gp, gs, glse);
+  k::moe_route(gl, router, sig ? to_device(g, hb) : Tensor(), gi, gp, gs, glse);
   EXPECT_EQ(to_host<int32_t>(gi), idx);
   test::expect_close(to_host<T>(gp), probs, tol, tol, "probs");
   test::expect_close(to_host<T>(gs), scores, tol, tol, "scores");
   test::expect_close(to_host<T>(glse), lse, tol, tol, "lse");
   k::moe_route_backward(to_device(g, Tensor(dprobs.data(), {N, topk}, dt)), gi, gp, gs, glse,
-                        to_device(g, Tensor(aux.data(), {E}, dt)), 0.25, pre, 1.5, gdl);
+                        to_device(g, Tensor(aux.data(), {E}, dt)), 0.25, router, sig ? gl : Tensor(), gdl);
   test::expect_close(to_host<T>(gdl), dlogits, tol, tol, "dlogits");
   // From here on the CPU's routing, so that both sides permute alike.
   const Tensor gti = to_device(g, ti), gtp = to_device(g, tp);
@@ -105,6 +109,8 @@ TEST(CudaTwin, MoeRoutingAndPermutationMatchCpu) {
   moe_case<float>(300, 16, 4, 33, true, 2e-6);
   moe_case<double>(129, 6, 1, 70, false, 1e-13);
   moe_case<double>(5, 3, 3, 8, true, 1e-13);
+  moe_case<float>(41, 8, 2, 16, false, 2e-6, /*sig=*/true);  // DeepSeek-V3's sigmoid router with its expert bias
+  moe_case<double>(19, 6, 1, 8, false, 1e-13, /*sig=*/true);
 }
 
 }  // namespace

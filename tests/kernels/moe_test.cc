@@ -26,9 +26,11 @@ struct Route {
   Buf<double> probs, scores, lse;
 };
 
-Route route(std::vector<double>& logits, int64_t N, int64_t E, int64_t topk, bool pre, double scale) {
+Route route(std::vector<double>& logits, int64_t N, int64_t E, int64_t topk, bool pre, double scale, bool sig = false,
+            std::vector<double>* bias = nullptr) {
   Route r{Buf<int32_t>({N, topk}), Buf<double>({N, topk}), Buf<double>({N, E}), Buf<double>({N})};
-  k::moe_route(Tensor(logits.data(), {N, E}, DType::kF64), pre, scale, r.idx.t(), r.probs.t(), r.scores.t(), r.lse.t());
+  k::moe_route(Tensor(logits.data(), {N, E}, DType::kF64), k::MoeRouter{pre, sig, scale},
+               bias ? Tensor(bias->data(), {E}, DType::kF64) : Tensor(), r.idx.t(), r.probs.t(), r.scores.t(), r.lse.t());
   return r;
 }
 
@@ -86,9 +88,75 @@ TEST(MoeKernels, RouteBackwardMatchesFiniteDifferences) {
       Route r = route(logits, N, E, topk, pre, scale);
       Buf<double> dlogits({N, E});
       k::moe_route_backward(Tensor(dprobs.data(), {N, topk}, DType::kF64), r.idx.t(), r.probs.t(), r.scores.t(),
-                            r.lse.t(), aux ? Tensor(auxw.data(), {E}, DType::kF64) : Tensor(), z, pre, scale,
-                            dlogits.t());
+                            r.lse.t(), aux ? Tensor(auxw.data(), {E}, DType::kF64) : Tensor(), z,
+                            k::MoeRouter{pre, false, scale}, Tensor(), dlogits.t());
       test::expect_fd_grad(logits, loss, dlogits.v, pre ? "pre-softmax router" : "top-k softmax router", 1e-6, 1e-7);
+    }
+}
+
+// --moe-router-score-function sigmoid (DeepSeek-V3): the top k by sigmoid +
+// expert bias, probabilities the chosen sigmoids normalised over the k (or
+// the sigmoid alone for k = 1), scores the sigmoids normalised to sum 1.
+TEST(MoeKernels, SigmoidRouteMatchesItsDefinition) {
+  auto sg = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  for (bool with_bias : {false, true})
+    for (int64_t topk : {1, 2, 3}) {
+      const int64_t N = 9, E = 6;
+      const double scale = 2.5;
+      std::vector<double> logits(static_cast<size_t>(N * E)), bias(static_cast<size_t>(E));
+      fill_normal(logits, 31 + static_cast<uint64_t>(topk), 2.0);
+      fill_normal(bias, 32, 0.5);
+      Route r = route(logits, N, E, topk, false, scale, true, with_bias ? &bias : nullptr);
+      for (int64_t t = 0; t < N; ++t) {
+        const double* l = logits.data() + t * E;
+        std::vector<int> order(static_cast<size_t>(E));
+        std::iota(order.begin(), order.end(), 0);
+        auto key = [&](int e) { return sg(l[e]) + (with_bias ? bias[static_cast<size_t>(e)] : 0.0); };
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key(a) > key(b); });
+        double z = 0, all = 0, chosen = 0;
+        for (int64_t e = 0; e < E; ++e) z += std::exp(l[e]), all += sg(l[e]);
+        EXPECT_NEAR(r.lse[static_cast<size_t>(t)], std::log(z), 1e-13);
+        for (int64_t j = 0; j < topk; ++j) chosen += sg(l[order[static_cast<size_t>(j)]]);
+        for (int64_t j = 0; j < topk; ++j) {
+          const int e = order[static_cast<size_t>(j)];
+          ASSERT_EQ(r.idx[static_cast<size_t>(t * topk + j)], e) << "row " << t << " choice " << j;
+          const double want = scale * (topk > 1 ? sg(l[e]) / (chosen + 1e-20) : sg(l[e]));
+          EXPECT_NEAR(r.probs[static_cast<size_t>(t * topk + j)], want, 1e-14 * scale);
+        }
+        for (int64_t e = 0; e < E; ++e)
+          EXPECT_NEAR(r.scores[static_cast<size_t>(t * E + e)], sg(l[e]) / (all + 1e-20), 1e-15);
+      }
+    }
+}
+
+TEST(MoeKernels, SigmoidRouteBackwardMatchesFiniteDifferences) {
+  for (int64_t topk : {1, 2})
+    for (bool aux : {false, true}) {
+      const int64_t N = 5, E = 6;
+      const double scale = 1.7, z = aux ? 0.3 : 0.0;
+      std::vector<double> logits(static_cast<size_t>(N * E)), dprobs(static_cast<size_t>(N * topk)),
+          auxw(static_cast<size_t>(E)), bias(static_cast<size_t>(E));
+      fill_normal(logits, 13, 1.5);
+      fill_normal(dprobs, 14);
+      fill_normal(auxw, 15);
+      fill_normal(bias, 16, 0.3);  // chooses other experts than the sigmoids alone would, in some rows
+      auto loss = [&]() {
+        Route r = route(logits, N, E, topk, false, scale, true, &bias);
+        double s = 0;
+        for (int64_t i = 0; i < N * topk; ++i) s += dprobs[static_cast<size_t>(i)] * r.probs[static_cast<size_t>(i)];
+        for (int64_t t = 0; t < N; ++t) {
+          if (aux)
+            for (int64_t e = 0; e < E; ++e) s += auxw[static_cast<size_t>(e)] * r.scores[static_cast<size_t>(t * E + e)];
+          s += z * r.lse[static_cast<size_t>(t)] * r.lse[static_cast<size_t>(t)];
+        }
+        return s;
+      };
+      Route r = route(logits, N, E, topk, false, scale, true, &bias);
+      Buf<double> dlogits({N, E});
+      k::moe_route_backward(Tensor(dprobs.data(), {N, topk}, DType::kF64), r.idx.t(), r.probs.t(), r.scores.t(),
+                            r.lse.t(), aux ? Tensor(auxw.data(), {E}, DType::kF64) : Tensor(), z,
+                            k::MoeRouter{false, true, scale}, Tensor(logits.data(), {N, E}, DType::kF64), dlogits.t());
+      test::expect_fd_grad(logits, loss, dlogits.v, "sigmoid router", 1e-6, 1e-7);
     }
 }
 

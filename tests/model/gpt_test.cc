@@ -110,6 +110,15 @@ ModelConfig moe_gpt_style() {
   return c;
 }
 
+// DeepSeek-V3's router on the mixtral: sigmoid scores, the expert bias
+// (set to random values below) choosing the experts, both router losses.
+ModelConfig sigmoid_style() {
+  ModelConfig c = mixtral_style();
+  c.moe_router_score_function = "sigmoid", c.moe_router_enable_expert_bias = true;
+  c.moe_router_topk_scaling_factor = 2.0;
+  return c;
+}
+
 // moegpt with a shared expert of width 20 beside its routed ones (GELU).
 ModelConfig moe_shared_style() {
   ModelConfig c = moe_gpt_style();
@@ -133,7 +142,8 @@ nlohmann::json config_json(const ModelConfig& c) {
           {"moe_router_pre_softmax", c.moe_router_pre_softmax},
           {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor.value_or(1.0)},
           {"moe_aux_loss_coeff", c.moe_aux_loss_coeff}, {"moe_z_loss_coeff", c.moe_z_loss_coeff.value_or(0.0)},
-          {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size}};
+          {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size},
+          {"moe_router_score_function", c.moe_router_score_function}};
 }
 
 void random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, std::vector<int32_t>& tok, std::vector<int32_t>& lab) {
@@ -168,6 +178,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "mixtral" ? mixtral_style()
                     : which == "moegpt"  ? moe_gpt_style()
                     : which == "moeshared" ? moe_shared_style()
+                    : which == "sigmoid" ? sigmoid_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -206,6 +217,13 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
     EXPECT_EQ(moved, cfg.num_layers) << "one QKV bias per layer, and no other bias";
     for (const auto& sp : m.specs()) EXPECT_EQ(sp.name.find("linear_fc1.bias"), std::string::npos) << sp.name;
   }
+  // The expert bias starts at zero; random values make it choose experts.
+  int biased = 0;
+  for (const auto& [name, b] : m.expert_bias_tensors()) {
+    for (int64_t j = 0; j < b.numel(); ++j) b.ptr<float>()[j] = nd(gen);
+    ++biased;
+  }
+  EXPECT_EQ(biased, cfg.has_expert_bias() ? cfg.num_layers : 0);
   std::vector<int32_t> tok, lab;
   random_batch(opt.micro_batch, cfg.seq_length, *cfg.vocab_size, 7, tok, lab);
   Tensor tt(tok.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32), lt(lab.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32);
@@ -220,6 +238,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   const std::string in = dir + "/gpt_ref_" + which + "_in.safetensors", out = dir + "/gpt_ref_" + which + "_out.safetensors";
   std::vector<NamedTensor> ts;
   for (size_t i = 0; i < m.specs().size(); ++i) ts.push_back({m.specs()[i].name, m.params()[i]});
+  for (const auto& [name, b] : m.expert_bias_tensors()) ts.push_back({name, b});
   ts.push_back({"tokens", tt});
   ts.push_back({"labels", lt});
   ASSERT_TRUE(write_safetensors(in, ts, {{"config", config_json(cfg).dump()}}).is_ok());
@@ -249,7 +268,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                          ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
-                                           "gptqk", "mixtral", "moegpt", "moeshared"));
+                                           "gptqk", "mixtral", "moegpt", "moeshared", "sigmoid"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

@@ -72,6 +72,12 @@ ModelConfig shared_style() {  // mixtral with a shared expert
   return c;
 }
 
+ModelConfig sigmoid_style() {  // DeepSeek-V3's sigmoid router and expert bias
+  ModelConfig c = shared_style();
+  c.moe_router_score_function = "sigmoid", c.moe_router_enable_expert_bias = true;
+  return c;
+}
+
 RecomputeOptions full(RecomputeMethod m, int64_t n) {
   RecomputeOptions r;
   r.granularity = RecomputeGranularity::kFull, r.method = m, r.num_layers = n;
@@ -179,7 +185,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, RecomputeNumerics,
                                            Case{"mixtral", mixtral_style, false}, Case{"mixtral_bf16", mixtral_style, true},
                                            Case{"moe_gpt", moe_gpt_style, false},
                                            Case{"shared_expert", shared_style, false},
-                                           Case{"shared_expert_bf16", shared_style, true}),
+                                           Case{"shared_expert_bf16", shared_style, true},
+                                           Case{"sigmoid", sigmoid_style, false}, Case{"sigmoid_bf16", sigmoid_style, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The size arithmetic, written out: every tensor rounded up to 64 bytes.

@@ -178,10 +178,23 @@ def moe(xs, p, cfg, linear):
     E, k = cfg["num_experts"], cfg["moe_router_topk"]
     N = xs.shape[0]
     logits = xs @ P_ROUTER(p).t()
-    scores = torch.softmax(logits, dim=-1)
-    if cfg["moe_router_pre_softmax"]:
+    aux_idx = None
+    if cfg.get("moe_router_score_function", "softmax") == "sigmoid":
+        # DeepSeek-V3's router: the top k by sigmoid + expert bias, the chosen
+        # sigmoids normalised over the k; the load-balancing loss takes the
+        # sigmoids normalised to sum 1, and counts tokens by their own top k.
+        sig = torch.sigmoid(logits)
+        b = BIAS.get(p + "router.expert_bias")
+        _, idx = torch.topk(sig + b if b is not None else sig, k, dim=-1)
+        chosen = sig.gather(1, idx)
+        probs = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20) if k > 1 else chosen
+        scores = sig / (sig.sum(dim=-1, keepdim=True) + 1e-20)
+        aux_idx = torch.topk(scores, k, dim=-1)[1]
+    elif cfg["moe_router_pre_softmax"]:
+        scores = torch.softmax(logits, dim=-1)
         probs, idx = torch.topk(scores, k, dim=-1)
     else:
+        scores = torch.softmax(logits, dim=-1)
         top, idx = torch.topk(logits, k, dim=-1)
         probs = torch.softmax(top, dim=-1)
     probs = probs * cfg["moe_router_topk_scaling_factor"]
@@ -195,7 +208,7 @@ def moe(xs, p, cfg, linear):
         out = out.index_add(0, rows, probs[rows, slot].unsqueeze(1) * y)
     if cfg.get("moe_shared_expert_intermediate_size", 0):  # the shared expert: an MLP on every token
         out = out + linear(activation(linear(xs, p + "shared_experts.linear_fc1"), cfg), p + "shared_experts.linear_fc2")
-    counts = torch.nn.functional.one_hot(idx, E).sum(dim=(0, 1)).to(scores.dtype)
+    counts = torch.nn.functional.one_hot(idx if aux_idx is None else aux_idx, E).sum(dim=(0, 1)).to(scores.dtype)
     aux = (scores.sum(dim=0) * counts).sum() * E / (k * N * N)
     z = torch.logsumexp(logits, dim=-1).square().mean()
     return out, aux, z
@@ -205,6 +218,8 @@ def main():
     tensors, meta = read_safetensors(sys.argv[1])
     cfg = json.loads(meta["config"])
     tokens, labels = tensors.pop("tokens"), tensors.pop("labels")
+    global BIAS  # --moe-router-enable-expert-bias: state, not parameters
+    BIAS = {n: tensors.pop(n).float() for n in list(tensors) if n.endswith("router.expert_bias")}
     P = {n: t.float().requires_grad_(True) for n, t in tensors.items()}
     torch.set_num_threads(1)
     global P_ROUTER

@@ -70,6 +70,12 @@ ModelConfig shared_cfg() {  // mixtral with a shared expert of width 32 (SwiGLU,
   return c;
 }
 
+ModelConfig sigmoid_cfg() {  // DeepSeek-V3's sigmoid router with its expert bias (zeros here), and a shared expert
+  ModelConfig c = shared_cfg();
+  c.moe_router_score_function = "sigmoid", c.moe_router_enable_expert_bias = true;
+  return c;
+}
+
 ModelConfig moe_gpt_cfg() {  // MoE GPT: top-1, pre-softmax router scaled by 2, no biases
   ModelConfig c = gpt_cfg();
   c.add_bias_linear = false, c.num_experts = 3, c.moe_router_topk = 1, c.moe_router_pre_softmax = true;
@@ -182,6 +188,7 @@ TEST(TensorParallelModel, EqualsSerialModel) {
         run_case({"mixtral", mixtral_cfg(), sp, dt, tol});
         run_case({"moe_gpt", moe_gpt_cfg(), sp, dt, tol});
         run_case({"shared expert", shared_cfg(), sp, dt, tol});
+        run_case({"sigmoid router", sigmoid_cfg(), sp, dt, tol});
       }
     }
 }
@@ -296,6 +303,7 @@ TEST(ContextParallelModel, EqualsSerialModel) {
         run_cp_case({"mixtral full recompute", mixtral_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
         run_cp_case({"shared expert full recompute", shared_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
         run_cp_case({"shared expert bf16", shared_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
+        run_cp_case({"sigmoid router full recompute", sigmoid_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
         run_cp_case({"moe_gpt fp32", moe_gpt_cfg(), tp, sp, DType::kF32, false, none, 2e-5});
         run_cp_case({"mixtral bf16", mixtral_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
       }
@@ -413,6 +421,7 @@ TEST(ExpertParallelModel, EqualsSerialModel) {
     run_ep_case({"moe_gpt top-1 fp32", moe4, tp, DType::kF32, false, none, 2e-5});
     run_ep_case({"mixtral bf16", mixtral_cfg(), tp, DType::kF32, true, none, 3e-2});
     run_ep_case({"shared expert", shared_cfg(), tp, DType::kF64, false, none, 1e-11});
+    run_ep_case({"sigmoid router bf16", sigmoid_cfg(), tp, DType::kF32, true, none, 3e-2});
   }
 }
 

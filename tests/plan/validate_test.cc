@@ -87,6 +87,7 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--num-experts 4 --moe-router-topk 5", "moe-topk", "--moe-router-topk"},
         RuleCase{"--num-experts 4 --moe-shared-expert-intermediate-size 1023", "moe-shared-expert-divisible", "--moe-shared-expert-intermediate-size"},
         RuleCase{"--moe-shared-expert-intermediate-size 1024", "moe-shared-expert-needs-experts", "--num-experts"},
+        RuleCase{"--num-experts 4 --moe-router-enable-expert-bias", "moe-expert-bias-sigmoid", "--moe-router-score-function"},
         RuleCase{"--num-experts 4 --expert-model-parallel-size 4 --expert-tensor-parallel-size 4", "expert-grid-divisible", "--expert-model-parallel-size"},
         RuleCase{"--overlap-param-gather", "overlap-param-gather", "--use-distributed-optimizer"},
         RuleCase{"--distribute-saved-activations", "distribute-saved-activations", "--distribute-saved-activations"},

@@ -522,6 +522,19 @@ against_reference("moeshared", MOE_FLAGS + ["--moe-shared-expert-intermediate-si
                                 "--use-distributed-optimizer"]),
     ("cp2pp2", 1, 2, 1, ["--context-parallel-size", "2"]),
 ], plan=True, zeros_slack=CP_ZEROS)
+# DeepSeek-V3's router: sigmoid scores, the aux-loss-free expert bias (moved
+# after every step by the sign of mean - count, the counts summed over DP x
+# CP) choosing the experts. Every layout follows one rank only if every
+# rank applies the same bias updates; the stored biases are compared with
+# the final tensors.
+SIG_FLAGS = MOE_FLAGS + ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                         "--moe-router-bias-update-rate", "1e-2"]
+against_reference("moesig", SIG_FLAGS, [
+    ("dp2", 1, 1, 2, []),
+    ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
+                                "--use-distributed-optimizer"]),
+    ("cp2pp2", 1, 2, 1, ["--context-parallel-size", "2"]),
+], plan=True, zeros_slack=CP_ZEROS)
 # Per-token loss: the router losses' gradients scaled as Megatron's
 # (pre-multiplied by the micro-batch's tokens, then divided with every
 # gradient by the global batch's counted tokens).
@@ -573,6 +586,8 @@ RESHARDS = [
     # MoE: the experts' shards (column/row over TP) and the router move like a dense MLP's.
     ("MoE TP2+SP x DP2 + dist-opt", (2, 1, 2, MOE_FLAGS + ["--sequence-parallel", "--use-distributed-optimizer"]),
      [("moe-tp1pp2dp2", 1, 2, 2, MOE_FLAGS), ("moe-tp4sp", 4, 1, 1, MOE_FLAGS + ["--sequence-parallel"])]),
+    # The expert bias is state outside the optimizer: saved per stage, restored.
+    ("MoE sigmoid + expert bias DP2", (1, 1, 2, SIG_FLAGS), [("moe-sig-tp2sp", 2, 1, 1, SIG_FLAGS + ["--sequence-parallel"])]),
     # Expert parallelism: each EP rank saved its own experts under their
     # global names; resumed with another EP size, and with none.
     ("MoE DP4 x EP2 + dist-opt", (1, 1, 4, MOE_FLAGS + ["--expert-model-parallel-size", "2",

@@ -483,6 +483,29 @@ PY
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-shared-expert-intermediate-size 96 --moe-shared-expert-overlap \
   --train-iters 2 >"$TMP/moe-shared.log" 2>&1 || { fail "MoE with a shared expert"; cat "$TMP/moe-shared.log"; }
 params() { sed -n 's/.*: \([0-9]*\) parameters,.*/\1/p' "$1"; }
+# DeepSeek-V3's router: the expert bias moves by +-rate per step (3 steps of
+# 0.01 here), stored with the checkpoint under Megatron's name.
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
+  --moe-router-bias-update-rate 0.01 --train-iters 3 --save "$TMP/moe-sig" --save-interval 3 >"$TMP/moe-sig.log" 2>&1 \
+  || { fail "MoE with the sigmoid router and expert bias"; cat "$TMP/moe-sig.log"; }
+python3 - "$TMP/moe-sig/iter_0000003" <<'PY' || fail "expert bias: not moved by whole steps of the update rate"
+import glob, json, struct, sys
+seen = 0
+for fn in glob.glob(sys.argv[1] + "/*.safetensors"):
+    data = open(fn, "rb").read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    for key, h in header.items():
+        if key.endswith("router.expert_bias"):
+            b, e = h["data_offsets"]
+            v = struct.unpack("<%df" % ((e - b) // 4), data[8 + n + b:8 + n + e])
+            steps = [x / 0.01 for x in v]
+            assert len(v) == 4 and all(abs(t - round(t)) < 1e-4 and abs(t) <= 3 for t in steps), v
+            assert any(x != 0 for x in v), v
+            seen += 1
+assert seen == 2, seen
+print("expert bias after 3 steps: whole steps of 0.01, both layers")
+PY
 [ "$(( $(params "$TMP/moe-shared.log") - $(params "$TMP/moe.log") ))" = 24576 ] \
   && grep -q "and a shared expert of width 96" "$TMP/moe-shared.log" \
   && grep -q -- "--moe-shared-expert-overlap: " "$TMP/moe-shared.log" \
@@ -494,10 +517,10 @@ params() { sed -n 's/.*: \([0-9]*\) parameters,.*/\1/p' "$1"; }
 [ $? = 2 ] && grep -q "4 experts do not split over EP = 3" "$TMP/err" && grep -q "use --expert-model-parallel-size 4" "$TMP/err" \
   || { fail "EP that does not divide the experts"; cat "$TMP/err"; }
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq 2 --moe-expert-capacity-factor 1.0 \
-  --moe-router-score-function sigmoid --train-iters 2 2>"$TMP/err"
+  --moe-router-num-groups 2 --train-iters 2 2>"$TMP/err"
 [ $? = 2 ] && grep -q "3 problems" "$TMP/err" && grep -q "dense layers between MoE layers are not implemented" "$TMP/err" \
   && grep -q "token dropping (expert capacity) is not implemented" "$TMP/err" \
-  && grep -q "sigmoid score function" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
+  && grep -q "group-limited routing is not implemented" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
 
 "$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"
 [ $? = 2 ] && grep -q "2 problems on the command line" "$TMP/err" && grep -q "unknown flag --mock-dat; did you mean --mock-data?" "$TMP/err" \

@@ -24,37 +24,44 @@ void check_route_shapes(const Tensor& logits, const Tensor& idx, const Tensor& p
 
 }  // namespace
 
-void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tensor& idx, const Tensor& probs,
-               const Tensor& scores, const Tensor& lse) {
+void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias, const Tensor& idx,
+               const Tensor& probs, const Tensor& scores, const Tensor& lse) {
   check_route_shapes(logits, idx, probs, scores, lse, "moe_route");
   const int64_t N = logits.dim(0), E = logits.dim(1), k = idx.dim(1);
+  MT_CHECK(!bias.defined() || (bias.numel() == E && bias.dtype() == logits.dtype() && router.sigmoid),
+           "moe_route: the expert bias must be [E] in the logits' dtype, with the sigmoid score function");
   float_types(logits.dtype(), [&](auto tag_) { using T = decltype(tag_);
     const T* l = logits.ptr<T>();
+    const T* b = opt_ptr<T>(bias);
     T *p = probs.ptr<T>(), *s = scores.ptr<T>(), *z = lse.ptr<T>();
     int32_t* ix = idx.ptr<int32_t>();
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; ++t)
-      moe_row::route(l + t * E, E, k, pre_softmax, static_cast<T>(scale), ix + t * k, p + t * k, s + t * E, z + t);
+      moe_row::route(l + t * E, E, k, router.pre_softmax, router.sigmoid, b, static_cast<T>(router.scale), ix + t * k,
+                     p + t * k, s + t * E, z + t);
   });
 }
 
 void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& probs, const Tensor& scores,
-                        const Tensor& lse, const Tensor& aux, double z, bool pre_softmax, double scale,
+                        const Tensor& lse, const Tensor& aux, double z, const MoeRouter& router, const Tensor& logits,
                         const Tensor& dlogits) {
   check_route_shapes(dlogits, idx, probs, scores, lse, "moe_route_backward");
   const int64_t N = dlogits.dim(0), E = dlogits.dim(1), k = idx.dim(1);
   MT_CHECK(dprobs.numel() == N * k && dprobs.dtype() == dlogits.dtype(), "moe_route_backward: dprobs must be [N, k]");
   MT_CHECK(!aux.defined() || (aux.numel() == E && aux.dtype() == dlogits.dtype()), "moe_route_backward: aux must be [E]");
+  MT_CHECK(!router.sigmoid || (logits.numel() == N * E && logits.dtype() == dlogits.dtype()),
+           "moe_route_backward: the sigmoid score function needs the logits [N, E]");
   float_types(dlogits.dtype(), [&](auto tag_) { using T = decltype(tag_);
     const T *dp = dprobs.ptr<T>(), *p = probs.ptr<T>(), *s = scores.ptr<T>(), *zl = lse.ptr<T>();
     const T* a = opt_ptr<T>(aux);
+    const T* l = opt_ptr<T>(logits);
     const int32_t* ix = idx.ptr<int32_t>();
     T* dl = dlogits.ptr<T>();
-    const T sc = static_cast<T>(scale), zz = static_cast<T>(z);
+    const T sc = static_cast<T>(router.scale), zz = static_cast<T>(z);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; ++t)
-      moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a, zz, E, k, pre_softmax, sc,
-                              dl + t * E);
+      moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a, zz, E, k, router.pre_softmax,
+                              router.sigmoid, l ? l + t * E : nullptr, sc, dl + t * E);
   });
 }
 

@@ -24,19 +24,22 @@ namespace {
 using namespace ::mt::kernels::cuda::pointwise;
 
 template <typename T>
-__global__ void route_fwd(int64_t N, int64_t E, int64_t k, bool pre, T scale, const T* __restrict__ l,
-                          int32_t* __restrict__ ix, T* __restrict__ p, T* __restrict__ s, T* __restrict__ z) {
+__global__ void route_fwd(int64_t N, int64_t E, int64_t k, bool pre, bool sig, const T* __restrict__ b, T scale,
+                          const T* __restrict__ l, int32_t* __restrict__ ix, T* __restrict__ p, T* __restrict__ s,
+                          T* __restrict__ z) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t < N) moe_row::route(l + t * E, E, k, pre, scale, ix + t * k, p + t * k, s + t * E, z + t);
+  if (t < N) moe_row::route(l + t * E, E, k, pre, sig, b, scale, ix + t * k, p + t * k, s + t * E, z + t);
 }
 
 template <typename T>
-__global__ void route_bwd(int64_t N, int64_t E, int64_t k, bool pre, T scale, T zz, const T* __restrict__ dp,
+__global__ void route_bwd(int64_t N, int64_t E, int64_t k, bool pre, bool sig, T scale, T zz, const T* __restrict__ dp,
                           const int32_t* __restrict__ ix, const T* __restrict__ p, const T* __restrict__ s,
-                          const T* __restrict__ zl, const T* __restrict__ a, T* __restrict__ dl) {
+                          const T* __restrict__ zl, const T* __restrict__ a, const T* __restrict__ l,
+                          T* __restrict__ dl) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < N)
-    moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a, zz, E, k, pre, scale, dl + t * E);
+    moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a, zz, E, k, pre, sig,
+                            l ? l + t * E : nullptr, scale, dl + t * E);
 }
 
 // counts[e] = the slots choosing expert e: block e, threads strided over the
@@ -137,8 +140,8 @@ __global__ void unpermute_bwd_dprobs(int64_t NK, int64_t C, int64_t k, const int
 
 }  // namespace
 
-void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tensor& idx, const Tensor& probs,
-               const Tensor& scores, const Tensor& lse) {
+void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias, const Tensor& idx,
+               const Tensor& probs, const Tensor& scores, const Tensor& lse) {
   MT_CHECK(logits.ndim() == 2 && idx.ndim() == 2, "moe_route: logits must be [N, E] and idx [N, k]");
   const int64_t N = logits.dim(0), E = logits.dim(1), k = idx.dim(1);
   MT_CHECK(idx.dtype() == DType::kI32 && k >= 1 && k <= E && idx.numel() == N * k && probs.numel() == N * k &&
@@ -146,19 +149,21 @@ void moe_route(const Tensor& logits, bool pre_softmax, double scale, const Tenso
                scores.dtype() == logits.dtype() && lse.dtype() == logits.dtype(),
            "moe_route: logits [N, E], idx [N, k] int32 (1 <= k <= E), probs [N, k], scores [N, E] and lse [N] in "
            "the logits' dtype");
-  check_on_gpu({&logits, &idx, &probs, &scores, &lse}, "moe_route");
+  MT_CHECK(!bias.defined() || (bias.numel() == E && bias.dtype() == logits.dtype() && router.sigmoid),
+           "moe_route: the expert bias must be [E] in the logits' dtype, with the sigmoid score function");
+  check_on_gpu({&logits, &idx, &probs, &scores, &lse, &bias}, "moe_route");
   if (N == 0) return;
   float_types(logits.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
     route_fwd<T><<<::mt::cuda::blocks_for(N, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(
-        N, E, k, pre_softmax, static_cast<T>(scale), logits.ptr<T>(), idx.ptr<int32_t>(), probs.ptr<T>(),
-        scores.ptr<T>(), lse.ptr<T>());
+        N, E, k, router.pre_softmax, router.sigmoid, opt_ptr<T>(bias), static_cast<T>(router.scale), logits.ptr<T>(),
+        idx.ptr<int32_t>(), probs.ptr<T>(), scores.ptr<T>(), lse.ptr<T>());
     MT_CUDA_CHECK_LAUNCH();
   });
 }
 
 void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& probs, const Tensor& scores,
-                        const Tensor& lse, const Tensor& aux, double z, bool pre_softmax, double scale,
+                        const Tensor& lse, const Tensor& aux, double z, const MoeRouter& router, const Tensor& logits,
                         const Tensor& dlogits) {
   MT_CHECK(dlogits.ndim() == 2 && idx.ndim() == 2, "moe_route_backward: dlogits must be [N, E] and idx [N, k]");
   const int64_t N = dlogits.dim(0), E = dlogits.dim(1), k = idx.dim(1);
@@ -168,13 +173,16 @@ void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& p
                dprobs.dtype() == dt && probs.dtype() == dt && scores.dtype() == dt && lse.dtype() == dt &&
                (!aux.defined() || aux.dtype() == dt),
            "moe_route_backward: shapes as moe_route's, dprobs [N, k], aux [E], all in dlogits' dtype");
-  check_on_gpu({&dprobs, &idx, &probs, &scores, &lse, &aux, &dlogits}, "moe_route_backward");
+  MT_CHECK(!router.sigmoid || (logits.numel() == N * E && logits.dtype() == dt),
+           "moe_route_backward: the sigmoid score function needs the logits [N, E]");
+  check_on_gpu({&dprobs, &idx, &probs, &scores, &lse, &aux, &logits, &dlogits}, "moe_route_backward");
   if (N == 0) return;
   float_types(dlogits.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
     route_bwd<T><<<::mt::cuda::blocks_for(N, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(
-        N, E, k, pre_softmax, static_cast<T>(scale), static_cast<T>(z), dprobs.ptr<T>(), idx.ptr<int32_t>(),
-        probs.ptr<T>(), scores.ptr<T>(), lse.ptr<T>(), opt_ptr<T>(aux), dlogits.ptr<T>());
+        N, E, k, router.pre_softmax, router.sigmoid, static_cast<T>(router.scale), static_cast<T>(z), dprobs.ptr<T>(),
+        idx.ptr<int32_t>(), probs.ptr<T>(), scores.ptr<T>(), lse.ptr<T>(), opt_ptr<T>(aux), opt_ptr<T>(logits),
+        dlogits.ptr<T>());
     MT_CUDA_CHECK_LAUNCH();
   });
 }
