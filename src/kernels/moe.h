@@ -22,6 +22,9 @@
 //   k are chosen by sigmoid + bias ([E] T, the expert bias; undefined: 0),
 //   probs are the chosen sigmoids normalised over the k (k > 1) or the
 //   sigmoid itself (k = 1), times `scale`; pre_softmax is ignored.
+//   With groups (MoeRouter::num_groups, group_topk) the top k come from the
+//   chosen groups only (Megatron's group-limited routing); probabilities and
+//   scores are computed as without.
 // moe_route_backward: the gradient of
 //   sum_{t,j} dprobs[t,j] probs[t,j] + sum_{t,e} aux[e] scores[t,e] + z sum_t lse[t]^2
 // with respect to the logits, written (not accumulated) to dlogits [N, E].
@@ -50,6 +53,10 @@ struct MoeRouter {
   bool pre_softmax = false;  // --moe-router-pre-softmax (softmax only)
   bool sigmoid = false;      // --moe-router-score-function sigmoid
   double scale = 1.0;        // --moe-router-topk-scaling-factor
+  // --moe-router-num-groups / --moe-router-group-topk (0: none): the experts
+  // in num_groups equal groups, each token choosing among the group_topk
+  // groups whose top (k / group_topk) scores sum highest (kernels/moe_row.h).
+  int64_t num_groups = 0, group_topk = 0;
 };
 
 #define MT_MOE_OPS(X)                                                                                           \
@@ -75,6 +82,16 @@ MT_MOE_OPS(MT_MOE_DECLARE)
 #endif
 #undef MT_MOE_DECLARE
 #undef MT_MOE_OPS
+
+// Group-limited routing's arguments (both twins): E divisible into the groups,
+// 1 <= group_topk <= groups, group_topk <= k, and the limits of moe_row.h.
+inline void check_groups(const MoeRouter& r, int64_t E, int64_t k) {
+  if (r.group_topk == 0) return;
+  MT_CHECK(r.num_groups >= 1 && E % r.num_groups == 0 && r.group_topk <= r.num_groups && r.group_topk <= k &&
+               r.group_topk <= 32 && k / r.group_topk <= 32 && k <= r.group_topk * (E / r.num_groups),
+           "moe_route: group-limited routing needs E divisible by the groups, 1 <= group_topk <= groups, "
+           "group_topk <= k <= group_topk x E / groups, group_topk and k / group_topk at most 32");
+}
 
 inline void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias, const Tensor& idx,
                       const Tensor& probs, const Tensor& scores, const Tensor& lse) {

@@ -142,6 +142,12 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                "when choosing the experts, moved after each step towards the under-used experts");
   f.add_double("moe-router-bias-update-rate", &c.moe_router_bias_update_rate,
                "the step of --moe-router-enable-expert-bias's update: bias += rate x sign(mean count - count)", 0, 1e6);
+  f.add_int("moe-router-num-groups", &c.moe_router_num_groups,
+            "group-limited routing: the experts in this many equal groups (with --moe-router-group-topk)", 0, 1 << 20);
+  f.add_int("moe-router-group-topk", &c.moe_router_group_topk,
+            "group-limited routing: each token chooses its experts among this many groups, those whose top "
+            "(topk / group-topk) scores sum highest",
+            0, 32);
   f.add_string("moe-router-load-balancing-type", &c.moe_router_load_balancing_type,
                "aux_loss: the switch load-balancing loss of --moe-aux-loss-coeff; none: no load-balancing loss",
                {"aux_loss", "none"});

@@ -93,6 +93,10 @@ struct ModelConfig {
   std::string moe_router_score_function = "softmax";
   bool moe_router_enable_expert_bias = false;
   double moe_router_bias_update_rate = 1e-3;
+  // --moe-router-num-groups / --moe-router-group-topk: group-limited routing
+  // (DeepSeek's device- or node-limited routing; 0: none; the groups alone
+  // change nothing, as in Megatron).
+  int64_t moe_router_num_groups = 0, moe_router_group_topk = 0;
 
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;
@@ -106,6 +110,7 @@ struct ModelConfig {
   bool has_shared_expert() const { return is_moe() && moe_shared_expert_intermediate_size > 0; }
   bool sigmoid_router() const { return moe_router_score_function == "sigmoid"; }
   bool has_expert_bias() const { return is_moe() && moe_router_enable_expert_bias; }
+  bool group_limited() const { return is_moe() && moe_router_group_topk > 0; }
   // Megatron's padded vocabulary: ceil(V / (m*tp)) * (m*tp).
   int64_t padded_vocab(int64_t tp) const;
   bool has_architecture() const { return num_layers && hidden_size && num_attention_heads; }

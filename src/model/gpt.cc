@@ -360,6 +360,16 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
         errs.push_back("--num-experts with --apply-residual-connection-post-layernorm is not supported; drop the latter");
       if (cfg.moe_router_topk > cfg.num_experts)
         errs.push_back(fmt::format("--moe-router-topk {} exceeds --num-experts {}", cfg.moe_router_topk, cfg.num_experts));
+      if (cfg.moe_router_group_topk > 0) {
+        const int64_t G = cfg.moe_router_num_groups, gk = cfg.moe_router_group_topk, k = cfg.moe_router_topk;
+        if (G < 1)
+          errs.push_back("--moe-router-group-topk needs --moe-router-num-groups (as Megatron requires)");
+        else if (cfg.num_experts % G || gk > G || gk > k || k / gk > 32 || k > gk * (cfg.num_experts / G))
+          errs.push_back(fmt::format("--moe-router-num-groups {} with --moe-router-group-topk {}: need --num-experts {} "
+                                     "divisible by the groups, group-topk <= groups, group-topk <= --moe-router-topk {} "
+                                     "<= group-topk x experts per group, and topk / group-topk <= 32",
+                                     G, gk, cfg.num_experts, k));
+      }
       if (cfg.moe_router_enable_expert_bias && !cfg.sigmoid_router())
         errs.push_back("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as Megatron's "
                        "aux-loss-free routing)");
@@ -1491,10 +1501,10 @@ void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<in
   std::vector<double> counts(static_cast<size_t>(E)), colsum;  // this rank's, from the expert offsets
   for (int64_t e = 0; e < E; ++e) counts[static_cast<size_t>(e)] = static_cast<double>(off[e + 1] - off[e]);
   const bool lb = cfg_.moe_router_load_balancing_type == "aux_loss" && cfg_.moe_aux_loss_coeff > 0;
-  if (cfg_.has_expert_bias() && lb) {
+  if ((cfg_.has_expert_bias() || cfg_.group_limited()) && lb) {
     // Megatron counts the load-balancing loss's tokens by the scores' own top
-    // k, without the bias that chose the experts (a host pass over [N, E];
-    // without the loss the counts only feed a value nobody logs).
+    // k, without the bias or the groups that chose the experts (a host pass
+    // over [N, E]; without the loss the counts only feed a value nobody logs).
     const std::vector<double> sc = tensor_to_host(a.r_scores);
     std::fill(counts.begin(), counts.end(), 0.0);
     std::vector<char> taken(static_cast<size_t>(E));

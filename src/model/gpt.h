@@ -217,7 +217,8 @@ inline kernels::GeluKind mlp_activation(const ModelConfig& c) {
 // The router's options (--moe-router-pre-softmax, --moe-router-score-function,
 // --moe-router-topk-scaling-factor).
 inline kernels::MoeRouter moe_router(const ModelConfig& c) {
-  return {c.moe_router_pre_softmax, c.sigmoid_router(), c.moe_router_topk_scaling_factor.value_or(1.0)};
+  return {c.moe_router_pre_softmax, c.sigmoid_router(), c.moe_router_topk_scaling_factor.value_or(1.0),
+          c.moe_router_group_topk ? c.moe_router_num_groups : 0, c.moe_router_group_topk};
 }
 
 inline DType residual_dtype(const GPTOptions& o) {

@@ -26,10 +26,11 @@ std::vector<T> normal(size_t n, uint64_t seed, double scale = 1.0) {
 }
 
 template <typename T>
-void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double tol, bool sig = false) {
+void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double tol, bool sig = false, int64_t G = 0,
+              int64_t gk = 0) {
   SCOPED_TRACE(::testing::Message() << "N " << N << " E " << E << " k " << topk << " C " << C << " pre " << pre
                                     << " sigmoid " << sig);
-  const k::MoeRouter router{pre, sig, 1.5};
+  const k::MoeRouter router{pre, sig, 1.5, G, gk};
   const DType dt = dtype_of<T>();
   Arena g = gpu_arena();
   std::vector<T> logits = normal<T>(static_cast<size_t>(N * E), 1, 2.0), dprobs = normal<T>(static_cast<size_t>(N * topk), 2),
@@ -111,6 +112,8 @@ TEST(CudaTwin, MoeRoutingAndPermutationMatchCpu) {
   moe_case<double>(5, 3, 3, 8, true, 1e-13);
   moe_case<float>(41, 8, 2, 16, false, 2e-6, /*sig=*/true);  // DeepSeek-V3's sigmoid router with its expert bias
   moe_case<double>(19, 6, 1, 8, false, 1e-13, /*sig=*/true);
+  moe_case<float>(33, 8, 4, 12, false, 2e-6, /*sig=*/true, /*G=*/4, /*gk=*/2);  // group-limited routing
+  moe_case<double>(17, 8, 2, 9, true, 1e-13, /*sig=*/false, /*G=*/4, /*gk=*/2);
 }
 
 }  // namespace

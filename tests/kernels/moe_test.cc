@@ -129,6 +129,58 @@ TEST(MoeKernels, SigmoidRouteMatchesItsDefinition) {
     }
 }
 
+// Group-limited routing: 8 experts in 4 groups, each token choosing among
+// the k / 2 groups whose top 2 selection scores sum highest (logits; the
+// softmax with pre_softmax; sigmoid + bias), against a sort-based reference.
+TEST(MoeKernels, GroupLimitedRouteMatchesReference) {
+  auto sg = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  const int64_t N = 23, E = 8, G = 4, Eg = E / G;
+  for (int mode = 0; mode < 3; ++mode)
+    for (int64_t topk : {2, 4}) {
+      const int64_t gk = topk / 2;  // top-2 from one group (its sum of 2), top-4 from two (sums of 2)
+      const bool pre = mode == 1, sig = mode == 2;
+      std::vector<double> logits(static_cast<size_t>(N * E)), bias(static_cast<size_t>(E));
+      fill_normal(logits, 41 + static_cast<uint64_t>(mode * 10 + topk), 1.5);
+      fill_normal(bias, 42, 0.3);
+      Route r{Buf<int32_t>({N, topk}), Buf<double>({N, topk}), Buf<double>({N, E}), Buf<double>({N})};
+      k::moe_route(Tensor(logits.data(), {N, E}, DType::kF64), k::MoeRouter{pre, sig, 1.0, G, gk},
+                   sig ? Tensor(bias.data(), {E}, DType::kF64) : Tensor(), r.idx.t(), r.probs.t(), r.scores.t(),
+                   r.lse.t());
+      int differs = 0;  // rows where the groups change the choice
+      for (int64_t t = 0; t < N; ++t) {
+        const double* l = logits.data() + t * E;
+        double z = 0;
+        for (int64_t e = 0; e < E; ++e) z += std::exp(l[e]);
+        auto key = [&](int e) {
+          return sig ? sg(l[e]) + bias[static_cast<size_t>(e)] : pre ? std::exp(l[e]) / z : l[e];
+        };
+        std::vector<double> gscore(static_cast<size_t>(G));
+        for (int64_t g = 0; g < G; ++g) {
+          std::vector<double> v;
+          for (int64_t e = g * Eg; e < (g + 1) * Eg; ++e) v.push_back(key(static_cast<int>(e)));
+          std::sort(v.rbegin(), v.rend());
+          for (int64_t i = 0; i < topk / gk; ++i) gscore[static_cast<size_t>(g)] += v[static_cast<size_t>(i)];
+        }
+        std::vector<int> gorder(static_cast<size_t>(G));
+        std::iota(gorder.begin(), gorder.end(), 0);
+        std::stable_sort(gorder.begin(), gorder.end(), [&](int a, int b) { return gscore[a] > gscore[b]; });
+        std::vector<int> order;
+        for (int e = 0; e < E; ++e)
+          if (std::find(gorder.begin(), gorder.begin() + gk, e / Eg) != gorder.begin() + gk) order.push_back(e);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key(a) > key(b); });
+        std::vector<int> all(static_cast<size_t>(E));
+        std::iota(all.begin(), all.end(), 0);
+        std::stable_sort(all.begin(), all.end(), [&](int a, int b) { return key(a) > key(b); });
+        for (int64_t j = 0; j < topk; ++j) {
+          ASSERT_EQ(r.idx[static_cast<size_t>(t * topk + j)], order[static_cast<size_t>(j)])
+              << "mode " << mode << " k " << topk << " row " << t << " choice " << j;
+          differs += order[static_cast<size_t>(j)] != all[static_cast<size_t>(j)];
+        }
+      }
+      EXPECT_GT(differs, 0) << "mode " << mode << " k " << topk << ": the groups never changed a choice";
+    }
+}
+
 TEST(MoeKernels, SigmoidRouteBackwardMatchesFiniteDifferences) {
   for (int64_t topk : {1, 2})
     for (bool aux : {false, true}) {

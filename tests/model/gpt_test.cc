@@ -119,6 +119,20 @@ ModelConfig sigmoid_style() {
   return c;
 }
 
+// Group-limited routing: 8 experts in 4 groups; the softmax router choosing
+// its top 2 from one group, and the sigmoid router with its bias its top 4
+// from two.
+ModelConfig grouped_style() {
+  ModelConfig c = mixtral_style();
+  c.num_experts = 8, c.moe_router_num_groups = 4, c.moe_router_group_topk = 1;
+  return c;
+}
+ModelConfig grouped_sigmoid_style() {
+  ModelConfig c = sigmoid_style();
+  c.num_experts = 8, c.moe_router_topk = 4, c.moe_router_num_groups = 4, c.moe_router_group_topk = 2;
+  return c;
+}
+
 // moegpt with a shared expert of width 20 beside its routed ones (GELU).
 ModelConfig moe_shared_style() {
   ModelConfig c = moe_gpt_style();
@@ -143,7 +157,8 @@ nlohmann::json config_json(const ModelConfig& c) {
           {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor.value_or(1.0)},
           {"moe_aux_loss_coeff", c.moe_aux_loss_coeff}, {"moe_z_loss_coeff", c.moe_z_loss_coeff.value_or(0.0)},
           {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size},
-          {"moe_router_score_function", c.moe_router_score_function}};
+          {"moe_router_score_function", c.moe_router_score_function},
+          {"moe_router_num_groups", c.moe_router_num_groups}, {"moe_router_group_topk", c.moe_router_group_topk}};
 }
 
 void random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, std::vector<int32_t>& tok, std::vector<int32_t>& lab) {
@@ -179,6 +194,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "moegpt"  ? moe_gpt_style()
                     : which == "moeshared" ? moe_shared_style()
                     : which == "sigmoid" ? sigmoid_style()
+                    : which == "grouped" ? grouped_style()
+                    : which == "grouped_sigmoid" ? grouped_sigmoid_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -268,7 +285,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                          ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
-                                           "gptqk", "mixtral", "moegpt", "moeshared", "sigmoid"));
+                                           "gptqk", "mixtral", "moegpt", "moeshared", "sigmoid", "grouped",
+                                           "grouped_sigmoid"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

@@ -178,6 +178,16 @@ def moe(xs, p, cfg, linear):
     E, k = cfg["num_experts"], cfg["moe_router_topk"]
     N = xs.shape[0]
     logits = xs @ P_ROUTER(p).t()
+    G, gk = cfg.get("moe_router_num_groups", 0), cfg.get("moe_router_group_topk", 0)
+
+    def topk_idx(sel):  # Megatron's group_limited_topk when group-topk is set
+        if not gk:
+            return torch.topk(sel, k, dim=-1)[1]
+        gs = sel.view(N, G, -1).topk(k // gk, dim=-1)[0].sum(dim=-1)
+        gmask = torch.zeros_like(gs).scatter(1, torch.topk(gs, gk, dim=-1)[1], 1)
+        smask = gmask.unsqueeze(-1).expand(N, G, E // G).reshape(N, -1)
+        return torch.topk(sel.masked_fill(~smask.bool(), float("-inf")), k, dim=-1)[1]
+
     aux_idx = None
     if cfg.get("moe_router_score_function", "softmax") == "sigmoid":
         # DeepSeek-V3's router: the top k by sigmoid + expert bias, the chosen
@@ -185,18 +195,21 @@ def moe(xs, p, cfg, linear):
         # sigmoids normalised to sum 1, and counts tokens by their own top k.
         sig = torch.sigmoid(logits)
         b = BIAS.get(p + "router.expert_bias")
-        _, idx = torch.topk(sig + b if b is not None else sig, k, dim=-1)
+        idx = topk_idx(sig + b if b is not None else sig)
         chosen = sig.gather(1, idx)
         probs = chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20) if k > 1 else chosen
         scores = sig / (sig.sum(dim=-1, keepdim=True) + 1e-20)
         aux_idx = torch.topk(scores, k, dim=-1)[1]
     elif cfg["moe_router_pre_softmax"]:
         scores = torch.softmax(logits, dim=-1)
-        probs, idx = torch.topk(scores, k, dim=-1)
+        idx = topk_idx(scores)
+        probs = scores.gather(1, idx)
     else:
         scores = torch.softmax(logits, dim=-1)
-        top, idx = torch.topk(logits, k, dim=-1)
-        probs = torch.softmax(top, dim=-1)
+        idx = topk_idx(logits)
+        probs = torch.softmax(logits.gather(1, idx), dim=-1)
+    if gk:  # the load-balancing loss counts by the plain top k
+        aux_idx = torch.topk(scores, k, dim=-1)[1]
     probs = probs * cfg["moe_router_topk_scaling_factor"]
     out = torch.zeros_like(xs)
     for e in range(E):

@@ -526,9 +526,11 @@ against_reference("moeshared", MOE_FLAGS + ["--moe-shared-expert-intermediate-si
 # after every step by the sign of mean - count, the counts summed over DP x
 # CP) choosing the experts. Every layout follows one rank only if every
 # rank applies the same bias updates; the stored biases are compared with
-# the final tensors.
+# the final tensors. With group-limited routing: each token's 2 experts from
+# the better of 2 groups of 2.
 SIG_FLAGS = MOE_FLAGS + ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
-                         "--moe-router-bias-update-rate", "1e-2"]
+                         "--moe-router-bias-update-rate", "1e-2", "--moe-router-num-groups", "2",
+                         "--moe-router-group-topk", "1"]
 against_reference("moesig", SIG_FLAGS, [
     ("dp2", 1, 1, 2, []),
     ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",

@@ -517,10 +517,10 @@ PY
 [ $? = 2 ] && grep -q "4 experts do not split over EP = 3" "$TMP/err" && grep -q "use --expert-model-parallel-size 4" "$TMP/err" \
   || { fail "EP that does not divide the experts"; cat "$TMP/err"; }
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq 2 --moe-expert-capacity-factor 1.0 \
-  --moe-router-num-groups 2 --train-iters 2 2>"$TMP/err"
+  --moe-input-jitter-eps 0.01 --train-iters 2 2>"$TMP/err"
 [ $? = 2 ] && grep -q "3 problems" "$TMP/err" && grep -q "dense layers between MoE layers are not implemented" "$TMP/err" \
   && grep -q "token dropping (expert capacity) is not implemented" "$TMP/err" \
-  && grep -q "group-limited routing is not implemented" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
+  && grep -q "router input jitter is not implemented" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
 
 "$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"
 [ $? = 2 ] && grep -q "2 problems on the command line" "$TMP/err" && grep -q "unknown flag --mock-dat; did you mean --mock-data?" "$TMP/err" \

@@ -30,6 +30,7 @@ void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias
   const int64_t N = logits.dim(0), E = logits.dim(1), k = idx.dim(1);
   MT_CHECK(!bias.defined() || (bias.numel() == E && bias.dtype() == logits.dtype() && router.sigmoid),
            "moe_route: the expert bias must be [E] in the logits' dtype, with the sigmoid score function");
+  check_groups(router, E, k);
   float_types(logits.dtype(), [&](auto tag_) { using T = decltype(tag_);
     const T* l = logits.ptr<T>();
     const T* b = opt_ptr<T>(bias);
@@ -37,8 +38,8 @@ void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias
     int32_t* ix = idx.ptr<int32_t>();
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; ++t)
-      moe_row::route(l + t * E, E, k, router.pre_softmax, router.sigmoid, b, static_cast<T>(router.scale), ix + t * k,
-                     p + t * k, s + t * E, z + t);
+      moe_row::route(l + t * E, E, k, router.pre_softmax, router.sigmoid, b, router.num_groups, router.group_topk,
+                     static_cast<T>(router.scale), ix + t * k, p + t * k, s + t * E, z + t);
   });
 }
 

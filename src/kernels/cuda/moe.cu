@@ -24,11 +24,11 @@ namespace {
 using namespace ::mt::kernels::cuda::pointwise;
 
 template <typename T>
-__global__ void route_fwd(int64_t N, int64_t E, int64_t k, bool pre, bool sig, const T* __restrict__ b, T scale,
-                          const T* __restrict__ l, int32_t* __restrict__ ix, T* __restrict__ p, T* __restrict__ s,
-                          T* __restrict__ z) {
+__global__ void route_fwd(int64_t N, int64_t E, int64_t k, bool pre, bool sig, const T* __restrict__ b, int64_t G,
+                          int64_t gk, T scale, const T* __restrict__ l, int32_t* __restrict__ ix, T* __restrict__ p,
+                          T* __restrict__ s, T* __restrict__ z) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t < N) moe_row::route(l + t * E, E, k, pre, sig, b, scale, ix + t * k, p + t * k, s + t * E, z + t);
+  if (t < N) moe_row::route(l + t * E, E, k, pre, sig, b, G, gk, scale, ix + t * k, p + t * k, s + t * E, z + t);
 }
 
 template <typename T>
@@ -151,12 +151,14 @@ void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias
            "the logits' dtype");
   MT_CHECK(!bias.defined() || (bias.numel() == E && bias.dtype() == logits.dtype() && router.sigmoid),
            "moe_route: the expert bias must be [E] in the logits' dtype, with the sigmoid score function");
+  check_groups(router, E, k);
   check_on_gpu({&logits, &idx, &probs, &scores, &lse, &bias}, "moe_route");
   if (N == 0) return;
   float_types(logits.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
     route_fwd<T><<<::mt::cuda::blocks_for(N, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(
-        N, E, k, router.pre_softmax, router.sigmoid, opt_ptr<T>(bias), static_cast<T>(router.scale), logits.ptr<T>(),
+        N, E, k, router.pre_softmax, router.sigmoid, opt_ptr<T>(bias), router.num_groups, router.group_topk,
+        static_cast<T>(router.scale), logits.ptr<T>(),
         idx.ptr<int32_t>(), probs.ptr<T>(), scores.ptr<T>(), lse.ptr<T>());
     MT_CUDA_CHECK_LAUNCH();
   });
