@@ -1315,6 +1315,23 @@ std::vector<int64_t> GPTModel::expert_offsets(const LayerActs& a) const {
   return off;
 }
 
+namespace {
+// The received expert rows in their order (source rank major, then local
+// expert): fn(local expert, first row, end row) for each non-empty chunk;
+// recv holds the rows per (source rank, local expert) (Slot::moe_recv).
+template <typename F>
+void each_expert_chunk(const std::vector<int64_t>& recv, int64_t ep, F&& fn) {
+  const int64_t El = static_cast<int64_t>(recv.size()) / ep;
+  int64_t at = 0;
+  for (int64_t src = 0; src < ep; ++src)
+    for (int64_t e = 0; e < El; ++e) {
+      const int64_t n = recv[static_cast<size_t>(src * El + e)];
+      if (n > 0) fn(e, at, at + n);
+      at += n;
+    }
+}
+}  // namespace
+
 // The MoE MLP (Megatron's MoELayer, ETP = TP): every TP rank routes all N
 // rows of the gathered ln2 (the same choices on every rank: the router is
 // replicated) and permutes them by expert. Without expert parallelism it
@@ -1370,15 +1387,7 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
   const int64_t rows = std::accumulate(recv.begin(), recv.end(), int64_t{0});
   MT_CHECK(rows <= Rx_, fmt::format("GPTModel: layer {}'s experts received {} rows, more than the {} planned", l, rows, Rx_));
   // The local experts, each on its rows from every source rank.
-  auto each_chunk = [&](auto&& fn) {
-    int64_t at = 0;
-    for (int64_t src = 0; src < ep; ++src)
-      for (int64_t e = 0; e < El; ++e) {
-        const int64_t n = recv[static_cast<size_t>(src * El + e)];
-        if (n > 0) fn(e, at, at + n);
-        at += n;
-      }
-  };
+  auto each_chunk = [&](auto&& fn) { each_expert_chunk(recv, ep, fn); };
   each_chunk([&](int64_t e, int64_t r0, int64_t r1) { linear_fwd(a.xp.slice(r0, r1), p.exp_fc1[e], -1, a.fc1.slice(r0, r1)); });
   if (cfg_.swiglu) k::swiglu_forward(a.fc1.slice(0, rows), a.act.slice(0, rows));
   else k::gelu_forward(mlp_activation(cfg_), a.fc1.slice(0, rows), a.act.slice(0, rows));
@@ -1574,21 +1583,13 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   }
   // The experts' backward on the rows forward ran (moe_forward's exchange
   // in reverse: d(outputs) travel to the experts, d(inputs) back).
-  const int64_t ep = opt_.ep, El = E / ep;
+  const int64_t ep = opt_.ep;
   const std::vector<int64_t>& send = s.moe_send.at(static_cast<size_t>(l));
   const std::vector<int64_t>& recv = s.moe_recv.at(static_cast<size_t>(l));
   MT_CHECK(send.size() == static_cast<size_t>(ep) && recv.size() == static_cast<size_t>(E),
            "GPTModel::backward: an MoE layer's forward did not run for this slot");
   const int64_t nrecv = std::accumulate(recv.begin(), recv.end(), int64_t{0});
-  auto each_chunk = [&](auto&& fn) {
-    int64_t at = 0;
-    for (int64_t src = 0; src < ep; ++src)
-      for (int64_t e = 0; e < El; ++e) {
-        const int64_t n = recv[static_cast<size_t>(src * El + e)];
-        if (n > 0) fn(e, at, at + n);
-        at += n;
-      }
-  };
+  auto each_chunk = [&](auto&& fn) { each_expert_chunk(recv, ep, fn); };
   Tensor dyx = dy;
   if (ep > 1) {
     dyx = scratch({Rx_, h_}, mid_);
