@@ -39,7 +39,7 @@ namespace {
 // With --num-experts the MLP's rows are the chunk's k routed slots per token
 // (kFc1, kAct, kXp, kY), and the router's buffers are [chunk, E] or [chunk, k].
 enum Buf { kIds, kX, kXMid, kLn, kMean, kRstd, kQkv, kCtx, kTmp, kFc1, kAct, kQkHeads, kQkNormed, kQkMean, kQkRstd,
-           kLogits, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY, kSFc1, kSAct, kSOut, kNumBufs };
+           kLogits, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY, kSFc1, kSAct, kSOut, kKept, kNumBufs };
 int64_t model_limit(const model::GPTModel& m) {
   const ModelConfig& c = m.config();
   if (c.position_embedding == PositionEmbedding::kLearnedAbsolute) return c.max_position_embeddings;
@@ -137,6 +137,7 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   st.add("shared.fc1", {C, (c.swiglu ? 2 : 1) * S}, dt_);
   st.add("shared.act", {C, S}, dt_);
   st.add("shared.out", {S ? C : 0, h_}, dt_);
+  st.add("moe.kept", {C, c.drops_tokens() ? topk : 0}, DType::kI32);  // --moe-expert-capacity-factor
   scratch_ = Arena(st.total_bytes(), "decoder-scratch");
   buf_ = scratch_.carve(st);
   if (c.position_embedding == PositionEmbedding::kRope) {
@@ -189,6 +190,8 @@ void Decoder::qk_norm(const Layer& p, const k::QkvLayout& L, int64_t n) {
 }
 
 // The MoE MLP of GPTModel::moe_forward on the n rows of ln, into out [n, h].
+// With --moe-expert-capacity-factor the capacity counts these n rows (as
+// Megatron's inference router, which drops among the tokens of its step).
 void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out) {
   const ModelConfig& c = m_.config();
   const int64_t E = c.num_experts, K = c.moe_router_topk;
@@ -199,16 +202,24 @@ void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out
   linear(ln, p.router_w, -1, logits);
   k::moe_route(logits, model::moe_router(c), m_.expert_bias(p.layer), idx, probs,
                rows(kRScores, n), rows(kRLse, n));
-  k::moe_dispatch_map(idx, buf_[kCounts], src, pos);
-  k::moe_permute(ln, src, xp);
+  if (c.drops_tokens()) {
+    // Token dropping as Megatron's inference: over the tokens of this call.
+    const Tensor kept = rows(kKept, n);
+    k::moe_drop(idx, probs, 1, c.moe_capacity(n), c.moe_token_drop_policy == "position", kept);
+    k::moe_dispatch_map(kept, buf_[kCounts], src, pos);
+  } else {
+    k::moe_dispatch_map(idx, buf_[kCounts], src, pos);
+  }
   std::vector<int32_t> cnt(static_cast<size_t>(E));
   copy_tensor(buf_[kCounts], Tensor(cnt.data(), {E}, DType::kI32));
   std::vector<int64_t> off(static_cast<size_t>(E) + 1, 0);
   for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + cnt[static_cast<size_t>(e)];
+  const int64_t M = off[static_cast<size_t>(E)];  // the kept slots (n K without dropping)
+  k::moe_permute(ln, src.slice(0, M), xp.slice(0, M));
   for (int64_t e = 0; e < E; ++e)
     if (off[e + 1] > off[e]) linear(xp.slice(off[e], off[e + 1]), p.exp_fc1[e], -1, fc1.slice(off[e], off[e + 1]));
-  if (c.swiglu) k::swiglu_forward(fc1, act);
-  else k::gelu_forward(model::mlp_activation(c), fc1, act);
+  if (c.swiglu) k::swiglu_forward(fc1.slice(0, M), act.slice(0, M));
+  else k::gelu_forward(model::mlp_activation(c), fc1.slice(0, M), act.slice(0, M));
   for (int64_t e = 0; e < E; ++e)
     if (off[e + 1] > off[e]) linear(act.slice(off[e], off[e + 1]), p.exp_fc2[e], -1, y.slice(off[e], off[e + 1]));
   k::moe_unpermute(y, pos, probs, out);

@@ -34,15 +34,28 @@
 // token (Megatron's switch loss is linear in the scores: coeff E /
 // (k T_total^2) times the expert's global token count).
 //
+// moe_drop (token dropping: --moe-expert-capacity-factor, Megatron's
+//   apply_router_token_dropping): the N tokens form `segments` equal groups
+//   of consecutive tokens (the tokens one Megatron rank routes: a sequence-
+//   parallel shard); in each group every expert keeps at most `capacity` of
+//   the slots choosing it: those with the largest probs (ties: the earlier
+//   token), or with by_position the earliest tokens. kept [N, k] int32 =
+//   idx where kept, -1 where dropped. Megatron picks with torch.topk, whose
+//   order among equal values is unspecified; here ties are broken by token.
 // moe_dispatch_map: idx [N, k] -> counts [E] int32 (slots per expert), src
 //   [M] int32 (the token of each permuted slot) and pos [N, k] int32 (the
-//   permuted slot of each (t, j)). Deterministic.
+//   permuted slot of each (t, j)). Deterministic. An idx entry -1 (dropped
+//   by moe_drop) gets no slot: pos -1, not counted; src then holds the
+//   M' = sum(counts) kept slots first and is untouched after them.
 // moe_permute: out[p] = x[src[p]] (rows of width C; x and out one dtype).
 // moe_unpermute: out[t] = sum_j w[t,j] y[pos[t,j]], j ascending, in the
 //   compute type (fp32 for bf16 storage), w = probs, or 1 without probs (the
-//   gradient of moe_permute). y: T or bf16; out: T or bf16.
+//   gradient of moe_permute). y [M, C]: T or bf16, M <= N k rows, every
+//   pos below M; out: T or bf16. Slots with pos -1 (dropped) add nothing.
 // moe_unpermute_backward: dy[pos[t,j]] = probs[t,j] dout[t] (dy: T or bf16)
-//   and dprobs[t,j] = sum_c dout[t,c] y[pos[t,j],c] (T).
+//   and dprobs[t,j] = sum_c dout[t,c] y[pos[t,j],c] (T); a dropped slot (pos
+//   -1) gets dprobs 0 and writes no dy row (Megatron multiplies the dropped
+//   probabilities by 0).
 
 #include "kernels/dispatch.h"
 
@@ -65,6 +78,8 @@ struct MoeRouter {
   X(void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& probs, const Tensor& scores,   \
                             const Tensor& lse, const Tensor& aux, double z, const MoeRouter& router,            \
                             const Tensor& logits, const Tensor& dlogits))                                        \
+  X(void moe_drop(const Tensor& idx, const Tensor& probs, int64_t segments, int64_t capacity, bool by_position,   \
+                  const Tensor& kept))                                                                           \
   X(void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos))        \
   X(void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out))                                     \
   X(void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, const Tensor& out))              \
@@ -101,6 +116,10 @@ inline void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Te
                                const Tensor& lse, const Tensor& aux, double z, const MoeRouter& router,
                                const Tensor& logits, const Tensor& dlogits) {
   MT_DISPATCH(moe_route_backward, dlogits.device(), dprobs, idx, probs, scores, lse, aux, z, router, logits, dlogits);
+}
+inline void moe_drop(const Tensor& idx, const Tensor& probs, int64_t segments, int64_t capacity, bool by_position,
+                     const Tensor& kept) {
+  MT_DISPATCH(moe_drop, kept.device(), idx, probs, segments, capacity, by_position, kept);
 }
 inline void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos) {
   MT_DISPATCH(moe_dispatch_map, idx.device(), idx, counts, src, pos);

@@ -179,4 +179,16 @@ MT_HOST_DEVICE inline void route_backward(const T* dp, const int32_t* it, const 
   }
 }
 
+// moe_drop's order among the slots of one expert in one segment: whether
+// slot (prob pj, token tj) comes before slot (pi, ti): the larger prob
+// first, the earlier token on ties (a NaN prob last); by_position: the
+// earlier token. A strict weak order (std::nth_element needs one).
+template <typename T>
+MT_HOST_DEVICE inline bool drop_before(T pj, int64_t tj, T pi, int64_t ti, bool by_position) {
+  if (by_position) return tj < ti;
+  const bool nj = pj != pj, ni = pi != pi;
+  if (nj || ni) return nj == ni ? tj < ti : ni;
+  return pj > pi || (pj == pi && tj < ti);
+}
+
 }  // namespace mt::kernels::moe_row

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +13,13 @@ int64_t ModelConfig::ffn() const {
   if (ffn_hidden_size) return *ffn_hidden_size;
   if (swiglu) return (hidden_size * 8 / 3 / 64) * 64;  // int((4h * 2/3) / 64) * 64
   return 4 * hidden_size;
+}
+
+int64_t ModelConfig::moe_capacity(int64_t tokens) const {
+  // Python's math.ceil((tokens k / E) * factor), the same double operations.
+  const double c = std::ceil(static_cast<double>(tokens * moe_router_topk) / static_cast<double>(num_experts) *
+                             moe_expert_capacity_factor.value_or(0.0));
+  return c >= 9.2e18 ? INT64_MAX : static_cast<int64_t>(c);
 }
 
 int64_t ModelConfig::head_dim() const {
@@ -148,6 +157,15 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
             "group-limited routing: each token chooses its experts among this many groups, those whose top "
             "(topk / group-topk) scores sum highest",
             0, 32);
+  f.add_double("moe-expert-capacity-factor", &c.moe_expert_capacity_factor,
+               "token dropping: each expert takes at most ceil(tokens x topk / experts x factor) of the tokens "
+               "one rank routes per micro-batch, the rest of its slots dropped by --moe-token-drop-policy "
+               "(negative or unset: dropless)",
+               -1e6, 1e6);
+  f.add_string("moe-token-drop-policy", &c.moe_token_drop_policy,
+               "with --moe-expert-capacity-factor: probs drops an expert's lowest routing probabilities, position "
+               "its latest tokens",
+               {"probs", "position"});
   f.add_string("moe-router-load-balancing-type", &c.moe_router_load_balancing_type,
                "aux_loss: the switch load-balancing loss of --moe-aux-loss-coeff; none: no load-balancing loss",
                {"aux_loss", "none"});

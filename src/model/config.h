@@ -97,6 +97,15 @@ struct ModelConfig {
   // (DeepSeek's device- or node-limited routing; 0: none; the groups alone
   // change nothing, as in Megatron).
   int64_t moe_router_num_groups = 0, moe_router_group_topk = 0;
+  // --moe-expert-capacity-factor (token dropping; unset or negative:
+  // dropless, as Megatron): of the T tokens one rank routes (its sequence-
+  // parallel shard of a micro-batch), each expert takes at most
+  // moe_capacity(T) = ceil(T k / E x factor); the slots beyond are dropped
+  // (the token goes on without that expert) by --moe-token-drop-policy:
+  // probs drops the lowest routing probabilities, position the latest
+  // tokens. The load-balancing loss still counts every top-k choice.
+  std::optional<double> moe_expert_capacity_factor;
+  std::string moe_token_drop_policy = "probs";
 
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;
@@ -111,6 +120,9 @@ struct ModelConfig {
   bool sigmoid_router() const { return moe_router_score_function == "sigmoid"; }
   bool has_expert_bias() const { return is_moe() && moe_router_enable_expert_bias; }
   bool group_limited() const { return is_moe() && moe_router_group_topk > 0; }
+  bool drops_tokens() const { return is_moe() && moe_expert_capacity_factor && *moe_expert_capacity_factor >= 0; }
+  // Megatron's get_capacity(tokens x k, E, factor): ceil(tokens k / E x factor).
+  int64_t moe_capacity(int64_t tokens) const;
   // Megatron's padded vocabulary: ceil(V / (m*tp)) * (m*tp).
   int64_t padded_vocab(int64_t tp) const;
   bool has_architecture() const { return num_layers && hidden_size && num_attention_heads; }

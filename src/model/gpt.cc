@@ -117,7 +117,14 @@ struct Dims {
   // rank's experts can receive: each of the EP ranks sends each of its N
   // tokens to at most min(k, E / EP) of them (k distinct choices), so Rx =
   // EP N min(k, E / EP), the dropless worst case (R when EP = 1).
+  // --moe-expert-capacity-factor: the router's rows form `segs` segments
+  // (the TP ranks' sequence shards, as each Megatron rank routes its own)
+  // and each expert keeps at most `cap` slots per segment, so at most
+  // `kept` = min(R, E segs cap) slots leave a rank's router and Rx is at
+  // most E segs cap as well (EP sources x E/EP experts x segs x cap).
   int64_t ep = 1, Rx = 0;
+  int64_t segs = 1, cap = 0, kept = 0;
+  bool drops = false;
   // The shared expert: this TP rank's columns S (0: none), its fc1 width.
   int64_t S = 0, sfc1 = 0;
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
@@ -389,6 +396,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
         errs.push_back(fmt::format("--moe-shared-expert-intermediate-size {} is not divisible by "
                                    "--tensor-model-parallel-size {}",
                                    cfg.moe_shared_expert_intermediate_size, opt.tp));
+      if (opt.moe_capacity_segments < 0 ||
+          (opt.moe_capacity_segments > 0 && (opt.micro_batch * T) % opt.moe_capacity_segments))
+        errs.push_back(fmt::format("GPTOptions::moe_capacity_segments {} does not divide the {} rows of a micro-batch",
+                                   opt.moe_capacity_segments, opt.micro_batch * T));
       if (opt.tp > 1 && cfg.moe_ffn() % opt.tp)
         errs.push_back(fmt::format("--moe-ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}",
                                    cfg.moe_ffn(), opt.tp));
@@ -475,6 +486,13 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     d.S = cfg.moe_shared_expert_intermediate_size / tp, d.sfc1 = (cfg.swiglu ? 2 : 1) * d.S;
   }
   d.Rx = d.ep > 1 ? d.ep * N * std::min(d.topk, d.E / d.ep) : d.R;
+  d.kept = d.R;
+  if (cfg.drops_tokens()) {
+    d.drops = true, d.segs = opt.moe_capacity_segments > 0 ? opt.moe_capacity_segments : N / Ns;
+    d.cap = cfg.moe_capacity(N / d.segs);
+    const int64_t bound = d.cap > d.R ? d.R : std::min(d.R, d.E * d.segs * d.cap);
+    d.kept = bound, d.Rx = std::min(d.Rx, bound);
+  }
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
   t.chunks = chunks;
@@ -618,7 +636,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
       d.ep > 1 ? std::max(abytes(d.E, DType::kI32) + abytes(d.R * h, d.ln), abytes(d.Rx * h, dt)) : 0;
   // The shared expert's output [N, h] beside the combined routed outputs.
   const size_t shared_fwd = d.S ? abytes(N * h, dt) : 0;
-  const size_t moe_fwd = d.moe ? std::max({abytes(N * d.E, dt), ep_fwd, full + shared_fwd}) : 0;
+  // With token dropping the kept choices [N, k] int32 beside the logits.
+  const size_t route_fwd = abytes(N * d.E, dt) + (d.drops ? abytes(N * d.topk, DType::kI32) : 0);
+  const size_t moe_fwd = d.moe ? std::max({route_fwd, ep_fwd, full + shared_fwd}) : 0;
   const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});  // tmp (+ ctx, lse) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});
   // Backward's transients after the layer's own buffers: each linear's
@@ -717,7 +737,7 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
       }
   }
   if (d.moe && d.ep > 1) {
-    const double slots = static_cast<double>(d.R * d.h);
+    const double slots = static_cast<double>(d.kept * d.h);  // every slot the router keeps (all: dropless)
     const double fwd = static_cast<double>(4 * d.E) + slots * static_cast<double>(dtype_size(d.ln) + dtype_size(d.dt));
     const double bwd = 2 * slots * static_cast<double>(dtype_size(d.mid));
     for (size_t k = 0; k < t->groups.size(); ++k)
@@ -790,6 +810,7 @@ Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const
 GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : cfg_(cfg), opt_(opt) {
   const Dims& d = t.dims;
   B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1, R_ = d.R, Rx_ = d.Rx;
+  drops_ = d.drops, segs_ = d.segs, cap_ = d.cap;
   Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
   Tg_ = d.Tg;
   {
@@ -1354,9 +1375,18 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
     linear_fwd(a.ln2, p.router_w, -1, logits);
     k::moe_route(logits, moe_router(cfg_), expert_bias_[static_cast<size_t>(l)], a.r_idx, a.r_probs, a.r_scores,
                  a.r_lse);
+    if (drops_) {
+      // Token dropping: each TP rank's sequence shard is one segment (the
+      // tokens a Megatron rank routes), each expert keeping cap_ slots of it.
+      const Tensor kept = scratch({N_, cfg_.moe_router_topk}, DType::kI32);
+      k::moe_drop(a.r_idx, a.r_probs, segs_, cap_, cfg_.moe_token_drop_policy == "position", kept);
+      k::moe_dispatch_map(kept, a.counts, a.src, a.pos);
+    } else {
+      k::moe_dispatch_map(a.r_idx, a.counts, a.src, a.pos);
+    }
   }
-  k::moe_dispatch_map(a.r_idx, a.counts, a.src, a.pos);
   const std::vector<int64_t> off = expert_offsets(a);
+  const int64_t kept = off[static_cast<size_t>(E)];  // slots leaving the router (N k without dropping)
   if (s.training && cfg_.has_expert_bias()) {  // this rank's tokens per expert, for the bias update
     std::vector<double>& c = s.moe_routed[static_cast<size_t>(l)];
     c.assign(static_cast<size_t>(E), 0.0);
@@ -1369,7 +1399,7 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
   if (ep == 1) {
     recv.resize(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) recv[static_cast<size_t>(e)] = off[e + 1] - off[e];
-    k::moe_permute(a.ln2, a.src, a.xp);
+    k::moe_permute(a.ln2, a.src.slice(0, kept), a.xp.slice(0, kept));
   } else {
     // Every EP rank learns how many of its experts' rows come from each
     // rank (block r of the counts holds rank r's experts), then the slots
@@ -1380,8 +1410,8 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
     std::vector<int32_t> c(static_cast<size_t>(E));
     copy_tensor(got, Tensor(c.data(), {E}, DType::kI32));
     recv.assign(c.begin(), c.end());
-    const Tensor xs = scratch({R_, h_}, a.xp.dtype());
-    k::moe_permute(a.ln2, a.src, xs);
+    const Tensor xs = scratch({kept, h_}, a.xp.dtype());
+    k::moe_permute(a.ln2, a.src.slice(0, kept), xs);
     opt_.ep_comm->all_to_all_v(xs, rows_to_elements(send), a.xp, rows_to_elements(source_rows(recv)));
   }
   const int64_t rows = std::accumulate(recv.begin(), recv.end(), int64_t{0});
@@ -1528,6 +1558,13 @@ void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<in
         taken[static_cast<size_t>(best)] = 1, counts[static_cast<size_t>(best)] += 1;
       }
     }
+  } else if (drops_ && lb) {
+    // The same with token dropping: every top-k choice counts, dropped or not
+    // (the router's own choices: without bias or groups, the plain top k).
+    std::vector<int32_t> idx(static_cast<size_t>(a.r_idx.numel()));
+    copy_tensor(a.r_idx, Tensor(idx.data(), {a.r_idx.numel()}, DType::kI32));
+    std::fill(counts.begin(), counts.end(), 0.0);
+    for (int32_t e : idx) counts[static_cast<size_t>(e)] += 1;
   }
   {
     ArenaScope scope(scratch_);

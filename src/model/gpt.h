@@ -204,6 +204,12 @@ struct GPTOptions {
   int64_t ep_rank = 0;
   comm::Communicator* ep_comm = nullptr;  // required when ep > 1 (not owned)
   int64_t expert_flat_multiple = 1;
+  // Token dropping (--moe-expert-capacity-factor): the micro-batch's rows
+  // form this many groups of consecutive rows, each routed with its own
+  // expert capacity. 0: as Megatron, where every rank routes its own tokens:
+  // one group per TP rank's sequence shard (TP with SP), else one. Tests
+  // set it to make one rank drop as a TP layout does.
+  int64_t moe_capacity_segments = 0;
 };
 
 // The residual stream's dtype under these options (GPTModel::residual_dtype()):
@@ -526,6 +532,8 @@ class GPTModel {
   Tensor expert_bias_counts_;                        // [held MoE layers, E]: the update's all-reduce buffer
   std::vector<std::vector<double>> bias_counts_;     // per global layer: tokens per expert since the update
   int64_t Rx_ = 0;  // --num-experts: the rows this rank's experts can receive (R_ without expert parallelism)
+  bool drops_ = false;  // --moe-expert-capacity-factor: each expert keeps cap_ slots per sequence shard
+  int64_t segs_ = 1, cap_ = 0;
   int64_t R_ = 0;  // the MLP's rows: N, or N k routed slots with --num-experts (fc1_, F_ the expert's)
   double moe_loss_scale_ = 1;
   std::optional<double> moe_loss_scale_override_;

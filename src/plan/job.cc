@@ -188,13 +188,10 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"use-torch-fsdp2", false, "no FSDP",
        "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and Adam state over DP"},
       // Mixture-of-experts features beyond the dropless top-k softmax router.
-      {"moe-expert-capacity-factor", true, "no token dropping",
-       "token dropping (expert capacity) is not implemented: every token reaches its top-k experts (dropless, "
-       "Megatron's default); drop the flag"},
-      {"moe-pad-expert-input-to-capacity", false, "no token dropping",
-       "expert capacity is not implemented (dropless routing); drop the flag"},
-      {"moe-token-drop-policy", true, "no token dropping",
-       "expert capacity is not implemented (dropless routing); drop the flag"},
+      {"moe-pad-expert-input-to-capacity", false, "no padding to the expert capacity",
+       "padding each expert's input to its capacity (Megatron's static shapes for CUDA graphs) is not "
+       "implemented: with --moe-expert-capacity-factor the experts run on the kept tokens only, which gives the "
+       "same losses and gradients (the padding rows have routing probability 0); drop the flag"},
       {"moe-input-jitter-eps", true, "no router input jitter",
        "router input jitter is not implemented; drop the flag"},
       {"moe-per-layer-logging", false, "no per-layer router logs",

@@ -109,7 +109,10 @@ double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l) {
   if (!m.is_moe()) {
     bytes += s.e * s.tok * (s.gate + 1) * s.F / s.t;      // fc1 output, activation output
   } else {
-    const double routed = s.tok * m.moe_router_topk;      // tokens this rank's experts see, on average
+    double routed = s.tok * m.moe_router_topk;            // tokens this rank's experts see, on average
+    if (m.drops_tokens())  // --moe-expert-capacity-factor: at most E x capacity per routed shard
+      routed = std::min(routed, s.sp * static_cast<double>(m.num_experts) *
+                                    static_cast<double>(m.moe_capacity(static_cast<int64_t>(s.tok / s.sp))));
     const double etp = l.etp;
     bytes += 4 * s.tok * m.num_experts;                   // router probabilities (fp32)
     bytes += s.e * routed * s.h;                          // dispatched expert input

@@ -546,7 +546,14 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   std::fprintf(out, "training %s: %lld parameters, %s on %d rank%s%s%s%s, micro-batch %lld x %lld "
                     "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %s\n",
                (std::string(mc.swiglu ? "a LLaMA-style GPT" : "a GPT") +
-                (mc.is_moe() ? fmt::format(" with {} experts per layer (top {}{})", mc.num_experts, mc.moe_router_topk,
+                (mc.is_moe() ? fmt::format(" with {} experts per layer (top {}{}{})", mc.num_experts, mc.moe_router_topk,
+                                           mc.drops_tokens()
+                                               ? fmt::format(", capacity factor {}: each expert keeps {} of the {} "
+                                                             "tokens a rank routes, dropping by {}",
+                                                             *mc.moe_expert_capacity_factor,
+                                                             mc.moe_capacity(mbs * seq / cp / (sp ? tp : 1)),
+                                                             mbs * seq / cp / (sp ? tp : 1), mc.moe_token_drop_policy)
+                                               : std::string(),
                                            mc.has_shared_expert()
                                                ? fmt::format(", and a shared expert of width {}",
                                                              mc.moe_shared_expert_intermediate_size)

@@ -203,6 +203,43 @@ INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
                                            Case{"shared_expert", shared_style}, Case{"sigmoid", sigmoid_style}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// Token dropping (--moe-expert-capacity-factor) counts the tokens of each
+// call, as Megatron's inference router does: a prefill of a whole sequence
+// drops as the model's forward of that one sequence (B = 1), and differs
+// from the dropless model's.
+TEST(Decoder, TokenDroppingOverTheCallsTokens) {
+  for (const char* policy : {"probs", "position"}) {
+    ModelConfig cfg = mixtral_style();
+    cfg.moe_expert_capacity_factor = 0.5, cfg.moe_token_drop_policy = policy;
+    model::GPTOptions opt;
+    opt.micro_batch = 1;
+    auto m = model::GPTModel::create(cfg, opt);
+    ASSERT_TRUE(m.is_ok()) << m.status().message();
+    (*m)->init_parameters(42);
+    const int64_t Tn = cfg.seq_length, V = (*m)->vocab();
+    std::mt19937 g(3);
+    std::vector<int32_t> seq(static_cast<size_t>(Tn)), lab(seq.size(), 0);
+    for (auto& t : seq) t = static_cast<int32_t>(g() % *cfg.vocab_size);
+    (*m)->forward(0, Tensor(seq.data(), {1, Tn}, DType::kI32), Tensor(lab.data(), {1, Tn}, DType::kI32), 0, false);
+    const float* ref = (*m)->logits(0).ptr<float>();
+    auto dec = Decoder::create(**m);
+    ASSERT_TRUE(dec.is_ok());
+    std::vector<float> all(static_cast<size_t>(Tn * V));
+    ASSERT_TRUE((*dec)->append(seq, Tensor(all.data(), {Tn, V}, DType::kF32)).is_ok());
+    EXPECT_LT(row_rel_err(all.data(), ref, Tn * V), 1e-5) << policy;
+    ModelConfig dropless = cfg;
+    dropless.moe_expert_capacity_factor.reset();
+    auto d = model::GPTModel::create(dropless, opt);
+    ASSERT_TRUE(d.is_ok());
+    (*d)->init_parameters(42);
+    auto ddec = Decoder::create(**d);
+    ASSERT_TRUE(ddec.is_ok());
+    std::vector<float> free(all.size());
+    ASSERT_TRUE((*ddec)->append(seq, Tensor(free.data(), {Tn, V}, DType::kF32)).is_ok());
+    EXPECT_GT(row_rel_err(free.data(), all.data(), Tn * V), 1e-3) << policy << ": nothing was dropped";
+  }
+}
+
 TEST(Decoder, ParametersOnlyModelAndErrors) {
   ModelConfig cfg = gpt2_style();
   model::GPTOptions opt;

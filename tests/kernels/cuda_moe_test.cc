@@ -104,6 +104,62 @@ void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double to
   }
 }
 
+// Token dropping: the kept choices exactly, then the map, combination and
+// its gradient with dropped slots (pos -1), against the CPU twins.
+template <typename T>
+void drop_case(int64_t N, int64_t E, int64_t topk, int64_t segments, int64_t capacity, bool by_position, bool ties) {
+  SCOPED_TRACE(::testing::Message() << "N " << N << " E " << E << " k " << topk << " segments " << segments
+                                    << " capacity " << capacity << " position " << by_position << " ties " << ties);
+  const int64_t C = 9;
+  const DType dt = dtype_of<T>();
+  Arena g = gpu_arena();
+  std::vector<T> logits = normal<T>(static_cast<size_t>(N * E), 11, 2.0), y = normal<T>(static_cast<size_t>(N * topk * C), 12),
+                 dout = normal<T>(static_cast<size_t>(N * C), 13);
+  std::vector<int32_t> idx(static_cast<size_t>(N * topk)), kept(idx.size()), counts(static_cast<size_t>(E)),
+      src(idx.size(), -7), pos(idx.size());
+  std::vector<T> probs(idx.size()), scores(static_cast<size_t>(N * E)), lse(static_cast<size_t>(N)),
+      out(static_cast<size_t>(N * C)), dy(y.size(), T(0)), dw(idx.size());
+  const Tensor ti(idx.data(), {N, topk}, DType::kI32), tp(probs.data(), {N, topk}, dt),
+      tk(kept.data(), {N, topk}, DType::kI32), tpos(pos.data(), {N, topk}, DType::kI32);
+  k::moe_route(Tensor(logits.data(), {N, E}, dt), k::MoeRouter{}, Tensor(), ti, tp, Tensor(scores.data(), {N, E}, dt),
+               Tensor(lse.data(), {N}, dt));
+  if (ties)
+    for (T& p : probs) p = static_cast<T>(static_cast<int>(p * 8) / 8.0);
+  k::moe_drop(ti, tp, segments, capacity, by_position, tk);
+  k::moe_dispatch_map(tk, Tensor(counts.data(), {E}, DType::kI32), Tensor(src.data(), {N * topk}, DType::kI32), tpos);
+  k::moe_unpermute(Tensor(y.data(), {N * topk, C}, dt), tpos, tp, Tensor(out.data(), {N, C}, dt));
+  k::moe_unpermute_backward(Tensor(dout.data(), {N, C}, dt), Tensor(y.data(), {N * topk, C}, dt), tpos, tp,
+                            Tensor(dy.data(), {N * topk, C}, dt), Tensor(dw.data(), {N, topk}, dt));
+  const Tensor gi = to_device(g, ti), gp = to_device(g, tp), gk = g.alloc({N, topk}, DType::kI32),
+               gc = g.alloc({E}, DType::kI32), gsrc = to_device(g, Tensor(std::vector<int32_t>(idx.size(), -7).data(),
+                                                                          {N * topk}, DType::kI32)),
+               gpos = g.alloc({N, topk}, DType::kI32), gout = g.alloc({N, C}, dt),
+               gdy = to_device(g, Tensor(std::vector<T>(y.size(), T(0)).data(), {N * topk, C}, dt)),
+               gdw = g.alloc({N, topk}, dt);
+  k::moe_drop(gi, gp, segments, capacity, by_position, gk);
+  ASSERT_EQ(to_host<int32_t>(gk), kept);
+  k::moe_dispatch_map(gk, gc, gsrc, gpos);
+  EXPECT_EQ(to_host<int32_t>(gc), counts);
+  EXPECT_EQ(to_host<int32_t>(gsrc), src);
+  EXPECT_EQ(to_host<int32_t>(gpos), pos);
+  const Tensor gy = to_device(g, Tensor(y.data(), {N * topk, C}, dt));
+  k::moe_unpermute(gy, gpos, gp, gout);
+  const double tol = std::is_same_v<T, float> ? 2e-6 : 1e-13;
+  test::expect_close(to_host<T>(gout), out, tol, tol, "out");
+  k::moe_unpermute_backward(to_device(g, Tensor(dout.data(), {N, C}, dt)), gy, gpos, gp, gdy, gdw);
+  EXPECT_EQ(to_host<T>(gdy), dy);
+  test::expect_close(to_host<T>(gdw), dw, tol, tol * C, "dprobs");
+}
+
+TEST(CudaTwin, MoeTokenDroppingMatchesCpu) {
+  MT_REQUIRE_GPU();
+  drop_case<float>(40, 4, 2, 1, 7, false, false);
+  drop_case<float>(40, 4, 2, 2, 3, true, false);
+  drop_case<double>(36, 6, 3, 3, 2, false, true);  // ties broken by the earlier token
+  drop_case<double>(36, 6, 3, 1, 0, false, false);  // everything dropped
+  drop_case<float>(300, 8, 2, 2, 20, false, false);
+}
+
 TEST(CudaTwin, MoeRoutingAndPermutationMatchCpu) {
   MT_REQUIRE_GPU();
   moe_case<float>(37, 8, 2, 40, false, 2e-6);

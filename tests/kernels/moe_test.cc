@@ -272,6 +272,134 @@ TEST(MoeKernels, DispatchPermuteAndCombineFollowTheirDefinitions) {
   test::expect_fd_grad(w, loss, dw.v, "d probs", 1e-5, 1e-9);
 }
 
+// Token dropping (--moe-expert-capacity-factor) against its definition,
+// Megatron's apply_router_token_dropping written as a sort: in each segment
+// of consecutive tokens each expert keeps the `capacity` slots first in a
+// stable sort by descending probability (position: by token), the rest -1.
+std::vector<int32_t> drop_reference(const std::vector<int32_t>& idx, const std::vector<double>& probs, int64_t N,
+                                    int64_t k, int64_t segments, int64_t capacity, bool by_position) {
+  std::vector<int32_t> kept = idx;
+  const int64_t Ns = N / segments;
+  for (int64_t s = 0; s < segments; ++s) {
+    int32_t E = 0;
+    for (int64_t i = s * Ns * k; i < (s + 1) * Ns * k; ++i) E = std::max(E, idx[static_cast<size_t>(i)] + 1);
+    for (int32_t e = 0; e < E; ++e) {
+      std::vector<int64_t> slots;
+      for (int64_t i = s * Ns * k; i < (s + 1) * Ns * k; ++i)
+        if (idx[static_cast<size_t>(i)] == e) slots.push_back(i);
+      if (!by_position)
+        std::stable_sort(slots.begin(), slots.end(),
+                         [&](int64_t a, int64_t b) { return probs[static_cast<size_t>(a)] > probs[static_cast<size_t>(b)]; });
+      for (size_t r = static_cast<size_t>(capacity); r < slots.size(); ++r) kept[static_cast<size_t>(slots[r])] = -1;
+    }
+  }
+  return kept;
+}
+
+TEST(MoeKernels, TokenDroppingKeepsEachExpertsCapacityPerSegment) {
+  const int64_t N = 24, E = 4, topk = 2;
+  std::vector<double> logits(static_cast<size_t>(N * E));
+  fill_normal(logits, 41, 2.0);
+  Route r = route(logits, N, E, topk, false, 1.0);
+  // Probabilities rounded to tenths: many ties, broken by the earlier token.
+  std::vector<double> tied = r.probs.v;
+  for (double& p : tied) p = std::round(p * 10) / 10;
+  int dropped_somewhere = 0;
+  for (const std::vector<double>* probs : {&r.probs.v, &tied})
+    for (int64_t segments : {1, 2, 3})
+      for (int64_t capacity : {0, 1, 3, 5, 100})
+        for (bool by_position : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "segments " << segments << " capacity " << capacity << " position "
+                                            << by_position << " tied " << (probs == &tied));
+          Buf<int32_t> kept({N, topk});
+          std::vector<double> p = *probs;
+          k::moe_drop(r.idx.t(), Tensor(p.data(), {N, topk}, DType::kF64), segments, capacity, by_position, kept.t());
+          const std::vector<int32_t> want = drop_reference(r.idx.v, p, N, topk, segments, capacity, by_position);
+          ASSERT_EQ(kept.v, want);
+          const int64_t n = std::count(want.begin(), want.end(), -1);
+          if (capacity == 100) {
+            EXPECT_EQ(n, 0);
+          }
+          if (capacity == 0) {
+            EXPECT_EQ(n, N * topk);
+          }
+          dropped_somewhere += n > 0 && n < N * topk;
+        }
+  EXPECT_GT(dropped_somewhere, 0);
+  // The two policies keep different slots here (else the flag would be untested).
+  Buf<int32_t> a({N, topk}), b({N, topk});
+  k::moe_drop(r.idx.t(), r.probs.t(), 1, 4, false, a.t());
+  k::moe_drop(r.idx.t(), r.probs.t(), 1, 4, true, b.t());
+  EXPECT_NE(a.v, b.v);
+}
+
+TEST(MoeKernels, DroppedSlotsGetNoRowAndNoGradient) {
+  const int64_t N = 13, E = 4, topk = 2, C = 5;
+  std::vector<double> logits(static_cast<size_t>(N * E));
+  fill_normal(logits, 51, 2.0);
+  Route r = route(logits, N, E, topk, false, 1.0);
+  Buf<int32_t> kept({N, topk}), counts({E}), src({N * topk}), pos({N, topk});
+  k::moe_drop(r.idx.t(), r.probs.t(), 1, 3, false, kept.t());
+  for (int32_t& v : src.v) v = 777;  // after the kept slots src stays as it was
+  k::moe_dispatch_map(kept.t(), counts.t(), src.t(), pos.t());
+  int64_t M = 0, p = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    M += counts[static_cast<size_t>(e)];
+    EXPECT_LE(counts[static_cast<size_t>(e)], 3);
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < topk; ++j)
+        if (kept[static_cast<size_t>(t * topk + j)] == e) {
+          EXPECT_EQ(pos[static_cast<size_t>(t * topk + j)], p);
+          EXPECT_EQ(src[static_cast<size_t>(p)], t);
+          ++p;
+        }
+  }
+  ASSERT_EQ(p, M);
+  ASSERT_LT(M, N * topk);
+  for (int64_t i = 0; i < N * topk; ++i) {
+    EXPECT_EQ(pos[static_cast<size_t>(i)] < 0, kept[static_cast<size_t>(i)] < 0);
+    if (i >= M) {
+      EXPECT_EQ(src[static_cast<size_t>(i)], 777);
+    }
+  }
+  // out[t] = sum over the kept j of w y[pos]; the gradient against finite
+  // differences (dropped probabilities get 0, as Megatron's probs x mask).
+  Buf<double> y({N * topk, C}), g({N, C});
+  fill_normal(y.v, 52);
+  fill_normal(g.v, 53);
+  std::vector<double> w = r.probs.v;
+  auto combined = [&]() {
+    Buf<double> out({N, C});
+    k::moe_unpermute(y.t(), pos.t(), Tensor(w.data(), {N, topk}, DType::kF64), out.t());
+    return out;
+  };
+  Buf<double> out = combined();
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      double want = 0;
+      for (int64_t j = 0; j < topk; ++j) {
+        const int32_t q = pos[static_cast<size_t>(t * topk + j)];
+        if (q >= 0) want += w[static_cast<size_t>(t * topk + j)] * y[static_cast<size_t>(q * C + c)];
+      }
+      EXPECT_NEAR(out[static_cast<size_t>(t * C + c)], want, 1e-14);
+    }
+  Buf<double> dy({N * topk, C}), dw({N, topk});
+  for (double& v : dy.v) v = 12345;
+  k::moe_unpermute_backward(g.t(), y.t(), pos.t(), Tensor(w.data(), {N, topk}, DType::kF64), dy.t(), dw.t());
+  for (int64_t q = M; q < N * topk; ++q)  // rows past M: untouched; their gradient is 0
+    for (int64_t c = 0; c < C; ++c) {
+      EXPECT_EQ(dy[static_cast<size_t>(q * C + c)], 12345);
+      dy[static_cast<size_t>(q * C + c)] = 0;
+    }
+  for (int64_t i = 0; i < N * topk; ++i)
+    if (pos[static_cast<size_t>(i)] < 0) {
+      EXPECT_EQ(dw[static_cast<size_t>(i)], 0.0);
+    }
+  auto loss = [&]() { return test::dot(combined().v, g.v); };
+  test::expect_fd_grad(y.v, loss, dy.v, "d y", 1e-5, 1e-9);
+  test::expect_fd_grad(w, loss, dw.v, "d probs", 1e-5, 1e-9);
+}
+
 TEST(MoeKernels, Bf16StorageRoundsOnceAsStored) {
   const int64_t N = 4, topk = 2, C = 5;
   Buf<int32_t> pos({N, topk});

@@ -159,6 +159,12 @@ TEST(CudaModel, MoeForwardBackwardMatchesCpu) {
   g.add_bias_linear = false, g.num_experts = 3, g.moe_router_topk = 1, g.moe_router_pre_softmax = true;
   g.moe_aux_loss_coeff = 0.1, g.hidden_dropout = 0, g.attention_dropout = 0;
   compare(g, false, false, "GPT MoE top-1 fp32");
+  // Token dropping: the kept choices (moe_drop) and the map with dropped slots.
+  ModelConfig c = x;
+  c.moe_expert_capacity_factor = 0.6;
+  compare(c, false, false, "Mixtral-style capacity 0.6 fp32");
+  c.moe_token_drop_policy = "position";
+  compare(c, true, false, "Mixtral-style capacity 0.6 by position bf16");
 }
 
 }  // namespace

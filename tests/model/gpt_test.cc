@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "core/device.h"
 #include "core/safetensors.h"
 #include "model/gpt.h"
 
@@ -133,6 +134,27 @@ ModelConfig grouped_sigmoid_style() {
   return c;
 }
 
+// Token dropping (--moe-expert-capacity-factor): the mixtral's experts each
+// taking ceil(tokens x 2 / 4 x 0.6) of the micro-batch's tokens, the lowest
+// probabilities dropped; the top-1 GPT MoE dropping its latest tokens in two
+// segments (as each rank of a TP2+SP layout routes its own shard); the
+// sigmoid router with its bias dropping (the loss still counts every choice).
+ModelConfig capacity_style() {
+  ModelConfig c = mixtral_style();
+  c.moe_expert_capacity_factor = 0.6;
+  return c;
+}
+ModelConfig capacity_position_style() {
+  ModelConfig c = moe_gpt_style();
+  c.moe_expert_capacity_factor = 0.8, c.moe_token_drop_policy = "position";
+  return c;
+}
+ModelConfig capacity_sigmoid_style() {
+  ModelConfig c = sigmoid_style();
+  c.moe_expert_capacity_factor = 0.7;
+  return c;
+}
+
 // moegpt with a shared expert of width 20 beside its routed ones (GELU).
 ModelConfig moe_shared_style() {
   ModelConfig c = moe_gpt_style();
@@ -140,8 +162,10 @@ ModelConfig moe_shared_style() {
   return c;
 }
 
-nlohmann::json config_json(const ModelConfig& c) {
-  return {{"num_layers", c.num_layers}, {"hidden_size", c.hidden_size}, {"num_attention_heads", c.num_attention_heads},
+nlohmann::json config_json(const ModelConfig& c, int64_t capacity_segments = 1) {
+  return {{"moe_expert_capacity_factor", c.drops_tokens() ? nlohmann::json(*c.moe_expert_capacity_factor) : nlohmann::json()},
+          {"moe_token_drop_policy", c.moe_token_drop_policy}, {"moe_capacity_segments", capacity_segments},
+          {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size}, {"num_attention_heads", c.num_attention_heads},
           {"num_query_groups", c.query_groups()}, {"kv_channels", c.head_dim()},
           {"normalization", normalization_name(c.normalization)}, {"norm_epsilon", c.norm_epsilon},
           {"position_embedding_type", position_embedding_name(c.position_embedding)}, {"rotary_base", c.rotary_base},
@@ -196,9 +220,13 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "sigmoid" ? sigmoid_style()
                     : which == "grouped" ? grouped_style()
                     : which == "grouped_sigmoid" ? grouped_sigmoid_style()
+                    : which == "capacity" ? capacity_style()
+                    : which == "capacity_position" ? capacity_position_style()
+                    : which == "capacity_sigmoid" ? capacity_sigmoid_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
+  if (which == "capacity_position") opt.moe_capacity_segments = 2;
   auto created = GPTModel::create(cfg, opt);
   ASSERT_TRUE(created.is_ok()) << created.status().message();
   GPTModel& m = **created;
@@ -258,7 +286,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   for (const auto& [name, b] : m.expert_bias_tensors()) ts.push_back({name, b});
   ts.push_back({"tokens", tt});
   ts.push_back({"labels", lt});
-  ASSERT_TRUE(write_safetensors(in, ts, {{"config", config_json(cfg).dump()}}).is_ok());
+  ASSERT_TRUE(write_safetensors(in, ts, {{"config", config_json(cfg, std::max<int64_t>(1, opt.moe_capacity_segments)).dump()}}).is_ok());
   const std::string cmd = "/usr/bin/python3 " + std::string(MT_SOURCE_DIR) + "/tests/model/reference_gpt.py " + in + " " + out;
   int rc = std::system(cmd.c_str());
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (apt install python3-torch)";
@@ -281,12 +309,23 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
     ASSERT_TRUE(g.is_ok()) << g.status().message();
     EXPECT_LT(rel_err<float>(m.grads()[i], *g), 1e-5) << m.specs()[i].name;
   }
+  if (cfg.drops_tokens()) {  // the same model without dropping gives other logits: tokens were dropped
+    ModelConfig dropless = cfg;
+    dropless.moe_expert_capacity_factor.reset();
+    auto d = GPTModel::create(dropless, opt);
+    ASSERT_TRUE(d.is_ok()) << d.status().message();
+    for (size_t i = 0; i < m.specs().size(); ++i) copy_tensor(m.params()[i], (*d)->params()[i]);
+    const auto bias = m.expert_bias_tensors(), dbias = (*d)->expert_bias_tensors();
+    for (size_t i = 0; i < bias.size(); ++i) copy_tensor(bias[i].second, dbias[i].second);
+    (*d)->forward(0, tt, lt, 0, true);
+    EXPECT_GT(rel_err<float>((*d)->logits(0), Tensor(logits.data(), m.logits(0).shape(), DType::kF32)), 1e-3);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                          ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
                                            "gptqk", "mixtral", "moegpt", "moeshared", "sigmoid", "grouped",
-                                           "grouped_sigmoid"));
+                                           "grouped_sigmoid", "capacity", "capacity_position", "capacity_sigmoid"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

@@ -211,6 +211,9 @@ def moe(xs, p, cfg, linear):
     if gk:  # the load-balancing loss counts by the plain top k
         aux_idx = torch.topk(scores, k, dim=-1)[1]
     probs = probs * cfg["moe_router_topk_scaling_factor"]
+    cf = cfg.get("moe_expert_capacity_factor")
+    if cf is not None and cf >= 0:
+        probs = probs * capacity_mask(idx, probs, E, k, cf, cfg)
     out = torch.zeros_like(xs)
     for e in range(E):
         rows, slot = (idx == e).nonzero(as_tuple=True)
@@ -225,6 +228,32 @@ def moe(xs, p, cfg, linear):
     aux = (scores.sum(dim=0) * counts).sum() * E / (k * N * N)
     z = torch.logsumexp(logits, dim=-1).square().mean()
     return out, aux, z
+
+
+def capacity_mask(idx, probs, E, k, cf, cfg):
+    """Megatron's apply_router_token_dropping on each segment of consecutive
+    tokens (the tokens one rank routes): the [tokens, E] routing map and
+    probabilities, each expert's column keeping its top `capacity` entries
+    (probs: torch.topk down the column; position: the first tokens that
+    chose it), as a [N, k] mask of the kept choices."""
+    N = idx.shape[0]
+    segs = cfg.get("moe_capacity_segments", 1)
+    Ns = N // segs
+    capacity = math.ceil((Ns * k / E) * cf)
+    keep = torch.zeros(N, k, dtype=torch.bool)
+    for s in range(segs):
+        ix, p = idx[s * Ns:(s + 1) * Ns], probs[s * Ns:(s + 1) * Ns].detach()
+        routing_map = torch.zeros(Ns, E, dtype=torch.bool).scatter(1, ix, True)
+        routing_probs = torch.zeros(Ns, E, dtype=p.dtype).scatter(1, ix, p)
+        if capacity > Ns:
+            cap = torch.ones(Ns, E, dtype=torch.bool)
+        elif cfg.get("moe_token_drop_policy", "probs") == "probs":
+            top = torch.topk(routing_probs, k=capacity, dim=0, sorted=False)[1]
+            cap = torch.zeros(Ns, E).scatter(0, top, 1).bool()
+        else:
+            cap = routing_map.long().cumsum(dim=0) <= capacity
+        keep[s * Ns:(s + 1) * Ns] = (routing_map & cap).gather(1, ix)
+    return keep.to(probs.dtype)
 
 
 def main():

@@ -134,6 +134,9 @@ void run_case(const Case& c) {
   so.micro_batch = B, so.dtype = c.dt;
   GPTOptions po = so;
   po.tp = tp, po.tp_rank = r, po.sequence_parallel = c.sp, po.tp_comm = world.get();
+  // Token dropping: each TP rank routes its sequence shard with its own
+  // capacity (as Megatron's ranks); the serial model drops in as many segments.
+  if (c.sp) so.moe_capacity_segments = tp;
   auto serial = GPTModel::create(cfg, so);
   ASSERT_TRUE(serial.is_ok()) << serial.status().message();
   auto par = GPTModel::create(cfg, po);
@@ -189,6 +192,11 @@ TEST(TensorParallelModel, EqualsSerialModel) {
         run_case({"moe_gpt", moe_gpt_cfg(), sp, dt, tol});
         run_case({"shared expert", shared_cfg(), sp, dt, tol});
         run_case({"sigmoid router", sigmoid_cfg(), sp, dt, tol});
+        ModelConfig cap = mixtral_cfg(), cap_pos = moe_gpt_cfg();
+        cap.moe_expert_capacity_factor = 0.6;
+        cap_pos.moe_expert_capacity_factor = 0.8, cap_pos.moe_token_drop_policy = "position";
+        run_case({"mixtral capacity 0.6", cap, sp, dt, tol});
+        run_case({"moe_gpt capacity 0.8 by position", cap_pos, sp, dt, tol});
       }
     }
 }
@@ -350,6 +358,7 @@ void run_ep_case(const EpCase& c) {
   GPTOptions po = so;
   po.tp = tp, po.tp_rank = tr, po.sequence_parallel = tp > 1, po.tp_comm = tp_comm.get();
   po.ep = ep, po.ep_rank = er, po.ep_comm = ep_comm.get();
+  so.moe_capacity_segments = tp;  // token dropping: the TP ranks' sequence shards
   auto serial = GPTModel::create(cfg, so);
   ASSERT_TRUE(serial.is_ok()) << serial.status().message();
   auto par = GPTModel::create(cfg, po);
@@ -389,10 +398,22 @@ void run_ep_case(const EpCase& c) {
   const double sent = static_cast<double>(ep_comm->stats().all_to_all_bytes);
   auto plan = GPTModel::planned_comm(cfg, po);
   ASSERT_TRUE(plan.is_ok());
-  EXPECT_EQ(ep_comm->all_reduce_scalar(sent), 2.0 * static_cast<double>(ep) * (plan->ep_forward_bytes + plan->ep_backward_bytes))
-      << c.name << ": all-to-all bytes over the EP group";
+  const double group_sent = ep_comm->all_reduce_scalar(sent),
+               planned = 2.0 * static_cast<double>(ep) * (plan->ep_forward_bytes + plan->ep_backward_bytes);
   P.reduce_tp_replicated_grads();
-  EXPECT_EQ(P.scratch_arena().high_water(), P.memory_plan().scratch) << c.name << ": scratch plan";
+  if (!cfg.drops_tokens()) {
+    EXPECT_EQ(group_sent, planned) << c.name << ": all-to-all bytes over the EP group";
+    EXPECT_EQ(P.scratch_arena().high_water(), P.memory_plan().scratch) << c.name << ": scratch plan";
+  } else {  // the plan bounds what the kept slots take
+    EXPECT_LE(group_sent, planned) << c.name << ": all-to-all bytes over the EP group";
+    ModelConfig dropless = cfg;
+    dropless.moe_expert_capacity_factor.reset();
+    auto all = GPTModel::planned_comm(dropless, po);
+    ASSERT_TRUE(all.is_ok());
+    EXPECT_LT(group_sent, 2.0 * static_cast<double>(ep) * (all->ep_forward_bytes + all->ep_backward_bytes))
+        << c.name << ": some slots were dropped";
+    EXPECT_LE(P.scratch_arena().high_water(), P.memory_plan().scratch) << c.name << ": scratch plan";
+  }
   // The serial expert gradients summed over the EP group (every rank, every expert, in order).
   for (size_t j = 0; j < S.specs().size(); ++j)
     if (S.specs()[j].expert >= 0) ep_comm->all_reduce(S.grads()[j]);
@@ -422,6 +443,12 @@ TEST(ExpertParallelModel, EqualsSerialModel) {
     run_ep_case({"mixtral bf16", mixtral_cfg(), tp, DType::kF32, true, none, 3e-2});
     run_ep_case({"shared expert", shared_cfg(), tp, DType::kF64, false, none, 1e-11});
     run_ep_case({"sigmoid router bf16", sigmoid_cfg(), tp, DType::kF32, true, none, 3e-2});
+    // Token dropping (each EP x TP rank routing its own shard with its capacity).
+    ModelConfig cap = mixtral_cfg(), cap_pos = wide;
+    cap.moe_expert_capacity_factor = 0.6;
+    cap_pos.moe_expert_capacity_factor = 0.5, cap_pos.moe_token_drop_policy = "position";
+    run_ep_case({"mixtral capacity 0.6", cap, tp, DType::kF64, false, full, 1e-11});
+    run_ep_case({"8 experts top-3 capacity 0.5 by position", cap_pos, tp, DType::kF64, false, none, 1e-11});
   }
 }
 

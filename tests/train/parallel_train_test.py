@@ -544,6 +544,37 @@ against_reference("moeptl", MOE_FLAGS + ["--calculate-per-token-loss", "--eod-ma
     ("cp2dp2do", 1, 1, 2, ["--context-parallel-size", "2", "--use-distributed-optimizer"]),
 ], param_tol=5e-5, zeros_slack=CP_ZEROS)
 
+# Token dropping (--moe-expert-capacity-factor 1): each expert takes at most
+# ceil(tokens x 2 / 4) of the tokens one rank routes per micro-batch, the
+# rest of its slots dropped (the lowest probabilities; the latest tokens
+# with --moe-token-drop-policy position). Data-, expert- and pipeline-
+# parallel layouts route the same micro-batches as one rank, so they equal
+# it (a TP2+SP layout's ranks each route their own shard with their own
+# capacity, as Megatron's: the model test compares those); the first loss
+# differs from the dropless run's, and between the policies. Top-2 softmax
+# probabilities sit near 0.5, so which of two tokens an expert keeps can
+# turn on the last bits the layouts' summation orders give: the final Adam
+# moments of a few experts may differ by a few 1e-5 (param_tol).
+CAP_FLAGS = MOE_FLAGS + ["--moe-expert-capacity-factor", "1.0"]
+against_reference("moecap", CAP_FLAGS, [
+    ("dp2ep2do", 1, 1, 2, ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]),
+    ("pp2dp2ep2", 1, 2, 2, ["--expert-model-parallel-size", "2"]),
+], plan=True, param_tol=5e-5)
+against_reference("moecappos", CAP_FLAGS + ["--moe-token-drop-policy", "position"], [
+    ("dp2ep2", 1, 1, 2, ["--expert-model-parallel-size", "2"]),
+], plan=True)
+for model in MODELS:
+    first = {}
+    for tag in ("moe", "moecap", "moecappos"):
+        path = os.path.join(TMP, f"{model}-{tag}-ref.jsonl")
+        first[tag] = metrics(path).get(1, [None])[0] if os.path.exists(path) else None
+    if None in first.values() or rel(first["moecap"], first["moe"]) < 1e-6 or \
+            rel(first["moecappos"], first["moecap"]) < 1e-6:
+        fail(f"{model}: token dropping left the first loss unchanged: {first}")
+    else:
+        print(f"ok {model}: first loss dropless {first['moe']:.6f}, capacity 1 by probs {first['moecap']:.6f}, "
+              f"by position {first['moecappos']:.6f}", flush=True)
+
 # ---------------------------------------------------------------- documents
 # --reset-position-ids --reset-attention-mask: positions restart after every
 # EOD and each token attends within its document only (the data has several

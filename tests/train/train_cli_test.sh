@@ -478,6 +478,23 @@ assert all(0.9 < r["load_balancing_loss"] < 2.5 and r["z_loss"] > 0 for r in row
 print(f"MoE mock data: loss {rows[0]['lm_loss']:.3f} -> {rows[-1]['lm_loss']:.3f}, "
       f"load balancing {rows[-1]['load_balancing_loss']:.3f}")
 PY
+# Token dropping: the header names the capacity (ceil(4 x 32 tokens x 2 / 4 x
+# 0.5) = 32 of the 128 tokens a rank routes); a negative factor is dropless,
+# as in Megatron (the same losses as without the flag).
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq "([1]*2)" --moe-expert-capacity-factor 0.5 \
+  --moe-token-drop-policy position --train-iters 3 --metrics-file "$TMP/moe-cap.jsonl" >"$TMP/moe-cap.log" 2>&1 \
+  || { fail "MoE with token dropping"; cat "$TMP/moe-cap.log"; }
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq "([1]*2)" --moe-expert-capacity-factor -1 \
+  --train-iters 3 --metrics-file "$TMP/moe-neg.jsonl" >"$TMP/moe-neg.log" 2>&1 \
+  || { fail "MoE with a negative capacity factor"; cat "$TMP/moe-neg.log"; }
+grep -q "capacity factor 0.5: each expert keeps 32 of the 128 tokens a rank routes, dropping by position" "$TMP/moe-cap.log" \
+  && ! grep -q "capacity factor" "$TMP/moe-neg.log" || { fail "token dropping header"; head -3 "$TMP/moe-cap.log"; }
+python3 - "$TMP/moe.jsonl" "$TMP/moe-cap.jsonl" "$TMP/moe-neg.jsonl" <<'PY' || fail "token dropping: losses"
+import json, sys
+first = [[json.loads(x) for x in open(p) if '"lm_loss"' in x and '"kind"' not in x][0]["lm_loss"] for p in sys.argv[1:]]
+assert first[2] == first[0] and first[1] != first[0], first
+print(f"token dropping: first loss {first[1]:.6f} (capacity 0.5) vs {first[0]:.6f} (dropless, and with -1)")
+PY
 # A shared expert (an MLP every token goes through) adds 2 layers x (fc1 + fc2)
 # = 2 x 2 x 64 x 96 parameters to the same model; Megatron's overlap flag is a no-op.
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-shared-expert-intermediate-size 96 --moe-shared-expert-overlap \
@@ -516,10 +533,10 @@ PY
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --expert-model-parallel-size 3 --train-iters 2 2>"$TMP/err"
 [ $? = 2 ] && grep -q "4 experts do not split over EP = 3" "$TMP/err" && grep -q "use --expert-model-parallel-size 4" "$TMP/err" \
   || { fail "EP that does not divide the experts"; cat "$TMP/err"; }
-"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq 2 --moe-expert-capacity-factor 1.0 \
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq 2 --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity \
   --moe-input-jitter-eps 0.01 --train-iters 2 2>"$TMP/err"
 [ $? = 2 ] && grep -q "3 problems" "$TMP/err" && grep -q "dense layers between MoE layers are not implemented" "$TMP/err" \
-  && grep -q "token dropping (expert capacity) is not implemented" "$TMP/err" \
+  && grep -q "padding each expert's input to its capacity" "$TMP/err" \
   && grep -q "router input jitter is not implemented" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
 
 "$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"

@@ -22,6 +22,13 @@ void check_route_shapes(const Tensor& logits, const Tensor& idx, const Tensor& p
   MT_CHECK(lse.numel() == N && lse.dtype() == logits.dtype(), std::string(op) + ": lse must be [N]");
 }
 
+// Every slot of pos is -1 (dropped) or a row of y's M.
+void check_slots(const Tensor& pos, int64_t M, const char* op) {
+  const int32_t* ps = pos.ptr<int32_t>();
+  for (int64_t i = 0; i < pos.numel(); ++i)
+    MT_CHECK(ps[i] >= -1 && ps[i] < M, std::string(op) + ": a slot of pos is outside y's rows");
+}
+
 }  // namespace
 
 void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias, const Tensor& idx,
@@ -66,6 +73,40 @@ void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& p
   });
 }
 
+void moe_drop(const Tensor& idx, const Tensor& probs, int64_t segments, int64_t capacity, bool by_position,
+              const Tensor& kept) {
+  MT_CHECK(idx.ndim() == 2 && idx.dtype() == DType::kI32 && kept.dtype() == DType::kI32 &&
+               kept.numel() == idx.numel() && probs.numel() == idx.numel(),
+           "moe_drop: idx and kept [N, k] int32, probs [N, k]");
+  const int64_t N = idx.dim(0), k = idx.dim(1);
+  MT_CHECK(segments >= 1 && N % segments == 0 && capacity >= 0,
+           "moe_drop: the tokens must split into equal segments and the capacity be >= 0");
+  const int64_t Ns = N / segments;
+  float_types(probs.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    const int32_t* ix = idx.ptr<int32_t>();
+    const T* p = probs.ptr<T>();
+    int32_t* kp = kept.ptr<int32_t>();
+    std::memcpy(kp, ix, static_cast<size_t>(N * k) * sizeof(int32_t));
+    std::vector<std::vector<int64_t>> by_expert;  // one segment's slots (t k + j) per expert
+    for (int64_t s = 0; s < segments; ++s) {
+      for (auto& v : by_expert) v.clear();
+      for (int64_t i = s * Ns * k; i < (s + 1) * Ns * k; ++i) {
+        MT_CHECK(ix[i] >= 0, "moe_drop: expert index out of range");
+        if (static_cast<size_t>(ix[i]) >= by_expert.size()) by_expert.resize(static_cast<size_t>(ix[i]) + 1);
+        by_expert[static_cast<size_t>(ix[i])].push_back(i);
+      }
+      for (auto& v : by_expert) {
+        if (static_cast<int64_t>(v.size()) <= capacity) continue;
+        // Slot numbers ascend with the token, so the token order is the slot order.
+        std::nth_element(v.begin(), v.begin() + capacity, v.end(), [&](int64_t a, int64_t b) {
+          return moe_row::drop_before(p[a], a / k, p[b], b / k, by_position);
+        });
+        for (auto it = v.begin() + capacity; it != v.end(); ++it) kp[*it] = -1;
+      }
+    }
+  });
+}
+
 void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos) {
   const int64_t N = idx.dim(0), k = idx.dim(1), E = counts.numel();
   MT_CHECK(idx.dtype() == DType::kI32 && counts.dtype() == DType::kI32 && src.dtype() == DType::kI32 &&
@@ -76,12 +117,16 @@ void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src
   int32_t *c = counts.ptr<int32_t>(), *sr = src.ptr<int32_t>(), *ps = pos.ptr<int32_t>();
   std::fill(c, c + E, 0);
   for (int64_t i = 0; i < N * k; ++i) {
-    MT_CHECK(ix[i] >= 0 && ix[i] < E, "moe_dispatch_map: expert index out of range");
-    ++c[ix[i]];
+    MT_CHECK(ix[i] >= -1 && ix[i] < E, "moe_dispatch_map: expert index out of range");
+    if (ix[i] >= 0) ++c[ix[i]];
   }
   std::vector<int64_t> next(static_cast<size_t>(E), 0);
   for (int64_t e = 1; e < E; ++e) next[static_cast<size_t>(e)] = next[static_cast<size_t>(e - 1)] + c[e - 1];
   for (int64_t i = 0; i < N * k; ++i) {  // tokens ascending: each expert's slots in token order
+    if (ix[i] < 0) {  // dropped
+      ps[i] = -1;
+      continue;
+    }
     const int64_t p = next[static_cast<size_t>(ix[i])]++;
     ps[i] = static_cast<int32_t>(p);
     sr[p] = static_cast<int32_t>(i / k);
@@ -105,7 +150,9 @@ void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out) {
 
 void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, const Tensor& out) {
   const int64_t C = out.dim(-1), N = out.numel() / C, k = pos.numel() / std::max<int64_t>(N, 1);
-  MT_CHECK(pos.numel() == N * k && y.numel() == N * k * C, "moe_unpermute: y [N k, C], pos [N, k], out [N, C]");
+  MT_CHECK(pos.numel() == N * k && y.numel() % std::max<int64_t>(C, 1) == 0 && y.numel() <= N * k * C,
+           "moe_unpermute: y [M <= N k, C], pos [N, k], out [N, C]");
+  check_slots(pos, y.numel() / std::max<int64_t>(C, 1), "moe_unpermute");
   storage_types(y.dtype(), [&](auto ytag) { using S = decltype(ytag); using T = compute_t<S>;
     storage_types(out.dtype(), [&](auto otag) { using Y = decltype(otag);
       MT_CHECK(!probs.defined() || (probs.dtype() == dtype_of<T>() && probs.numel() == N * k),
@@ -119,6 +166,7 @@ void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, cons
         for (int64_t c = 0; c < C; ++c) {
           T acc = 0;
           for (int64_t j = 0; j < k; ++j) {
+            if (ps[t * k + j] < 0) continue;  // dropped
             const T v = ld<T>(yp[static_cast<int64_t>(ps[t * k + j]) * C + c]);
             acc += w ? w[t * k + j] * v : v;
           }
@@ -131,9 +179,11 @@ void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, cons
 void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& pos, const Tensor& probs,
                             const Tensor& dy, const Tensor& dprobs) {
   const int64_t C = dout.dim(-1), N = dout.numel() / C, k = pos.numel() / std::max<int64_t>(N, 1);
-  MT_CHECK(pos.numel() == N * k && y.numel() == N * k * C && dy.numel() == N * k * C && probs.numel() == N * k &&
+  MT_CHECK(pos.numel() == N * k && y.numel() % std::max<int64_t>(C, 1) == 0 && y.numel() <= N * k * C &&
+               dy.numel() == y.numel() && probs.numel() == N * k &&
                dprobs.numel() == N * k && probs.dtype() == dprobs.dtype(),
-           "moe_unpermute_backward: dout [N, C], y and dy [N k, C], pos, probs and dprobs [N, k]");
+           "moe_unpermute_backward: dout [N, C], y and dy [M <= N k, C], pos, probs and dprobs [N, k]");
+  check_slots(pos, y.numel() / std::max<int64_t>(C, 1), "moe_unpermute_backward");
   float_types(probs.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
     x_types<T>(dout.dtype(), "moe_unpermute_backward", "dout", [&](auto otag) {
@@ -153,6 +203,10 @@ void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& p
             for (int64_t t = 0; t < N; ++t)
               for (int64_t j = 0; j < k; ++j) {
                 const int64_t p = ps[t * k + j];
+                if (p < 0) {  // dropped: no row, no gradient
+                  dw[t * k + j] = 0;
+                  continue;
+                }
                 T dot = 0;
                 for (int64_t c = 0; c < C; ++c) {
                   const T g = ld<T>(d[t * C + c]);

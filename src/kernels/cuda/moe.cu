@@ -8,6 +8,11 @@
 //   lower experts as its offset and numbers its slots in slot order by a
 //   block-wide scan of 256 slots at a time: the CPU's map exactly. Every
 //   block reads all N k slot choices (E N k int32 reads in all).
+// moe_drop: one thread per slot (t, j) counts the slots of its segment that
+//   chose the same expert and come before it (moe_row::drop_before), and
+//   keeps its expert when fewer than the capacity do: O((N k / segments)^2)
+//   reads of idx and probs, spread over the whole grid, the count stopping
+//   at the capacity. Exact: no ordering ambiguity, the CPU's choice.
 // moe_permute: grid-stride copy of rows. moe_unpermute: grid-stride over
 //   out [N, C], j ascending as the CPU. moe_unpermute_backward: dy
 //   grid-stride; dprobs one warp per (t, j), lanes strided over C and a
@@ -71,6 +76,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_pos(int64_t M, int64_t k, c
   for (int64_t i0 = 0; i0 < M; i0 += blockDim.x) {
     const int64_t i = i0 + threadIdx.x;
     const int32_t mine = i < M && ix[i] == e ? 1 : 0;
+    if (e == 0 && i < M && ix[i] < 0) pos[i] = -1;  // dropped (moe_drop): no slot
     scan[threadIdx.x] = mine;
     __syncthreads();
     for (int off = 1; off < static_cast<int>(blockDim.x); off <<= 1) {
@@ -88,6 +94,20 @@ __global__ void __launch_bounds__(kThreads) dispatch_pos(int64_t M, int64_t k, c
     if (threadIdx.x == 0) base += scan[blockDim.x - 1];
     __syncthreads();
   }
+}
+
+template <typename T>
+__global__ void drop_slots(int64_t M, int64_t Ms, int64_t k, int64_t capacity, bool by_position,
+                           const int32_t* __restrict__ ix, const T* __restrict__ p, int32_t* __restrict__ kept) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M) return;
+  const int32_t e = ix[i];
+  const int64_t s0 = (i / Ms) * Ms, ti = i / k;
+  const T pi = p[i];
+  int64_t before = 0;
+  for (int64_t j = s0; j < s0 + Ms && before < capacity; ++j)
+    if (ix[j] == e && j != i && moe_row::drop_before(p[j], j / k, pi, ti, by_position)) ++before;
+  kept[i] = before < capacity ? e : -1;
 }
 
 template <typename S>
@@ -108,6 +128,7 @@ __global__ void unpermute_rows(int64_t n, int64_t C, int64_t k, const int32_t* _
     divmod(e, C, t, c);
     T acc = 0;
     for (int64_t j = 0; j < k; ++j) {
+      if (pos[t * k + j] < 0) continue;  // dropped
       const T v = ld<T>(y[static_cast<int64_t>(pos[t * k + j]) * C + c]);
       acc += w ? w[t * k + j] * v : v;
     }
@@ -121,6 +142,7 @@ __global__ void unpermute_bwd_dy(int64_t n, int64_t C, int64_t k, const int32_t*
   for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
     int64_t tj, c;  // slot (t, j) = tj, flat over [N, k]
     divmod(e, C, tj, c);
+    if (pos[tj] < 0) continue;  // dropped: no row
     dy[static_cast<int64_t>(pos[tj]) * C + c] = to_out<SD>(w[tj] * ld<T>(d[(tj / k) * C + c]));
   }
 }
@@ -132,6 +154,10 @@ __global__ void unpermute_bwd_dprobs(int64_t NK, int64_t C, int64_t k, const int
   const int lane = threadIdx.x % 32;
   if (warp >= NK) return;
   const int64_t t = warp / k, p = pos[warp];
+  if (p < 0) {  // dropped: no gradient (the whole warp leaves together)
+    if (lane == 0) dw[warp] = 0;
+    return;
+  }
   T acc = 0;
   for (int64_t c = lane; c < C; c += 32) acc += ld<T>(d[t * C + c]) * ld<T>(y[p * C + c]);
   for (int off = 16; off > 0; off /= 2) acc += __shfl_down_sync(0xffffffffu, acc, off);
@@ -189,6 +215,24 @@ void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& p
   });
 }
 
+void moe_drop(const Tensor& idx, const Tensor& probs, int64_t segments, int64_t capacity, bool by_position,
+              const Tensor& kept) {
+  MT_CHECK(idx.ndim() == 2 && idx.dtype() == DType::kI32 && kept.dtype() == DType::kI32 &&
+               kept.numel() == idx.numel() && probs.numel() == idx.numel(),
+           "moe_drop: idx and kept [N, k] int32, probs [N, k]");
+  const int64_t N = idx.dim(0), k = idx.dim(1), M = idx.numel();
+  MT_CHECK(segments >= 1 && N % segments == 0 && capacity >= 0,
+           "moe_drop: the tokens must split into equal segments and the capacity be >= 0");
+  check_on_gpu({&idx, &probs, &kept}, "moe_drop");
+  if (M == 0) return;
+  float_types(probs.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    drop_slots<T><<<::mt::cuda::blocks_for(M, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(
+        M, M / segments, k, capacity, by_position, idx.ptr<int32_t>(), probs.ptr<T>(), kept.ptr<int32_t>());
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
 void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos) {
   const int64_t M = idx.numel(), k = idx.dim(1), E = counts.numel();
   MT_CHECK(idx.dtype() == DType::kI32 && counts.dtype() == DType::kI32 && src.dtype() == DType::kI32 &&
@@ -223,7 +267,8 @@ void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out) {
 
 void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, const Tensor& out) {
   const int64_t C = out.dim(-1), N = out.numel() / C, k = N ? pos.numel() / N : 0;
-  MT_CHECK(pos.numel() == N * k && y.numel() == N * k * C, "moe_unpermute: y [N k, C], pos [N, k], out [N, C]");
+  MT_CHECK(pos.numel() == N * k && (C == 0 || y.numel() % C == 0) && y.numel() <= N * k * C,
+           "moe_unpermute: y [M <= N k, C], pos [N, k], out [N, C]");
   check_on_gpu({&y, &pos, &probs, &out}, "moe_unpermute");
   const int64_t n = N * C;
   if (n == 0) return;
@@ -244,9 +289,10 @@ void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, cons
 void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& pos, const Tensor& probs,
                             const Tensor& dy, const Tensor& dprobs) {
   const int64_t C = dout.dim(-1), N = dout.numel() / C, k = N ? pos.numel() / N : 0;
-  MT_CHECK(pos.numel() == N * k && y.numel() == N * k * C && dy.numel() == N * k * C && probs.numel() == N * k &&
+  MT_CHECK(pos.numel() == N * k && (C == 0 || y.numel() % C == 0) && y.numel() <= N * k * C &&
+               dy.numel() == y.numel() && probs.numel() == N * k &&
                dprobs.numel() == N * k && probs.dtype() == dprobs.dtype(),
-           "moe_unpermute_backward: dout [N, C], y and dy [N k, C], pos, probs and dprobs [N, k]");
+           "moe_unpermute_backward: dout [N, C], y and dy [M <= N k, C], pos, probs and dprobs [N, k]");
   check_on_gpu({&dout, &y, &pos, &probs, &dy, &dprobs}, "moe_unpermute_backward");
   if (N * k * C == 0) return;
   float_types(probs.dtype(), [&](auto tag_) {
