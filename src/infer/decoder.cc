@@ -191,7 +191,9 @@ void Decoder::qk_norm(const Layer& p, const k::QkvLayout& L, int64_t n) {
 
 // The MoE MLP of GPTModel::moe_forward on the n rows of ln, into out [n, h].
 // With --moe-expert-capacity-factor the capacity counts these n rows (as
-// Megatron's inference router, which drops among the tokens of its step).
+// Megatron's inference router, which drops among the tokens of its step): a
+// prompt longer than the decoder's chunk drops per chunk, so its logits
+// depend on the chunk size.
 void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out) {
   const ModelConfig& c = m_.config();
   const int64_t E = c.num_experts, K = c.moe_router_topk;

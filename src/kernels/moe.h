@@ -3,7 +3,7 @@
 // and the token dispatcher's permute/unpermute for experts held locally).
 //
 // N tokens (rows), E experts, k = top-k. A "slot" is one (token t, choice j)
-// pair; the M = N k slots are permuted so that each expert's slots are
+// pair; the M = N k slots (those moe_drop kept) are permuted so that each expert's slots are
 // consecutive, experts in order and, inside an expert, tokens ascending (the
 // order of Megatron's permute, which walks the routing map expert by expert).
 //
@@ -32,7 +32,8 @@
 // and scores; logits may be undefined otherwise.
 // aux [E] T (optional): d(aux loss)/d(scores[t, e]), the same for every
 // token (Megatron's switch loss is linear in the scores: coeff E /
-// (k T_total^2) times the expert's global token count).
+// (k T_total^2) times the expert's global token count); or [G, E], token t
+// reading row t mod G (the seq_aux_loss: G = B sequences in [s, b] rows).
 //
 // moe_drop (token dropping: --moe-expert-capacity-factor, Megatron's
 //   apply_router_token_dropping): the N tokens form `segments` equal groups

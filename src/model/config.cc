@@ -167,8 +167,9 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                "its latest tokens",
                {"probs", "position"});
   f.add_string("moe-router-load-balancing-type", &c.moe_router_load_balancing_type,
-               "aux_loss: the switch load-balancing loss of --moe-aux-loss-coeff; none: no load-balancing loss",
-               {"aux_loss", "none"});
+               "aux_loss: the switch load-balancing loss of --moe-aux-loss-coeff over the micro-batch; seq_aux_loss: "
+               "the same per sequence, averaged over the sequences (DeepSeek-V2/V3); none: no load-balancing loss",
+               {"aux_loss", "seq_aux_loss", "none"});
 }
 
 Status resolve_vocab(ModelConfig& c) {

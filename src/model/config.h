@@ -71,7 +71,7 @@ struct ModelConfig {
   bool qk_layernorm = false;
   // Mixture of experts (0 experts = dense): every layer's MLP becomes a
   // top-k router over num_experts expert MLPs (Megatron's MoELayer with
-  // --moe-layer-freq 1, dropless), plus with
+  // --moe-layer-freq 1; dropless unless --moe-expert-capacity-factor), plus with
   // moe_shared_expert_intermediate_size a shared expert: an MLP of that
   // width every token goes through, added to the routed experts' output
   // (Megatron's SharedExpertMLP without its gate; DeepSeek's shared experts
@@ -83,7 +83,9 @@ struct ModelConfig {
   std::optional<double> moe_z_loss_coeff;      // --moe-z-loss-coeff (ST-MoE's router z-loss)
   bool moe_router_pre_softmax = false;         // --moe-router-pre-softmax: top-k of the full softmax
   std::optional<double> moe_router_topk_scaling_factor;  // multiplies the routing probabilities
-  std::string moe_router_load_balancing_type = "aux_loss";  // aux_loss or none
+  // aux_loss (the micro-batch's switch loss), seq_aux_loss (DeepSeek's: the
+  // same per sequence, averaged over the micro-batch's sequences) or none.
+  std::string moe_router_load_balancing_type = "aux_loss";
   int64_t moe_shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size (0: none)
   // --moe-router-score-function sigmoid (DeepSeek-V3's router; see
   // kernels/moe.h), and its aux-loss-free balancing: a per-layer expert bias
@@ -120,6 +122,11 @@ struct ModelConfig {
   bool sigmoid_router() const { return moe_router_score_function == "sigmoid"; }
   bool has_expert_bias() const { return is_moe() && moe_router_enable_expert_bias; }
   bool group_limited() const { return is_moe() && moe_router_group_topk > 0; }
+  bool seq_aux_loss() const { return moe_router_load_balancing_type == "seq_aux_loss"; }
+  // A load-balancing loss is computed (and its gradient applied).
+  bool moe_aux_loss_active() const {
+    return is_moe() && moe_router_load_balancing_type != "none" && moe_aux_loss_coeff > 0;
+  }
   bool drops_tokens() const { return is_moe() && moe_expert_capacity_factor && *moe_expert_capacity_factor >= 0; }
   // Megatron's get_capacity(tokens x k, E, factor): ceil(tokens k / E x factor).
   int64_t moe_capacity(int64_t tokens) const;

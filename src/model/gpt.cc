@@ -58,9 +58,10 @@ struct GPTModel::LayerIdx {
 //   src [N k], counts [E] int32; the rows this rank's experts ran, xp [Rx,
 //   h], with fc1 [Rx, Fe or 2Fe] and act [Rx, Fe] (Fe: this TP rank's expert
 //   columns); and the experts' outputs for this rank's N k routed slots, y
-//   [N k, h] (before the probabilities and the TP reduction). Without
-//   expert parallelism the experts run this rank's slots (Rx = N k, xp the
-//   permuted ln2); with it, what the EP group sent (Rx bounds that, see Dims).
+//   [N k, h] (before the probabilities and the TP reduction; with token
+//   dropping only the first `kept` rows, the slots kept). Without expert
+//   parallelism the experts run this rank's kept slots (xp the permuted
+//   ln2); with it, what the EP group sent (Rx bounds both, see Dims).
 //   The shared expert (--moe-shared-expert-intermediate-size) keeps s_fc1
 //   [N, S or 2S] and s_act [N, S], S its columns on this TP rank.
 // The layer's input is resid[l], its output resid[l+1]. An undefined tensor
@@ -120,11 +121,13 @@ struct Dims {
   // --moe-expert-capacity-factor: the router's rows form `segs` segments
   // (the TP ranks' sequence shards, as each Megatron rank routes its own)
   // and each expert keeps at most `cap` slots per segment, so at most
-  // `kept` = min(R, E segs cap) slots leave a rank's router and Rx is at
-  // most E segs cap as well (EP sources x E/EP experts x segs x cap).
+  // `kept` = min(R, E segs cap') slots leave a rank's router (cap' =
+  // min(cap, N / segs)) and Rx is at most E segs cap' as well (EP sources x
+  // E/EP experts x segs x cap'; more than R when the capacity is roomy).
   int64_t ep = 1, Rx = 0;
   int64_t segs = 1, cap = 0, kept = 0;
   bool drops = false;
+  int64_t lbG = 1;  // the load-balancing loss's groups: B sequences under seq_aux_loss, else 1
   // The shared expert: this TP rank's columns S (0: none), its fc1 width.
   int64_t S = 0, sfc1 = 0;
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
@@ -243,7 +246,7 @@ struct GPTModel::Slot {
   mutable std::vector<double> moe_aux, moe_z;
   // And the exchange of its routed slots (GPTModel::moe_forward): the slots
   // sent to each EP rank [EP] and the rows received per (source rank, local
-  // expert) [EP x E/EP], source-major (without EP: {N k} and the counts).
+  // expert) [EP x E/EP], source-major (without EP: {kept} and the counts).
   mutable std::vector<std::vector<int64_t>> moe_send, moe_recv;
   // --moe-router-enable-expert-bias: this rank's tokens per expert per layer.
   mutable std::vector<std::vector<double>> moe_routed;
@@ -484,14 +487,19 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     d.F = cfg.moe_ffn() / tp, d.fc1 = (cfg.swiglu ? 2 : 1) * d.F;
     d.ep = opt.ep;
     d.S = cfg.moe_shared_expert_intermediate_size / tp, d.sfc1 = (cfg.swiglu ? 2 : 1) * d.S;
+    d.lbG = cfg.seq_aux_loss() ? B : 1;
   }
   d.Rx = d.ep > 1 ? d.ep * N * std::min(d.topk, d.E / d.ep) : d.R;
   d.kept = d.R;
   if (cfg.drops_tokens()) {
     d.drops = true, d.segs = opt.moe_capacity_segments > 0 ? opt.moe_capacity_segments : N / Ns;
     d.cap = cfg.moe_capacity(N / d.segs);
-    const int64_t bound = d.cap > d.R ? d.R : std::min(d.R, d.E * d.segs * d.cap);
-    d.kept = bound, d.Rx = std::min(d.Rx, bound);
+    // An expert keeps at most a segment's tokens (one slot each); E segs that
+    // bounds what one rank sends (with R) and what one rank's experts receive
+    // from every EP source (with the dropless Rx, not R: a rank may receive
+    // more than it sends).
+    const int64_t ecap = d.E * d.segs * std::min(d.cap, N / d.segs);
+    d.kept = std::min(d.R, ecap), d.Rx = std::min(d.Rx, ecap);
   }
   const DType dt = opt.dtype;
   const int64_t L = K;  // layer positions in a slot
@@ -661,7 +669,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                      (d.S ? abytes(N * d.S, d.mid) + abytes(N * d.sfc1, d.mid) +
                                                 abytes(N * h, sp ? dt : d.dn)
                                           : 0) +
-                                     (sp ? abytes(N * h, dt) : 0) + abytes(d.E, dt) + abytes(Ns * d.E, dt) +
+                                     (sp ? abytes(N * h, dt) : 0) + abytes(d.lbG * d.E, dt) + abytes(Ns * d.E, dt) +
                                      abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0)
                                : 0;
   const size_t layer_bwd = abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(d.Rx * d.F, d.mid) +
@@ -1410,6 +1418,9 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
     std::vector<int32_t> c(static_cast<size_t>(E));
     copy_tensor(got, Tensor(c.data(), {E}, DType::kI32));
     recv.assign(c.begin(), c.end());
+    const int64_t incoming = std::accumulate(recv.begin(), recv.end(), int64_t{0});
+    MT_CHECK(incoming <= Rx_, fmt::format("GPTModel: layer {}'s experts would receive {} rows, more than the {} planned",
+                                          l, incoming, Rx_));
     const Tensor xs = scratch({kept, h_}, a.xp.dtype());
     k::moe_permute(a.ln2, a.src.slice(0, kept), xs);
     opt_.ep_comm->all_to_all_v(xs, rows_to_elements(send), a.xp, rows_to_elements(source_rows(recv)));
@@ -1536,10 +1547,14 @@ void GPTModel::update_expert_bias(comm::Communicator* group) {
 // expert offsets of the dispatch map (expert_offsets).
 void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<int64_t>& off, const Slot& s) {
   const int64_t E = cfg_.num_experts, k = cfg_.moe_router_topk;
-  const double total = static_cast<double>(N_ * opt_.cp);  // the micro-batch's tokens (all CP ranks)
-  std::vector<double> counts(static_cast<size_t>(E)), colsum;  // this rank's, from the expert offsets
-  for (int64_t e = 0; e < E; ++e) counts[static_cast<size_t>(e)] = static_cast<double>(off[e + 1] - off[e]);
-  const bool lb = cfg_.moe_router_load_balancing_type == "aux_loss" && cfg_.moe_aux_loss_coeff > 0;
+  // --moe-router-load-balancing-type seq_aux_loss: the loss of each of the
+  // B sequences (rows t with t mod B = b, [s, b] order), averaged; else one
+  // group, the micro-batch.
+  const int64_t G = cfg_.seq_aux_loss() ? B_ : 1, GE = G * E;
+  const double total = static_cast<double>(N_ / G * opt_.cp);  // a group's tokens (all CP ranks)
+  std::vector<double> counts(static_cast<size_t>(GE)), colsum;  // this rank's, per group and expert
+  for (int64_t e = 0; G == 1 && e < E; ++e) counts[static_cast<size_t>(e)] = static_cast<double>(off[e + 1] - off[e]);
+  const bool lb = cfg_.moe_aux_loss_active();
   if ((cfg_.has_expert_bias() || cfg_.group_limited()) && lb) {
     // Megatron counts the load-balancing loss's tokens by the scores' own top
     // k, without the bias or the groups that chose the experts (a host pass
@@ -1555,36 +1570,39 @@ void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<in
           if (!taken[static_cast<size_t>(e)] &&
               (best < 0 || sc[static_cast<size_t>(t * E + e)] > sc[static_cast<size_t>(t * E + best)]))
             best = e;
-        taken[static_cast<size_t>(best)] = 1, counts[static_cast<size_t>(best)] += 1;
+        taken[static_cast<size_t>(best)] = 1, counts[static_cast<size_t>((t % G) * E + best)] += 1;
       }
     }
-  } else if (drops_ && lb) {
-    // The same with token dropping: every top-k choice counts, dropped or not
-    // (the router's own choices: without bias or groups, the plain top k).
+  } else if ((drops_ || G > 1) && lb) {
+    // The router's own choices (without bias or groups, the plain top k),
+    // counted per group, dropped or not (token dropping keeps fewer slots).
     std::vector<int32_t> idx(static_cast<size_t>(a.r_idx.numel()));
     copy_tensor(a.r_idx, Tensor(idx.data(), {a.r_idx.numel()}, DType::kI32));
     std::fill(counts.begin(), counts.end(), 0.0);
-    for (int32_t e : idx) counts[static_cast<size_t>(e)] += 1;
+    for (size_t i = 0; i < idx.size(); ++i)
+      counts[static_cast<size_t>((static_cast<int64_t>(i) / k % G) * E + idx[i])] += 1;
   }
   {
     ArenaScope scope(scratch_);
-    const Tensor t = scratch({E}, opt_.dtype);
+    const Tensor t = scratch({GE}, opt_.dtype);
     if (opt_.cp > 1) {
       host_to_tensor(counts, t);
       opt_.cp_comm->all_reduce(t);
       counts = tensor_to_host(t);
     }
     t.zero();
-    k::bias_grad(a.r_scores, t);  // sum over the rows of the softmax, per expert
+    // Sum over the rows of the scores per (group, expert): [N, E] as [N / G, G E].
+    k::bias_grad(a.r_scores.view({N_ / G, GE}), t);
     colsum = tensor_to_host(t);
   }
   double aux = 0;
-  for (int64_t e = 0; e < E; ++e) aux += colsum[static_cast<size_t>(e)] * counts[static_cast<size_t>(e)];
-  s.moe_aux[static_cast<size_t>(l)] = aux * static_cast<double>(E) / (static_cast<double>(k) * total * total);
+  for (int64_t i = 0; i < GE; ++i) aux += colsum[static_cast<size_t>(i)] * counts[static_cast<size_t>(i)];
+  s.moe_aux[static_cast<size_t>(l)] =
+      aux * static_cast<double>(E) / (static_cast<double>(k) * total * total) / static_cast<double>(G);
   if (cfg_.moe_z_loss_coeff) {
     double z = 0;
     for (double v : tensor_to_host(a.r_lse)) z += v * v;
-    s.moe_z[static_cast<size_t>(l)] = z / total;
+    s.moe_z[static_cast<size_t>(l)] = z / static_cast<double>(N_ * opt_.cp);
   }
   s.moe_counts[static_cast<size_t>(l)] = std::move(counts);
 }
@@ -1658,8 +1676,9 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   // The router, on this rank's rows.
   const int64_t r0 = sp() ? opt_.tp_rank * Ns_ : 0;
   const double total = static_cast<double>(N_ * opt_.cp);
-  const bool lb = cfg_.moe_router_load_balancing_type == "aux_loss" && cfg_.moe_aux_loss_coeff > 0;
-  const Tensor aux = scratch({E}, dt), dlogits = scratch({Ns_, E}, dt), rdx = scratch({Ns_, h_}, dn_);
+  const bool lb = cfg_.moe_aux_loss_active();
+  const int64_t G = cfg_.seq_aux_loss() ? B_ : 1, GE = G * E;  // moe_record_losses' groups
+  const Tensor aux = scratch({GE}, dt), dlogits = scratch({Ns_, E}, dt), rdx = scratch({Ns_, h_}, dn_);
   // The sigmoid router's backward reads the logits: this rank's rows again.
   Tensor own_logits;
   if (cfg_.sigmoid_router()) {
@@ -1668,12 +1687,13 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   }
   {
     const std::vector<double>& counts = s.moe_counts.at(static_cast<size_t>(l));
-    MT_CHECK(counts.size() == static_cast<size_t>(E), "GPTModel::backward: an MoE layer's forward did not train");
+    MT_CHECK(counts.size() == static_cast<size_t>(GE), "GPTModel::backward: an MoE layer's forward did not train");
+    const double gt = total / static_cast<double>(G);  // a group's tokens
     const double w = lb ? cfg_.moe_aux_loss_coeff * static_cast<double>(E) /
-                              (static_cast<double>(k) * total * total) * moe_loss_scale_
+                              (static_cast<double>(k) * gt * gt * static_cast<double>(G)) * moe_loss_scale_
                         : 0.0;
-    std::vector<double> av(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) av[static_cast<size_t>(e)] = w * counts[static_cast<size_t>(e)];
+    std::vector<double> av(static_cast<size_t>(GE));
+    for (int64_t i = 0; i < GE; ++i) av[static_cast<size_t>(i)] = w * counts[static_cast<size_t>(i)];
     host_to_tensor(av, aux);
   }
   const double z = cfg_.moe_z_loss_coeff.value_or(0.0) / total * moe_loss_scale_;

@@ -275,7 +275,8 @@ struct GPTCommPlan {
   // slots this rank received back; backward the same slots' gradients both
   // ways; recomputed forwards again. What a rank sends back depends on the
   // routing; these figures count N k rows each way, which is exact summed
-  // over the EP group and per rank when routing is balanced.
+  // over the EP group and per rank when routing is balanced (with token
+  // dropping, the most slots a rank can keep: an upper bound).
   double ep_forward_bytes = 0;
   double ep_backward_bytes = 0;
 };

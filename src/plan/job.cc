@@ -191,7 +191,8 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"moe-pad-expert-input-to-capacity", false, "no padding to the expert capacity",
        "padding each expert's input to its capacity (Megatron's static shapes for CUDA graphs) is not "
        "implemented: with --moe-expert-capacity-factor the experts run on the kept tokens only, which gives the "
-       "same losses and gradients (the padding rows have routing probability 0); drop the flag"},
+       "same losses and gradients (the padding rows have routing probability 0; Megatron's expert-bias update "
+       "would count every expert as full); drop the flag"},
       {"moe-input-jitter-eps", true, "no router input jitter",
        "router input jitter is not implemented; drop the flag"},
       {"moe-per-layer-logging", false, "no per-layer router logs",

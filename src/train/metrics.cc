@@ -33,7 +33,7 @@ std::string format_log_line(const IterationStats& s) {
       "throughput per device (TFLOP/s): {:.3f} | MFU: {:.1f}% | memory (MiB): {} measured, {} planned, peak RSS {}",
       now_text(), s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iteration, s.learning_rate,
       s.global_batch_size, s.loss,
-      (s.load_balancing_loss ? fmt::format(" load_balancing_loss: {:.6E} |", *s.load_balancing_loss) : std::string()) +
+      (s.load_balancing_loss ? fmt::format(" {}: {:.6E} |", s.load_balancing_name, *s.load_balancing_loss) : std::string()) +
           (s.z_loss ? fmt::format(" z_loss: {:.6E} |", *s.z_loss) : std::string()),
       s.grad_norm,
       // Megatron reduces the count as a float32 and prints the Python float.
@@ -62,7 +62,7 @@ nlohmann::json to_json(const IterationStats& s) {
           {"peak_rss_bytes", s.peak_rss_bytes}};
   if (s.params_norm) j["params_norm"] = *s.params_norm;
   if (s.num_zeros) j["num_zeros"] = *s.num_zeros;
-  if (s.load_balancing_loss) j["load_balancing_loss"] = *s.load_balancing_loss;
+  if (s.load_balancing_loss) j[s.load_balancing_name] = *s.load_balancing_loss;
   if (s.z_loss) j["z_loss"] = *s.z_loss;
   return j;
 }

@@ -23,6 +23,8 @@ struct IterationStats {
   std::optional<int64_t> num_zeros;   // with --log-num-zeros-in-grad
   // --num-experts: the router losses, unweighted, mean per layer and micro-batch
   std::optional<double> load_balancing_loss, z_loss;
+  // Megatron's name for it: seq_load_balancing_loss under seq_aux_loss.
+  std::string load_balancing_name = "load_balancing_loss";
   int64_t skipped_iterations = 0, nan_iterations = 0;
   double tokens_per_s = 0;
   double tflops_per_device = 0;

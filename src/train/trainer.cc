@@ -548,10 +548,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                (std::string(mc.swiglu ? "a LLaMA-style GPT" : "a GPT") +
                 (mc.is_moe() ? fmt::format(" with {} experts per layer (top {}{}{})", mc.num_experts, mc.moe_router_topk,
                                            mc.drops_tokens()
-                                               ? fmt::format(", capacity factor {}: each expert keeps {} of the {} "
+                                               ? fmt::format(", capacity factor {}: each expert keeps at most {} of the {} "
                                                              "tokens a rank routes, dropping by {}",
                                                              *mc.moe_expert_capacity_factor,
-                                                             mc.moe_capacity(mbs * seq / cp / (sp ? tp : 1)),
+                                                             std::min(mc.moe_capacity(mbs * seq / cp / (sp ? tp : 1)),
+                                                                      mbs * seq / cp / (sp ? tp : 1)),
                                                              mbs * seq / cp / (sp ? tp : 1), mc.moe_token_drop_policy)
                                                : std::string(),
                                            mc.has_shared_expert()
@@ -697,8 +698,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const int64_t first_iteration = iteration;
   auto interval_start = Clock::now();
   double interval_loss = 0, interval_wait = 0, interval_lb = 0, interval_z = 0;
-  const bool moe_lb_active =
-      mc.is_moe() && mc.moe_router_load_balancing_type == "aux_loss" && mc.moe_aux_loss_coeff > 0;
+  const bool moe_lb_active = mc.moe_aux_loss_active();
+  const char* lb_name = mc.seq_aux_loss() ? "seq_load_balancing_loss" : "load_balancing_loss";  // Megatron's names
   int64_t interval_iters = 0, skipped = 0, nan_iters = 0;
   double last_norm = 0;
   const char* kill_env = std::getenv("MEGATRON_CPP_TEST_KILL");  // test hook: "rank:iteration" dies mid-iteration
@@ -859,7 +860,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                           {"pp_bytes", pp_bytes}};
     if (cp > 1) row["cp_bytes"] = cp_bytes;
     if (ep > 1) row["ep_bytes"] = ep_bytes;
-    if (lb_loss) row["load_balancing_loss"] = *lb_loss;
+    if (lb_loss) row[lb_name] = *lb_loss;
     if (z_loss) row["z_loss"] = *z_loss;
     if (params_norm) row["params_norm"] = *params_norm;
     if (num_zeros) row["num_zeros"] = *num_zeros;
@@ -901,6 +902,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       s.ms_per_iteration = 1000 * secs / static_cast<double>(interval_iters);
       s.learning_rate = sched.lr(), s.global_batch_size = gbs, s.loss = interval_loss / static_cast<double>(interval_iters);
       if (moe_lb_active) s.load_balancing_loss = interval_lb / static_cast<double>(interval_iters);
+      s.load_balancing_name = lb_name;
       if (mc.moe_z_loss_coeff) s.z_loss = interval_z / static_cast<double>(interval_iters);
       s.grad_norm = last_norm, s.params_norm = params_norm, s.num_zeros = num_zeros, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
       s.tokens_per_s = static_cast<double>(gbs * seq) / (s.ms_per_iteration / 1000);

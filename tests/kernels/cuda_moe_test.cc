@@ -27,14 +27,14 @@ std::vector<T> normal(size_t n, uint64_t seed, double scale = 1.0) {
 
 template <typename T>
 void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double tol, bool sig = false, int64_t G = 0,
-              int64_t gk = 0) {
+              int64_t gk = 0, int64_t aux_rows = 1) {
   SCOPED_TRACE(::testing::Message() << "N " << N << " E " << E << " k " << topk << " C " << C << " pre " << pre
                                     << " sigmoid " << sig);
   const k::MoeRouter router{pre, sig, 1.5, G, gk};
   const DType dt = dtype_of<T>();
   Arena g = gpu_arena();
   std::vector<T> logits = normal<T>(static_cast<size_t>(N * E), 1, 2.0), dprobs = normal<T>(static_cast<size_t>(N * topk), 2),
-                 aux = normal<T>(static_cast<size_t>(E), 3), x = normal<T>(static_cast<size_t>(N * C), 4),
+                 aux = normal<T>(static_cast<size_t>(aux_rows * E), 3), x = normal<T>(static_cast<size_t>(N * C), 4),
                  y = normal<T>(static_cast<size_t>(N * topk * C), 5), dout = normal<T>(static_cast<size_t>(N * C), 6);
   const Tensor hl(logits.data(), {N, E}, dt);
   std::vector<T> bias = normal<T>(static_cast<size_t>(E), 7, 0.3);  // the sigmoid router's expert bias
@@ -47,7 +47,7 @@ void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double to
   const Tensor ti(idx.data(), {N, topk}, DType::kI32), tp(probs.data(), {N, topk}, dt), ts(scores.data(), {N, E}, dt),
       tl(lse.data(), {N}, dt), tpos(pos.data(), {N, topk}, DType::kI32);
   k::moe_route(hl, router, hb, ti, tp, ts, tl);
-  k::moe_route_backward(Tensor(dprobs.data(), {N, topk}, dt), ti, tp, ts, tl, Tensor(aux.data(), {E}, dt), 0.25, router,
+  k::moe_route_backward(Tensor(dprobs.data(), {N, topk}, dt), ti, tp, ts, tl, Tensor(aux.data(), {aux_rows, E}, dt), 0.25, router,
                         sig ? hl : Tensor(), Tensor(dlogits.data(), {N, E}, dt));
   k::moe_dispatch_map(ti, Tensor(counts.data(), {E}, DType::kI32), Tensor(src.data(), {N * topk}, DType::kI32), tpos);
   k::moe_permute(Tensor(x.data(), {N, C}, dt), Tensor(src.data(), {N * topk}, DType::kI32), Tensor(xp.data(), {N * topk, C}, dt));
@@ -66,7 +66,7 @@ void moe_case(int64_t N, int64_t E, int64_t topk, int64_t C, bool pre, double to
   test::expect_close(to_host<T>(gs), scores, tol, tol, "scores");
   test::expect_close(to_host<T>(glse), lse, tol, tol, "lse");
   k::moe_route_backward(to_device(g, Tensor(dprobs.data(), {N, topk}, dt)), gi, gp, gs, glse,
-                        to_device(g, Tensor(aux.data(), {E}, dt)), 0.25, router, sig ? gl : Tensor(), gdl);
+                        to_device(g, Tensor(aux.data(), {aux_rows, E}, dt)), 0.25, router, sig ? gl : Tensor(), gdl);
   test::expect_close(to_host<T>(gdl), dlogits, tol, tol, "dlogits");
   // From here on the CPU's routing, so that both sides permute alike.
   const Tensor gti = to_device(g, ti), gtp = to_device(g, tp);
@@ -170,6 +170,7 @@ TEST(CudaTwin, MoeRoutingAndPermutationMatchCpu) {
   moe_case<double>(19, 6, 1, 8, false, 1e-13, /*sig=*/true);
   moe_case<float>(33, 8, 4, 12, false, 2e-6, /*sig=*/true, /*G=*/4, /*gk=*/2);  // group-limited routing
   moe_case<double>(17, 8, 2, 9, true, 1e-13, /*sig=*/false, /*G=*/4, /*gk=*/2);
+  moe_case<float>(36, 8, 2, 12, false, 2e-6, false, 0, 0, /*aux_rows=*/3);  // seq_aux_loss: aux per sequence
 }
 
 }  // namespace

@@ -155,6 +155,20 @@ ModelConfig capacity_sigmoid_style() {
   return c;
 }
 
+// DeepSeek's sequence-level load-balancing loss (--moe-router-load-balancing-type
+// seq_aux_loss): the switch loss of each of the 3 sequences, averaged; on
+// the mixtral, and on the sigmoid router with its bias and group limits.
+ModelConfig seq_aux_style() {
+  ModelConfig c = mixtral_style();
+  c.moe_router_load_balancing_type = "seq_aux_loss";
+  return c;
+}
+ModelConfig seq_aux_sigmoid_style() {
+  ModelConfig c = grouped_sigmoid_style();
+  c.moe_router_load_balancing_type = "seq_aux_loss";
+  return c;
+}
+
 // moegpt with a shared expert of width 20 beside its routed ones (GELU).
 ModelConfig moe_shared_style() {
   ModelConfig c = moe_gpt_style();
@@ -165,6 +179,7 @@ ModelConfig moe_shared_style() {
 nlohmann::json config_json(const ModelConfig& c, int64_t capacity_segments = 1) {
   return {{"moe_expert_capacity_factor", c.drops_tokens() ? nlohmann::json(*c.moe_expert_capacity_factor) : nlohmann::json()},
           {"moe_token_drop_policy", c.moe_token_drop_policy}, {"moe_capacity_segments", capacity_segments},
+          {"moe_router_load_balancing_type", c.moe_router_load_balancing_type},
           {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size}, {"num_attention_heads", c.num_attention_heads},
           {"num_query_groups", c.query_groups()}, {"kv_channels", c.head_dim()},
           {"normalization", normalization_name(c.normalization)}, {"norm_epsilon", c.norm_epsilon},
@@ -223,6 +238,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "capacity" ? capacity_style()
                     : which == "capacity_position" ? capacity_position_style()
                     : which == "capacity_sigmoid" ? capacity_sigmoid_style()
+                    : which == "seq_aux" ? seq_aux_style()
+                    : which == "seq_aux_sigmoid" ? seq_aux_sigmoid_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -325,7 +342,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
 INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                          ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
                                            "gptqk", "mixtral", "moegpt", "moeshared", "sigmoid", "grouped",
-                                           "grouped_sigmoid", "capacity", "capacity_position", "capacity_sigmoid"));
+                                           "grouped_sigmoid", "capacity", "capacity_position", "capacity_sigmoid",
+                                           "seq_aux", "seq_aux_sigmoid"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

@@ -147,7 +147,7 @@ def forward(P, tokens, labels, cfg):
         x_mid = (ln1 if post else x) + linear(ctx, p + "self_attention.linear_proj")
         ln2 = norm(x_mid, P[p + "pre_mlp_layernorm.weight"], bias(p + "pre_mlp_layernorm.bias"), cfg)
         if cfg.get("num_experts", 0):
-            mlp_out, aux, z = moe(ln2.reshape(T * B, h), p + "mlp.", cfg, linear)
+            mlp_out, aux, z = moe(ln2.reshape(T * B, h), p + "mlp.", cfg, linear, B)
             aux_total = aux_total + aux
             z_total = z_total + z
             x = x_mid + mlp_out.reshape(T, B, h)
@@ -170,7 +170,7 @@ def activation(fc1, cfg):
     return F.gelu(fc1, approximate="tanh" if cfg["gelu_tanh"] else "none")
 
 
-def moe(xs, p, cfg, linear):
+def moe(xs, p, cfg, linear, B):
     """Megatron's MoELayer written plainly: top-k routing (softmax over the
     chosen logits, or with pre-softmax the full softmax's values), experts
     run token by token, outputs weighted and summed; the switch
@@ -224,8 +224,14 @@ def moe(xs, p, cfg, linear):
         out = out.index_add(0, rows, probs[rows, slot].unsqueeze(1) * y)
     if cfg.get("moe_shared_expert_intermediate_size", 0):  # the shared expert: an MLP on every token
         out = out + linear(activation(linear(xs, p + "shared_experts.linear_fc1"), cfg), p + "shared_experts.linear_fc2")
-    counts = torch.nn.functional.one_hot(idx if aux_idx is None else aux_idx, E).sum(dim=(0, 1)).to(scores.dtype)
-    aux = (scores.sum(dim=0) * counts).sum() * E / (k * N * N)
+    choice = torch.nn.functional.one_hot(idx if aux_idx is None else aux_idx, E).sum(dim=1).to(scores.dtype)
+    if cfg.get("moe_router_load_balancing_type", "aux_loss") == "seq_aux_loss":
+        # Megatron's sequence-level loss: the switch loss of each sequence
+        # (rows b, b + B, ... in [s, b] order), averaged over the B sequences.
+        T = N // B
+        aux = sum((scores[b::B].sum(dim=0) * choice[b::B].sum(dim=0)).sum() for b in range(B)) * E / (k * T * T) / B
+    else:
+        aux = (scores.sum(dim=0) * choice.sum(dim=0)).sum() * E / (k * N * N)
     z = torch.logsumexp(logits, dim=-1).square().mean()
     return out, aux, z
 

@@ -197,6 +197,9 @@ TEST(TensorParallelModel, EqualsSerialModel) {
         cap_pos.moe_expert_capacity_factor = 0.8, cap_pos.moe_token_drop_policy = "position";
         run_case({"mixtral capacity 0.6", cap, sp, dt, tol});
         run_case({"moe_gpt capacity 0.8 by position", cap_pos, sp, dt, tol});
+        ModelConfig seq = mixtral_cfg();
+        seq.moe_router_load_balancing_type = "seq_aux_loss";
+        run_case({"mixtral seq_aux_loss", seq, sp, dt, tol});
       }
     }
 }
@@ -309,6 +312,9 @@ TEST(ContextParallelModel, EqualsSerialModel) {
       if (sp || tp == 1) {  // MoE with TP needs SP
         run_cp_case({"mixtral", mixtral_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
         run_cp_case({"mixtral full recompute", mixtral_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
+        ModelConfig seq = mixtral_cfg();  // the per-sequence counts summed over CP
+        seq.moe_router_load_balancing_type = "seq_aux_loss";
+        run_cp_case({"mixtral seq_aux_loss", seq, tp, sp, DType::kF64, false, none, 1e-11});
         run_cp_case({"shared expert full recompute", shared_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
         run_cp_case({"shared expert bf16", shared_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
         run_cp_case({"sigmoid router full recompute", sigmoid_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
@@ -337,6 +343,7 @@ struct EpCase {
   bool bf16;
   RecomputeGranularity recompute;
   double tol;
+  bool skew = false;  // the expert bias (sigmoid router) sends every token to experts 0 and 1
 };
 
 void run_ep_case(const EpCase& c) {
@@ -366,6 +373,13 @@ void run_ep_case(const EpCase& c) {
   GPTModel &S = **serial, &P = **par;
   S.init_parameters(79);
   P.init_parameters(79);
+  if (c.skew)
+    for (GPTModel* m : {&S, &P})
+      for (const auto& [name, b] : m->expert_bias_tensors())
+        for (int64_t e = 0; e < 2; ++e) {
+          if (c.dt == DType::kF64) b.ptr<double>()[e] = 10;
+          else b.ptr<float>()[e] = 10;
+        }
   const int64_t El = cfg.num_experts / ep;
   for (size_t i = 0; i < P.specs().size(); ++i) {
     const ParamSpec& ps = P.specs()[i];
@@ -410,8 +424,10 @@ void run_ep_case(const EpCase& c) {
     dropless.moe_expert_capacity_factor.reset();
     auto all = GPTModel::planned_comm(dropless, po);
     ASSERT_TRUE(all.is_ok());
-    EXPECT_LT(group_sent, 2.0 * static_cast<double>(ep) * (all->ep_forward_bytes + all->ep_backward_bytes))
-        << c.name << ": some slots were dropped";
+    if (!c.skew) {  // (the skewed case drops nothing)
+      EXPECT_LT(group_sent, 2.0 * static_cast<double>(ep) * (all->ep_forward_bytes + all->ep_backward_bytes))
+          << c.name << ": some slots were dropped";
+    }
     EXPECT_LE(P.scratch_arena().high_water(), P.memory_plan().scratch) << c.name << ": scratch plan";
   }
   // The serial expert gradients summed over the EP group (every rank, every expert, in order).
@@ -449,6 +465,12 @@ TEST(ExpertParallelModel, EqualsSerialModel) {
     cap_pos.moe_expert_capacity_factor = 0.5, cap_pos.moe_token_drop_policy = "position";
     run_ep_case({"mixtral capacity 0.6", cap, tp, DType::kF64, false, full, 1e-11});
     run_ep_case({"8 experts top-3 capacity 0.5 by position", cap_pos, tp, DType::kF64, false, none, 1e-11});
+    // More capacity than the average (factor 2, nothing dropped): a rank's
+    // experts may receive more rows than the rank sends; the skewed expert
+    // bias sends every token to experts 0 and 1 (EP rank 0's).
+    ModelConfig roomy = sigmoid_cfg();
+    roomy.moe_expert_capacity_factor = 2.0;
+    run_ep_case({"sigmoid router skewed, capacity 2", roomy, tp, DType::kF64, false, none, 1e-11, true});
   }
 }
 

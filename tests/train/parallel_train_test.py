@@ -72,7 +72,7 @@ def metrics(path):
         j = json.loads(line)
         if "lm_loss" in j and "kind" not in j:
             rows[j["iteration"]] = (j["lm_loss"], j["grad_norm"], j["params_norm"], j.get("num_zeros"),
-                                    j.get("load_balancing_loss"), j.get("z_loss"))
+                                    j.get("load_balancing_loss", j.get("seq_load_balancing_loss")), j.get("z_loss"))
         if "valid_lm_loss" in j:  # evaluation (through the pipeline when PP > 1)
             rows[("valid", j["iteration"])] = j["valid_lm_loss"]
     return rows
@@ -574,6 +574,20 @@ for model in MODELS:
     else:
         print(f"ok {model}: first loss dropless {first['moe']:.6f}, capacity 1 by probs {first['moecap']:.6f}, "
               f"by position {first['moecappos']:.6f}", flush=True)
+
+# DeepSeek's sequence-level load-balancing loss (--moe-router-load-balancing-
+# type seq_aux_loss): each sequence's switch loss, averaged; its per-sequence
+# expert counts summed over CP. Logged as Megatron names it.
+SEQ_FLAGS = MOE_FLAGS + ["--moe-router-load-balancing-type", "seq_aux_loss"]
+against_reference("moeseq", SEQ_FLAGS, [
+    ("tp2spcp2", 2, 1, 1, ["--sequence-parallel", "--context-parallel-size", "2"]),
+    ("dp2ep2do", 1, 1, 2, ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]),
+], plan=True, zeros_slack=CP_ZEROS)
+for model in MODELS:
+    path = os.path.join(TMP, f"{model}-moeseq-ref.jsonl")
+    rows = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+    if not any("seq_load_balancing_loss" in r for r in rows) or any("load_balancing_loss" in r for r in rows):
+        fail(f"{model}: seq_aux_loss is not logged as seq_load_balancing_loss")
 
 # ---------------------------------------------------------------- documents
 # --reset-position-ids --reset-attention-mask: positions restart after every

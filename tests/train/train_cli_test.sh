@@ -487,7 +487,7 @@ PY
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq "([1]*2)" --moe-expert-capacity-factor -1 \
   --train-iters 3 --metrics-file "$TMP/moe-neg.jsonl" >"$TMP/moe-neg.log" 2>&1 \
   || { fail "MoE with a negative capacity factor"; cat "$TMP/moe-neg.log"; }
-grep -q "capacity factor 0.5: each expert keeps 32 of the 128 tokens a rank routes, dropping by position" "$TMP/moe-cap.log" \
+grep -q "capacity factor 0.5: each expert keeps at most 32 of the 128 tokens a rank routes, dropping by position" "$TMP/moe-cap.log" \
   && ! grep -q "capacity factor" "$TMP/moe-neg.log" || { fail "token dropping header"; head -3 "$TMP/moe-cap.log"; }
 python3 - "$TMP/moe.jsonl" "$TMP/moe-cap.jsonl" "$TMP/moe-neg.jsonl" <<'PY' || fail "token dropping: losses"
 import json, sys
@@ -495,6 +495,11 @@ first = [[json.loads(x) for x in open(p) if '"lm_loss"' in x and '"kind"' not in
 assert first[2] == first[0] and first[1] != first[0], first
 print(f"token dropping: first loss {first[1]:.6f} (capacity 0.5) vs {first[0]:.6f} (dropless, and with -1)")
 PY
+# DeepSeek's sequence-level load-balancing loss, logged under Megatron's name.
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss --train-iters 2 \
+  >"$TMP/moe-seq.log" 2>&1 || { fail "MoE with seq_aux_loss"; cat "$TMP/moe-seq.log"; }
+grep -q "seq_load_balancing_loss: " "$TMP/moe-seq.log" && ! grep -q " load_balancing_loss: " "$TMP/moe-seq.log" \
+  || { fail "seq_aux_loss log name"; grep iteration "$TMP/moe-seq.log" | head -2; }
 # A shared expert (an MLP every token goes through) adds 2 layers x (fc1 + fc2)
 # = 2 x 2 x 64 x 96 parameters to the same model; Megatron's overlap flag is a no-op.
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-shared-expert-intermediate-size 96 --moe-shared-expert-overlap \

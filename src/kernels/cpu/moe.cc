@@ -56,7 +56,9 @@ void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& p
   check_route_shapes(dlogits, idx, probs, scores, lse, "moe_route_backward");
   const int64_t N = dlogits.dim(0), E = dlogits.dim(1), k = idx.dim(1);
   MT_CHECK(dprobs.numel() == N * k && dprobs.dtype() == dlogits.dtype(), "moe_route_backward: dprobs must be [N, k]");
-  MT_CHECK(!aux.defined() || (aux.numel() == E && aux.dtype() == dlogits.dtype()), "moe_route_backward: aux must be [E]");
+  const int64_t G = aux.defined() ? aux.numel() / E : 1;  // aux rows: token t reads row t mod G
+  MT_CHECK(!aux.defined() || (aux.numel() == G * E && G >= 1 && aux.dtype() == dlogits.dtype()),
+           "moe_route_backward: aux must be [E] or [G, E]");
   MT_CHECK(!router.sigmoid || (logits.numel() == N * E && logits.dtype() == dlogits.dtype()),
            "moe_route_backward: the sigmoid score function needs the logits [N, E]");
   float_types(dlogits.dtype(), [&](auto tag_) { using T = decltype(tag_);
@@ -68,7 +70,8 @@ void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& p
     const T sc = static_cast<T>(router.scale), zz = static_cast<T>(z);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; ++t)
-      moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a, zz, E, k, router.pre_softmax,
+      moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a ? a + (t % G) * E : nullptr, zz,
+                              E, k, router.pre_softmax,
                               router.sigmoid, l ? l + t * E : nullptr, sc, dl + t * E);
   });
 }

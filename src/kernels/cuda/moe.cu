@@ -37,13 +37,15 @@ __global__ void route_fwd(int64_t N, int64_t E, int64_t k, bool pre, bool sig, c
 }
 
 template <typename T>
-__global__ void route_bwd(int64_t N, int64_t E, int64_t k, bool pre, bool sig, T scale, T zz, const T* __restrict__ dp,
+__global__ void route_bwd(int64_t N, int64_t E, int64_t k, int64_t G, bool pre, bool sig, T scale, T zz,
+                          const T* __restrict__ dp,
                           const int32_t* __restrict__ ix, const T* __restrict__ p, const T* __restrict__ s,
                           const T* __restrict__ zl, const T* __restrict__ a, const T* __restrict__ l,
                           T* __restrict__ dl) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t < N)
-    moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a, zz, E, k, pre, sig,
+    moe_row::route_backward(dp + t * k, ix + t * k, p + t * k, s + t * E, zl[t], a ? a + (t % G) * E : nullptr, zz,
+                            E, k, pre, sig,
                             l ? l + t * E : nullptr, scale, dl + t * E);
 }
 
@@ -196,11 +198,12 @@ void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& p
   MT_CHECK(dlogits.ndim() == 2 && idx.ndim() == 2, "moe_route_backward: dlogits must be [N, E] and idx [N, k]");
   const int64_t N = dlogits.dim(0), E = dlogits.dim(1), k = idx.dim(1);
   const DType dt = dlogits.dtype();
+  const int64_t G = aux.defined() && E > 0 ? aux.numel() / E : 1;  // aux rows: token t reads row t mod G
   MT_CHECK(idx.dtype() == DType::kI32 && k >= 1 && k <= E && dprobs.numel() == N * k && probs.numel() == N * k &&
-               scores.numel() == N * E && lse.numel() == N && (!aux.defined() || aux.numel() == E) &&
+               scores.numel() == N * E && lse.numel() == N && (!aux.defined() || (G >= 1 && aux.numel() == G * E)) &&
                dprobs.dtype() == dt && probs.dtype() == dt && scores.dtype() == dt && lse.dtype() == dt &&
                (!aux.defined() || aux.dtype() == dt),
-           "moe_route_backward: shapes as moe_route's, dprobs [N, k], aux [E], all in dlogits' dtype");
+           "moe_route_backward: shapes as moe_route's, dprobs [N, k], aux [E] or [G, E], all in dlogits' dtype");
   MT_CHECK(!router.sigmoid || (logits.numel() == N * E && logits.dtype() == dt),
            "moe_route_backward: the sigmoid score function needs the logits [N, E]");
   check_on_gpu({&dprobs, &idx, &probs, &scores, &lse, &aux, &logits, &dlogits}, "moe_route_backward");
@@ -208,7 +211,7 @@ void moe_route_backward(const Tensor& dprobs, const Tensor& idx, const Tensor& p
   float_types(dlogits.dtype(), [&](auto tag_) {
     using T = decltype(tag_);
     route_bwd<T><<<::mt::cuda::blocks_for(N, kThreads), kThreads, 0, ::mt::cuda::stream()>>>(
-        N, E, k, router.pre_softmax, router.sigmoid, static_cast<T>(router.scale), static_cast<T>(z), dprobs.ptr<T>(),
+        N, E, k, G, router.pre_softmax, router.sigmoid, static_cast<T>(router.scale), static_cast<T>(z), dprobs.ptr<T>(),
         idx.ptr<int32_t>(), probs.ptr<T>(), scores.ptr<T>(), lse.ptr<T>(), opt_ptr<T>(aux), opt_ptr<T>(logits),
         dlogits.ptr<T>());
     MT_CUDA_CHECK_LAUNCH();
