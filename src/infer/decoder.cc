@@ -204,14 +204,10 @@ void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out
   linear(ln, p.router_w, -1, logits);
   k::moe_route(logits, model::moe_router(c), m_.expert_bias(p.layer), idx, probs,
                rows(kRScores, n), rows(kRLse, n));
-  if (c.drops_tokens()) {
-    // Token dropping as Megatron's inference: over the tokens of this call.
-    const Tensor kept = rows(kKept, n);
-    k::moe_drop(idx, probs, 1, c.moe_capacity(n), c.moe_token_drop_policy == "position", kept);
-    k::moe_dispatch_map(kept, buf_[kCounts], src, pos);
-  } else {
-    k::moe_dispatch_map(idx, buf_[kCounts], src, pos);
-  }
+  // Token dropping as Megatron's inference: over the tokens of this call.
+  k::moe_dispatch_kept(idx, probs, 1, c.drops_tokens() ? c.moe_capacity(n) : 0,
+                       c.moe_token_drop_policy == "position", c.drops_tokens() ? rows(kKept, n) : Tensor(), buf_[kCounts],
+                       src, pos);
   std::vector<int32_t> cnt(static_cast<size_t>(E));
   copy_tensor(buf_[kCounts], Tensor(cnt.data(), {E}, DType::kI32));
   std::vector<int64_t> off(static_cast<size_t>(E) + 1, 0);

@@ -125,6 +125,14 @@ inline void moe_drop(const Tensor& idx, const Tensor& probs, int64_t segments, i
 inline void moe_dispatch_map(const Tensor& idx, const Tensor& counts, const Tensor& src, const Tensor& pos) {
   MT_DISPATCH(moe_dispatch_map, idx.device(), idx, counts, src, pos);
 }
+// The dispatch map of the router's choices idx; with kept defined (token
+// dropping), of those moe_drop keeps, written to kept first.
+inline void moe_dispatch_kept(const Tensor& idx, const Tensor& probs, int64_t segments, int64_t capacity,
+                              bool by_position, const Tensor& kept, const Tensor& counts, const Tensor& src,
+                              const Tensor& pos) {
+  if (kept.defined()) moe_drop(idx, probs, segments, capacity, by_position, kept);
+  moe_dispatch_map(kept.defined() ? kept : idx, counts, src, pos);
+}
 inline void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out) {
   MT_DISPATCH(moe_permute, out.device(), x, src, out);
 }

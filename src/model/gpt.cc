@@ -1383,15 +1383,11 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
     linear_fwd(a.ln2, p.router_w, -1, logits);
     k::moe_route(logits, moe_router(cfg_), expert_bias_[static_cast<size_t>(l)], a.r_idx, a.r_probs, a.r_scores,
                  a.r_lse);
-    if (drops_) {
-      // Token dropping: each TP rank's sequence shard is one segment (the
-      // tokens a Megatron rank routes), each expert keeping cap_ slots of it.
-      const Tensor kept = scratch({N_, cfg_.moe_router_topk}, DType::kI32);
-      k::moe_drop(a.r_idx, a.r_probs, segs_, cap_, cfg_.moe_token_drop_policy == "position", kept);
-      k::moe_dispatch_map(kept, a.counts, a.src, a.pos);
-    } else {
-      k::moe_dispatch_map(a.r_idx, a.counts, a.src, a.pos);
-    }
+    // Token dropping: each TP rank's sequence shard is one segment (the
+    // tokens a Megatron rank routes), each expert keeping cap_ slots of it.
+    const Tensor kept = drops_ ? scratch({N_, cfg_.moe_router_topk}, DType::kI32) : Tensor();
+    k::moe_dispatch_kept(a.r_idx, a.r_probs, segs_, cap_, cfg_.moe_token_drop_policy == "position", kept, a.counts,
+                         a.src, a.pos);
   }
   const std::vector<int64_t> off = expert_offsets(a);
   const int64_t kept = off[static_cast<size_t>(E)];  // slots leaving the router (N k without dropping)

@@ -543,6 +543,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                              (ep > 1 ? fmt::format(" (experts: EP {} x expert DP {}, {} experts per rank)", ep,
                                                    expert_dp_comm.size(), mc.num_experts / ep)
                                      : std::string());
+  const int64_t routed = mbs * seq / cp / (sp ? tp : 1);  // the tokens one rank's MoE router sees per micro-batch
   std::fprintf(out, "training %s: %lld parameters, %s on %d rank%s%s%s%s, micro-batch %lld x %lld "
                     "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %s\n",
                (std::string(mc.swiglu ? "a LLaMA-style GPT" : "a GPT") +
@@ -551,9 +552,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                                ? fmt::format(", capacity factor {}: each expert keeps at most {} of the {} "
                                                              "tokens a rank routes, dropping by {}",
                                                              *mc.moe_expert_capacity_factor,
-                                                             std::min(mc.moe_capacity(mbs * seq / cp / (sp ? tp : 1)),
-                                                                      mbs * seq / cp / (sp ? tp : 1)),
-                                                             mbs * seq / cp / (sp ? tp : 1), mc.moe_token_drop_policy)
+                                                             std::min(mc.moe_capacity(routed), routed), routed,
+                                                             mc.moe_token_drop_policy)
                                                : std::string(),
                                            mc.has_shared_expert()
                                                ? fmt::format(", and a shared expert of width {}",
