@@ -58,6 +58,10 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
       // (Megatron's default top-k softmax), no biases, plain RoPE.
       if (c.add_qkv_bias || c.add_bias_linear) why.push_back("biases (MixtralForCausalLM, the transformers MoE class, has none)");
       if (c.qk_layernorm) why.push_back("--qk-layernorm with --num-experts (MixtralForCausalLM has no q/k norms)");
+      if (c.has_dense_layers())
+        why.push_back(fmt::format("--moe-layer-freq '{}' with dense layers (MixtralForCausalLM has experts in every "
+                                  "layer)",
+                                  c.moe_layer_freq));
       if (c.sigmoid_router())
         why.push_back("--moe-router-score-function sigmoid (MixtralForCausalLM's router is a softmax)");
       if (c.has_shared_expert())

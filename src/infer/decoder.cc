@@ -64,6 +64,7 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   const ModelConfig& c = m.config();
   h_ = c.hidden_size, V_ = m.vocab(), a_ = c.num_attention_heads, g_ = c.query_groups(), d_ = c.head_dim();
   qkv_ = (a_ + 2 * g_) * d_, F_ = c.is_moe() ? c.moe_ffn() : c.ffn(), fc1_ = (c.swiglu ? 2 : 1) * F_;
+  Fd_ = c.ffn(), fc1d_ = (c.swiglu ? 2 : 1) * Fd_;  // the dense MLP (--moe-layer-freq's dense layers)
   const int64_t topk = c.is_moe() ? c.moe_router_topk : 1, E = c.is_moe() ? c.num_experts : 0;
   dt_ = m.options().dtype;
   word_ = m.find("embedding.word_embeddings.weight");
@@ -116,8 +117,11 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   st.add("qkv", {C, qkv_}, dt_);
   st.add("ctx", {C, a_ * d_}, dt_);
   st.add("tmp", {C, h_}, dt_);
-  st.add("fc1", {C * topk, fc1_}, dt_);
-  st.add("act", {C * topk, F_}, dt_);
+  // fc1 and act of a dense layer's MLP or an MoE layer's experts (the
+  // larger; mlp_rows views them per layer).
+  const bool dense = c.has_dense_layers();
+  st.add("fc1", {std::max(C * topk * fc1_, dense ? C * fc1d_ : 0)}, dt_);
+  st.add("act", {std::max(C * topk * F_, dense ? C * Fd_ : 0)}, dt_);
   const int64_t qk_rows = c.qk_layernorm ? a_ + g_ : 0;  // --qk-layernorm: q and k head rows per token
   st.add("qk_heads", {C * qk_rows, d_}, dt_);
   st.add("qk_normed", {C * qk_rows, d_}, dt_);
@@ -194,13 +198,19 @@ void Decoder::qk_norm(const Layer& p, const k::QkvLayout& L, int64_t n) {
 // Megatron's inference router, which drops among the tokens of its step): a
 // prompt longer than the decoder's chunk drops per chunk, so its logits
 // depend on the chunk size.
+Tensor Decoder::mlp_rows(int b, int64_t rows, int64_t width) const {
+  const Tensor& buf = buf_[static_cast<size_t>(b)];
+  MT_CHECK(rows * width <= buf.numel(), "decoder: an MLP's rows exceed their buffer");
+  return Tensor(buf.data(), {rows, width}, buf.dtype(), buf.device());
+}
+
 void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out) {
   const ModelConfig& c = m_.config();
   const int64_t E = c.num_experts, K = c.moe_router_topk;
   auto rows = [&](Buf b, int64_t r) { return buf_[b].slice(0, r); };
   const Tensor logits = rows(kLogits, n), idx = rows(kRIdx, n), probs = rows(kRProbs, n), pos = rows(kPos, n),
-               src = rows(kSrc, n * K), xp = rows(kXp, n * K), fc1 = rows(kFc1, n * K), act = rows(kAct, n * K),
-               y = rows(kY, n * K);
+               src = rows(kSrc, n * K), xp = rows(kXp, n * K), fc1 = mlp_rows(kFc1, n * K, fc1_),
+               act = mlp_rows(kAct, n * K, F_), y = rows(kY, n * K);
   linear(ln, p.router_w, -1, logits);
   k::moe_route(logits, model::moe_router(c), m_.expert_bias(p.layer), idx, probs,
                rows(kRScores, n), rows(kRLse, n));
@@ -241,7 +251,7 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
   const bool post = c.apply_residual_connection_post_layernorm;
   auto rows = [&](Buf b) { return buf_[b].slice(0, n); };
   Tensor ids = rows(kIds), x = rows(kX), xm = rows(kXMid), ln = rows(kLn), mean = rows(kMean), rstd = rows(kRstd),
-         qkv = rows(kQkv), ctx = rows(kCtx), tmp = rows(kTmp), fc1 = rows(kFc1), act = rows(kAct);
+         qkv = rows(kQkv), ctx = rows(kCtx), tmp = rows(kTmp);
   if (c.normalization != Normalization::kLayerNorm) mean = Tensor();
   std::memcpy(ids.data(), tokens, static_cast<size_t>(n) * sizeof(int32_t));
   k::embedding_forward(ids, P[static_cast<size_t>(word_)], 0, x);
@@ -263,6 +273,7 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
     if (p.router_w >= 0) {
       moe(p, ln, n, tmp);
     } else {
+      const Tensor fc1 = mlp_rows(kFc1, n, fc1d_), act = mlp_rows(kAct, n, Fd_);
       linear(ln, p.fc1_w, p.fc1_b, fc1);
       if (c.swiglu) k::swiglu_forward(fc1, act);
       else k::gelu_forward(model::mlp_activation(c), fc1, act);

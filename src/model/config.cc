@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
@@ -20,6 +22,156 @@ int64_t ModelConfig::moe_capacity(int64_t tokens) const {
   const double c = std::ceil(static_cast<double>(tokens * moe_router_topk) / static_cast<double>(num_experts) *
                              moe_expert_capacity_factor.value_or(0.0));
   return c >= 9.2e18 ? INT64_MAX : static_cast<int64_t>(c);
+}
+
+namespace {
+
+// Megatron evaluates a --moe-layer-freq that holds '[' as Python: list
+// literals of integers, list * count (either side), + to concatenate, and
+// parentheses. This parser takes exactly that subset.
+class PatternParser {
+ public:
+  explicit PatternParser(const std::string& s) : s_(s) {}
+  Result<std::vector<int>> parse() {
+    std::vector<int> v;
+    if (!sum(v)) return Status::invalid(err_);
+    skip();
+    if (i_ != s_.size()) return fail("an operator or the end"), Status::invalid(err_);
+    return v;
+  }
+
+ private:
+  void skip() {
+    while (i_ < s_.size() && s_[i_] == ' ') ++i_;
+  }
+  bool fail(const std::string& expected) {
+    if (err_.empty())
+      err_ = fmt::format("expected {} at offset {}{}", expected, i_,
+                         i_ < s_.size() ? fmt::format(" ('{}')", s_.substr(i_)) : std::string(" (the end)"));
+    return false;
+  }
+  bool integer(int64_t& n) {
+    skip();
+    const size_t b = i_;
+    n = 0;
+    while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_])) && i_ - b < 9) n = n * 10 + (s_[i_++] - '0');
+    if (i_ == b) return fail("an integer");
+    if (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) return i_ = b, fail("an integer of at most 9 digits");
+    if (s_[b] == '0' && i_ - b > 1) return i_ = b, fail("an integer without leading zeros (as Python)");
+    return true;
+  }
+  bool atom(std::vector<int>& v) {
+    skip();
+    if (i_ < s_.size() && s_[i_] == '(') {
+      if (++depth_ > 64) return fail("at most 64 nested parentheses");
+      ++i_;
+      if (!sum(v)) return false;
+      --depth_;
+      skip();
+      if (i_ >= s_.size() || s_[i_] != ')') return fail("')'");
+      ++i_;
+      return true;
+    }
+    if (i_ >= s_.size() || s_[i_] != '[') return fail("'[' or '('");
+    ++i_;
+    skip();
+    while (i_ < s_.size() && s_[i_] != ']') {
+      int64_t n = 0;
+      if (!integer(n)) return false;
+      v.push_back(static_cast<int>(n));
+      skip();
+      if (i_ < s_.size() && s_[i_] == ',') ++i_, skip();
+      else if (i_ >= s_.size() || s_[i_] != ']') return fail("',' or ']'");
+    }
+    if (i_ >= s_.size()) return fail("']'");
+    ++i_;
+    return true;
+  }
+  // A product: atom (* count)*, or count * atom.
+  bool product(std::vector<int>& v) {
+    skip();
+    int64_t times = 1;
+    if (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) {
+      if (!integer(times)) return false;
+      skip();
+      if (i_ >= s_.size() || s_[i_] != '*') return fail("'*' after a repeat count");
+      ++i_;
+    }
+    std::vector<int> a;
+    if (!atom(a)) return false;
+    for (;;) {
+      skip();
+      if (i_ >= s_.size() || s_[i_] != '*') break;
+      ++i_;
+      int64_t n = 0;
+      if (!integer(n)) return false;
+      times *= n;
+      if (times > kMaxTerms) return fail("a smaller repeat count");
+    }
+    // Bounded before anything is inserted (a pattern has one term per layer).
+    if (times > kMaxTerms || (times > 0 && static_cast<int64_t>(a.size()) > (kMaxTerms - static_cast<int64_t>(v.size())) / times))
+      return fail(fmt::format("a list of at most {} terms", kMaxTerms));
+    for (int64_t t = 0; t < times; ++t) v.insert(v.end(), a.begin(), a.end());
+    return true;
+  }
+  bool sum(std::vector<int>& v) {
+    if (!product(v)) return false;
+    for (;;) {
+      skip();
+      if (i_ >= s_.size() || s_[i_] != '+') return true;
+      ++i_;
+      if (!product(v)) return false;
+    }
+  }
+  static constexpr int64_t kMaxTerms = 1 << 20;
+  const std::string& s_;
+  size_t i_ = 0;
+  int depth_ = 0;
+  std::string err_;
+};
+
+}  // namespace
+
+Result<std::vector<int>> moe_layer_pattern(const std::string& freq, int64_t num_layers) {
+  const std::string where = fmt::format("--moe-layer-freq '{}'", freq);
+  if (freq.find('[') == std::string::npos) {  // an integer N: layer i is MoE iff i % N == 0
+    int64_t n = 0;
+    size_t i = 0;
+    while (i < freq.size() && freq[i] == ' ') ++i;
+    const size_t b = i;
+    while (i < freq.size() && std::isdigit(static_cast<unsigned char>(freq[i])) && i - b < 9) n = n * 10 + (freq[i++] - '0');
+    while (i < freq.size() && freq[i] == ' ') ++i;
+    if (i == b || i != freq.size() || n < 1)
+      return Status::invalid(fmt::format("{}: expected a positive integer N (every N-th layer is MoE, from layer 0) "
+                                         "or a list such as ([0]*1+[1]*3)*2 with one 0 or 1 per layer",
+                                         where));
+    std::vector<int> v(static_cast<size_t>(std::max<int64_t>(num_layers, 0)));
+    for (int64_t l = 0; l < num_layers; ++l) v[static_cast<size_t>(l)] = l % n == 0 ? 1 : 0;
+    return v;
+  }
+  auto v = PatternParser(freq).parse();
+  if (!v.is_ok()) return Status::invalid(fmt::format("{}: {}", where, v.status().message()));
+  for (size_t l = 0; l < v->size(); ++l)
+    if ((*v)[l] != 0 && (*v)[l] != 1)
+      return Status::invalid(fmt::format("{}: term {} is {}; each layer's term is 1 (MoE) or 0 (dense)", where, l, (*v)[l]));
+  if (static_cast<int64_t>(v->size()) != num_layers)
+    return Status::invalid(fmt::format("{}: the list has {} terms but --num-layers is {} (one term per layer, as "
+                                       "Megatron requires)",
+                                       where, v->size(), num_layers));
+  return v;
+}
+
+bool ModelConfig::is_moe_layer(int64_t l) const {
+  if (!is_moe() || l < 0 || l >= num_layers) return false;
+  if (moe_layer_freq == "1") return true;
+  auto p = moe_layer_pattern(moe_layer_freq, num_layers);
+  return !p.is_ok() || (*p)[static_cast<size_t>(l)] != 0;
+}
+
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
 }
 
 int64_t ModelConfig::head_dim() const {
@@ -166,6 +318,9 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                "with --moe-expert-capacity-factor: probs drops an expert's lowest routing probabilities, position "
                "its latest tokens",
                {"probs", "position"});
+  f.add_string("moe-layer-freq", &c.moe_layer_freq,
+               "which layers are MoE: an integer N (layer i is MoE iff i mod N == 0) or a Python list expression "
+               "with one 0 (dense MLP of --ffn-hidden-size) or 1 (MoE) per layer, such as ([0]*1+[1]*3)*2");
   f.add_string("moe-router-load-balancing-type", &c.moe_router_load_balancing_type,
                "aux_loss: the switch load-balancing loss of --moe-aux-loss-coeff over the micro-batch; seq_aux_loss: "
                "the same per sequence, averaged over the sequences (DeepSeek-V2/V3); none: no load-balancing loss",
@@ -191,7 +346,7 @@ Status resolve_vocab(ModelConfig& c) {
   return Status::ok();
 }
 
-LayerParams layer_params(const ModelConfig& c) {
+LayerParams layer_params(const ModelConfig& c, bool moe_layer) {
   LayerParams p;
   const int64_t h = c.hidden_size, d = c.head_dim(), a = c.num_attention_heads, g = c.query_groups();
   const int64_t F = c.ffn(), gate = c.swiglu ? 2 : 1;
@@ -202,7 +357,7 @@ LayerParams layer_params(const ModelConfig& c) {
   p.qkv_bias = c.qkv_bias() ? (a + 2 * g) * d : 0;
   p.proj_weight = a * d * h;
   p.proj_bias = bias ? h : 0;
-  if (!c.is_moe()) {
+  if (!c.is_moe() || !moe_layer) {
     p.fc1_weight = h * gate * F;
     p.fc1_bias = bias ? gate * F : 0;
     p.fc2_weight = F * h;
@@ -221,8 +376,10 @@ LayerParams layer_params(const ModelConfig& c) {
 
 ModelParams model_params(const ModelConfig& c, int64_t V) {
   ModelParams m;
-  m.per_layer = layer_params(c).total();
-  m.layers = c.num_layers * m.per_layer;
+  m.per_layer = layer_params(c, c.is_moe()).total();
+  m.dense_per_layer = layer_params(c, false).total();
+  const int64_t moe_layers = c.num_moe_layers();
+  m.layers = moe_layers * m.per_layer + (c.num_layers - moe_layers) * m.dense_per_layer;
   m.word_embedding = V * c.hidden_size;
   m.position_embedding = c.position_embedding == PositionEmbedding::kLearnedAbsolute
                              ? c.max_position_embeddings * c.hidden_size
@@ -232,18 +389,28 @@ ModelParams model_params(const ModelConfig& c, int64_t V) {
   return m;
 }
 
+double mlp_width_over_layers(const ModelConfig& c) {
+  const double moe = static_cast<double>(c.num_moe_layers());
+  double w = static_cast<double>(c.ffn()) * (static_cast<double>(c.num_layers) - moe);
+  if (c.is_moe())
+    w += static_cast<double>(c.moe_ffn() * c.moe_router_topk + c.moe_shared_expert_intermediate_size) * moe;
+  return w;
+}
+
 MegatronParamCount megatron_param_count(const ModelConfig& c, int64_t V) {
   const int64_t h = c.hidden_size, d = c.head_dim(), a = c.num_attention_heads, g = c.query_groups();
   const int64_t phi = c.swiglu ? 3 : 2;
   MegatronParamCount m;
   int64_t att = 2 * h * d * (a + g);
-  int64_t mlp = c.is_moe() ? phi * h * c.moe_ffn() * c.num_experts + h * c.num_experts +
-                               (c.has_shared_expert() ? phi * h * c.moe_shared_expert_intermediate_size : 0)
-                           : phi * h * c.ffn();
+  const int64_t dense_mlp = phi * h * c.ffn();
+  const int64_t mlp = c.is_moe() ? phi * h * c.moe_ffn() * c.num_experts + h * c.num_experts +
+                                       (c.has_shared_expert() ? phi * h * c.moe_shared_expert_intermediate_size : 0)
+                                 : dense_mlp;
   m.per_layer = att + mlp + 2 * c.norm_params_per_norm();
   m.embedding = h * V;
-  m.total = c.num_layers * m.per_layer + c.norm_params_per_norm() +
-            m.embedding * (c.untie_embeddings_and_output_weights ? 2 : 1);
+  const int64_t moe_layers = c.num_moe_layers();  // --moe-layer-freq: the others are dense
+  m.total = moe_layers * m.per_layer + (c.num_layers - moe_layers) * (att + dense_mlp + 2 * c.norm_params_per_norm()) +
+            c.norm_params_per_norm() + m.embedding * (c.untie_embeddings_and_output_weights ? 2 : 1);
   return m;
 }
 

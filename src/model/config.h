@@ -69,9 +69,10 @@ struct ModelConfig {
   // own weight [d] (and bias for LayerNorm) for the queries and the keys
   // (Megatron's self_attention.q_layernorm / k_layernorm; Qwen3's q_norm/k_norm).
   bool qk_layernorm = false;
-  // Mixture of experts (0 experts = dense): every layer's MLP becomes a
-  // top-k router over num_experts expert MLPs (Megatron's MoELayer with
-  // --moe-layer-freq 1; dropless unless --moe-expert-capacity-factor), plus with
+  // Mixture of experts (0 experts = dense): the MLP of every layer that
+  // --moe-layer-freq names (all by default) becomes a top-k router over
+  // num_experts expert MLPs (Megatron's MoELayer; dropless unless
+  // --moe-expert-capacity-factor), plus with
   // moe_shared_expert_intermediate_size a shared expert: an MLP of that
   // width every token goes through, added to the routed experts' output
   // (Megatron's SharedExpertMLP without its gate; DeepSeek's shared experts
@@ -108,6 +109,12 @@ struct ModelConfig {
   // tokens. The load-balancing loss still counts every top-k choice.
   std::optional<double> moe_expert_capacity_factor;
   std::string moe_token_drop_policy = "probs";
+  // --moe-layer-freq (with --num-experts): which layers are MoE, as in
+  // Megatron: an integer N (layer i is MoE iff i mod N == 0) or a Python list
+  // expression of 0/1 terms, one per layer ("[0]*2+[1]*6", "([1]*3+[0])*2").
+  // The other layers keep the dense MLP of --ffn-hidden-size (DeepSeek's
+  // first dense layers, interleaved MoE).
+  std::string moe_layer_freq = "1";
 
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;
@@ -118,6 +125,13 @@ struct ModelConfig {
   int64_t norm_params_per_norm() const;  // h (RMSNorm) or 2h (LayerNorm): ν·h
   int64_t moe_ffn() const { return moe_ffn_hidden_size.value_or(ffn()); }
   bool is_moe() const { return num_experts > 0; }
+  // Layer l's MLP is MoE (--num-experts and --moe-layer-freq; false for
+  // every layer of a dense model, and where the pattern does not parse:
+  // moe_layer_pattern() reports that).
+  bool is_moe_layer(int64_t l) const;
+  int64_t num_moe_layers() const;
+  // Some layer keeps the dense MLP (a dense model, or --moe-layer-freq).
+  bool has_dense_layers() const { return num_moe_layers() < num_layers; }
   bool has_shared_expert() const { return is_moe() && moe_shared_expert_intermediate_size > 0; }
   bool sigmoid_router() const { return moe_router_score_function == "sigmoid"; }
   bool has_expert_bias() const { return is_moe() && moe_router_enable_expert_bias; }
@@ -134,6 +148,11 @@ struct ModelConfig {
   int64_t padded_vocab(int64_t tp) const;
   bool has_architecture() const { return num_layers && hidden_size && num_attention_heads; }
 };
+
+// --moe-layer-freq's pattern over num_layers layers (1: MoE), or an error
+// naming the flag: a malformed expression, a term other than 0 or 1, a list
+// whose length is not num_layers, or an integer below 1.
+Result<std::vector<int>> moe_layer_pattern(const std::string& freq, int64_t num_layers);
 
 // Registers the model flags on `flags`, bound to `cfg`.
 void register_model_flags(FlagSet& flags, ModelConfig& cfg);
@@ -154,12 +173,14 @@ struct LayerParams {
            fc2_weight + fc2_bias + router + experts;
   }
 };
-LayerParams layer_params(const ModelConfig& cfg);
+// moe_layer: the counts of an MoE layer (with --num-experts), else a dense one.
+LayerParams layer_params(const ModelConfig& cfg, bool moe_layer);
 
 // Whole-model element counts with padded vocabulary V (real tensors).
 struct ModelParams {
-  int64_t per_layer = 0;
-  int64_t layers = 0;              // L * per_layer
+  int64_t per_layer = 0;           // an MoE layer's with --num-experts (a dense layer's: dense_per_layer)
+  int64_t dense_per_layer = 0;
+  int64_t layers = 0;              // every layer's (L * per_layer when all alike)
   int64_t word_embedding = 0;      // V x h
   int64_t position_embedding = 0;  // max_pos x h (learned absolute only)
   int64_t final_norm = 0;
@@ -170,10 +191,17 @@ struct ModelParams {
 };
 ModelParams model_params(const ModelConfig& cfg, int64_t padded_vocab);
 
+// The MLP columns one token passes through, summed over the layers, as
+// Megatron's FLOPs formula counts them: --ffn-hidden-size per dense layer,
+// the top k experts' and the shared expert's per MoE layer (the router not
+// counted).
+double mlp_width_over_layers(const ModelConfig& cfg);
+
 // Megatron's own count (theoretical_memory_usage.py, §12.3): no biases, no
 // position embedding, the embedding counted twice when untied.
 struct MegatronParamCount {
-  int64_t per_layer = 0;   // P_att + P_mlp + P_norm
+  int64_t per_layer = 0;   // P_att + P_mlp + P_norm (an MoE layer's with --num-experts; total counts
+                           // --moe-layer-freq's dense layers as dense)
   int64_t embedding = 0;   // h * V
   int64_t total = 0;
 };

@@ -64,6 +64,10 @@ struct GPTModel::LayerIdx {
 //   ln2); with it, what the EP group sent (Rx bounds both, see Dims).
 //   The shared expert (--moe-shared-expert-intermediate-size) keeps s_fc1
 //   [N, S or 2S] and s_act [N, S], S its columns on this TP rank.
+// With --moe-layer-freq a layer is dense or MoE: a position that holds
+// only one kind keeps that kind's tensors; one that can hold either (other
+// chunks, recomputed groups) keeps the MoE fields and fc1/act as flat
+// buffers of the larger kind, viewed per layer (GPTModel::mlp_shaped).
 // The layer's input is resid[l], its output resid[l+1]. An undefined tensor
 // is one this configuration does not keep.
 struct GPTModel::LayerActs {
@@ -114,6 +118,9 @@ struct Dims {
   // (N without experts), fc1 and F then the expert's (this rank's columns).
   int64_t E = 0, topk = 0, R = 0;
   bool moe = false;
+  // The dense MLP's columns and fc1 width on this TP rank: every layer's
+  // without experts, --moe-layer-freq's dense layers' with them.
+  int64_t Fd = 0, fc1d = 0;
   // Expert parallelism: EP ranks, E / EP experts each; Rx the rows this
   // rank's experts can receive: each of the EP ranks sends each of its N
   // tokens to at most min(k, E / EP) of them (k distinct choices), so Rx =
@@ -133,7 +140,25 @@ struct Dims {
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
 };
 
-Shape field_shape(int f, const Dims& d) {
+// Which MLPs a layer position can hold: a dense one, an MoE one, or either
+// (virtual pipeline chunks, recomputed groups with --moe-layer-freq).
+enum LayerKinds { kDenseLayer = 1, kMoeLayer = 2 };
+
+// fc1 and act of one kind of layer: [N, fc1d] and [N, Fd] dense, [Rx, fc1]
+// and [Rx, F] MoE.
+Shape mlp_shape(int f, const Dims& d, bool moe) {
+  if (f == kFc1) return moe ? Shape{d.Rx, d.fc1} : Shape{d.N, d.fc1d};
+  return moe ? Shape{d.Rx, d.F} : Shape{d.N, d.Fd};
+}
+
+Shape field_shape(int f, const Dims& d, int kinds) {
+  if (f == kFc1 || f == kAct) {
+    // A position either kind of layer can use holds the larger as a flat
+    // buffer (GPTModel::mlp_shaped views it per layer).
+    if (kinds == (kDenseLayer | kMoeLayer))
+      return {std::max(mlp_shape(f, d, false).numel(), mlp_shape(f, d, true).numel())};
+    return mlp_shape(f, d, kinds == kMoeLayer);
+  }
   switch (f) {
     case kXMid: return {d.Ns, d.h};
     case kLn1: case kLn2: return {d.N, d.h};
@@ -141,7 +166,6 @@ Shape field_shape(int f, const Dims& d) {
     case kQkv: return {d.N, d.qkv};
     case kCtx: return {d.N, d.ad};
     case kLse: return {d.B, d.a, d.T};
-    case kFc1: return {d.Rx, d.fc1};
     case kQkRaw: return {d.qk_rows(), d.hd};
     case kQkMean: case kQkRstd: return {d.qk_rows()};
     case kRIdx: case kRProbs: case kPos: return {d.N, d.topk};
@@ -153,7 +177,7 @@ Shape field_shape(int f, const Dims& d) {
     case kY: return {d.R, d.h};
     case kSFc1: return {d.N, d.sfc1};
     case kSAct: return {d.N, d.S};
-    default: return {d.Rx, d.F};
+    default: return {};
   }
 }
 
@@ -167,17 +191,18 @@ DType field_dtype(int f, const Dims& d) {
   return d.dt;
 }
 
-// Adds one layer's activations to `t`; keep_attention false drops ctx and lse.
-FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool keep_attention) {
+// Adds the activations of a layer position to `t`, for the LayerKinds it
+// can hold; keep_attention false drops ctx and lse.
+FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool keep_attention, int kinds) {
   FieldIdx idx;
   idx.fill(-1);
   for (int f = 0; f < kLayerFields; ++f) {
     if ((f == kLn1Mean || f == kLn2Mean || f == kQkMean) && !d.layernorm) continue;  // RMSNorm keeps rstd only
     if ((f == kQkRaw || f == kQkMean || f == kQkRstd) && !d.qk) continue;
     if ((f == kCtx || f == kLse) && !keep_attention) continue;
-    if (f >= kRIdx && !d.moe) continue;
+    if (f >= kRIdx && !(kinds & kMoeLayer)) continue;
     if ((f == kSFc1 || f == kSAct) && d.S == 0) continue;
-    idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d), field_dtype(f, d));
+    idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d, kinds), field_dtype(f, d));
   }
   return idx;
 }
@@ -364,6 +389,12 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
       errs.push_back(fmt::format("--max-position-embeddings {} is below the sequence length {}",
                                  cfg.max_position_embeddings, Tg));
     if (cfg.is_moe()) {
+      if (auto pat = moe_layer_pattern(cfg.moe_layer_freq, cfg.num_layers); !pat.is_ok())
+        errs.push_back(pat.status().message());
+      else if (cfg.num_moe_layers() == 0)
+        errs.push_back(fmt::format("--moe-layer-freq '{}' makes every layer dense: give at least one 1, or drop "
+                                   "--num-experts",
+                                   cfg.moe_layer_freq));
       if (cfg.add_bias_linear)
         errs.push_back("--num-experts: the experts here have no biases (nor has the router); add --disable-bias-linear");
       if (cfg.apply_residual_connection_post_layernorm)
@@ -422,8 +453,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     if (cfg.query_groups() % tp)
       errs.push_back(fmt::format("--num-query-groups {} is not divisible by --tensor-model-parallel-size {}",
                                  cfg.query_groups(), tp));
-    if (cfg.ffn() % tp && !cfg.is_moe())
-      errs.push_back(fmt::format("--ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}", cfg.ffn(), tp));
+    if (cfg.ffn() % tp && cfg.has_dense_layers())
+      errs.push_back(fmt::format("--ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}{}", cfg.ffn(),
+                                 tp, cfg.is_moe() ? " (the dense MLP of --moe-layer-freq's dense layers)" : ""));
     if (opt.sequence_parallel && T > 0 && T % tp)
       errs.push_back(opt.cp > 1 ? fmt::format("--sequence-parallel needs a CP rank's {} positions (--seq-length {} / "
                                               "--context-parallel-size {}) divisible by --tensor-model-parallel-size {}",
@@ -482,6 +514,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d.cp = opt.cp, d.Tg = Tg;
   d.doc = opt.reset_attention_mask, d.pos_ids = opt.reset_position_ids;
   d.R = N;
+  d.Fd = F, d.fc1d = (cfg.swiglu ? 2 : 1) * F;
   if (cfg.is_moe()) {
     d.moe = true, d.E = cfg.num_experts, d.topk = cfg.moe_router_topk, d.R = N * d.topk;
     d.F = cfg.moe_ffn() / tp, d.fc1 = (cfg.swiglu ? 2 : 1) * d.F;
@@ -538,8 +571,13 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
 
   // Activations of one slot, following each chunk's recompute groups (a slot
   // keeps what any chunk it may hold keeps, position by position).
+  // Each position's LayerKinds (0: not kept), in the slot and in the
+  // recompute workspace, and those of every layer this rank holds.
   const bool selective = rc.granularity == RecomputeGranularity::kSelective;
-  std::vector<char> keep_resid(static_cast<size_t>(L + 1), 0), keep_layer(static_cast<size_t>(L), 0);
+  std::vector<char> keep_resid(static_cast<size_t>(L + 1), 0);
+  std::vector<int> keep_layer(static_cast<size_t>(L), 0), ws_kinds;
+  int held_kinds = 0;
+  auto kind = [&](int64_t l) { return cfg.is_moe_layer(l) ? kMoeLayer : kDenseLayer; };
   int64_t max_group = 0;
   for (const LayerRange& c : chunks) {
     t.groups.push_back(layer_groups(c.count, rc));
@@ -547,8 +585,12 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     for (const LayerGroup& g : t.groups.back()) {
       keep_resid[static_cast<size_t>(g.begin)] = 1;
       if (g.recompute) max_group = std::max(max_group, g.end - g.begin);
-      else
-        for (int64_t l = g.begin; l < g.end; ++l) keep_layer[static_cast<size_t>(l)] = 1;
+      if (g.recompute && ws_kinds.size() < static_cast<size_t>(g.end - g.begin))
+        ws_kinds.resize(static_cast<size_t>(g.end - g.begin), 0);
+      for (int64_t l = g.begin; l < g.end; ++l) {
+        held_kinds |= kind(c.first + l);
+        (g.recompute ? ws_kinds[static_cast<size_t>(l - g.begin)] : keep_layer[static_cast<size_t>(l)]) |= kind(c.first + l);
+      }
     }
   }
   keep_resid[0] = 1;  // the chunk's input
@@ -568,7 +610,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   for (int64_t l = 0; l < L; ++l) {
     FieldIdx& f = ai.layers[static_cast<size_t>(l)];
     f.fill(-1);
-    if (keep_layer[static_cast<size_t>(l)]) f = add_layer(at, fmt::format("layers.{}.", l), d, !selective);
+    if (keep_layer[static_cast<size_t>(l)])
+      f = add_layer(at, fmt::format("layers.{}.", l), d, !selective, keep_layer[static_cast<size_t>(l)]);
   }
   if (opt.post_process) {
     ai.lnf = at.add("final.ln", {N, h}, d.gemm_in);
@@ -583,7 +626,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
 
   // The recompute workspace: the largest recomputed group, everything kept.
   for (int64_t i = 0; i < max_group; ++i) {
-    t.ws_layers.push_back(add_layer(t.workspace, fmt::format("recompute.{}.", i), d, true));
+    t.ws_layers.push_back(add_layer(t.workspace, fmt::format("recompute.{}.", i), d, true, ws_kinds[static_cast<size_t>(i)]));
     if (i + 1 < max_group) t.ws_resid.push_back(t.workspace.add(fmt::format("recompute.resid.{}", i + 1), {Ns, h}, d.rs));
   }
 
@@ -601,7 +644,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   if (cfg.has_expert_bias()) {
     int64_t held = 0;
     for (const LayerRange& c : chunks)
-      for (int64_t l = c.first; l < c.first + c.count; ++l) t.rope.add(fmt::format("expert_bias.{}", l), {d.E}, dt), ++held;
+      for (int64_t l = c.first; l < c.first + c.count; ++l)
+        if (cfg.is_moe_layer(l)) t.rope.add(fmt::format("expert_bias.{}", l), {d.E}, dt), ++held;
     t.rope.add("expert_bias.counts", {held, d.E}, dt);
   }
 
@@ -646,7 +690,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const size_t shared_fwd = d.S ? abytes(N * h, dt) : 0;
   // With token dropping the kept choices [N, k] int32 beside the logits.
   const size_t route_fwd = abytes(N * d.E, dt) + (d.drops ? abytes(N * d.topk, DType::kI32) : 0);
-  const size_t moe_fwd = d.moe ? std::max({route_fwd, ep_fwd, full + shared_fwd}) : 0;
+  const size_t moe_fwd = held_kinds & kMoeLayer ? std::max({route_fwd, ep_fwd, full + shared_fwd}) : 0;
   const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});  // tmp (+ ctx, lse) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});
   // Backward's transients after the layer's own buffers: each linear's
@@ -661,7 +705,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // this rank's rows again.
   // Expert parallelism adds the received d(outputs) [Rx, h] and the d(xp)
   // sent back [N k, h].
-  const size_t moe_bwd = d.moe ? (sp ? abytes(N * h, d.rs) : 0) + abytes(d.R * h, d.mid) + abytes(d.Rx * h, d.mid) +
+  const size_t moe_bwd = held_kinds & kMoeLayer ? (sp ? abytes(N * h, d.rs) : 0) + abytes(d.R * h, d.mid) + abytes(d.Rx * h, d.mid) +
                                      (d.ep > 1 ? abytes(d.Rx * h, d.mid) + abytes(d.R * h, d.mid) : 0) +
                                      abytes(N * d.topk, dt) +
                                      (cfg.sigmoid_router() ? abytes(Ns * d.E, dt) : 0) +  // the router's logits again
@@ -672,12 +716,19 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                      (sp ? abytes(N * h, dt) : 0) + abytes(d.lbG * d.E, dt) + abytes(Ns * d.E, dt) +
                                      abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0)
                                : 0;
-  const size_t layer_bwd = abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(d.Rx * d.F, d.mid) +
-                           abytes(d.Rx * d.fc1, d.mid) + abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) + attn_tmp +
-                           std::max({full + std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0), cp_bwd,
-                                     moe_bwd});
+  // d(act) and d(fc1) of the layer's kind; an MoE layer's buffers after them.
+  size_t layer_bwd = 0;
+  for (const bool moe : {false, true})
+    if (held_kinds & (moe ? kMoeLayer : kDenseLayer))
+      layer_bwd = std::max(
+          layer_bwd,
+          abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(mlp_shape(kAct, d, moe).numel(), d.mid) +
+              abytes(mlp_shape(kFc1, d, moe).numel(), d.mid) + abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) +
+              attn_tmp +
+              std::max({full + std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0), cp_bwd,
+                        moe ? moe_bwd : 0}));
   bool any_kept = false;
-  for (char k : keep_layer) any_kept = any_kept || k;
+  for (int k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
   const size_t fwd_out = std::max(full, tp > 1 ? abytes(N, dt) : 0);  // the final norm output is bf16 already
   const size_t bwd_base = abytes(N, dt) + abytes(Ns * h, d.dn) + abytes(Ns * h, d.rs);  // dloss, dlnf, dresid
@@ -723,6 +774,12 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   if (!t.is_ok()) return t.status();
   GPTCommPlan c;
   const Dims& d = t->dims;
+  // The MoE layers of group g of chunk k (--moe-layer-freq: not every layer).
+  auto moe_layers = [&](size_t k, const LayerGroup& g) {
+    double n = 0;
+    for (int64_t l = g.begin; l < g.end; ++l) n += cfg.is_moe_layer(t->chunks[k].first + l) ? 1 : 0;
+    return n;
+  };
   if (opt.cp > 1) {
     // Per layer: the all-gathered Q/K/V (the output, in their stored dtype)
     // in forward and again in backward, then the reduce-scattered gradient
@@ -739,7 +796,7 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
         c.cp_backward_bytes += n * (gather + scatter) + (selective || g.recompute ? n * gather : 0.0);
         // --num-experts: each MoE layer's forward sums its expert counts over
         // CP (the load-balancing loss needs the micro-batch's), recomputed too.
-        const double counts = d.moe ? n * static_cast<double>(d.E * static_cast<int64_t>(dtype_size(d.dt))) : 0.0;
+        const double counts = moe_layers(k, g) * static_cast<double>(d.E * static_cast<int64_t>(dtype_size(d.dt)));
         c.cp_forward_bytes += counts;
         c.cp_backward_bytes += g.recompute ? counts : 0.0;
       }
@@ -750,7 +807,7 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
     const double bwd = 2 * slots * static_cast<double>(dtype_size(d.mid));
     for (size_t k = 0; k < t->groups.size(); ++k)
       for (const LayerGroup& g : t->groups[k]) {
-        const double n = static_cast<double>(g.end - g.begin);
+        const double n = moe_layers(k, g);
         c.ep_forward_bytes += n * fwd;
         c.ep_backward_bytes += n * bwd + (g.recompute ? n * fwd : 0.0);
       }
@@ -774,22 +831,24 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   // An MoE layer's the same, its experts' outputs combined before the
   // reduction; its backward also all-reduces d(probabilities) [N, k].
   const double dprobs = d.moe ? static_cast<double>(d.N * d.topk) * static_cast<double>(dtype_size(d.dt)) : 0.0;
-  const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0), layer_bwd = 2 * act + (sp ? 2 * act_rs : 0) + dprobs;
+  const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0), layer_bwd = 2 * act + (sp ? 2 * act_rs : 0);
   // A recomputed group re-runs its layers' forward in backward, the last
   // layer stopping before linear_fc2 (one row-parallel collective fewer).
   // Per micro-batch of every chunk this rank holds.
-  double recompute = 0, layers = 0;
+  double recompute = 0, layers = 0, moe = 0;
   for (size_t k = 0; k < t->groups.size(); ++k) {
     layers += static_cast<double>(t->chunks[k].count);
-    for (const LayerGroup& g : t->groups[k])
+    for (const LayerGroup& g : t->groups[k]) {
+      moe += moe_layers(k, g);
       if (g.recompute) recompute += static_cast<double>(g.end - g.begin) * layer_fwd - act;
+    }
   }
   // Embedding: all-reduce (SP: reduce-scatter); output layer input: SP
   // all-gather; cross-entropy: max, sum of exp, target logit over [N].
   const double pre = opt.pre_process ? 1 : 0, post = opt.post_process ? 1 : 0;
   c.tp_forward_bytes = layers * layer_fwd + pre * act_rs + post * ((sp ? act_lnf : 0) + 3 * row);
   // Output layer dx: all-reduce (SP: reduce-scatter); embedding dy: SP all-gather.
-  c.tp_backward_bytes = layers * layer_bwd + post * act + pre * (sp ? act_rs : 0) + recompute;
+  c.tp_backward_bytes = layers * layer_bwd + moe * dprobs + post * act + pre * (sp ? act_rs : 0) + recompute;
   for (size_t i = 0; i < t->specs.size(); ++i)
     if (tp_partial_grad(t->specs[i], sp))
       c.tp_step_bytes += static_cast<double>(t->specs[i].global_shape.numel()) * static_cast<double>(dtype_size(d.dt));
@@ -818,6 +877,7 @@ Result<std::unique_ptr<GPTModel>> GPTModel::create(const ModelConfig& cfg, const
 GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : cfg_(cfg), opt_(opt) {
   const Dims& d = t.dims;
   B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1, R_ = d.R, Rx_ = d.Rx;
+  Fd_ = d.Fd, fc1d_ = d.fc1d;
   drops_ = d.drops, segs_ = d.segs, cap_ = d.cap;
   Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
   Tg_ = d.Tg;
@@ -945,7 +1005,8 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     bias_counts_.assign(static_cast<size_t>(cfg.num_layers), {});
     if (cfg.has_expert_bias()) {  // zeros (the arena is zero-filled)
       for (const LayerRange& c : chunks_)
-        for (int64_t l = c.first; l < c.first + c.count; ++l) expert_bias_[static_cast<size_t>(l)] = v[next++];
+        for (int64_t l = c.first; l < c.first + c.count; ++l)
+          if (cfg.is_moe_layer(l)) expert_bias_[static_cast<size_t>(l)] = v[next++];
       expert_bias_counts_ = v[next++];
     }
   } else {
@@ -1700,8 +1761,21 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   k::add_inplace(dln_own, rdx);
 }
 
-void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor& out, const Slot& s) {
+GPTModel::LayerActs GPTModel::mlp_shaped(const LayerActs& a, bool moe) const {
+  LayerActs v = a;
+  const int64_t rows = moe ? Rx_ : N_;
+  auto first = [](const Tensor& t, Shape sh) {
+    MT_CHECK(sh.numel() <= t.numel(), "GPTModel: a layer's MLP activations exceed their buffer");
+    return Tensor(t.data(), sh, t.dtype(), t.device());
+  };
+  if (v.fc1.defined()) v.fc1 = first(a.fc1, {rows, moe ? fc1_ : fc1d_});
+  if (v.act.defined()) v.act = first(a.act, {rows, moe ? F_ : Fd_});
+  return v;
+}
+
+void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& held, const Tensor& out, const Slot& s) {
   const LayerIdx& p = layers_[l];
+  const LayerActs a = mlp_shaped(held, p.router_w >= 0);
   const bool post = cfg_.apply_residual_connection_post_layernorm;
   const double hd = s.training ? cfg_.hidden_dropout : 0.0;
   ArenaScope scope(scratch_);
@@ -1741,15 +1815,16 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& a, const Tensor&
                       out);
 }
 
-void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& a, const Slot& s, const Tensor& dresid) {
+void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& held, const Slot& s, const Tensor& dresid) {
   const LayerIdx& p = layers_[l];
+  const LayerActs a = mlp_shaped(held, p.router_w >= 0);
   const bool post = cfg_.apply_residual_connection_post_layernorm;
   const double hd = s.training ? cfg_.hidden_dropout : 0.0;
   const int64_t adim = a_ * cfg_.head_dim();
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
-  Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch({Rx_, F_}, mid_),
-         dfc1 = scratch({Rx_, fc1_}, mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
+  Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch(a.act.shape(), mid_),
+         dfc1 = scratch(a.fc1.shape(), mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   const k::AttentionOptions ao = attention_options(s, l);
   Tensor ctx = a.ctx, lse = a.lse;
@@ -1943,7 +2018,8 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   if (training && cfg_.is_moe()) {
     moe_stats_.load_balancing += std::accumulate(s.moe_aux.begin(), s.moe_aux.end(), 0.0);
     moe_stats_.z += std::accumulate(s.moe_z.begin(), s.moe_z.end(), 0.0);
-    moe_stats_.layer_forwards += static_cast<double>(R.count);
+    for (int64_t l = R.first; l < R.first + R.count; ++l)  // the MoE layers (--moe-layer-freq: not all)
+      moe_stats_.layer_forwards += layers_[static_cast<size_t>(l)].router_w >= 0 ? 1.0 : 0.0;
     for (int64_t l = R.first; l < R.first + R.count && cfg_.has_expert_bias(); ++l) {
       const std::vector<double>& c = s.moe_routed[static_cast<size_t>(l)];
       std::vector<double>& acc = bias_counts_[static_cast<size_t>(l)];
@@ -2115,10 +2191,9 @@ double GPTModel::flops_per_micro_batch() const {
   // counts the whole s^2 term per sequence; here per rank: its share).
   const double T = static_cast<double>(N_),
                Q = static_cast<double>(B_) * static_cast<double>(Tg_) * static_cast<double>(Tg_) / static_cast<double>(opt_.cp);
-  // An MoE layer's MLP: each token through its top-k experts (the router's
-  // GEMM is not counted, as in Megatron).
-  const double F = cfg_.is_moe() ? static_cast<double>(cfg_.moe_ffn() * cfg_.moe_router_topk) : static_cast<double>(cfg_.ffn());
-  return T * (6 * h * phi * F * Lr + Lr * 6 * (h * (q + 2 * kv) + q * h) +
+  // The MLPs: dense layers' and MoE layers' top-k experts and shared expert.
+  const double F = mlp_width_over_layers(cfg_);
+  return T * (6 * h * phi * F + Lr * 6 * (h * (q + 2 * kv) + q * h) +
               6 * h * static_cast<double>(Vg_)) +
          Q * Lr * 6 * q;
 }

@@ -517,6 +517,9 @@ class GPTModel {
   std::vector<int64_t> source_rows(const std::vector<int64_t>& recv) const;
   std::vector<int64_t> rows_to_elements(std::vector<int64_t> rows) const;
   static LayerActs bind_layer(const std::vector<Tensor>& views, const std::array<int, kLayerFields>& entries);
+  // A layer position's activations with fc1 and act shaped for a dense or an
+  // MoE layer (--moe-layer-freq: a position may hold either; see make_tables).
+  LayerActs mlp_shaped(const LayerActs& a, bool moe) const;
   // --qk-layernorm on layer p's fused QKV (forward: a.qkv in place; backward: dqkv in place).
   void qk_norm_fwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a);
   void qk_norm_bwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a, const Tensor& dqkv);
@@ -528,6 +531,7 @@ class GPTModel {
   ModelConfig cfg_;
   GPTOptions opt_;
   int64_t B_ = 0, T_ = 0, N_ = 0, h_ = 0, V_ = 0, qkv_ = 0, fc1_ = 0, F_ = 0;
+  int64_t Fd_ = 0, fc1d_ = 0;  // the dense MLP's (fc1_, F_: the experts' with --num-experts)
   int64_t expert_flat_begin_ = 0;
   std::vector<Tensor> expert_bias_;                  // per global layer (--moe-router-enable-expert-bias)
   Tensor expert_bias_counts_;                        // [held MoE layers, E]: the update's all-reduce buffer

@@ -148,7 +148,7 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
     add(p + "self_attention.linear_proj.weight", {h, a * d}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
     if (bias) add(p + "self_attention.linear_proj.bias", {h}, ShardKind::kReplicated, -1, InitKind::kZeros, false, i);
     norm(p + "pre_mlp_layernorm", i);
-    if (c.is_moe()) {
+    if (c.is_moe_layer(i)) {
       // Megatron's MoELayer: the router's [E, h] gate and the experts in
       // SequentialMLP's naming, each a column/row-parallel MLP (ETP = TP).
       const int64_t Fe = c.moe_ffn();

@@ -208,43 +208,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
                  c->refused.emplace_back(flag, why);
                });
   }
-  // MoE choices with one implemented value: the default accepted, the others refused.
-  f.add_seen("moe-layer-freq", true,
-             "which layers are MoE: 1 (every layer, the only pattern here), or a list such as ([1]*8) of ones",
-             {}, [c](const std::string& v) {
-               // Megatron takes an integer N (layer i is MoE iff i % N == 0) or
-               // a Python list expression of 0/1 terms joined by '+', each
-               // [a, b, ...] or [a]*n; every layer MoE is "1" or all ones.
-               bool all_ones = v == "1";
-               if (!all_ones) {
-                 std::string e;
-                 for (char ch : v)
-                   if (ch != ' ' && ch != '(' && ch != ')') e += ch;
-                 all_ones = !e.empty();
-                 size_t i = 0;
-                 while (all_ones && i < e.size()) {
-                   const size_t close = e.find(']', i);
-                   if (e[i] != '[' || close == std::string::npos) {
-                     all_ones = false;
-                     break;
-                   }
-                   for (size_t j = i + 1; j < close; ++j) all_ones = all_ones && (e[j] == '1' || e[j] == ',');
-                   i = close + 1;
-                   if (i < e.size() && e[i] == '*') {  // a repeat count
-                     size_t j = i + 1;
-                     while (j < e.size() && std::isdigit(static_cast<unsigned char>(e[j]))) ++j;
-                     all_ones = all_ones && j > i + 1;
-                     i = j;
-                   }
-                   if (i < e.size()) all_ones = all_ones && e[i++] == '+' && i < e.size();
-                 }
-               }
-               if (!all_ones)
-                 c->refused.emplace_back("--moe-layer-freq", fmt::format("'{}': dense layers between MoE layers are "
-                                                                         "not implemented; every layer is MoE here "
-                                                                         "(--moe-layer-freq 1)",
-                                                                         v));
-             });
   // Megatron's deprecated spellings of --position-embedding-type.
   f.add_seen("use-rotary-position-embeddings", false, "same as --position-embedding-type rope (Megatron's deprecated "
              "spelling)", {}, [m](const std::string&) { m->position_embedding = model::PositionEmbedding::kRope; });

@@ -26,17 +26,22 @@ MegatronMemoryEstimate megatron_theoretical_memory(const JobConfig& job, const M
   // Weights and optimizer (§12.3).
   const double p_att = 2 * h * d * (a + g);
   const double p_norm = 2 * nu * h;
-  double p_mlp_tp = phi * h * F, routed = 0, router = 0;
+  // With --num-experts, Megatron's num_moe_layers (--moe-layer-freq) have
+  // the shared expert, the router and the routed experts, the others the
+  // dense MLP.
+  const double Lm = static_cast<double>(m.num_moe_layers()), Ld = L - Lm;
+  double routed = 0, router = 0;
+  double mlp_tp = phi * h * F * Ld;  // over the model's layers
   if (m.is_moe()) {
-    p_mlp_tp = phi * h * static_cast<double>(m.moe_shared_expert_intermediate_size);  // the shared expert (0: none)
+    mlp_tp += phi * h * static_cast<double>(m.moe_shared_expert_intermediate_size) * Lm;  // the shared expert (0: none)
     routed = phi * h * m.moe_ffn() * m.num_experts;
     router = h * m.num_experts;
   }
   const double embedding = h * V;
-  double x_tp = ((L / p) * (p_att + p_mlp_tp) + embedding) / t;
+  double x_tp = ((L * p_att + mlp_tp) / p + embedding) / t;
   if (m.untie_embeddings_and_output_weights && par.pp == 1) x_tp += embedding / t;
-  const double x_rep = (L * (p_norm + router) + nu * h) / p;
-  const double x_exp = routed * (L / p) / static_cast<double>(l.etp * par.ep);
+  const double x_rep = (L * p_norm + Lm * router + nu * h) / p;
+  const double x_exp = routed * (Lm / p) / static_cast<double>(l.etp * par.ep);
   auto B = [&](double x) { return par.use_distributed_optimizer ? 6 + 12 / x : 18; };
   e.params_on_most_loaded_shard = x_tp + x_rep + x_exp;
   e.weight_and_optimizer_bytes = (x_tp + x_rep) * B(static_cast<double>(l.dp)) +
@@ -47,7 +52,7 @@ MegatronMemoryEstimate megatron_theoretical_memory(const JobConfig& job, const M
   e.sp_formula = par.sequence_parallel && r.selective();
   const double sbh = s * b * h;
   double act;
-  if (e.sp_formula) act = L * sbh * (18 + 4 * F / h);
+  if (e.sp_formula) act = L * sbh * (18 + 4 * F / h);  // Megatron's: the dense MLP's F on every layer
   else act = L * sbh * (10 + 24 / t);
   act += 8 * s * b * p + sbh * p;
   if (l.vpp > 1) {
@@ -95,7 +100,7 @@ Shapes shapes(const JobConfig& job, const MemoryLayout& l) {
 
 }  // namespace
 
-double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l) {
+double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l, bool moe_layer) {
   const auto& m = job.model;
   const Shapes s = shapes(job, l);
   const double hs = s.tok * s.h / s.sp;  // a hidden-sized tensor, sequence-sharded under SP
@@ -106,7 +111,7 @@ double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l) {
   bytes += s.e * s.tok * s.heads_rank * s.d;              // attention output (proj input)
   bytes += 4 * s.tok * s.heads_rank;                      // softmax log-sum-exp (fp32)
   bytes += 2 * s.mask * hs;                               // two hidden-dropout masks
-  if (!m.is_moe()) {
+  if (!m.is_moe() || !moe_layer) {
     bytes += s.e * s.tok * (s.gate + 1) * s.F / s.t;      // fc1 output, activation output
   } else {
     double routed = s.tok * m.moe_router_topk;            // tokens this rank's experts see, on average
@@ -139,24 +144,40 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
   const double qk_norms = m.qk_layernorm ? 2.0 * (m.normalization == model::Normalization::kLayerNorm ? 2 : 1) * d : 0;
   double dense_layer = 2.0 * m.norm_params_per_norm() + qk_norms + h * qkv_out + (m.qkv_bias() ? qkv_out : 0) +
                        s.heads_rank * d * h + (bias ? h : 0);
-  double expert_layer = 0;
-  if (!m.is_moe()) {
-    dense_layer += h * gate * F / t + (bias ? gate * F / t : 0) + F / t * h + (bias ? h : 0);
-  } else {
+  // A dense layer's MLP, and an MoE layer's router, shared expert (these
+  // two with the dense parameters) and this rank's routed experts.
+  const double mlp = h * gate * F / t + (bias ? gate * F / t : 0) + F / t * h + (bias ? h : 0);
+  double moe_dense = 0, expert_layer = 0;
+  if (m.is_moe()) {
     const double Fe = m.moe_ffn(), etp = l.etp, local_experts = static_cast<double>(m.num_experts) / par.ep;
-    dense_layer += h * m.num_experts;  // router, replicated
+    moe_dense += h * m.num_experts;  // router, replicated
     const double S = static_cast<double>(m.moe_shared_expert_intermediate_size);
-    dense_layer += (h * gate * S + S * h) / t;  // the shared expert, split over TP
+    moe_dense += (h * gate * S + S * h) / t;  // the shared expert, split over TP
     expert_layer = local_experts * ((h * gate * Fe + Fe * h) / etp + (bias ? gate * Fe / etp + h : 0));
   }
-  int64_t layers = 0;
-  for (int64_t c : in.chunk_layers) layers += c;
-  out.dense_params = layers * dense_layer;
-  out.expert_params = layers * expert_layer;
+  // This stage's layers, and which are MoE (--moe-layer-freq).
+  std::vector<std::vector<bool>> chunk_moe;
+  int64_t layers = 0, moe_layers = 0;
+  MT_CHECK(in.chunk_first.empty() || in.chunk_first.size() == in.chunk_layers.size(),
+           "stage_memory: chunk_first must give every chunk's first layer, or none");
+  for (size_t c = 0; c < in.chunk_layers.size(); ++c) {
+    int64_t first = c < in.chunk_first.size() ? in.chunk_first[c] : 0;
+    if (in.chunk_first.empty())
+      for (size_t j = 0; j < c; ++j) first += in.chunk_layers[j];
+    chunk_moe.emplace_back();
+    for (int64_t i = 0; i < in.chunk_layers[c]; ++i) {
+      chunk_moe.back().push_back(m.is_moe_layer(first + i));
+      moe_layers += chunk_moe.back().back() ? 1 : 0;
+    }
+    layers += in.chunk_layers[c];
+  }
+  const int64_t dense_layers = layers - moe_layers;
+  out.dense_params = layers * dense_layer + static_cast<double>(dense_layers) * mlp + static_cast<double>(moe_layers) * moe_dense;
+  out.expert_params = static_cast<double>(moe_layers) * expert_layer;
   const double vocab_shard = s.V * h / t;
   {
-    const model::LayerParams lp = model::layer_params(m);
-    out.stage_params = static_cast<double>(layers) * lp.total();
+    out.stage_params = static_cast<double>(moe_layers) * static_cast<double>(model::layer_params(m, true).total()) +
+                       static_cast<double>(dense_layers) * static_cast<double>(model::layer_params(m, false).total());
     if (in.first_stage)
       out.stage_params += s.V * h + (m.position_embedding == model::PositionEmbedding::kLearnedAbsolute
                                          ? static_cast<double>(m.max_position_embeddings) * h : 0);
@@ -182,7 +203,7 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
 
   // Activations of one micro-batch through each chunk.
   const double hs = s.tok * h / s.sp;
-  const double full_layer = layer_activation_bytes(job, l);
+  const double moe_layer = layer_activation_bytes(job, l, true), dense_layer_act = layer_activation_bytes(job, l, false);
   double saved_input = s.e * hs;  // what full recomputation keeps per recomputed layer/group
   if (job.recompute.distribute_saved_activations && !par.sequence_parallel) saved_input /= t;
   const auto& rc = job.recompute;
@@ -190,20 +211,28 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
   double worst_chunk = 0;
   for (size_t c = 0; c < in.chunk_layers.size(); ++c) {
     const int64_t lc = in.chunk_layers[c];
+    // Layer i of the chunk keeps everything (an MoE or a dense layer's).
+    auto full_layer = [&](int64_t i) { return chunk_moe[c][static_cast<size_t>(i)] ? moe_layer : dense_layer_act; };
+    auto full_layers = [&](int64_t b, int64_t e) {
+      double x = 0;
+      for (int64_t i = b; i < e; ++i) x += full_layer(i);
+      return x;
+    };
     double a = 0;
     if (rc.full() && lc > 0) {
       const int64_t n = std::max<int64_t>(1, rc.num_layers.value_or(1));
       if (rc.method == "block") {
         const int64_t k = std::min(n, lc);
-        a = k * saved_input + (lc - k) * full_layer;
-        recompute_transient = std::max(recompute_transient, full_layer);
+        a = k * saved_input + full_layers(k, lc);
+        for (int64_t i = 0; i < k; ++i) recompute_transient = std::max(recompute_transient, full_layer(i));
       } else {  // uniform
         const int64_t groups = (lc + n - 1) / n;
         a = groups * saved_input;
-        recompute_transient = std::max(recompute_transient, std::min(n, lc) * full_layer);
+        for (int64_t b = 0; b < lc; b += n)
+          recompute_transient = std::max(recompute_transient, full_layers(b, std::min(lc, b + n)));
       }
     } else {
-      a = lc * full_layer;
+      a = full_layers(0, lc);
     }
     if (in.first_stage && c == 0) a += 8 * s.tok + s.mask * hs;  // token ids, embedding dropout mask
     if (in.last_stage && c + 1 == in.chunk_layers.size())

@@ -72,6 +72,7 @@ struct StageInputs {
   int64_t pp_rank = 0;
   bool first_stage = false, last_stage = false;
   std::vector<int64_t> chunk_layers;
+  std::vector<int64_t> chunk_first;  // each chunk's first layer (--moe-layer-freq: which are MoE); empty: 0, ...
   int64_t in_flight = 1;  // peak chunk-micro-batches from the schedule
   double reserve_bytes = 0;
 };
@@ -79,7 +80,8 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
 
 // Saved activations of one transformer layer for one micro-batch on one
 // rank, in bytes, without recomputation (flash attention: no s x s tensor).
-double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l);
+// moe_layer: an MoE layer's (with --num-experts), else a dense one's.
+double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l, bool moe_layer);
 
 // What this build's CPU trainer allocates on one rank (TP = PP = 1), from the
 // model's own size tables (model::GPTModel::planned_bytes) plus the AdamW

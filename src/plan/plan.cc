@@ -62,11 +62,9 @@ double megatron_flops_per_iteration(const model::ModelConfig& m, int64_t V, int6
   const double T = B * s, Q = B * s * s;
   const double d = m.head_dim(), q = m.num_attention_heads * d, k = m.query_groups() * d;
   const double phi = m.swiglu ? 3 : 2;
-  double mlp;
-  if (m.is_moe())  // the routed experts each token reaches, and the shared expert
-    mlp = 6 * h * phi * (static_cast<double>(m.moe_ffn() * m.moe_router_topk) +
-                         static_cast<double>(m.moe_shared_expert_intermediate_size)) * L;
-  else mlp = 6 * h * phi * m.ffn() * L;
+  // The dense layers' MLP, and the MoE layers' routed experts each token
+  // reaches and shared expert.
+  const double mlp = 6 * h * phi * model::mlp_width_over_layers(m);
   const double attn_proj = L * 6 * (h * (q + 2 * k) + q * h);
   const double logits = 6 * h * static_cast<double>(V);
   return T * (mlp + attn_proj + logits) + Q * L * 6 * q;
@@ -84,7 +82,7 @@ MemoryReport stage_memories(const PlanReport& r, const JobConfig& job, const Mem
     in.first_stage = p == 0;
     in.last_stage = p == P - 1;
     for (const auto& c : r.chunks)
-      if (c.pp_rank == p) in.chunk_layers.push_back(c.num_layers);
+      if (c.pp_rank == p) in.chunk_layers.push_back(c.num_layers), in.chunk_first.push_back(c.first_layer);
     in.in_flight = r.in_flight.empty() ? 1 : r.in_flight[p];
     in.reserve_bytes = r.device.reserve_bytes;
     mem.stages.push_back(stage_memory(job, layout, in));

@@ -82,9 +82,14 @@ std::string render_text(const PlanReport& r) {
                      m.untie_embeddings_and_output_weights ? " untied" : " tied"));
     line(fmt::format("  vocabulary          {} padded to {} (multiple of {} x TP {})", *m.vocab_size, r.padded_vocab,
                      m.make_vocab_size_divisible_by, par.tp));
-    line(fmt::format("  parameters          {} ({}) total; embedding V x h = {}; per layer {}", group_digits(r.total_params),
-                     billions(r.total_params), group_digits(static_cast<double>(r.params.word_embedding)),
-                     group_digits(static_cast<double>(r.params.per_layer))));
+    const std::string per_layer =
+        m.is_moe() && m.has_dense_layers()  // --moe-layer-freq
+            ? fmt::format("per MoE layer {} ({} of {}), per dense layer {}",
+                          group_digits(static_cast<double>(r.params.per_layer)), m.num_moe_layers(), m.num_layers,
+                          group_digits(static_cast<double>(r.params.dense_per_layer)))
+            : fmt::format("per layer {}", group_digits(static_cast<double>(r.params.per_layer)));
+    line(fmt::format("  parameters          {} ({}) total; embedding V x h = {}; {}", group_digits(r.total_params),
+                     billions(r.total_params), group_digits(static_cast<double>(r.params.word_embedding)), per_layer));
     line(fmt::format("  Megatron's count    {} (no biases or position embedding)", group_digits(static_cast<double>(r.megatron_params.total))));
     std::string split;
     for (const auto& c : r.chunks)

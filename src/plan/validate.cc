@@ -140,6 +140,15 @@ void validate(PlanReport& r) {
     c.error("moe-topk", {"--moe-router-topk", "--num-experts"},
             fmt::format("each token is routed to {} experts but there are only {}", m.moe_router_topk, m.num_experts),
             fmt::format("use --moe-router-topk {} or fewer", m.num_experts));
+  if (m.num_experts > 0 && m.num_layers > 0) {
+    if (auto pat = model::moe_layer_pattern(m.moe_layer_freq, m.num_layers); !pat.is_ok())
+      c.error("moe-layer-freq", {"--moe-layer-freq", "--num-layers"}, pat.status().message(),
+              fmt::format("give an integer, or a list with {} terms of 0 or 1", m.num_layers));
+    else if (m.num_moe_layers() == 0)
+      c.error("moe-layer-freq-none", {"--moe-layer-freq", "--num-experts"},
+              fmt::format("--moe-layer-freq '{}' makes every layer dense", m.moe_layer_freq),
+              "give at least one 1, or drop --num-experts");
+  }
   if (m.num_experts > 0 && EP > 1 && TP > 1 && !par.sequence_parallel)
     c.warn("Megatron: with expert and tensor parallelism, sequence parallelism must be used (--sequence-parallel)");
 
@@ -200,7 +209,7 @@ void validate(PlanReport& r) {
       c.error("hidden-heads", {"--hidden-size", "--num-attention-heads", "--kv-channels"},
               fmt::format("hidden size {} is not divisible by {} heads, and --kv-channels is not given", h, a),
               fmt::format("use {}, or give --kv-channels", list_or(nearby_multiples(a, h), "--hidden-size")));
-    if (!m.is_moe() && m.ffn() % TP != 0)
+    if (m.has_dense_layers() && m.ffn() % TP != 0)
       c.error("ffn-divisible", {"--ffn-hidden-size", "--tensor-model-parallel-size"},
               fmt::format("FFN hidden size {} does not split over TP = {}", m.ffn(), TP),
               fmt::format("use {}", list_or(nearby_multiples(TP, m.ffn()), "--ffn-hidden-size")));

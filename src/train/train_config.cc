@@ -226,7 +226,7 @@ constexpr CkptArg kModelArgs[] = {
     {"attention-dropout", true}, {"hidden-dropout", true}, {"num-experts", true}, {"moe-ffn-hidden-size", true},
     {"moe-router-topk", true}, {"moe-router-pre-softmax", true}, {"moe-router-topk-scaling-factor", true},
     {"moe-shared-expert-intermediate-size", true}, {"moe-router-score-function", true},
-    {"moe-router-enable-expert-bias", true},
+    {"moe-router-enable-expert-bias", true}, {"moe-layer-freq", true},
     // Forced whatever --use-tokenizer-model-from-checkpoint-args says, as Megatron's _set_arg('tiktoken_pattern').
     {"tiktoken-pattern", true},
     // Not in Megatron's list (its padded vocabulary comes from the tokenizer):

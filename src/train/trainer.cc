@@ -547,7 +547,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   std::fprintf(out, "training %s: %lld parameters, %s on %d rank%s%s%s%s, micro-batch %lld x %lld "
                     "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %s\n",
                (std::string(mc.swiglu ? "a LLaMA-style GPT" : "a GPT") +
-                (mc.is_moe() ? fmt::format(" with {} experts per layer (top {}{}{})", mc.num_experts, mc.moe_router_topk,
+                (mc.is_moe() ? fmt::format(" with {} experts per layer (top {}{}{}){}", mc.num_experts, mc.moe_router_topk,
                                            mc.drops_tokens()
                                                ? fmt::format(", capacity factor {}: each expert keeps at most {} of the {} "
                                                              "tokens a rank routes, dropping by {}",
@@ -558,6 +558,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                            mc.has_shared_expert()
                                                ? fmt::format(", and a shared expert of width {}",
                                                              mc.moe_shared_expert_intermediate_size)
+                                               : std::string(),
+                                           mc.has_dense_layers()  // --moe-layer-freq
+                                               ? fmt::format(" in {} of its {} layers, the others dense",
+                                                             mc.num_moe_layers(), mc.num_layers)
                                                : std::string())
                              : std::string()))
                    .c_str(),

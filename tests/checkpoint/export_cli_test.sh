@@ -297,12 +297,16 @@ echo "mixtral greedy: ours '$x_ours', exported '$x_theirs', imported '$x_back'"
 "$BIN" export --load "$TMP/moegpt" --output "$TMP/hf-moegpt" 2>"$TMP/err"; rc=$?
 [ $rc = 2 ] && grep -q "GPT2LMHeadModel has no experts" "$TMP/err" && [ ! -e "$TMP/hf-moegpt" ] \
   || { fail "moe gpt export should be refused: rc $rc"; cat "$TMP/err"; }
-# A Mixtral-style model with a shared expert: MixtralForCausalLM has none.
-"$BIN" train "${COMMON[@]}" "${MIXTRAL[@]}" --moe-shared-expert-intermediate-size 32 --train-iters 8 \
-  --save "$TMP/moeshared" >"$TMP/moeshared.log" 2>&1 || { fail "train moe with a shared expert"; tail -5 "$TMP/moeshared.log"; }
+# A Mixtral-style model with a shared expert and a dense first layer
+# (--moe-layer-freq, rebuilt from the checkpoint's arguments): MixtralForCausalLM
+# has neither, and both reasons are given.
+"$BIN" train "${COMMON[@]}" "${MIXTRAL[@]}" --moe-shared-expert-intermediate-size 32 --moe-layer-freq "[0]+[1]" \
+  --train-iters 8 --save "$TMP/moeshared" >"$TMP/moeshared.log" 2>&1 \
+  || { fail "train moe with a shared expert"; tail -5 "$TMP/moeshared.log"; }
 "$BIN" export --load "$TMP/moeshared" --output "$TMP/hf-moeshared" 2>"$TMP/err"; rc=$?
-[ $rc = 2 ] && grep -q "MixtralForCausalLM has no shared expert" "$TMP/err" && [ ! -e "$TMP/hf-moeshared" ] \
-  || { fail "shared-expert export should be refused: rc $rc"; cat "$TMP/err"; }
+[ $rc = 2 ] && grep -q "MixtralForCausalLM has no shared expert" "$TMP/err" \
+  && grep -q -- "--moe-layer-freq '\[0\]+\[1\]' with dense layers (MixtralForCausalLM has experts in every layer)" "$TMP/err" \
+  && [ ! -e "$TMP/hf-moeshared" ] || { fail "shared-expert and dense-layer export should be refused: rc $rc"; cat "$TMP/err"; }
 
 # Errors: exit 2, the flag named, nothing overwritten.
 "$BIN" export --load "$TMP/gpt" --output "$TMP/hf-gpt" 2>"$TMP/err"; rc=$?

@@ -95,6 +95,20 @@ ModelConfig shared_style() {  // MoE GPT with a shared expert beside its routed 
   return c;
 }
 
+// --moe-layer-freq: MoE on every other layer from layer 0 (the others a
+// dense MLP 80 wide beside experts 24 wide); the GPT with a shared expert
+// dense in its first layer only.
+ModelConfig moe_freq_style() {
+  ModelConfig c = mixtral_style();
+  c.moe_layer_freq = "2";
+  return c;
+}
+ModelConfig moe_freq_shared_style() {
+  ModelConfig c = shared_style();
+  c.moe_layer_freq = "[0]+[1]*" + std::to_string(c.num_layers - 1);
+  return c;
+}
+
 template <typename T>
 double row_rel_err(const T* a, const T* b, int64_t n) {
   double num = 0, den = 0;
@@ -200,7 +214,9 @@ INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
                                            Case{"llama31", llama31_style}, Case{"qwen", qwen_style},
                                            Case{"qwen3", qwen3_style}, Case{"qk_ln", qk_ln_style},
                                            Case{"mixtral", mixtral_style}, Case{"moe_gpt", moe_gpt_style},
-                                           Case{"shared_expert", shared_style}, Case{"sigmoid", sigmoid_style}),
+                                           Case{"shared_expert", shared_style}, Case{"sigmoid", sigmoid_style},
+                                           Case{"moe_freq", moe_freq_style},
+                                           Case{"moe_freq_shared", moe_freq_shared_style}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Token dropping (--moe-expert-capacity-factor) counts the tokens of each

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <numeric>
+#include <tuple>
 
 namespace mt::model {
 namespace {
@@ -53,6 +55,87 @@ TEST(ModelConfig, Gpt2SmallParameterCount) {
   m.vocab_size = 50257, m.make_vocab_size_divisible_by = 1;
   // GPT-2 124M: 124,439,808 parameters with the unpadded vocabulary.
   EXPECT_EQ(model_params(m, m.padded_vocab(1)).total(), 124439808);
+}
+
+// --moe-layer-freq as Megatron reads it: an integer N (layer i MoE iff
+// i % N == 0) or a Python list expression (the values Python's eval gives).
+TEST(ModelConfig, MoeLayerFreqPatterns) {
+  auto pat = [](const std::string& f, int64_t L) {
+    auto p = moe_layer_pattern(f, L);
+    EXPECT_TRUE(p.is_ok()) << f << ": " << p.status().message();
+    return p.is_ok() ? *p : std::vector<int>{};
+  };
+  EXPECT_EQ(pat("1", 4), (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_EQ(pat("2", 5), (std::vector<int>{1, 0, 1, 0, 1}));
+  EXPECT_EQ(pat(" 3 ", 4), (std::vector<int>{1, 0, 0, 1}));
+  EXPECT_EQ(pat("([1]*3+[0]*1)*3", 12), (std::vector<int>{1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0}));  // Megatron's help
+  EXPECT_EQ(pat("[0, 1,1]", 3), (std::vector<int>{0, 1, 1}));
+  EXPECT_EQ(pat("[1,0,]", 2), (std::vector<int>{1, 0}));
+  EXPECT_EQ(pat("2*[1,0]", 4), (std::vector<int>{1, 0, 1, 0}));
+  EXPECT_EQ(pat("[0]*1+[1]*2*2", 5), (std::vector<int>{0, 1, 1, 1, 1}));
+  const std::vector<int> v3 = pat("[0]*3+[1]*58", 61);  // DeepSeek-V3: three dense layers first
+  ASSERT_EQ(v3.size(), 61u);
+  EXPECT_EQ(v3[0] + v3[1] + v3[2], 0);
+  EXPECT_EQ(std::accumulate(v3.begin(), v3.end(), 0), 58);
+  // Errors name the flag and what was expected.
+  for (const auto& [f, L, want] : std::vector<std::tuple<std::string, int64_t, std::string>>{
+           {"[1]*3", 4, "the list has 3 terms but --num-layers is 4"},
+           {"[2]*4", 4, "term 0 is 2"},
+           {"0", 4, "a positive integer"},
+           {"1.5", 4, "a positive integer"},
+           {"[1,0", 2, "expected ',' or ']' at offset 4"},
+           {"[1]+", 1, "expected '[' or '(' at offset 4"},
+           {"[1]*", 1, "expected an integer at offset 4"},
+           {"([1]", 1, "expected ')'"},
+           {"[1] [0]", 2, "expected an operator or the end at offset 4"},
+           {"[01]", 1, "without leading zeros"},
+           {"[1]*02", 2, "without leading zeros"},
+           {"[1]*1234567890", 1, "at most 9 digits"},
+           // Bounded before anything is allocated: a pattern has one term per layer.
+           {"999999999*[1]", 1, "a list of at most 1048576 terms"},
+           {"([1]*1000000)*1000", 1, "a list of at most 1048576 terms"},
+           {std::string(70, '(') + "[1]" + std::string(70, ')'), 1, "at most 64 nested parentheses"}}) {
+    auto p = moe_layer_pattern(f, L);
+    ASSERT_FALSE(p.is_ok()) << f;
+    EXPECT_NE(p.status().message().find("--moe-layer-freq '" + f + "'"), std::string::npos) << p.status().message();
+    EXPECT_NE(p.status().message().find(want), std::string::npos) << p.status().message();
+  }
+  ModelConfig c;
+  c.num_layers = 6;
+  EXPECT_FALSE(c.is_moe_layer(0)) << "a dense model has no MoE layer";
+  c.num_experts = 8, c.moe_layer_freq = "[0]*2+[1]*4";
+  EXPECT_FALSE(c.is_moe_layer(1));
+  EXPECT_TRUE(c.is_moe_layer(2));
+  EXPECT_EQ(c.num_moe_layers(), 4);
+  EXPECT_TRUE(c.has_dense_layers());
+  c.moe_layer_freq = "1";
+  EXPECT_EQ(c.num_moe_layers(), 6);
+  EXPECT_FALSE(c.has_dense_layers());
+}
+
+// Parameter counts with dense and MoE layers: 2 dense + 4 MoE layers, each
+// kind's count written out.
+TEST(ModelConfig, MoeLayerFreqParameterCounts) {
+  ModelConfig c;
+  c.num_layers = 6, c.hidden_size = 64, c.num_attention_heads = 4, c.swiglu = true, c.ffn_hidden_size = 256;
+  c.normalization = Normalization::kRMSNorm, c.add_bias_linear = false, c.vocab_size = 1000;
+  c.position_embedding = PositionEmbedding::kRope, c.untie_embeddings_and_output_weights = true;
+  c.num_experts = 8, c.moe_ffn_hidden_size = 32, c.moe_shared_expert_intermediate_size = 64;
+  c.moe_layer_freq = "[0]*2+[1]*4";
+  const int64_t h = 64, attn = h * 3 * h + h * h, norms = 2 * h;
+  const int64_t dense = attn + norms + 3 * h * 256;
+  const int64_t moe = attn + norms + 8 * h + 8 * 3 * h * 32 + 3 * h * 64;
+  EXPECT_EQ(layer_params(c, false).total(), dense);
+  EXPECT_EQ(layer_params(c, true).total(), moe);
+  const int64_t V = c.padded_vocab(1);
+  const ModelParams mp = model_params(c, V);
+  EXPECT_EQ(mp.layers, 2 * dense + 4 * moe);
+  EXPECT_EQ(mp.total(), 2 * dense + 4 * moe + 2 * V * h + h);
+  // Megatron's count (no biases to drop here): the same total.
+  EXPECT_EQ(megatron_param_count(c, V).total, mp.total());
+  // The FLOPs formula's MLP widths: dense 256 on 2 layers, top-2 experts
+  // of 32 and the shared 64 on 4.
+  EXPECT_DOUBLE_EQ(mlp_width_over_layers(c), 2 * 256 + 4 * (2 * 32 + 64));
 }
 
 TEST(ModelConfig, VocabFileIsCounted) {

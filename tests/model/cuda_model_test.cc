@@ -165,6 +165,12 @@ TEST(CudaModel, MoeForwardBackwardMatchesCpu) {
   compare(c, false, false, "Mixtral-style capacity 0.6 fp32");
   c.moe_token_drop_policy = "position";
   compare(c, true, false, "Mixtral-style capacity 0.6 by position bf16");
+  // --moe-layer-freq: MoE on layer 0 only, the dense MLP (wider than the
+  // experts) on the others: fc1 and act views per layer kind.
+  ModelConfig f = x;
+  f.moe_layer_freq = std::to_string(x.num_layers);
+  compare(f, false, false, "Mixtral-style MoE layer 0 only fp32");
+  compare(f, true, false, "Mixtral-style MoE layer 0 only bf16");
 }
 
 }  // namespace

@@ -169,6 +169,21 @@ ModelConfig seq_aux_sigmoid_style() {
   return c;
 }
 
+// --moe-layer-freq: the mixtral with 3 layers, the first dense (its MLP
+// 80 wide, the experts 24: DeepSeek's first dense layers); and the sigmoid
+// router with its bias and a shared expert on layers 0 and 2 (freq 2), layer
+// 1 dense.
+ModelConfig moe_freq_style() {
+  ModelConfig c = mixtral_style();
+  c.num_layers = 3, c.moe_layer_freq = "[0]+[1]*2";
+  return c;
+}
+ModelConfig moe_freq_sigmoid_style() {
+  ModelConfig c = sigmoid_style();
+  c.num_layers = 3, c.moe_layer_freq = "2", c.moe_shared_expert_intermediate_size = 16;
+  return c;
+}
+
 // moegpt with a shared expert of width 20 beside its routed ones (GELU).
 ModelConfig moe_shared_style() {
   ModelConfig c = moe_gpt_style();
@@ -191,7 +206,7 @@ nlohmann::json config_json(const ModelConfig& c, int64_t capacity_segments = 1) 
           {"swiglu", c.swiglu}, {"gelu_tanh", c.gelu_tanh()}, {"squared_relu", c.squared_relu},
           {"qk_layernorm", c.qk_layernorm},
           {"apply_residual_connection_post_layernorm", c.apply_residual_connection_post_layernorm},
-          {"num_experts", c.num_experts}, {"moe_router_topk", c.moe_router_topk},
+          {"num_experts", c.num_experts}, {"moe_router_topk", c.moe_router_topk}, {"moe_layer_freq", c.moe_layer_freq},
           {"moe_router_pre_softmax", c.moe_router_pre_softmax},
           {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor.value_or(1.0)},
           {"moe_aux_loss_coeff", c.moe_aux_loss_coeff}, {"moe_z_loss_coeff", c.moe_z_loss_coeff.value_or(0.0)},
@@ -240,6 +255,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "capacity_sigmoid" ? capacity_sigmoid_style()
                     : which == "seq_aux" ? seq_aux_style()
                     : which == "seq_aux_sigmoid" ? seq_aux_sigmoid_style()
+                    : which == "moefreq" ? moe_freq_style()
+                    : which == "moefreq_sigmoid" ? moe_freq_sigmoid_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -285,7 +302,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
     for (int64_t j = 0; j < b.numel(); ++j) b.ptr<float>()[j] = nd(gen);
     ++biased;
   }
-  EXPECT_EQ(biased, cfg.has_expert_bias() ? cfg.num_layers : 0);
+  EXPECT_EQ(biased, cfg.has_expert_bias() ? cfg.num_moe_layers() : 0);
   std::vector<int32_t> tok, lab;
   random_batch(opt.micro_batch, cfg.seq_length, *cfg.vocab_size, 7, tok, lab);
   Tensor tt(tok.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32), lt(lab.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32);
@@ -319,7 +336,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
     const double aux = ref->get("moe_aux")->ptr<float>()[0], z = ref->get("moe_z")->ptr<float>()[0];
     EXPECT_NEAR(m.moe_load_balancing_loss(0), aux, 1e-5 * aux) << "load-balancing loss";
     EXPECT_NEAR(m.moe_z_loss(0), cfg.moe_z_loss_coeff ? z : 0.0, 1e-5 * z) << "z-loss";
-    EXPECT_GT(aux, 0.5 * cfg.num_layers) << "E sum f_i P_i is about 1 per layer";
+    EXPECT_GT(aux, 0.5 * static_cast<double>(cfg.num_moe_layers())) << "E sum f_i P_i is about 1 per MoE layer";
   }
   for (size_t i = 0; i < m.specs().size(); ++i) {
     auto g = ref->get("grad." + m.specs()[i].name);
@@ -343,7 +360,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                          ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
                                            "gptqk", "mixtral", "moegpt", "moeshared", "sigmoid", "grouped",
                                            "grouped_sigmoid", "capacity", "capacity_position", "capacity_sigmoid",
-                                           "seq_aux", "seq_aux_sigmoid"));
+                                           "seq_aux", "seq_aux_sigmoid", "moefreq", "moefreq_sigmoid"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

@@ -112,6 +112,26 @@ TEST(PipelineModel, StagesAndChunksReproduceTheWholeModel) {
     }
 }
 
+// --moe-layer-freq: MoE layers 0 and 3, dense 1 and 2, so that with two
+// virtual stages a slot position holds a dense layer in one chunk and an
+// MoE layer in the other; and the sigmoid router with its bias on 1 of 2.
+TEST(PipelineModel, MixedDenseAndMoeLayersReproduceTheWholeModel) {
+  RecomputeOptions none, full;
+  full.granularity = RecomputeGranularity::kFull, full.method = RecomputeMethod::kUniform, full.num_layers = 1;
+  ModelConfig c = cfg4(true);
+  c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24, c.moe_aux_loss_coeff = 0.1;
+  c.moe_z_loss_coeff = 0.01, c.moe_layer_freq = "[1,0,0,1]";
+  ModelConfig sig = c;
+  sig.moe_router_score_function = "sigmoid", sig.moe_router_enable_expert_bias = true, sig.moe_layer_freq = "2";
+  sig.moe_shared_expert_intermediate_size = 16;
+  for (const RecomputeOptions& rc : {none, full}) {
+    check_split(c, {{{0, 2}}, {{2, 2}}}, rc);
+    check_split(c, {{{0, 1}, {2, 1}}, {{1, 1}, {3, 1}}}, rc);
+    check_split(sig, {{{0, 1}, {2, 1}}, {{1, 1}, {3, 1}}}, rc);
+    check_split(sig, {{{0, 1}}, {{1, 3}}}, rc);
+  }
+}
+
 TEST(PipelineModel, StageHoldsOnlyItsParameters) {
   ModelConfig c = cfg4(false);
   GPTOptions o;

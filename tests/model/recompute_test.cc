@@ -78,6 +78,21 @@ ModelConfig sigmoid_style() {  // DeepSeek-V3's sigmoid router and expert bias
   return c;
 }
 
+// --moe-layer-freq: dense and MoE layers mixed, so that a recomputed
+// group's workspace position holds either kind (uniform groups of 2: layer 0
+// dense and layer 2 MoE share position 0); and the sigmoid router with its
+// bias on layers 0 and 2 (freq 2).
+ModelConfig moe_freq_style() {
+  ModelConfig c = mixtral_style();
+  c.moe_layer_freq = "[0]+[1]*2";
+  return c;
+}
+ModelConfig moe_freq_sigmoid_style() {
+  ModelConfig c = sigmoid_style();
+  c.moe_layer_freq = "2";
+  return c;
+}
+
 RecomputeOptions full(RecomputeMethod m, int64_t n) {
   RecomputeOptions r;
   r.granularity = RecomputeGranularity::kFull, r.method = m, r.num_layers = n;
@@ -186,7 +201,10 @@ INSTANTIATE_TEST_SUITE_P(Configs, RecomputeNumerics,
                                            Case{"moe_gpt", moe_gpt_style, false},
                                            Case{"shared_expert", shared_style, false},
                                            Case{"shared_expert_bf16", shared_style, true},
-                                           Case{"sigmoid", sigmoid_style, false}, Case{"sigmoid_bf16", sigmoid_style, true}),
+                                           Case{"sigmoid", sigmoid_style, false}, Case{"sigmoid_bf16", sigmoid_style, true},
+                                           Case{"moe_freq", moe_freq_style, false},
+                                           Case{"moe_freq_bf16", moe_freq_style, true},
+                                           Case{"moe_freq_sigmoid", moe_freq_sigmoid_style, false}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The size arithmetic, written out: every tensor rounded up to 64 bytes.

@@ -146,7 +146,7 @@ def forward(P, tokens, labels, cfg):
         ctx = (torch.softmax(s, dim=-1) @ vh).permute(2, 0, 1, 3).reshape(T, B, a * d)
         x_mid = (ln1 if post else x) + linear(ctx, p + "self_attention.linear_proj")
         ln2 = norm(x_mid, P[p + "pre_mlp_layernorm.weight"], bias(p + "pre_mlp_layernorm.bias"), cfg)
-        if cfg.get("num_experts", 0):
+        if cfg.get("num_experts", 0) and moe_pattern(cfg)[i]:
             mlp_out, aux, z = moe(ln2.reshape(T * B, h), p + "mlp.", cfg, linear, B)
             aux_total = aux_total + aux
             z_total = z_total + z
@@ -159,6 +159,18 @@ def forward(P, tokens, labels, cfg):
     logits = (x @ out_w.t()).reshape(T * B, -1)
     loss = F.cross_entropy(logits, labels.t().reshape(-1).long(), ignore_index=-1)
     return logits, loss, aux_total, z_total
+
+
+def moe_pattern(cfg):
+    """Megatron's --moe-layer-freq: an integer N (layer i is MoE iff i % N == 0)
+    or a Python list expression with one 0/1 per layer."""
+    f = cfg.get("moe_layer_freq", "1")
+    L = cfg["num_layers"]
+    if "[" in f:
+        pattern = eval(f)
+        assert len(pattern) == L, (pattern, L)
+        return pattern
+    return [1 if i % int(f) == 0 else 0 for i in range(L)]
 
 
 def activation(fc1, cfg):

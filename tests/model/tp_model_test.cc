@@ -76,6 +76,20 @@ ModelConfig sigmoid_cfg() {  // DeepSeek-V3's sigmoid router with its expert bia
   return c;
 }
 
+// --moe-layer-freq: layer 0 dense (its MLP 48 wide, split over TP like any
+// dense MLP), layer 1 MoE; and the sigmoid router with its bias and a shared
+// expert on layer 0 only.
+ModelConfig freq_cfg() {
+  ModelConfig c = mixtral_cfg();
+  c.moe_layer_freq = "[0,1]";
+  return c;
+}
+ModelConfig freq_sigmoid_cfg() {
+  ModelConfig c = sigmoid_cfg();
+  c.moe_layer_freq = "([1]+[0])";
+  return c;
+}
+
 ModelConfig moe_gpt_cfg() {  // MoE GPT: top-1, pre-softmax router scaled by 2, no biases
   ModelConfig c = gpt_cfg();
   c.add_bias_linear = false, c.num_experts = 3, c.moe_router_topk = 1, c.moe_router_pre_softmax = true;
@@ -200,6 +214,8 @@ TEST(TensorParallelModel, EqualsSerialModel) {
         ModelConfig seq = mixtral_cfg();
         seq.moe_router_load_balancing_type = "seq_aux_loss";
         run_case({"mixtral seq_aux_loss", seq, sp, dt, tol});
+        run_case({"dense layer 0, MoE layer 1", freq_cfg(), sp, dt, tol});
+        run_case({"sigmoid MoE layer 0, dense layer 1", freq_sigmoid_cfg(), sp, dt, tol});
       }
     }
 }
@@ -320,6 +336,7 @@ TEST(ContextParallelModel, EqualsSerialModel) {
         run_cp_case({"sigmoid router full recompute", sigmoid_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
         run_cp_case({"moe_gpt fp32", moe_gpt_cfg(), tp, sp, DType::kF32, false, none, 2e-5});
         run_cp_case({"mixtral bf16", mixtral_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
+        run_cp_case({"dense layer 0, MoE layer 1, full recompute", freq_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
       }
     }
   }
@@ -393,7 +410,7 @@ void run_ep_case(const EpCase& c) {
   // Every parameter is held by one EP rank at least: the experts split E / EP ways.
   int64_t experts_here = 0;
   for (const ParamSpec& ps : P.specs()) experts_here += ps.expert >= 0;
-  EXPECT_EQ(experts_here, 2 * El * cfg.num_layers) << c.name;
+  EXPECT_EQ(experts_here, 2 * El * cfg.num_moe_layers()) << c.name;
   std::mt19937 g(static_cast<uint32_t>(11 + er));  // this EP rank's data
   std::vector<int32_t> tok(B * T), lab(B * T);
   for (auto& t : tok) t = static_cast<int32_t>(g() % V);
@@ -471,6 +488,10 @@ TEST(ExpertParallelModel, EqualsSerialModel) {
     ModelConfig roomy = sigmoid_cfg();
     roomy.moe_expert_capacity_factor = 2.0;
     run_ep_case({"sigmoid router skewed, capacity 2", roomy, tp, DType::kF64, false, none, 1e-11, true});
+    // --moe-layer-freq: the dense layer's gradients reduced with the other
+    // non-expert ones, the MoE layer's experts over the expert DP group.
+    run_ep_case({"dense layer 0, MoE layer 1", freq_cfg(), tp, DType::kF64, false, full, 1e-11});
+    run_ep_case({"sigmoid MoE layer 0, dense layer 1 bf16", freq_sigmoid_cfg(), tp, DType::kF32, true, none, 3e-2});
   }
 }
 

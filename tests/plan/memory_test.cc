@@ -123,7 +123,7 @@ TEST(StageMemory, SmallModelByHand) {
   // log-sum-exp s*b*a, fc1 out s*b*F, GELU out s*b*F.
   const double tok = s * b;
   const double layer = 4 * (4 * tok * h + 3 * tok * h + tok * h + tok * F * 2) + 4 * tok * 4;
-  EXPECT_DOUBLE_EQ(layer_activation_bytes(r.job, {r.padded_vocab, 1, 1, 1, 1, 1}), layer);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes(r.job, {r.padded_vocab, 1, 1, 1, 1, 1}, r.job.model.is_moe()), layer);
   // Stage extras: token ids (8*tok), final-norm and output inputs (2*4*tok*h),
   // fp32 logits (4*tok*V), labels and loss mask (12*tok).
   const double extras = 8 * tok + 2 * 4 * tok * h + 4 * tok * V + 12 * tok;
@@ -133,6 +133,45 @@ TEST(StageMemory, SmallModelByHand) {
   // Model state: fp32 16 bytes per parameter; checkpoint 12 (weights, m, v).
   EXPECT_DOUBLE_EQ(r.memory.model_state_bytes, total * 16);
   EXPECT_DOUBLE_EQ(r.memory.checkpoint_bytes, total * 12);
+}
+
+// --moe-layer-freq [0,0,1,1] with PP 2: the first stage holds the two dense
+// layers (no experts, no router), the second the two MoE layers; each
+// stage's count follows its own layers, and the activations too.
+TEST(StageMemory, DenseAndMoeLayersPerStage) {
+  PlanReport r = plan_from(
+      "--world-size 2 --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 64 --num-attention-heads 4 "
+      "--seq-length 32 --max-position-embeddings 32 --vocab-size 128 --micro-batch-size 2 --global-batch-size 2 "
+      "--hidden-dropout 0 --attention-dropout 0 --device cpu --disable-bias-linear --num-experts 4 --moe-router-topk 2 "
+      "--moe-ffn-hidden-size 32 --moe-layer-freq [0]*2+[1]*2");
+  ASSERT_TRUE(r.valid()) << rules_of(r);
+  const double h = 64, F = 256, E = 4, Fe = 32;
+  const double attn = 2 * 2 * h + h * 3 * h + h * h;  // LayerNorms, QKV, projection (no biases)
+  const double dense = attn + 2 * h * F, moe = attn + E * h + E * 2 * h * Fe;
+  EXPECT_EQ(r.params.dense_per_layer, static_cast<int64_t>(dense));
+  EXPECT_EQ(r.params.per_layer, static_cast<int64_t>(moe));
+  EXPECT_DOUBLE_EQ(r.total_params, 2 * dense + 2 * moe + 128 * h + 32 * h + 2 * h);
+  ASSERT_EQ(r.memory.stages.size(), 2u);
+  const StageMemory &s0 = r.memory.stages[0], &s1 = r.memory.stages[1];
+  EXPECT_DOUBLE_EQ(s0.expert_params, 0);
+  EXPECT_DOUBLE_EQ(s0.dense_params, 2 * dense + 128 * h + 32 * h);  // layers, embedding, positions
+  EXPECT_DOUBLE_EQ(s1.expert_params, 2 * E * 2 * h * Fe);
+  EXPECT_DOUBLE_EQ(s1.dense_params, 2 * (attn + E * h) + 2 * h + 128 * h);  // + final norm, output layer (tied copy)
+  const MemoryLayout one{r.padded_vocab, 1, 1, 1, 1, 1};
+  const double dense_act = layer_activation_bytes(r.job, one, false), moe_act = layer_activation_bytes(r.job, one, true);
+  EXPECT_NE(dense_act, moe_act);
+  const double tok = 32 * 2;
+  EXPECT_DOUBLE_EQ(s0.activation_per_microbatch, 2 * dense_act + 8 * tok);
+  EXPECT_DOUBLE_EQ(s1.activation_per_microbatch, 2 * moe_act + 2 * 4 * tok * h + 4 * tok * 128 + 12 * tok);
+  // A pattern of the wrong length is an error naming the flag.
+  PlanReport bad = plan_from(
+      "--world-size 1 --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --vocab-size 128 "
+      "--micro-batch-size 2 --disable-bias-linear --num-experts 4 --moe-layer-freq [1,0,1]");
+  EXPECT_FALSE(bad.valid());
+  ASSERT_NE(rules_of(bad).find("moe-layer-freq"), std::string::npos) << rules_of(bad);
+  bool named = false;
+  for (const auto& e : bad.errors) named = named || e.message.find("the list has 3 terms but --num-layers is 4") != std::string::npos;
+  EXPECT_TRUE(named);
 }
 
 TEST(StageMemory, RecomputeSequenceParallelAndDistOptShrinkTheRightTerms) {

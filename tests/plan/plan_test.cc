@@ -130,6 +130,13 @@ TEST(Flops, GqaSwigluAndMoeTerms) {
   m.num_experts = 8, m.moe_router_topk = 2, m.moe_ffn_hidden_size = 32;
   const double moe = T * (6 * 64 * 3 * 32 * 2 * 2 + 2 * 6 * (64 * (64 + 32) + 64 * 64) + 6 * 64 * V) + 4 * 16 * 16 * 2 * 6 * 64;
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4), moe);
+  // --moe-layer-freq [0,1]: layer 0's MLP dense (F = 128), layer 1's the
+  // top-2 experts of 32 and a shared expert of 16 (Megatron's num_dense_layers
+  // and num_moe_layers terms).
+  m.moe_layer_freq = "[0,1]", m.moe_shared_expert_intermediate_size = 16;
+  const double mixed = T * (6 * 64 * 3 * (128 + 32 * 2 + 16) + 2 * 6 * (64 * (64 + 32) + 64 * 64) + 6 * 64 * V) +
+                       4 * 16 * 16 * 2 * 6 * 64;
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4), mixed);
 }
 
 TEST(Throughput, PredictedAndMeasured) {

@@ -589,6 +589,32 @@ for model in MODELS:
     if not any("seq_load_balancing_loss" in r for r in rows) or any("load_balancing_loss" in r for r in rows):
         fail(f"{model}: seq_aux_loss is not logged as seq_load_balancing_loss")
 
+# --moe-layer-freq: dense and MoE layers mixed. DeepSeek's first dense
+# layer, with 2 virtual stages per pipeline rank (each rank's slots hold a
+# dense layer in one chunk and an MoE layer in the other), with TP + SP and
+# EP, and with PP and EP; and the sigmoid router with its bias and a shared
+# expert on every other layer, under EP and CP. Every layout equals one
+# rank; the first loss differs from the all-MoE run's.
+FREQ_FLAGS = MOE_FLAGS + ["--moe-layer-freq", "[0]+[1]*3"]
+against_reference("moefreq", FREQ_FLAGS, [
+    ("pp2vpp2", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1"]),
+    ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
+                                "--use-distributed-optimizer"]),
+    ("pp2dp2ep2", 1, 2, 2, ["--expert-model-parallel-size", "2"]),
+], plan=True)
+against_reference("moefreqsig", SIG_FLAGS + ["--moe-layer-freq", "2", "--moe-shared-expert-intermediate-size", "64"], [
+    ("dp2ep2do", 1, 1, 2, ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]),
+    ("cp2pp2full", 1, 2, 1, ["--context-parallel-size", "2", "--recompute-granularity", "full",
+                             "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
+], plan=True, zeros_slack=CP_ZEROS)
+for model in MODELS:
+    first = {}
+    for tag in ("moe", "moefreq"):
+        path = os.path.join(TMP, f"{model}-{tag}-ref.jsonl")
+        first[tag] = metrics(path).get(1, [None])[0] if os.path.exists(path) else None
+    if None in first.values() or rel(first["moefreq"], first["moe"]) < 1e-6:
+        fail(f"{model}: --moe-layer-freq left the first loss unchanged: {first}")
+
 # ---------------------------------------------------------------- documents
 # --reset-position-ids --reset-attention-mask: positions restart after every
 # EOD and each token attends within its document only (the data has several

@@ -495,6 +495,27 @@ first = [[json.loads(x) for x in open(p) if '"lm_loss"' in x and '"kind"' not in
 assert first[2] == first[0] and first[1] != first[0], first
 print(f"token dropping: first loss {first[1]:.6f} (capacity 0.5) vs {first[0]:.6f} (dropless, and with -1)")
 PY
+# --moe-layer-freq: a dense first layer (DeepSeek's first_k_dense) has the
+# dense MLP's 2 x 64 x 256 parameters instead of the router's 4 x 64 and four
+# experts' 4 x 2 x 64 x 256; the load-balancing loss is the mean over the one
+# MoE layer (about 1, as the all-MoE run's); the checkpoint resumes with it.
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq "[0]+[1]" --train-iters 4 --exit-interval 3 --save "$TMP/moe-freq" \
+  --metrics-file "$TMP/moe-freq.jsonl" >"$TMP/moe-freq.log" 2>&1 || { fail "MoE with a dense first layer"; cat "$TMP/moe-freq.log"; }
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq "[0]+[1]" --train-iters 4 --load "$TMP/moe-freq" \
+  >"$TMP/moe-freq2.log" 2>&1 || { fail "MoE with a dense first layer: resume"; cat "$TMP/moe-freq2.log"; }
+# --use-checkpoint-args takes the pattern from the checkpoint (forced, as Megatron's).
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --train-iters 4 --load "$TMP/moe-freq" --use-checkpoint-args \
+  >"$TMP/moe-freq3.log" 2>&1 && grep -q "in 1 of its 2 layers, the others dense" "$TMP/moe-freq3.log" \
+  || { fail "--use-checkpoint-args: --moe-layer-freq"; tail -3 "$TMP/moe-freq3.log"; }
+grep -q "training a GPT with 4 experts per layer (top 2) in 1 of its 2 layers, the others dense" "$TMP/moe-freq.log" \
+  && [ "$(( $(sed -n 's/.*: \([0-9]*\) parameters,.*/\1/p' "$TMP/moe.log") - $(sed -n 's/.*: \([0-9]*\) parameters,.*/\1/p' "$TMP/moe-freq.log") ))" = 98560 ] \
+  && grep -q "4 iterations from 3" "$TMP/moe-freq2.log" && grep -q "iteration  *4/  *4 " "$TMP/moe-freq2.log" \
+  || { fail "--moe-layer-freq: header, parameters or resume"; head -3 "$TMP/moe-freq.log"; tail -3 "$TMP/moe-freq2.log"; }
+python3 - "$TMP/moe-freq.jsonl" <<'PY' || fail "--moe-layer-freq: load-balancing loss not the one MoE layer's"
+import json, sys
+rows = [json.loads(x) for x in open(sys.argv[1]) if '"lm_loss"' in x and '"kind"' not in x]
+assert len(rows) == 3 and all(0.9 < r["load_balancing_loss"] < 2.5 for r in rows), rows
+PY
 # DeepSeek's sequence-level load-balancing loss, logged under Megatron's name.
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss --train-iters 2 \
   >"$TMP/moe-seq.log" 2>&1 || { fail "MoE with seq_aux_loss"; cat "$TMP/moe-seq.log"; }
@@ -538,9 +559,9 @@ PY
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --expert-model-parallel-size 3 --train-iters 2 2>"$TMP/err"
 [ $? = 2 ] && grep -q "4 experts do not split over EP = 3" "$TMP/err" && grep -q "use --expert-model-parallel-size 4" "$TMP/err" \
   || { fail "EP that does not divide the experts"; cat "$TMP/err"; }
-"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq 2 --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity \
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq "[1]*3" --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity \
   --moe-input-jitter-eps 0.01 --train-iters 2 2>"$TMP/err"
-[ $? = 2 ] && grep -q "3 problems" "$TMP/err" && grep -q "dense layers between MoE layers are not implemented" "$TMP/err" \
+[ $? = 2 ] && grep -q "3 problems" "$TMP/err" && grep -q "the list has 3 terms but --num-layers is 2" "$TMP/err" \
   && grep -q "padding each expert's input to its capacity" "$TMP/err" \
   && grep -q "router input jitter is not implemented" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
 
