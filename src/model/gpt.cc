@@ -2018,8 +2018,16 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   if (training && cfg_.is_moe()) {
     moe_stats_.load_balancing += std::accumulate(s.moe_aux.begin(), s.moe_aux.end(), 0.0);
     moe_stats_.z += std::accumulate(s.moe_z.begin(), s.moe_z.end(), 0.0);
-    for (int64_t l = R.first; l < R.first + R.count; ++l)  // the MoE layers (--moe-layer-freq: not all)
-      moe_stats_.layer_forwards += layers_[static_cast<size_t>(l)].router_w >= 0 ? 1.0 : 0.0;
+    MoeStats& st = moe_stats_;
+    const size_t L = static_cast<size_t>(cfg_.num_layers);
+    if (st.layer_micro_batches.size() != L)
+      st.layer_load_balancing.assign(L, 0.0), st.layer_z.assign(L, 0.0), st.layer_micro_batches.assign(L, 0.0);
+    for (int64_t l = R.first; l < R.first + R.count; ++l) {  // the MoE layers (--moe-layer-freq: not all)
+      if (layers_[static_cast<size_t>(l)].router_w < 0) continue;
+      const size_t i = static_cast<size_t>(l);
+      st.layer_forwards += 1, st.layer_micro_batches[i] += 1;
+      st.layer_load_balancing[i] += s.moe_aux[i], st.layer_z[i] += s.moe_z[i];
+    }
     for (int64_t l = R.first; l < R.first + R.count && cfg_.has_expert_bias(); ++l) {
       const std::vector<double>& c = s.moe_routed[static_cast<size_t>(l)];
       std::vector<double>& acc = bias_counts_[static_cast<size_t>(l)];

@@ -433,9 +433,11 @@ class GPTModel {
   // The training forwards' router losses since the last take (the trainer's
   // log: Megatron's load_balancing_loss and z_loss are their means per layer
   // and micro-batch): sums over layers and micro-batches, and the count of
-  // (layer, micro-batch) pairs.
+  // (layer, micro-batch) pairs; and per global layer (--moe-per-layer-logging:
+  // zeros for the layers this rank does not hold or that are dense).
   struct MoeStats {
     double load_balancing = 0, z = 0, layer_forwards = 0;
+    std::vector<double> layer_load_balancing, layer_z, layer_micro_batches;
   };
   MoeStats take_moe_stats() { return std::exchange(moe_stats_, MoeStats{}); }
 

@@ -195,9 +195,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
        "would count every expert as full); drop the flag"},
       {"moe-input-jitter-eps", true, "no router input jitter",
        "router input jitter is not implemented; drop the flag"},
-      {"moe-per-layer-logging", false, "no per-layer router logs",
-       "the router losses are logged as their mean over layers (load_balancing_loss, z_loss), not per layer; drop "
-       "the flag"},
   };
   for (const Refused& r : refused) {
     const std::string flag = std::string("--") + r.name, why = r.why;

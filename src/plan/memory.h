@@ -106,7 +106,9 @@ struct MemoryReport {
   double model_state_bytes_per_param = 0;
   double model_state_bytes = 0;
   double checkpoint_bytes = 0;      // weights + fp32 master + Adam m, v
-  TrainerBuffers trainer;
+  TrainerBuffers trainer;                     // pipeline rank 0's (what its log line compares)
+  std::vector<TrainerBuffers> trainer_stages;  // every pipeline rank's
+  int64_t trainer_peak_stage = 0;              // the pipeline rank with the most
   double weights_only_bytes = 0;    // weights in the training dtype (export size)
 };
 

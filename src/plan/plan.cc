@@ -231,15 +231,14 @@ Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_
 
 namespace {
 
-void plan_trainer_buffers(PlanReport& r) {
-  TrainerBuffers& t = r.memory.trainer;
+// The trainer's buffers and traffic on pipeline rank `prank`.
+void trainer_buffers_for(const PlanReport& r, int64_t prank, TrainerBuffers& t, CommReport& comm) {
   const auto& p = r.job.parallel;
   // Gradients are reduced, and with the distributed optimizer sharded, over
   // DP x CP; the routed experts' (--num-experts) over the expert DP group.
   const int64_t gdp = r.dp * p.cp;
   const bool dist_opt = p.use_distributed_optimizer && gdp > 1;
-  // Pipeline rank 0 (the first stage).
-  auto go_r = trainer_model_options(r, 0);
+  auto go_r = trainer_model_options(r, prank);
   if (!go_r) {
     t.why_not = go_r.status().message();
     return;
@@ -258,17 +257,17 @@ void plan_trainer_buffers(PlanReport& r) {
   t.scratch = static_cast<double>(mp->scratch);
   t.tables = static_cast<double>(mp->tables);
   if (auto cp = model::GPTModel::planned_comm(r.job.model, go); cp.is_ok()) {
-    r.comm.available = true;
-    r.comm.tp_bytes = static_cast<double>(r.num_microbatches) * (cp->tp_forward_bytes + cp->tp_backward_bytes) + cp->tp_step_bytes;
+    comm.available = true;
+    comm.tp_bytes = static_cast<double>(r.num_microbatches) * (cp->tp_forward_bytes + cp->tp_backward_bytes) + cp->tp_step_bytes;
     // The non-expert gradients over DP x CP, the experts' over the expert DP group.
     const double dense = static_cast<double>(mp->params - mp->expert_params), expert = static_cast<double>(mp->expert_params);
-    r.comm.dp_bytes = ((gdp > 1 ? dense : 0.0) + (r.edp > 1 ? expert : 0.0)) * (dist_opt ? 2.0 : 1.0);
-    r.comm.cp_bytes = static_cast<double>(r.num_microbatches) * (cp->cp_forward_bytes + cp->cp_backward_bytes);
-    r.comm.ep_bytes = static_cast<double>(r.num_microbatches) * (cp->ep_forward_bytes + cp->ep_backward_bytes);
-    // Pipeline rank 0: per micro-batch and chunk, the activation received
-    // from the previous virtual stage and sent to the next, and the gradient
-    // received back and sent back ([Ns, h] each); plus the tied embedding's
-    // gradient all-reduce with the last stage.
+    comm.dp_bytes = ((gdp > 1 ? dense : 0.0) + (r.edp > 1 ? expert : 0.0)) * (dist_opt ? 2.0 : 1.0);
+    comm.cp_bytes = static_cast<double>(r.num_microbatches) * (cp->cp_forward_bytes + cp->cp_backward_bytes);
+    comm.ep_bytes = static_cast<double>(r.num_microbatches) * (cp->ep_forward_bytes + cp->ep_backward_bytes);
+    // Per micro-batch and chunk, the activation received from the previous
+    // virtual stage and sent to the next, and the gradient received back and
+    // sent back ([Ns, h] each); plus the tied embedding's gradient all-reduce
+    // between the first and the last stage.
     if (p.pp > 1) {
       const double ns = static_cast<double>(go.micro_batch * go.seq_length) / static_cast<double>(p.cp) /
                         (p.sequence_parallel && p.tp > 1 ? p.tp : 1);
@@ -277,11 +276,11 @@ void plan_trainer_buffers(PlanReport& r) {
                          static_cast<double>(dtype_size(model::residual_dtype(go)));
       const int64_t S = p.pp * r.vpp;
       for (int64_t c = 0; c < r.vpp; ++c) {
-        const int64_t s = c * p.pp;
-        r.comm.pp_bytes += static_cast<double>(r.num_microbatches) * act * (2.0 * (s > 0) + 2.0 * (s < S - 1));
+        const int64_t s = c * p.pp + prank;
+        comm.pp_bytes += static_cast<double>(r.num_microbatches) * act * (2.0 * (s > 0) + 2.0 * (s < S - 1));
       }
-      if (!r.job.model.untie_embeddings_and_output_weights)
-        r.comm.pp_bytes += static_cast<double>(r.padded_vocab / p.tp * r.job.model.hidden_size) * 4.0;
+      if (!r.job.model.untie_embeddings_and_output_weights && (prank == 0 || prank == p.pp - 1))
+        comm.pp_bytes += static_cast<double>(r.padded_vocab / p.tp * r.job.model.hidden_size) * 4.0;
     }
   }
   // Adam m and v: the parameters' size table twice, or with the distributed
@@ -302,6 +301,24 @@ void plan_trainer_buffers(PlanReport& r) {
     t.comm += static_cast<double>(align_up(static_cast<size_t>(
         ns * static_cast<double>(r.job.model.hidden_size) * static_cast<double>(dtype_size(model::residual_dtype(go))))));
   }
+}
+
+// Every pipeline rank's buffers and traffic (stages differ: the embedding
+// and output layer, uneven splits, --moe-layer-freq's dense and MoE
+// layers); r.memory.trainer and r.comm are pipeline rank 0's, which its log
+// line compares with what it allocates and sends.
+void plan_trainer_buffers(PlanReport& r) {
+  const int64_t P = r.job.parallel.pp;
+  r.memory.trainer_stages.assign(static_cast<size_t>(P), TrainerBuffers{});
+  r.comm_stages.assign(static_cast<size_t>(P), CommReport{});
+  for (int64_t p = 0; p < P; ++p) {
+    trainer_buffers_for(r, p, r.memory.trainer_stages[static_cast<size_t>(p)], r.comm_stages[static_cast<size_t>(p)]);
+    const TrainerBuffers& t = r.memory.trainer_stages[static_cast<size_t>(p)];
+    if (t.available && t.total() > r.memory.trainer_stages[static_cast<size_t>(r.memory.trainer_peak_stage)].total())
+      r.memory.trainer_peak_stage = p;
+  }
+  r.memory.trainer = r.memory.trainer_stages[0];
+  r.comm = r.comm_stages[0];
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ struct CommReport {
   bool available = false;  // with the trainer buffers (same limits)
   double tp_bytes = 0;     // activations over the TP group: M micro-batches + replicated grads (SP)
   double dp_bytes = 0;     // gradients (all-reduce), or reduce-scatter + parameter all-gather (dist-opt)
-  double pp_bytes = 0;     // pipeline rank 0: activations and their gradients to/from neighbours, tied-embedding all-reduce
+  double pp_bytes = 0;     // activations and their gradients to/from neighbours, tied-embedding all-reduce
   double cp_bytes = 0;     // core attention's Q/K/V all-gathers and gradient reduce-scatters over the CP group
   double ep_bytes = 0;     // the MoE layers' token all-to-alls over the EP group (balanced routing; see GPTCommPlan)
 };
@@ -114,7 +114,8 @@ struct PlanReport {
   std::optional<parallel::RankGrid> grid;
 
   MemoryReport memory;
-  CommReport comm;
+  CommReport comm;                      // pipeline rank 0's (what its log line compares)
+  std::vector<CommReport> comm_stages;  // every pipeline rank's
   std::vector<FitOption> fit_options;  // what fits the device, cheapest first
 
   parallel::ScheduleKind schedule_kind = parallel::ScheduleKind::kNoPipelining;

@@ -142,15 +142,27 @@ json to_json(const PlanReport& r) {
                  {"model_state_bytes", mem.model_state_bytes},
                  {"checkpoint_bytes", mem.checkpoint_bytes},
                  {"weights_only_bytes", mem.weights_only_bytes}};
-  if (r.comm.available)
-    j["communication"] = {{"tp_bytes_per_iteration", r.comm.tp_bytes}, {"dp_bytes_per_iteration", r.comm.dp_bytes},
-                          {"pp_bytes_per_iteration", r.comm.pp_bytes}, {"cp_bytes_per_iteration", r.comm.cp_bytes},
-                          {"ep_bytes_per_iteration", r.comm.ep_bytes}};
-  if (mem.trainer.available)
-    j["memory"]["trainer"] = {{"params", mem.trainer.params}, {"grads", mem.trainer.grads}, {"lowp", mem.trainer.lowp},
-                              {"optimizer", mem.trainer.optimizer}, {"activations", mem.trainer.activations},
-                              {"scratch", mem.trainer.scratch}, {"tables", mem.trainer.tables}, {"comm", mem.trainer.comm},
-                              {"total", mem.trainer.total()}};
+  auto comm_json = [](const CommReport& c) {
+    return json{{"tp_bytes_per_iteration", c.tp_bytes}, {"dp_bytes_per_iteration", c.dp_bytes},
+                {"pp_bytes_per_iteration", c.pp_bytes}, {"cp_bytes_per_iteration", c.cp_bytes},
+                {"ep_bytes_per_iteration", c.ep_bytes}};
+  };
+  if (r.comm.available) {  // pipeline rank 0's, and every pipeline rank's
+    j["communication"] = comm_json(r.comm);
+    j["communication"]["stages"] = json::array();
+    for (const CommReport& c : r.comm_stages) j["communication"]["stages"].push_back(comm_json(c));
+  }
+  auto trainer_json = [](const TrainerBuffers& t) {
+    return json{{"params", t.params}, {"grads", t.grads}, {"lowp", t.lowp}, {"optimizer", t.optimizer},
+                {"activations", t.activations}, {"scratch", t.scratch}, {"tables", t.tables}, {"comm", t.comm},
+                {"total", t.total()}};
+  };
+  if (mem.trainer.available) {  // pipeline rank 0's, every pipeline rank's, and the most loaded
+    j["memory"]["trainer"] = trainer_json(mem.trainer);
+    j["memory"]["trainer"]["stages"] = json::array();
+    for (const TrainerBuffers& t : mem.trainer_stages) j["memory"]["trainer"]["stages"].push_back(trainer_json(t));
+    j["memory"]["trainer"]["peak_stage"] = mem.trainer_peak_stage;
+  }
   if (!r.quick)
     j["memory"]["megatron"] = {{"weight_and_optimizer_bytes", mem.megatron.weight_and_optimizer_bytes},
                                {"activation_bytes", mem.megatron.activation_bytes},

@@ -117,21 +117,39 @@ std::string render_text(const PlanReport& r) {
       line(fmt::format("  {:<4} {:>8} GiB  {}", f.fits ? "fits" : "no", gib(f.peak_bytes), f.options));
   }
   if (r.memory.trainer.available) {
-    const auto& t = r.memory.trainer;
-    line(fmt::format("  this build's CPU trainer: {} GiB (weights {}, grads {}, bf16 copies {}, Adam {}, activations {}, scratch {}, "
-                     "comm buffers {})",
-                     gib(t.total()), gib(t.params), gib(t.grads), gib(t.lowp), gib(t.optimizer), gib(t.activations), gib(t.scratch),
-                     gib(t.comm)));
+    // Pipeline rank 0, and the most loaded rank when another one is.
+    const int64_t peak = r.memory.trainer_peak_stage, P = r.job.parallel.pp;
+    auto trainer_line = [&](int64_t p) {
+      const auto& t = r.memory.trainer_stages.empty() ? r.memory.trainer : r.memory.trainer_stages[static_cast<size_t>(p)];
+      line(fmt::format("  this build's CPU trainer{}: {} GiB (weights {}, grads {}, bf16 copies {}, Adam {}, activations {}, "
+                       "scratch {}, comm buffers {})",
+                       P == 1 ? std::string() : fmt::format(", pipeline rank {}{}", p, p == peak ? " (the most loaded)" : ""),
+                       gib(t.total()), gib(t.params), gib(t.grads), gib(t.lowp), gib(t.optimizer), gib(t.activations),
+                       gib(t.scratch), gib(t.comm)));
+    };
+    trainer_line(0);
+    if (peak != 0) trainer_line(peak);
   }
   if (r.comm.available &&
-      (r.comm.tp_bytes > 0 || r.comm.dp_bytes > 0 || r.comm.pp_bytes > 0 || r.comm.cp_bytes > 0 || r.comm.ep_bytes > 0))
-    line(fmt::format("  communication       per rank per iteration: TP {:.1f} MB, {} {:.1f} MB, PP {:.1f} MB{}{} "
-                     "(this build's trainer, pipeline rank 0)",
-                     r.comm.tp_bytes / 1e6, r.job.parallel.cp > 1 ? "DP x CP (gradients)" : "DP", r.comm.dp_bytes / 1e6,
-                     r.comm.pp_bytes / 1e6,
-                     r.job.parallel.cp > 1 ? fmt::format(", CP (attention) {:.1f} MB", r.comm.cp_bytes / 1e6) : "",
-                     r.job.parallel.ep > 1 ? fmt::format(", EP (tokens, balanced routing) {:.1f} MB", r.comm.ep_bytes / 1e6)
-                                           : ""));
+      (r.comm.tp_bytes > 0 || r.comm.dp_bytes > 0 || r.comm.pp_bytes > 0 || r.comm.cp_bytes > 0 || r.comm.ep_bytes > 0)) {
+    // Pipeline rank 0, and the rank that sends the most when another one does.
+    auto total = [](const CommReport& c) { return c.tp_bytes + c.dp_bytes + c.pp_bytes + c.cp_bytes + c.ep_bytes; };
+    int64_t busiest = 0;
+    for (size_t p = 1; p < r.comm_stages.size(); ++p)
+      if (total(r.comm_stages[p]) > total(r.comm_stages[static_cast<size_t>(busiest)])) busiest = static_cast<int64_t>(p);
+    auto comm_line = [&](const CommReport& c, int64_t p) {
+      line(fmt::format("  communication       per rank per iteration: TP {:.1f} MB, {} {:.1f} MB, PP {:.1f} MB{}{} "
+                       "(this build's trainer, pipeline rank {}{})",
+                       c.tp_bytes / 1e6, r.job.parallel.cp > 1 ? "DP x CP (gradients)" : "DP", c.dp_bytes / 1e6,
+                       c.pp_bytes / 1e6,
+                       r.job.parallel.cp > 1 ? fmt::format(", CP (attention) {:.1f} MB", c.cp_bytes / 1e6) : "",
+                       r.job.parallel.ep > 1 ? fmt::format(", EP (tokens, balanced routing) {:.1f} MB", c.ep_bytes / 1e6)
+                                             : "",
+                       p, busiest != 0 && p == busiest ? ", the busiest" : ""));
+    };
+    comm_line(r.comm, 0);
+    if (busiest != 0) comm_line(r.comm_stages[static_cast<size_t>(busiest)], busiest);
+  }
   line(fmt::format("  model state         {} params x {:.0f} bytes = {:.1f} GB ({} precision, before any sharding)",
                    group_digits(r.total_params),
                    r.memory.model_state_bytes_per_param, r.memory.model_state_bytes / 1e9, r.job.precision.name()));

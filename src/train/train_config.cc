@@ -92,6 +92,9 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_int("eval-iters", &c.eval_iters, "iterations (global batches) per validation run", 0, INT64_MAX / 4);
   f.add_int("log-interval", &c.log_interval, "iterations between log lines", 1, INT64_MAX / 4);
   f.add_string("metrics-file", &c.metrics_file, "JSON-lines metrics file (default: <save>/metrics.jsonl)");
+  f.add_switch("moe-per-layer-logging", &c.moe_per_layer_logging,
+               "with --num-experts: each MoE layer's load-balancing and z-losses in --metrics-file "
+               "(load_balancing_loss_layer_{i}, z_loss_layer_{i}) and TensorBoard (moe/..._layer_{i})");
   f.add_switch("log-params-norm", &c.log_params_norm,
                "the L2 norm of the fp32 parameters after each step, in the log line and the metrics");
   f.add_switch("log-num-zeros-in-grad", &c.log_num_zeros_in_grad,

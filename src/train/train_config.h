@@ -69,6 +69,10 @@ struct TrainConfig {
   bool check_for_nan_in_loss_and_grad = false;
   bool log_params_norm = false;             // the fp32 parameters' L2 norm in the log line and metrics
   bool log_num_zeros_in_grad = false;       // the number of zero gradient elements, likewise
+  // --moe-per-layer-logging: each MoE layer's router losses (mean over the
+  // iteration's micro-batches and DP) in --metrics-file and TensorBoard
+  // (moe/{name}_layer_{i}, Megatron's tags), beside their mean over layers.
+  bool moe_per_layer_logging = false;
   // TensorBoard scalars (Megatron's names and steps; train/tensorboard.h).
   std::string tensorboard_dir;
   int64_t tensorboard_log_interval = 1;

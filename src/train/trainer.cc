@@ -215,6 +215,9 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     job.compat.no_effect.push_back(
         "--cp-comm-type: context parallelism here all-gathers the roped Q/K/V over the CP group and reduce-scatters "
         "their gradients (Megatron's allgather type); the ring (p2p) and all-to-all types compute the same attention");
+  if (cfg.moe_per_layer_logging && !mc.is_moe())
+    job.compat.no_effect.push_back("--moe-per-layer-logging: the model has no experts (--num-experts), so no router "
+                                   "losses to log");
   if (cfg.dataloader_type == "single" && !cfg.data_sharding)
     job.compat.no_effect.push_back("--no-data-sharding: only the cyclic loader shards its data (as in Megatron)");
   if (cfg.dataloader_type == "cyclic" && !cfg.data_sharding)
@@ -838,6 +841,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     result.last_loss = loss;
     interval_loss += loss;
     std::optional<double> lb_loss, z_loss;
+    struct LayerLosses {
+      int64_t layer;
+      double load_balancing, z;
+    };
+    std::vector<LayerLosses> moe_layer_losses;  // --moe-per-layer-logging
     if (mc.is_moe()) {
       // Per layer and micro-batch, over the whole model: every rank's sums
       // (TP ranks alike, CP ranks' shares adding up to the micro-batch's).
@@ -848,6 +856,22 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       if (moe_lb_active) lb_loss = world_comm->all_reduce_scalar(ms.load_balancing) / std::max(1.0, n);
       if (mc.moe_z_loss_coeff) z_loss = world_comm->all_reduce_scalar(ms.z) / std::max(1.0, n);
       interval_lb += lb_loss.value_or(0.0), interval_z += z_loss.value_or(0.0);
+      if (cfg.moe_per_layer_logging) {
+        // --moe-per-layer-logging: each MoE layer's losses, summed over the
+        // ranks (a layer lives on one pipeline stage) and divided by its
+        // micro-batch forwards (TP ranks alike, CP ranks' shares adding up).
+        const size_t L = static_cast<size_t>(mc.num_layers);
+        std::vector<double> v(3 * L, 0.0);
+        for (size_t l = 0; l < L && ms.layer_micro_batches.size() == L; ++l)
+          v[l] = ms.layer_load_balancing[l], v[L + l] = ms.layer_z[l], v[2 * L + l] = ms.layer_micro_batches[l];
+        world_comm->all_reduce(Tensor(v.data(), {static_cast<int64_t>(3 * L)}, DType::kF64));
+        moe_layer_losses.clear();
+        for (size_t l = 0; l < L; ++l) {
+          if (!mc.is_moe_layer(static_cast<int64_t>(l))) continue;
+          const double c = std::max(1.0, v[2 * L + l] / static_cast<double>(cp));
+          moe_layer_losses.push_back({static_cast<int64_t>(l), v[l] / c, v[L + l] / c});
+        }
+      }
     }
     interval_wait += executor.last_wait_seconds();
     ++interval_iters;
@@ -866,6 +890,18 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (ep > 1) row["ep_bytes"] = ep_bytes;
     if (lb_loss) row[lb_name] = *lb_loss;
     if (z_loss) row["z_loss"] = *z_loss;
+    for (const LayerLosses& x : moe_layer_losses) {
+      if (lb_loss) row[fmt::format("{}_layer_{}", lb_name, x.layer)] = x.load_balancing;
+      if (z_loss) row[fmt::format("z_loss_layer_{}", x.layer)] = x.z;
+    }
+    if (tb.is_open()) {  // Megatron's MoE tracker writes every iteration: the means, and per layer under moe/
+      if (lb_loss) tb.add_scalar(lb_name, *lb_loss, it);
+      if (z_loss) tb.add_scalar("z_loss", *z_loss, it);
+      for (const LayerLosses& x : moe_layer_losses) {
+        if (lb_loss) tb.add_scalar(fmt::format("moe/{}_layer_{}", lb_name, x.layer), x.load_balancing, it);
+        if (z_loss) tb.add_scalar(fmt::format("moe/z_loss_layer_{}", x.layer), x.z, it);
+      }
+    }
     if (params_norm) row["params_norm"] = *params_norm;
     if (num_zeros) row["num_zeros"] = *num_zeros;
     metrics.append(row);

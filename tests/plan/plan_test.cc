@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "../support/plan_helpers.h"
+#include "model/gpt.h"
 #include "plan/render.h"
 
 namespace mt::plan {
@@ -137,6 +138,41 @@ TEST(Flops, GqaSwigluAndMoeTerms) {
   const double mixed = T * (6 * 64 * 3 * (128 + 32 * 2 + 16) + 2 * 6 * (64 * (64 + 32) + 64 * 64) + 6 * 64 * V) +
                        4 * 16 * 16 * 2 * 6 * 64;
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4), mixed);
+}
+
+// The trainer's buffers and traffic for every pipeline rank: with
+// DeepSeek-style dense first layers (--moe-layer-freq [0,0,1,1], PP 2, EP 2)
+// pipeline rank 0 holds no experts and sends no tokens over EP, rank 1 holds
+// and sends them all; the text names the most loaded rank beside rank 0.
+TEST(TrainerPlan, EveryPipelineRankAndTheMostLoaded) {
+  PlanReport r = testing::plan_from(
+      "--world-size 4 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --num-layers 4 --hidden-size 64 "
+      "--num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 128 --micro-batch-size 2 "
+      "--global-batch-size 8 --device cpu --disable-bias-linear --num-experts 4 --moe-router-topk 2 "
+      "--moe-ffn-hidden-size 256 --moe-layer-freq [0]*2+[1]*2");
+  ASSERT_TRUE(r.valid()) << testing::rules_of(r);
+  ASSERT_EQ(r.memory.trainer_stages.size(), 2u);
+  ASSERT_EQ(r.comm_stages.size(), 2u);
+  for (int64_t p = 0; p < 2; ++p) {  // each rank's figure is its own model's size tables
+    auto go = trainer_model_options(r, p);
+    ASSERT_TRUE(go.is_ok());
+    auto mp = model::GPTModel::planned_bytes(r.job.model, *go);
+    ASSERT_TRUE(mp.is_ok());
+    const TrainerBuffers& t = r.memory.trainer_stages[static_cast<size_t>(p)];
+    EXPECT_EQ(t.params, static_cast<double>(mp->params));
+    EXPECT_EQ(t.activations, static_cast<double>(mp->activations));
+    EXPECT_EQ(t.scratch, static_cast<double>(mp->scratch));
+    EXPECT_EQ(mp->expert_params > 0, p == 1) << "only rank 1 holds MoE layers";
+  }
+  EXPECT_EQ(r.memory.trainer.total(), r.memory.trainer_stages[0].total());
+  EXPECT_EQ(r.comm_stages[0].ep_bytes, 0.0);
+  EXPECT_GT(r.comm_stages[1].ep_bytes, 0.0);
+  EXPECT_EQ(r.comm.ep_bytes, r.comm_stages[0].ep_bytes);
+  EXPECT_EQ(r.memory.trainer_peak_stage, 1);
+  const std::string text = render_text(r);
+  EXPECT_NE(text.find("this build's CPU trainer, pipeline rank 0: "), std::string::npos) << text;
+  EXPECT_NE(text.find("this build's CPU trainer, pipeline rank 1 (the most loaded): "), std::string::npos) << text;
+  EXPECT_NE(text.find("(this build's trainer, pipeline rank 1, the busiest)"), std::string::npos) << text;
 }
 
 TEST(Throughput, PredictedAndMeasured) {

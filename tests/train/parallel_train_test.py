@@ -595,14 +595,15 @@ for model in MODELS:
 # EP, and with PP and EP; and the sigmoid router with its bias and a shared
 # expert on every other layer, under EP and CP. Every layout equals one
 # rank; the first loss differs from the all-MoE run's.
-FREQ_FLAGS = MOE_FLAGS + ["--moe-layer-freq", "[0]+[1]*3"]
+FREQ_FLAGS = MOE_FLAGS + ["--moe-layer-freq", "[0]+[1]*3", "--moe-per-layer-logging"]
 against_reference("moefreq", FREQ_FLAGS, [
     ("pp2vpp2", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1"]),
     ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
                                 "--use-distributed-optimizer"]),
     ("pp2dp2ep2", 1, 2, 2, ["--expert-model-parallel-size", "2"]),
 ], plan=True)
-against_reference("moefreqsig", SIG_FLAGS + ["--moe-layer-freq", "2", "--moe-shared-expert-intermediate-size", "64"], [
+against_reference("moefreqsig", SIG_FLAGS + ["--moe-layer-freq", "2", "--moe-shared-expert-intermediate-size", "64",
+                                             "--moe-per-layer-logging"], [
     ("dp2ep2do", 1, 1, 2, ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]),
     ("cp2pp2full", 1, 2, 1, ["--context-parallel-size", "2", "--recompute-granularity", "full",
                              "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
@@ -614,6 +615,31 @@ for model in MODELS:
         first[tag] = metrics(path).get(1, [None])[0] if os.path.exists(path) else None
     if None in first.values() or rel(first["moefreq"], first["moe"]) < 1e-6:
         fail(f"{model}: --moe-layer-freq left the first loss unchanged: {first}")
+    # --moe-per-layer-logging: each MoE layer's losses (on whichever pipeline
+    # stage holds it, CP ranks' shares added), as one rank logs them; their
+    # mean is the logged mean.
+    for tag, moe_layers, names in (("moefreq", (1, 2, 3), ("pp2vpp2", "tp2spdp2ep2do", "pp2dp2ep2")),
+                                   ("moefreqsig", (0, 2), ("dp2ep2do", "cp2pp2full"))):
+        def per_layer(name):
+            path = os.path.join(TMP, f"{model}-{tag}-{name}.jsonl")
+            rows = [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+            return {r["iteration"]: r for r in rows if "lm_loss" in r and "kind" not in r}
+        ref = per_layer("ref")
+        keys = [f"{n}_layer_{l}" for n in ("load_balancing_loss", "z_loss") for l in moe_layers]
+        for it, r in ref.items():
+            dense = [k for k in r if "_layer_" in k and int(k.rsplit("_", 1)[1]) not in moe_layers]
+            mean = sum(r.get(f"load_balancing_loss_layer_{l}", 0.0) for l in moe_layers) / len(moe_layers)
+            if any(k not in r for k in keys) or dense or rel(mean, r["load_balancing_loss"]) > 1e-12:
+                fail(f"{model}-{tag}-ref: per-layer losses at iteration {it}: {r}")
+                break
+        for name in names:
+            got = per_layer(name)
+            worst = max((rel(got[it][k], ref[it][k]) for it in ref for k in keys if it in got and k in got[it]),
+                        default=1.0)
+            if not ref or any(it not in got or any(k not in got[it] for k in keys) for it in ref) or worst > 1e-5:
+                fail(f"{model}-{tag}-{name}: per-layer router losses differ from one rank (rel {worst:.1e})")
+        print(f"ok {model}-{tag}: per-layer router losses of MoE layers {moe_layers} equal one rank's in "
+              f"{', '.join(names)}", flush=True)
 
 # ---------------------------------------------------------------- documents
 # --reset-position-ids --reset-attention-mask: positions restart after every

@@ -14,6 +14,7 @@
 #  - configuration errors are all listed at once, exit code 2.
 set -u
 BIN=${1:?usage: train_cli_test.sh path/to/megatron}
+HERE=$(cd "$(dirname "$0")" && pwd)  # tb_events.py
 TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$TMP"' EXIT
 fails=0
@@ -297,56 +298,14 @@ done
 run tb --micro-batch-size 4 --global-batch-size 4 --train-iters 6 --lr-decay-iters 40 --save-interval 6 --log-interval 3 \
   --eval-interval 3 --eval-iters 1 --log-params-norm --log-num-zeros-in-grad --tensorboard-dir "$TMP/tb" --tensorboard-log-interval 2 \
   --log-timers-to-tensorboard --log-validation-ppl-to-tensorboard || { fail "--tensorboard-dir run"; cat "$TMP/tb.log"; }
-/usr/bin/python3 - "$TMP" <<'PY' || fail "--tensorboard-dir: event file"
-import glob, json, math, struct, sys
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+/usr/bin/python3 - "$TMP" "$HERE" <<'PY' || fail "--tensorboard-dir: event file"
+import json, math, sys
+sys.path.insert(0, sys.argv[2])
+from tb_events import events, scalars, f32
 t = sys.argv[1]
-fd = descriptor_pb2.FileDescriptorProto(name="event_test.proto", package="tb", syntax="proto3")
-T = descriptor_pb2.FieldDescriptorProto
-def msg(name, fields):
-    m = fd.message_type.add(name=name)
-    for fname, num, typ, label, tname in fields:
-        f = m.field.add(name=fname, number=num, type=typ, label=label)
-        if tname: f.type_name = tname
-opt, rep = T.LABEL_OPTIONAL, T.LABEL_REPEATED
-msg("Value", [("tag", 1, T.TYPE_STRING, opt, None), ("simple_value", 2, T.TYPE_FLOAT, opt, None)])
-msg("Summary", [("value", 1, T.TYPE_MESSAGE, rep, ".tb.Value")])
-msg("Event", [("wall_time", 1, T.TYPE_DOUBLE, opt, None), ("step", 2, T.TYPE_INT64, opt, None),
-              ("file_version", 3, T.TYPE_STRING, opt, None), ("summary", 5, T.TYPE_MESSAGE, opt, ".tb.Summary")])
-pool = descriptor_pool.DescriptorPool()
-pool.Add(fd)
-Event = message_factory.MessageFactory(pool).GetPrototype(pool.FindMessageTypeByName("tb.Event"))
-def crc32c(b):
-    c = 0xffffffff
-    for x in b:
-        c ^= x
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82f63b78 if c & 1 else c >> 1
-    return c ^ 0xffffffff
-def masked(b):
-    c = crc32c(b)
-    return (((c >> 15) | (c << 17)) + 0xa282ead8) & 0xffffffff
-files = glob.glob(f"{t}/tb/events.out.tfevents.*")
-assert len(files) == 1, files
-data = open(files[0], "rb").read()
-events, pos = [], 0
-while pos < len(data):
-    (n,) = struct.unpack_from("<Q", data, pos)
-    assert struct.unpack_from("<I", data, pos + 8)[0] == masked(data[pos:pos + 8]), "length CRC"
-    body = data[pos + 12:pos + 12 + n]
-    assert struct.unpack_from("<I", data, pos + 12 + n)[0] == masked(body), "data CRC"
-    e = Event()
-    e.ParseFromString(body)
-    events.append(e)
-    pos += 16 + n
-assert events[0].file_version == "brain.Event:2", events[0]
-got = {}
-for e in events[1:]:
-    assert len(e.summary.value) == 1 and e.wall_time > 1.6e9, e
-    v = e.summary.value[0]
-    got[(v.tag, e.step)] = v.simple_value
+ev = events(f"{t}/tb")
+got = scalars(f"{t}/tb")
 rows = [json.loads(l) for l in open(f"{t}/tb.jsonl")]
-f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]
 want = {}
 for r in rows:
     if "lm_loss" in r and "kind" not in r and r["iteration"] % 2 == 0:
@@ -366,7 +325,7 @@ for r in rows:
 assert set(got) == set(want), (sorted(set(got) ^ set(want)))
 for k in want:
     assert got[k] == want[k], (k, got[k], want[k])
-print(f"tensorboard: {len(events)} events, {len(want)} scalars match the metrics file")
+print(f"tensorboard: {len(ev)} events, {len(want)} scalars match the metrics file")
 PY
 
 # --exit-on-missing-checkpoint: a --load without a checkpoint stops the run
@@ -500,7 +459,8 @@ PY
 # experts' 4 x 2 x 64 x 256; the load-balancing loss is the mean over the one
 # MoE layer (about 1, as the all-MoE run's); the checkpoint resumes with it.
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq "[0]+[1]" --train-iters 4 --exit-interval 3 --save "$TMP/moe-freq" \
-  --metrics-file "$TMP/moe-freq.jsonl" >"$TMP/moe-freq.log" 2>&1 || { fail "MoE with a dense first layer"; cat "$TMP/moe-freq.log"; }
+  --metrics-file "$TMP/moe-freq.jsonl" --moe-per-layer-logging --tensorboard-dir "$TMP/moe-freq-tb" >"$TMP/moe-freq.log" 2>&1 \
+  || { fail "MoE with a dense first layer"; cat "$TMP/moe-freq.log"; }
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq "[0]+[1]" --train-iters 4 --load "$TMP/moe-freq" \
   >"$TMP/moe-freq2.log" 2>&1 || { fail "MoE with a dense first layer: resume"; cat "$TMP/moe-freq2.log"; }
 # --use-checkpoint-args takes the pattern from the checkpoint (forced, as Megatron's).
@@ -511,10 +471,37 @@ grep -q "training a GPT with 4 experts per layer (top 2) in 1 of its 2 layers, t
   && [ "$(( $(sed -n 's/.*: \([0-9]*\) parameters,.*/\1/p' "$TMP/moe.log") - $(sed -n 's/.*: \([0-9]*\) parameters,.*/\1/p' "$TMP/moe-freq.log") ))" = 98560 ] \
   && grep -q "4 iterations from 3" "$TMP/moe-freq2.log" && grep -q "iteration  *4/  *4 " "$TMP/moe-freq2.log" \
   || { fail "--moe-layer-freq: header, parameters or resume"; head -3 "$TMP/moe-freq.log"; tail -3 "$TMP/moe-freq2.log"; }
-python3 - "$TMP/moe-freq.jsonl" <<'PY' || fail "--moe-layer-freq: load-balancing loss not the one MoE layer's"
+# --moe-per-layer-logging: the MoE layers' losses in the metrics file and
+# under Megatron's TensorBoard tags (moe/{name}_layer_{i}), beside the means
+# (load_balancing_loss, z_loss) Megatron's tracker writes every iteration; the
+# all-MoE model's two layers average to the logged mean.
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-per-layer-logging --train-iters 2 --metrics-file "$TMP/moe-pl.jsonl" \
+  >"$TMP/moe-pl.log" 2>&1 || { fail "MoE with --moe-per-layer-logging"; cat "$TMP/moe-pl.log"; }
+/usr/bin/python3 - "$TMP" "$HERE" <<'PY' || fail "--moe-layer-freq / --moe-per-layer-logging: router losses"
 import json, sys
-rows = [json.loads(x) for x in open(sys.argv[1]) if '"lm_loss"' in x and '"kind"' not in x]
+sys.path.insert(0, sys.argv[2])
+from tb_events import scalars, f32
+t = sys.argv[1]
+load = lambda n: [json.loads(x) for x in open(f"{t}/{n}") if '"lm_loss"' in x and '"kind"' not in x]
+rows = load("moe-freq.jsonl")
 assert len(rows) == 3 and all(0.9 < r["load_balancing_loss"] < 2.5 for r in rows), rows
+for r in rows:  # one MoE layer (layer 1): its losses are the means, layer 0 has none
+    assert r["load_balancing_loss_layer_1"] == r["load_balancing_loss"] and r["z_loss_layer_1"] == r["z_loss"], r
+    assert not any(k.endswith("_layer_0") for k in r), r
+got = scalars(f"{t}/moe-freq-tb")
+want = {}
+for r in rows:
+    for tag, key in (("load_balancing_loss", "load_balancing_loss"), ("z_loss", "z_loss"),
+                     ("moe/load_balancing_loss_layer_1", "load_balancing_loss_layer_1"),
+                     ("moe/z_loss_layer_1", "z_loss_layer_1")):
+        want[(tag, r["iteration"])] = f32(r[key])
+missing = [k for k in want if got.get(k) != want[k]]
+assert not missing and not any(tag.endswith("_layer_0") for tag, _ in got), (missing, sorted(got)[:8])
+for r in load("moe-pl.jsonl"):
+    for name in ("load_balancing_loss", "z_loss"):
+        a, b = r[f"{name}_layer_0"], r[f"{name}_layer_1"]
+        assert a != b and abs((a + b) / 2 - r[name]) <= 1e-12 * r[name], (name, a, b, r[name])
+print("per-layer router losses: one MoE layer's equal the means; two layers average to them")
 PY
 # DeepSeek's sequence-level load-balancing loss, logged under Megatron's name.
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss --train-iters 2 \
