@@ -672,7 +672,8 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       add("--moe-router-topk", std::to_string(integer("num_experts_per_tok", 2)));
       add("--moe-ffn-hidden-size", std::to_string(F));
       if (num("router_jitter_noise", 0.0).value_or(0.0) != 0.0)
-        why.push_back("router_jitter_noise (Megatron's --moe-input-jitter-eps is not implemented here)");
+        why.push_back("router_jitter_noise (transformers' Mixtral jitters the experts' input as well as the "
+                      "router's; Megatron's --moe-input-jitter-eps only the router's)");
     }
     if (!flag_b("tie_word_embeddings", false)) add("--untie-embeddings-and-output-weights");
     // RoPE: rope_theta and rope_scaling (transformers 4.x), or one

@@ -49,6 +49,16 @@ MT_HOST_DEVICE inline float philox_uniform(uint64_t seed, uint64_t stream, uint6
   return static_cast<float>(w[index & 3] >> 8) * (1.0f / 16777216.0f);
 }
 
+// --moe-input-jitter-eps's factor lo + width u for element `index`, fused
+// (one rounding), so that the CPU and CUDA twins agree bit for bit whatever
+// their compilers contract.
+template <typename T>
+MT_HOST_DEVICE inline T philox_jitter(T lo, T width, uint64_t seed, uint64_t stream, uint64_t index) {
+  const T u = static_cast<T>(philox_uniform(seed, stream, index));
+  if constexpr (sizeof(T) == sizeof(float)) return fmaf(width, u, lo);
+  else return fma(width, u, lo);
+}
+
 // Standard normal for element `index` of `stream` (Box-Muller on one Philox
 // block; each index uses its own block, so any slice can be drawn alone).
 MT_HOST_DEVICE inline double philox_normal(uint64_t seed, uint64_t stream, uint64_t index) {

@@ -193,17 +193,19 @@ void Decoder::qk_norm(const Layer& p, const k::QkvLayout& L, int64_t n) {
   k::qk_heads_scatter(normed, L, qkv);
 }
 
-// The MoE MLP of GPTModel::moe_forward on the n rows of ln, into out [n, h].
-// With --moe-expert-capacity-factor the capacity counts these n rows (as
-// Megatron's inference router, which drops among the tokens of its step): a
-// prompt longer than the decoder's chunk drops per chunk, so its logits
-// depend on the chunk size.
 Tensor Decoder::mlp_rows(int b, int64_t rows, int64_t width) const {
   const Tensor& buf = buf_[static_cast<size_t>(b)];
   MT_CHECK(rows * width <= buf.numel(), "decoder: an MLP's rows exceed their buffer");
   return Tensor(buf.data(), {rows, width}, buf.dtype(), buf.device());
 }
 
+// The MoE MLP of GPTModel::moe_forward on the n rows of ln, into out [n, h].
+// With --moe-expert-capacity-factor the capacity counts these n rows (as
+// Megatron's inference router, which drops among the tokens of its step): a
+// prompt longer than the decoder's chunk drops per chunk, so its logits
+// depend on the chunk size. --moe-input-jitter-eps is not applied here: a
+// generation is reproducible (Megatron's router would jitter at inference
+// too, as it does in every forward).
 void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out) {
   const ModelConfig& c = m_.config();
   const int64_t E = c.num_experts, K = c.moe_router_topk;

@@ -30,6 +30,7 @@ void add_inplace(const Tensor& y, const Tensor& x);
 void cast(const Tensor& src, const Tensor& dst);
 void scale_inplace(const Tensor& y, double s);
 void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t index_offset);
+void jitter(const Tensor& x, const Tensor& y, double eps, uint64_t seed, uint64_t stream, uint64_t index_offset);
 double sum_squares(const Tensor& x);
 std::vector<double> sum_squares_each(const std::vector<Tensor>& xs);
 std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs, double scale);
@@ -44,6 +45,7 @@ void add_inplace(const Tensor& y, const Tensor& x);
 void cast(const Tensor& src, const Tensor& dst);
 void scale_inplace(const Tensor& y, double s);
 void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t stream, uint64_t index_offset);
+void jitter(const Tensor& x, const Tensor& y, double eps, uint64_t seed, uint64_t stream, uint64_t index_offset);
 double sum_squares(const Tensor& x);
 std::vector<double> sum_squares_each(const std::vector<Tensor>& xs);
 std::vector<int64_t> count_zeros_each(const std::vector<Tensor>& xs, double scale);
@@ -69,6 +71,14 @@ inline void dropout_forward(const Tensor& x, const Tensor& y, double p, uint64_t
 inline void dropout_backward(const Tensor& dy, const Tensor& dx, double p, uint64_t seed, uint64_t stream,
                              uint64_t index_offset = 0) {
   MT_DISPATCH(dropout, dx.device(), dy, dx, p, seed, stream, index_offset);
+}
+// y = x * J, J uniform in [1 - eps, 1 + eps) per element (Megatron's MoE
+// router input jitter, torch's Uniform(1 - eps, 1 + eps).rsample: low + u
+// (high - low)), u = philox_uniform(seed, stream, index_offset + i); y may
+// alias x. The same call on dy gives the backward (d(xJ)/dx = J).
+inline void jitter(const Tensor& x, const Tensor& y, double eps, uint64_t seed, uint64_t stream,
+                   uint64_t index_offset = 0) {
+  MT_DISPATCH(jitter, y.device(), x, y, eps, seed, stream, index_offset);
 }
 // Sum of squares in double (for the global gradient norm).
 inline double sum_squares(const Tensor& x) { MT_DISPATCH(sum_squares, x.device(), x); }

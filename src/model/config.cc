@@ -318,6 +318,10 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                "with --moe-expert-capacity-factor: probs drops an expert's lowest routing probabilities, position "
                "its latest tokens",
                {"probs", "position"});
+  f.add_double("moe-input-jitter-eps", &c.moe_input_jitter_eps,
+               "multiply the MoE router's input by uniform noise in [1 - eps, 1 + eps) (Switch Transformer's jitter, "
+               "Megatron's; the experts see the input unchanged)",
+               0, 0.999);
   f.add_string("moe-layer-freq", &c.moe_layer_freq,
                "which layers are MoE: an integer N (layer i is MoE iff i mod N == 0) or a Python list expression "
                "with one 0 (dense MLP of --ffn-hidden-size) or 1 (MoE) per layer, such as ([0]*1+[1]*3)*2");

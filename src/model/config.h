@@ -115,6 +115,11 @@ struct ModelConfig {
   // The other layers keep the dense MLP of --ffn-hidden-size (DeepSeek's
   // first dense layers, interleaved MoE).
   std::string moe_layer_freq = "1";
+  // --moe-input-jitter-eps: the router's input (not the experts') is
+  // multiplied element-wise by uniform noise in [1 - eps, 1 + eps) in every
+  // forward of the model, as Megatron's TopKRouter.apply_input_jitter (the
+  // Switch Transformer's jitter); its gradient flows through the noise.
+  std::optional<double> moe_input_jitter_eps;
 
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;
@@ -141,6 +146,7 @@ struct ModelConfig {
   bool moe_aux_loss_active() const {
     return is_moe() && moe_router_load_balancing_type != "none" && moe_aux_loss_coeff > 0;
   }
+  bool jitters_router_input() const { return is_moe() && moe_input_jitter_eps && *moe_input_jitter_eps > 0; }
   bool drops_tokens() const { return is_moe() && moe_expert_capacity_factor && *moe_expert_capacity_factor >= 0; }
   // Megatron's get_capacity(tokens x k, E, factor): ceil(tokens k / E x factor).
   int64_t moe_capacity(int64_t tokens) const;

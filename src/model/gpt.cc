@@ -135,6 +135,7 @@ struct Dims {
   int64_t segs = 1, cap = 0, kept = 0;
   bool drops = false;
   int64_t lbG = 1;  // the load-balancing loss's groups: B sequences under seq_aux_loss, else 1
+  bool jitter = false;  // --moe-input-jitter-eps: the router reads a jittered copy of its input
   // The shared expert: this TP rank's columns S (0: none), its fc1 width.
   int64_t S = 0, sfc1 = 0;
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
@@ -521,6 +522,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     d.ep = opt.ep;
     d.S = cfg.moe_shared_expert_intermediate_size / tp, d.sfc1 = (cfg.swiglu ? 2 : 1) * d.S;
     d.lbG = cfg.seq_aux_loss() ? B : 1;
+    d.jitter = cfg.jitters_router_input();
   }
   d.Rx = d.ep > 1 ? d.ep * N * std::min(d.topk, d.E / d.ep) : d.R;
   d.kept = d.R;
@@ -689,7 +691,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // The shared expert's output [N, h] beside the combined routed outputs.
   const size_t shared_fwd = d.S ? abytes(N * h, dt) : 0;
   // With token dropping the kept choices [N, k] int32 beside the logits.
-  const size_t route_fwd = abytes(N * d.E, dt) + (d.drops ? abytes(N * d.topk, DType::kI32) : 0);
+  // With --moe-input-jitter-eps the jittered router input [N, h] before them.
+  const size_t route_fwd = (d.jitter ? abytes(N * h, d.ln) : 0) + abytes(N * d.E, dt) +
+                           (d.drops ? abytes(N * d.topk, DType::kI32) : 0);
   const size_t moe_fwd = held_kinds & kMoeLayer ? std::max({route_fwd, ep_fwd, full + shared_fwd}) : 0;
   const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});  // tmp (+ ctx, lse) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});
@@ -714,7 +718,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                                 abytes(N * h, sp ? dt : d.dn)
                                           : 0) +
                                      (sp ? abytes(N * h, dt) : 0) + abytes(d.lbG * d.E, dt) + abytes(Ns * d.E, dt) +
-                                     abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0)
+                                     abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0) +
+                                     (d.jitter ? abytes(Ns * h, d.ln) : 0)  // the jittered router input again
                                : 0;
   // d(act) and d(fc1) of the layer's kind; an MoE layer's buffers after them.
   size_t layer_bwd = 0;
@@ -884,13 +889,19 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   {
     // This rank's rows: local positions [t0, t0 + Ns / B) (its SP shard),
     // cut where the CP chunks meet.
+    // And all N rows of this rank's positions (what every TP rank's MoE
+    // router sees), likewise.
     const k::QueryChunks qc = k::query_chunks(Tg_, opt.cp, opt.cp_rank);
-    const int64_t t0 = sp() ? opt.tp_rank * (T_ / opt.tp) : 0, t1 = t0 + Ns_ / B_;
-    for (int64_t t = t0; t < t1;) {
-      const int64_t end = std::min(t1, (t / qc.len + 1) * qc.len);
-      runs_.push_back({(t - t0) * B_, (end - t) * B_, qc.position(t)});
-      t = end;
-    }
+    auto cut = [&](int64_t t0, int64_t t1, std::vector<RowRun>& out) {
+      for (int64_t t = t0; t < t1;) {
+        const int64_t end = std::min(t1, (t / qc.len + 1) * qc.len);
+        out.push_back({(t - t0) * B_, (end - t) * B_, qc.position(t)});
+        t = end;
+      }
+    };
+    const int64_t t0 = sp() ? opt.tp_rank * (T_ / opt.tp) : 0;
+    cut(t0, t0 + Ns_ / B_, runs_);
+    cut(0, T_, all_runs_);
   }
   mid_ = d.mid;
   rs_ = d.rs;
@@ -1265,6 +1276,7 @@ uint64_t dropout_stream(uint64_t step, int64_t layer, int site) {
   return (step * 4096 + static_cast<uint64_t>(layer)) * 4 + static_cast<uint64_t>(site);
 }
 constexpr uint64_t kDropoutSeedSalt = 0x6d742d64726f70ull;  // "mt-drop"
+constexpr uint64_t kJitterSeedSalt = 0x6d742d6a6974ull;     // "mt-jit": --moe-input-jitter-eps
 }  // namespace
 
 // out = res + dropout(row_linear(x)) (x W^T + b, reduced over TP), through
@@ -1440,8 +1452,11 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
   const DType dt = opt_.dtype;
   {
     ArenaScope scope(scratch_);
+    // --moe-input-jitter-eps: the router (only) reads ln2 times noise.
+    const Tensor rin = cfg_.jitters_router_input() ? scratch({N_, h_}, a.ln2.dtype()) : a.ln2;
+    if (rin.data() != a.ln2.data()) router_jitter(a.ln2, rin, false, l, s);
     const Tensor logits = scratch({N_, E}, dt);
-    linear_fwd(a.ln2, p.router_w, -1, logits);
+    linear_fwd(rin, p.router_w, -1, logits);
     k::moe_route(logits, moe_router(cfg_), expert_bias_[static_cast<size_t>(l)], a.r_idx, a.r_probs, a.r_scores,
                  a.r_lse);
     // Token dropping: each TP rank's sequence shard is one segment (the
@@ -1736,11 +1751,19 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   const bool lb = cfg_.moe_aux_loss_active();
   const int64_t G = cfg_.seq_aux_loss() ? B_ : 1, GE = G * E;  // moe_record_losses' groups
   const Tensor aux = scratch({GE}, dt), dlogits = scratch({Ns_, E}, dt), rdx = scratch({Ns_, h_}, dn_);
+  // --moe-input-jitter-eps: the router's input, this rank's rows, jittered
+  // again with the forward's noise.
+  Tensor rin = own_rows(a.ln2);
+  if (cfg_.jitters_router_input()) {
+    const Tensor j = scratch({Ns_, h_}, rin.dtype());
+    router_jitter(rin, j, true, l, s);
+    rin = j;
+  }
   // The sigmoid router's backward reads the logits: this rank's rows again.
   Tensor own_logits;
   if (cfg_.sigmoid_router()) {
     own_logits = scratch({Ns_, E}, dt);
-    linear_fwd(own_rows(a.ln2), p.router_w, -1, own_logits);
+    linear_fwd(rin, p.router_w, -1, own_logits);
   }
   {
     const std::vector<double>& counts = s.moe_counts.at(static_cast<size_t>(l));
@@ -1757,8 +1780,28 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   auto rows = [&](const Tensor& t) { return t.slice(r0, r0 + Ns_); };
   k::moe_route_backward(rows(dprobs), rows(a.r_idx), rows(a.r_probs), rows(a.r_scores), rows(a.r_lse), aux, z,
                         moe_router(cfg_), own_logits, dlogits);
-  linear_bwd(own_rows(a.ln2), p.router_w, -1, dlogits, rdx);
+  linear_bwd(rin, p.router_w, -1, dlogits, rdx);
+  if (cfg_.jitters_router_input()) router_jitter(rdx, rdx, true, l, s);  // d(x J)/dx = J
   k::add_inplace(dln_own, rdx);
+}
+
+void GPTModel::router_jitter(const Tensor& x, const Tensor& y, bool own, int l, const Slot& s) const {
+  for (const RowRun& r : own ? runs_ : all_runs_)
+    k::jitter(x.slice(r.row, r.row + r.rows), y.slice(r.row, r.row + r.rows), *cfg_.moe_input_jitter_eps,
+              kJitterSeedSalt, dropout_stream(s.dropout_step, l, 0), static_cast<uint64_t>(r.pos * B_ * h_));
+}
+
+std::vector<double> GPTModel::router_jitter_factors(int slot, int layer) const {
+  MT_CHECK(cfg_.jitters_router_input() && opt_.device == Device::kCpu,
+           "GPTModel::router_jitter_factors: needs --moe-input-jitter-eps and a CPU model");
+  std::vector<double> out(static_cast<size_t>(N_ * h_));
+  std::vector<float> ones32(out.size(), 1.0f);
+  std::vector<double> ones64(out.size(), 1.0);
+  const bool f64 = opt_.dtype == DType::kF64;
+  const Tensor t = f64 ? Tensor(ones64.data(), {N_, h_}, DType::kF64) : Tensor(ones32.data(), {N_, h_}, DType::kF32);
+  router_jitter(t, t, false, layer, slots_.at(static_cast<size_t>(slot)));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = f64 ? ones64[i] : static_cast<double>(ones32[i]);
+  return out;
 }
 
 GPTModel::LayerActs GPTModel::mlp_shaped(const LayerActs& a, bool moe) const {

@@ -440,6 +440,10 @@ class GPTModel {
     std::vector<double> layer_load_balancing, layer_z, layer_micro_batches;
   };
   MoeStats take_moe_stats() { return std::exchange(moe_stats_, MoeStats{}); }
+  // --moe-input-jitter-eps (tests; a CPU model): the factors layer `layer`'s
+  // router multiplied its input by in the last forward of `slot`, [N, h]
+  // row-major in [s, b] row order (this rank's N rows).
+  std::vector<double> router_jitter_factors(int slot, int layer) const;
 
   // --moe-router-enable-expert-bias: layer l's expert bias [E] (undefined
   // where this rank does not hold layer l or there is none), zeros at first.
@@ -516,6 +520,11 @@ class GPTModel {
                     const Tensor& dact, const Tensor& dfc1, const Tensor& dln_own);
   void moe_record_losses(int l, const LayerActs& a, const std::vector<int64_t>& off, const Slot& s);
   std::vector<int64_t> expert_offsets(const LayerActs& a) const;
+  // --moe-input-jitter-eps: y = x times layer l's router noise for the
+  // slot's step (y may alias x); x holds this rank's own rows (own) or all N.
+  // Keyed by the serial model's element index, so every layout draws the
+  // serial model's noise.
+  void router_jitter(const Tensor& x, const Tensor& y, bool own, int l, const Slot& s) const;
   std::vector<int64_t> source_rows(const std::vector<int64_t>& recv) const;
   std::vector<int64_t> rows_to_elements(std::vector<int64_t> rows) const;
   static LayerActs bind_layer(const std::vector<Tensor>& views, const std::array<int, kLayerFields>& entries);
@@ -560,6 +569,7 @@ class GPTModel {
     int64_t row, rows, pos;
   };
   std::vector<RowRun> runs_;
+  std::vector<RowRun> all_runs_;  // the same for all N rows of this rank's positions
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, int> index_;
   std::vector<LayerRange> chunks_;

@@ -193,8 +193,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
        "implemented: with --moe-expert-capacity-factor the experts run on the kept tokens only, which gives the "
        "same losses and gradients (the padding rows have routing probability 0; Megatron's expert-bias update "
        "would count every expert as full); drop the flag"},
-      {"moe-input-jitter-eps", true, "no router input jitter",
-       "router input jitter is not implemented; drop the flag"},
   };
   for (const Refused& r : refused) {
     const std::string flag = std::string("--") + r.name, why = r.why;

@@ -820,6 +820,35 @@ TEST(CudaTwin, DropoutMatchesCpuMaskBitwise) {
   }
 }
 
+// --moe-input-jitter-eps: the CPU twin's multipliers, bitwise (Philox on
+// both sides, the same lo + width u in the compute type).
+template <typename T>
+void jitter_case(int64_t n, double eps, uint64_t offset) {
+  const std::string what = fmt::format("jitter {} n={} eps={} offset={}", tname(dtype_of<T>()), n, eps, offset);
+  std::vector<T> x;
+  if constexpr (std::is_same_v<T, bf16>) x = bf16_randn(n, 93, 1.0);
+  else x = randn<T>(n, 93);
+  std::vector<T> y(x.size(), x.empty() ? T() : x[0]);
+  Arena g = gpu_arena(kArenaBytes);
+  Tensor gX = to_device(g, view(x, {n})), gY = to_device(g, view(y, {n}));
+  k::jitter(view(x, {n}), view(y, {n}), eps, 4321, 17, offset);
+  k::jitter(gX, gY, eps, 4321, 17, offset);
+  expect_bitwise(to_host<T>(gY), y, what);
+  k::jitter(view(x, {n}), view(x, {n}), eps, 7, 2, offset);  // in place, as the model's backward
+  k::jitter(gX, gX, eps, 7, 2, offset);
+  expect_bitwise(to_host<T>(gX), x, what + " in place");
+}
+
+TEST(CudaTwin, JitterMatchesCpuBitwise) {
+  MT_REQUIRE_GPU();
+  for (int64_t n : {10007, 3, 0}) {
+    jitter_case<float>(n, 0.1, 0);
+    jitter_case<float>(n, 0.01, 1001);
+    jitter_case<double>(n, 0.3, (uint64_t{1} << 33) + 5);
+    jitter_case<bf16>(n, 0.1, 64);
+  }
+}
+
 template <typename T>
 void sum_squares_case(int64_t n) {
   const std::string what = fmt::format("sum_squares {} n={}", tname(dtype_of<T>()), n);

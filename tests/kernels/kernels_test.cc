@@ -988,6 +988,40 @@ TEST(Dropout, SeededReproducibleAndScaled) {
   for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(part[i], y[500 + i]);
 }
 
+// --moe-input-jitter-eps: y = x J, J uniform in [1 - eps, 1 + eps): the
+// factors' range, mean (1) and variance (eps^2 / 3), a flat histogram, the
+// same noise for the same key (backward) and at an offset, another stream
+// another noise.
+TEST(Jitter, UniformFactorsKeyedLikeDropout) {
+  const int64_t n = 200000;
+  const double eps = 0.2;
+  Buf<float> x({n}, 2.0f), y({n}), y2({n});
+  k::jitter(x.t(), y.t(), eps, 42, 3);
+  k::jitter(x.t(), y2.t(), eps, 42, 3);
+  EXPECT_EQ(y.v, y2.v);
+  double mean = 0, var = 0;
+  std::vector<int64_t> bins(10, 0);
+  for (float v : y.v) {
+    const double j = v / 2.0;
+    ASSERT_GE(j, 1 - eps - 1e-7);
+    ASSERT_LT(j, 1 + eps + 1e-7);
+    mean += j, var += (j - 1) * (j - 1);
+    ++bins[static_cast<size_t>(std::min(9.0, std::floor((j - (1 - eps)) / (2 * eps) * 10)))];
+  }
+  mean /= n, var /= n;
+  EXPECT_NEAR(mean, 1.0, 3 * eps / std::sqrt(3.0 * n));  // 3 standard errors
+  EXPECT_NEAR(var, eps * eps / 3, 0.02 * eps * eps / 3);
+  for (int64_t b : bins) EXPECT_NEAR(static_cast<double>(b) / n, 0.1, 0.005);
+  k::jitter(x.t(), y2.t(), eps, 42, 4);  // another stream
+  EXPECT_NE(y.v, y2.v);
+  Buf<float> part({10}, 2.0f);
+  k::jitter(part.t(), part.t(), eps, 42, 3, 500);  // in place, at an offset
+  for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(part[i], y[500 + i]);
+  Buf<double> d({4}, 3.0);
+  k::jitter(d.t(), d.t(), 0.0, 42, 3);  // eps 0: the identity
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(d[i], 3.0);
+}
+
 TEST(AdamW, MatchesClosedFormOverSteps) {
   Buf<double> p({3}), g({3}), m({3}), v({3});
   p.v = {0.5, -1.0, 2.0};

@@ -171,6 +171,10 @@ TEST(CudaModel, MoeForwardBackwardMatchesCpu) {
   f.moe_layer_freq = std::to_string(x.num_layers);
   compare(f, false, false, "Mixtral-style MoE layer 0 only fp32");
   compare(f, true, false, "Mixtral-style MoE layer 0 only bf16");
+  // --moe-input-jitter-eps: the router's noise drawn on the device (jitter kernel).
+  ModelConfig j = x;
+  j.moe_input_jitter_eps = 0.2;
+  compare(j, false, false, "Mixtral-style router jitter fp32");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // against finite differences (fp64 model), and bf16 against fp32; the
 // parameter registry against the planner's counts.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -178,6 +179,19 @@ ModelConfig moe_freq_style() {
   c.num_layers = 3, c.moe_layer_freq = "[0]+[1]*2";
   return c;
 }
+// --moe-input-jitter-eps: the router's input times uniform noise (the
+// model's factors handed to PyTorch), on the mixtral and on the sigmoid
+// router, whose backward recomputes its logits from the jittered input.
+ModelConfig jitter_style() {
+  ModelConfig c = mixtral_style();
+  c.moe_input_jitter_eps = 0.1;
+  return c;
+}
+ModelConfig jitter_sigmoid_style() {
+  ModelConfig c = sigmoid_style();
+  c.moe_input_jitter_eps = 0.3;
+  return c;
+}
 ModelConfig moe_freq_sigmoid_style() {
   ModelConfig c = sigmoid_style();
   c.num_layers = 3, c.moe_layer_freq = "2", c.moe_shared_expert_intermediate_size = 16;
@@ -257,6 +271,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "seq_aux_sigmoid" ? seq_aux_sigmoid_style()
                     : which == "moefreq" ? moe_freq_style()
                     : which == "moefreq_sigmoid" ? moe_freq_sigmoid_style()
+                    : which == "jitter" ? jitter_style()
+                    : which == "jitter_sigmoid" ? jitter_sigmoid_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -318,6 +334,20 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   std::vector<NamedTensor> ts;
   for (size_t i = 0; i < m.specs().size(); ++i) ts.push_back({m.specs()[i].name, m.params()[i]});
   for (const auto& [name, b] : m.expert_bias_tensors()) ts.push_back({name, b});
+  // --moe-input-jitter-eps: each MoE layer's noise, for the reference to apply.
+  std::vector<std::vector<float>> jitter;
+  for (int64_t l = 0; l < cfg.num_layers && cfg.jitters_router_input(); ++l) {
+    if (!cfg.is_moe_layer(l)) continue;
+    const std::vector<double> f = m.router_jitter_factors(0, static_cast<int>(l));
+    jitter.emplace_back(f.begin(), f.end());
+    double lo = 2, hi = 0;
+    for (double v : f) lo = std::min(lo, v), hi = std::max(hi, v);
+    EXPECT_GE(lo, 1 - *cfg.moe_input_jitter_eps - 1e-6);
+    EXPECT_LT(hi, 1 + *cfg.moe_input_jitter_eps + 1e-6);
+    EXPECT_GT(hi - lo, *cfg.moe_input_jitter_eps) << "noise spread over its range";
+    ts.push_back({fmt::format("decoder.layers.{}.mlp.router.jitter", l),
+                  Tensor(jitter.back().data(), {opt.micro_batch * cfg.seq_length, cfg.hidden_size}, DType::kF32)});
+  }
   ts.push_back({"tokens", tt});
   ts.push_back({"labels", lt});
   ASSERT_TRUE(write_safetensors(in, ts, {{"config", config_json(cfg, std::max<int64_t>(1, opt.moe_capacity_segments)).dump()}}).is_ok());
@@ -360,7 +390,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                          ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
                                            "gptqk", "mixtral", "moegpt", "moeshared", "sigmoid", "grouped",
                                            "grouped_sigmoid", "capacity", "capacity_position", "capacity_sigmoid",
-                                           "seq_aux", "seq_aux_sigmoid", "moefreq", "moefreq_sigmoid"));
+                                           "seq_aux", "seq_aux_sigmoid", "moefreq", "moefreq_sigmoid", "jitter",
+                                           "jitter_sigmoid"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

@@ -93,6 +93,12 @@ ModelConfig moe_freq_sigmoid_style() {
   return c;
 }
 
+ModelConfig jitter_style() {  // --moe-input-jitter-eps on the sigmoid router with dense layer 1
+  ModelConfig c = moe_freq_sigmoid_style();
+  c.moe_input_jitter_eps = 0.2;
+  return c;
+}
+
 RecomputeOptions full(RecomputeMethod m, int64_t n) {
   RecomputeOptions r;
   r.granularity = RecomputeGranularity::kFull, r.method = m, r.num_layers = n;
@@ -204,7 +210,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, RecomputeNumerics,
                                            Case{"sigmoid", sigmoid_style, false}, Case{"sigmoid_bf16", sigmoid_style, true},
                                            Case{"moe_freq", moe_freq_style, false},
                                            Case{"moe_freq_bf16", moe_freq_style, true},
-                                           Case{"moe_freq_sigmoid", moe_freq_sigmoid_style, false}),
+                                           Case{"moe_freq_sigmoid", moe_freq_sigmoid_style, false},
+                                           Case{"jitter", jitter_style, false}, Case{"jitter_bf16", jitter_style, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The size arithmetic, written out: every tensor rounded up to 64 bytes.

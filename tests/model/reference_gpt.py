@@ -189,7 +189,8 @@ def moe(xs, p, cfg, linear, B):
     load-balancing loss and the z-loss as in moe_utils (unweighted)."""
     E, k = cfg["num_experts"], cfg["moe_router_topk"]
     N = xs.shape[0]
-    logits = xs @ P_ROUTER(p).t()
+    J = JITTER.get(p)  # --moe-input-jitter-eps: the router's input times the model's noise
+    logits = (xs if J is None else xs * J) @ P_ROUTER(p).t()
     G, gk = cfg.get("moe_router_num_groups", 0), cfg.get("moe_router_group_topk", 0)
 
     def topk_idx(sel):  # Megatron's group_limited_topk when group-topk is set
@@ -280,6 +281,8 @@ def main():
     tokens, labels = tensors.pop("tokens"), tensors.pop("labels")
     global BIAS  # --moe-router-enable-expert-bias: state, not parameters
     BIAS = {n: tensors.pop(n).float() for n in list(tensors) if n.endswith("router.expert_bias")}
+    global JITTER  # --moe-input-jitter-eps: each MoE layer's noise [T*B, h], drawn by the model
+    JITTER = {n[:-len("router.jitter")]: tensors.pop(n).float() for n in list(tensors) if n.endswith("router.jitter")}
     P = {n: t.float().requires_grad_(True) for n, t in tensors.items()}
     torch.set_num_threads(1)
     global P_ROUTER

@@ -216,6 +216,10 @@ TEST(TensorParallelModel, EqualsSerialModel) {
         run_case({"mixtral seq_aux_loss", seq, sp, dt, tol});
         run_case({"dense layer 0, MoE layer 1", freq_cfg(), sp, dt, tol});
         run_case({"sigmoid MoE layer 0, dense layer 1", freq_sigmoid_cfg(), sp, dt, tol});
+        ModelConfig jit = mixtral_cfg(), jit_sig = sigmoid_cfg();  // --moe-input-jitter-eps: the serial noise
+        jit.moe_input_jitter_eps = 0.2, jit_sig.moe_input_jitter_eps = 0.2;
+        run_case({"mixtral router jitter", jit, sp, dt, tol});
+        run_case({"sigmoid router jitter", jit_sig, sp, dt, tol});
       }
     }
 }
@@ -337,6 +341,9 @@ TEST(ContextParallelModel, EqualsSerialModel) {
         run_cp_case({"moe_gpt fp32", moe_gpt_cfg(), tp, sp, DType::kF32, false, none, 2e-5});
         run_cp_case({"mixtral bf16", mixtral_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
         run_cp_case({"dense layer 0, MoE layer 1, full recompute", freq_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
+        ModelConfig jit = sigmoid_cfg();
+        jit.moe_input_jitter_eps = 0.2;
+        run_cp_case({"sigmoid router jitter, full recompute", jit, tp, sp, DType::kF64, false, full, 1e-11});
       }
     }
   }
@@ -492,6 +499,9 @@ TEST(ExpertParallelModel, EqualsSerialModel) {
     // non-expert ones, the MoE layer's experts over the expert DP group.
     run_ep_case({"dense layer 0, MoE layer 1", freq_cfg(), tp, DType::kF64, false, full, 1e-11});
     run_ep_case({"sigmoid MoE layer 0, dense layer 1 bf16", freq_sigmoid_cfg(), tp, DType::kF32, true, none, 3e-2});
+    ModelConfig jit = mixtral_cfg();
+    jit.moe_input_jitter_eps = 0.2;
+    run_ep_case({"mixtral router jitter", jit, tp, DType::kF64, false, none, 1e-11});
   }
 }
 

@@ -608,13 +608,21 @@ against_reference("moefreqsig", SIG_FLAGS + ["--moe-layer-freq", "2", "--moe-sha
     ("cp2pp2full", 1, 2, 1, ["--context-parallel-size", "2", "--recompute-granularity", "full",
                              "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
 ], plan=True, zeros_slack=CP_ZEROS)
+# --moe-input-jitter-eps: the router's noise is keyed by the serial model's
+# element index and the micro-batch's step, so tensor-, context- and
+# pipeline-parallel layouts (one data-parallel rank: the steps are the same)
+# draw one rank's noise.
+against_reference("moejit", MOE_FLAGS + ["--moe-input-jitter-eps", "0.2"], [
+    ("tp2spcp2", 2, 1, 1, ["--sequence-parallel", "--context-parallel-size", "2"]),
+    ("pp2vpp2", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1"]),
+], plan=True, zeros_slack=CP_ZEROS)
 for model in MODELS:
     first = {}
-    for tag in ("moe", "moefreq"):
+    for tag in ("moe", "moefreq", "moejit"):
         path = os.path.join(TMP, f"{model}-{tag}-ref.jsonl")
         first[tag] = metrics(path).get(1, [None])[0] if os.path.exists(path) else None
-    if None in first.values() or rel(first["moefreq"], first["moe"]) < 1e-6:
-        fail(f"{model}: --moe-layer-freq left the first loss unchanged: {first}")
+    if None in first.values() or rel(first["moefreq"], first["moe"]) < 1e-6 or rel(first["moejit"], first["moe"]) < 1e-7:
+        fail(f"{model}: --moe-layer-freq or --moe-input-jitter-eps left the first loss unchanged: {first}")
     # --moe-per-layer-logging: each MoE layer's losses (on whichever pipeline
     # stage holds it, CP ranks' shares added), as one rank logs them; their
     # mean is the logged mean.

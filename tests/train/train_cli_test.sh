@@ -503,6 +503,15 @@ for r in load("moe-pl.jsonl"):
         assert a != b and abs((a + b) / 2 - r[name]) <= 1e-12 * r[name], (name, a, b, r[name])
 print("per-layer router losses: one MoE layer's equal the means; two layers average to them")
 PY
+# --moe-input-jitter-eps: the router's input times uniform noise; the first
+# loss moves off the plain run's (same seed, same data).
+"$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-input-jitter-eps 0.2 --train-iters 2 --metrics-file "$TMP/moe-jit.jsonl" \
+  >"$TMP/moe-jit.log" 2>&1 || { fail "MoE with router input jitter"; cat "$TMP/moe-jit.log"; }
+python3 - "$TMP/moe.jsonl" "$TMP/moe-jit.jsonl" <<'PY' || fail "--moe-input-jitter-eps: first loss unchanged"
+import json, sys
+first = [[json.loads(x) for x in open(p) if '"lm_loss"' in x and '"kind"' not in x][0]["lm_loss"] for p in sys.argv[1:]]
+assert first[0] != first[1] and abs(first[0] - first[1]) < 0.05 * first[0], first
+PY
 # DeepSeek's sequence-level load-balancing loss, logged under Megatron's name.
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-router-load-balancing-type seq_aux_loss --train-iters 2 \
   >"$TMP/moe-seq.log" 2>&1 || { fail "MoE with seq_aux_loss"; cat "$TMP/moe-seq.log"; }
@@ -547,10 +556,9 @@ PY
 [ $? = 2 ] && grep -q "4 experts do not split over EP = 3" "$TMP/err" && grep -q "use --expert-model-parallel-size 4" "$TMP/err" \
   || { fail "EP that does not divide the experts"; cat "$TMP/err"; }
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --moe-layer-freq "[1]*3" --moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity \
-  --moe-input-jitter-eps 0.01 --train-iters 2 2>"$TMP/err"
-[ $? = 2 ] && grep -q "3 problems" "$TMP/err" && grep -q "the list has 3 terms but --num-layers is 2" "$TMP/err" \
-  && grep -q "padding each expert's input to its capacity" "$TMP/err" \
-  && grep -q "router input jitter is not implemented" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
+  --train-iters 2 2>"$TMP/err"
+[ $? = 2 ] && grep -q "2 problems" "$TMP/err" && grep -q "the list has 3 terms but --num-layers is 2" "$TMP/err" \
+  && grep -q "padding each expert's input to its capacity" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
 
 "$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"
 [ $? = 2 ] && grep -q "2 problems on the command line" "$TMP/err" && grep -q "unknown flag --mock-dat; did you mean --mock-data?" "$TMP/err" \

@@ -147,6 +147,22 @@ void dropout(const Tensor& x, const Tensor& y, double p, uint64_t seed, uint64_t
   });
 }
 
+void jitter(const Tensor& x, const Tensor& y, double eps, uint64_t seed, uint64_t stream, uint64_t off) {
+  check_same_numel(x, y, "jitter");
+  MT_CHECK(eps >= 0 && eps < 1, "jitter: eps must be in [0, 1)");
+  MT_CHECK(x.dtype() == y.dtype(), fmt::format("jitter: x and y must share one dtype (got {}, {})",
+                                               dtype_name(x.dtype()), dtype_name(y.dtype())));
+  storage_types(y.dtype(), [&](auto tag_) { using S = decltype(tag_); using T = compute_t<S>;
+    const S* xp = x.ptr<S>();
+    S* yp = y.ptr<S>();
+    const T lo = static_cast<T>(1.0 - eps), width = static_cast<T>(2.0 * eps);
+    const int64_t n = y.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      yp[i] = to_out<S>(ld<T>(xp[i]) * philox_jitter(lo, width, seed, stream, static_cast<uint64_t>(i) + off));
+  });
+}
+
 double sum_squares(const Tensor& x) {
   // Fixed-size chunks summed in index order: the result does not depend on
   // the thread count or on the order threads finish (an OpenMP reduction

@@ -157,6 +157,13 @@ __global__ void dropout_k(int64_t n, const S* x, S* y, float pf, T scale, uint64
     y[e] = to_out<S>(philox_uniform(seed, stream, static_cast<uint64_t>(e) + off) >= pf ? ld<T>(x[e]) * scale : T(0));
 }
 
+// jitter: the CPU twin's multiplier (philox_jitter: lo + width u fused), in T.
+template <typename S, typename T = compute_t<S>>
+__global__ void jitter_k(int64_t n, const S* x, S* y, T lo, T width, uint64_t seed, uint64_t stream, uint64_t off) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride())
+    y[e] = to_out<S>(ld<T>(x[e]) * philox_jitter(lo, width, seed, stream, static_cast<uint64_t>(e) + off));
+}
+
 template <typename T>
 __global__ void sumsq_pass1(int64_t n, const T* __restrict__ x, double* partial, bool zeros, T scale) {
   double s = 0;
@@ -304,6 +311,23 @@ void scale_inplace(const Tensor& y, double s) {
     const int64_t n = y.numel();
     if (n == 0) return;
     scale_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, p, f);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void jitter(const Tensor& x, const Tensor& y, double eps, uint64_t seed, uint64_t stream, uint64_t off) {
+  check_same_numel(x, y, "jitter");
+  MT_CHECK(eps >= 0 && eps < 1, "jitter: eps must be in [0, 1)");
+  check_on_gpu({&x, &y}, "jitter");
+  MT_CHECK(x.dtype() == y.dtype(), fmt::format("jitter: x and y must share one dtype (got {}, {})",
+                                               dtype_name(x.dtype()), dtype_name(y.dtype())));
+  storage_types(y.dtype(), [&](auto tag_) {
+    using S = decltype(tag_);
+    using T = compute_t<S>;
+    const int64_t n = y.numel();
+    if (n == 0) return;
+    jitter_k<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, x.ptr<S>(), y.ptr<S>(), static_cast<T>(1.0 - eps),
+                                                                   static_cast<T>(2.0 * eps), seed, stream, off);
     MT_CUDA_CHECK_LAUNCH();
   });
 }
