@@ -72,10 +72,10 @@ inline void dropout_backward(const Tensor& dy, const Tensor& dx, double p, uint6
                              uint64_t index_offset = 0) {
   MT_DISPATCH(dropout, dx.device(), dy, dx, p, seed, stream, index_offset);
 }
-// y = x * J, J uniform in [1 - eps, 1 + eps) per element (Megatron's MoE
+// y = x * J, J uniform in [1 - eps, 1 + eps] per element (Megatron's MoE
 // router input jitter, torch's Uniform(1 - eps, 1 + eps).rsample: low + u
-// (high - low)), u = philox_uniform(seed, stream, index_offset + i); y may
-// alias x. The same call on dy gives the backward (d(xJ)/dx = J).
+// (high - low)), u = philox_uniform(seed, stream, index_offset + i) in
+// [0, 1) (the fused low + u width can round up to 1 + eps); y may alias x. The same call on dy gives the backward (d(xJ)/dx = J).
 inline void jitter(const Tensor& x, const Tensor& y, double eps, uint64_t seed, uint64_t stream,
                    uint64_t index_offset = 0) {
   MT_DISPATCH(jitter, y.device(), x, y, eps, seed, stream, index_offset);

@@ -153,7 +153,8 @@ json to_json(const PlanReport& r) {
     for (const CommReport& c : r.comm_stages) j["communication"]["stages"].push_back(comm_json(c));
   }
   auto trainer_json = [](const TrainerBuffers& t) {
-    return json{{"params", t.params}, {"grads", t.grads}, {"lowp", t.lowp}, {"optimizer", t.optimizer},
+    if (!t.available) return json{{"available", false}, {"why_not", t.why_not}};
+    return json{{"available", true}, {"params", t.params}, {"grads", t.grads}, {"lowp", t.lowp}, {"optimizer", t.optimizer},
                 {"activations", t.activations}, {"scratch", t.scratch}, {"tables", t.tables}, {"comm", t.comm},
                 {"total", t.total()}};
   };

@@ -129,6 +129,10 @@ std::string render_text(const PlanReport& r) {
     };
     trainer_line(0);
     if (peak != 0) trainer_line(peak);
+    for (size_t p = 1; p < r.memory.trainer_stages.size(); ++p)
+      if (!r.memory.trainer_stages[p].available)
+        line(fmt::format("  this build's CPU trainer, pipeline rank {}: not planned: {}", p,
+                         r.memory.trainer_stages[p].why_not));
   }
   if (r.comm.available &&
       (r.comm.tp_bytes > 0 || r.comm.dp_bytes > 0 || r.comm.pp_bytes > 0 || r.comm.cp_bytes > 0 || r.comm.ep_bytes > 0)) {

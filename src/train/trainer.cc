@@ -266,14 +266,12 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
               c.pair_problem));
       }
     }
-    // Every pipeline stage's model (the planner checked stage 0's): layer
-    // counts can differ with uneven splits, e.g. against --recompute-num-layers.
+    // Every pipeline stage's model (the planner plans each): layer counts
+    // can differ with uneven splits, e.g. against --recompute-num-layers.
     if (plan.memory.trainer.available)
-      for (int64_t p = 1; p < job.parallel.pp; ++p) {
-        auto go = plan::trainer_model_options(plan, p);
-        auto m = go ? model::GPTModel::planned_bytes(mc, *go) : Result<model::GPTMemoryPlan>(go.status());
-        if (!m) problems.push_back(fmt::format("pipeline stage {}: {}", p, m.status().message()));
-      }
+      for (size_t p = 1; p < plan.memory.trainer_stages.size(); ++p)
+        if (const plan::TrainerBuffers& t = plan.memory.trainer_stages[p]; !t.available)
+          problems.push_back(fmt::format("pipeline stage {}: {}", p, t.why_not));
   }
   if (!problems.empty())
     return Status::invalid(fmt::format("{} problem{} in the configuration:{}", problems.size(), problems.size() == 1 ? "" : "s",
@@ -558,10 +556,13 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                                              std::min(mc.moe_capacity(routed), routed), routed,
                                                              mc.moe_token_drop_policy)
                                                : std::string(),
-                                           mc.has_shared_expert()
-                                               ? fmt::format(", and a shared expert of width {}",
-                                                             mc.moe_shared_expert_intermediate_size)
-                                               : std::string(),
+                                           (mc.has_shared_expert()
+                                                ? fmt::format(", and a shared expert of width {}",
+                                                              mc.moe_shared_expert_intermediate_size)
+                                                : std::string()) +
+                                               (mc.jitters_router_input()
+                                                    ? fmt::format(", router input jitter {}", *mc.moe_input_jitter_eps)
+                                                    : std::string()),
                                            mc.has_dense_layers()  // --moe-layer-freq
                                                ? fmt::format(" in {} of its {} layers, the others dense",
                                                              mc.num_moe_layers(), mc.num_layers)
