@@ -66,6 +66,12 @@ class Tensor {
     MT_CHECK(s.numel() == numel(), "Tensor::view: element count differs");
     return Tensor(data_, s, dtype_, device_);
   }
+  // The first s.numel() elements with shape s (a buffer sized for the
+  // largest of several uses, viewed for one of them).
+  Tensor prefix(Shape s) const {
+    MT_CHECK(s.numel() <= numel(), "Tensor::prefix: more elements than the buffer holds");
+    return Tensor(data_, s, dtype_, device_);
+  }
   // Rows [begin, end) of the first dimension (contiguous).
   Tensor slice(int64_t begin, int64_t end) const {
     MT_CHECK(ndim() >= 1 && 0 <= begin && begin <= end && end <= dim(0), "Tensor::slice: out of range");

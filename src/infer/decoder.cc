@@ -118,7 +118,7 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   st.add("ctx", {C, a_ * d_}, dt_);
   st.add("tmp", {C, h_}, dt_);
   // fc1 and act of a dense layer's MLP or an MoE layer's experts (the
-  // larger; mlp_rows views them per layer).
+  // larger; Tensor::prefix views them per layer).
   const bool dense = c.has_dense_layers();
   st.add("fc1", {std::max(C * topk * fc1_, dense ? C * fc1d_ : 0)}, dt_);
   st.add("act", {std::max(C * topk * F_, dense ? C * Fd_ : 0)}, dt_);
@@ -193,12 +193,6 @@ void Decoder::qk_norm(const Layer& p, const k::QkvLayout& L, int64_t n) {
   k::qk_heads_scatter(normed, L, qkv);
 }
 
-Tensor Decoder::mlp_rows(int b, int64_t rows, int64_t width) const {
-  const Tensor& buf = buf_[static_cast<size_t>(b)];
-  MT_CHECK(rows * width <= buf.numel(), "decoder: an MLP's rows exceed their buffer");
-  return Tensor(buf.data(), {rows, width}, buf.dtype(), buf.device());
-}
-
 // The MoE MLP of GPTModel::moe_forward on the n rows of ln, into out [n, h].
 // With --moe-expert-capacity-factor the capacity counts these n rows (as
 // Megatron's inference router, which drops among the tokens of its step): a
@@ -211,8 +205,8 @@ void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out
   const int64_t E = c.num_experts, K = c.moe_router_topk;
   auto rows = [&](Buf b, int64_t r) { return buf_[b].slice(0, r); };
   const Tensor logits = rows(kLogits, n), idx = rows(kRIdx, n), probs = rows(kRProbs, n), pos = rows(kPos, n),
-               src = rows(kSrc, n * K), xp = rows(kXp, n * K), fc1 = mlp_rows(kFc1, n * K, fc1_),
-               act = mlp_rows(kAct, n * K, F_), y = rows(kY, n * K);
+               src = rows(kSrc, n * K), xp = rows(kXp, n * K), fc1 = buf_[kFc1].prefix({n * K, fc1_}),
+               act = buf_[kAct].prefix({n * K, F_}), y = rows(kY, n * K);
   linear(ln, p.router_w, -1, logits);
   k::moe_route(logits, model::moe_router(c), m_.expert_bias(p.layer), idx, probs,
                rows(kRScores, n), rows(kRLse, n));
@@ -275,7 +269,7 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
     if (p.router_w >= 0) {
       moe(p, ln, n, tmp);
     } else {
-      const Tensor fc1 = mlp_rows(kFc1, n, fc1d_), act = mlp_rows(kAct, n, Fd_);
+      const Tensor fc1 = buf_[kFc1].prefix({n, fc1d_}), act = buf_[kAct].prefix({n, Fd_});
       linear(ln, p.fc1_w, p.fc1_b, fc1);
       if (c.swiglu) k::swiglu_forward(fc1, act);
       else k::gelu_forward(model::mlp_activation(c), fc1, act);

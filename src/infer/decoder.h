@@ -75,9 +75,6 @@ class Decoder {
   void norm(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd) const;
   void qk_norm(const Layer& p, const kernels::QkvLayout& L, int64_t n);
   void moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out);
-  // The first rows x width elements of MLP buffer b (fc1 or act: sized for
-  // a dense layer or an MoE layer's experts, whichever is larger).
-  Tensor mlp_rows(int b, int64_t rows, int64_t width) const;
 
   const model::GPTModel& m_;
   int64_t T_max_ = 0, chunk_ = 0, length_ = 0;

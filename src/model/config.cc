@@ -169,8 +169,11 @@ bool ModelConfig::is_moe_layer(int64_t l) const {
 }
 
 int64_t ModelConfig::num_moe_layers() const {
+  if (!is_moe() || num_layers <= 0) return 0;
+  auto p = moe_layer_pattern(moe_layer_freq, num_layers);  // parsed once (is_moe_layer parses per call)
+  if (!p.is_ok()) return num_layers;                      // as is_moe_layer: every layer
   int64_t n = 0;
-  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
+  for (int v : *p) n += v;
   return n;
 }
 
@@ -319,7 +322,7 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                "its latest tokens",
                {"probs", "position"});
   f.add_double("moe-input-jitter-eps", &c.moe_input_jitter_eps,
-               "multiply the MoE router's input by uniform noise in [1 - eps, 1 + eps) (Switch Transformer's jitter, "
+               "multiply the MoE router's input by uniform noise in [1 - eps, 1 + eps] (Switch Transformer's jitter, "
                "Megatron's; the experts see the input unchanged)",
                0, 0.999);
   f.add_string("moe-layer-freq", &c.moe_layer_freq,

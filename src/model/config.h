@@ -116,7 +116,7 @@ struct ModelConfig {
   // first dense layers, interleaved MoE).
   std::string moe_layer_freq = "1";
   // --moe-input-jitter-eps: the router's input (not the experts') is
-  // multiplied element-wise by uniform noise in [1 - eps, 1 + eps) in every
+  // multiplied element-wise by uniform noise in [1 - eps, 1 + eps] in every
   // forward of the model, as Megatron's TopKRouter.apply_input_jitter (the
   // Switch Transformer's jitter); its gradient flows through the noise.
   std::optional<double> moe_input_jitter_eps;

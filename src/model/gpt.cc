@@ -1807,12 +1807,8 @@ std::vector<double> GPTModel::router_jitter_factors(int slot, int layer) const {
 GPTModel::LayerActs GPTModel::mlp_shaped(const LayerActs& a, bool moe) const {
   LayerActs v = a;
   const int64_t rows = moe ? Rx_ : N_;
-  auto first = [](const Tensor& t, Shape sh) {
-    MT_CHECK(sh.numel() <= t.numel(), "GPTModel: a layer's MLP activations exceed their buffer");
-    return Tensor(t.data(), sh, t.dtype(), t.device());
-  };
-  if (v.fc1.defined()) v.fc1 = first(a.fc1, {rows, moe ? fc1_ : fc1d_});
-  if (v.act.defined()) v.act = first(a.act, {rows, moe ? F_ : Fd_});
+  if (v.fc1.defined()) v.fc1 = a.fc1.prefix({rows, moe ? fc1_ : fc1d_});
+  if (v.act.defined()) v.act = a.act.prefix({rows, moe ? F_ : Fd_});
   return v;
 }
 
