@@ -29,7 +29,7 @@ std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, cons
                                               std::optional<bool> expert_dp_writer) {
   const auto& specs = model.specs();
   const auto& params = model.params();
-  const int64_t tp = model.options().tp, tp_rank = model.options().tp_rank;
+  const int64_t tp_rank = model.options().tp_rank;
   // Replicated over TP: TP rank 0 writes; a tied word embedding held by the
   // last pipeline stage as its output layer: the first stage writes it.
   auto writes = [&](const model::ParamSpec& s) {
@@ -42,7 +42,8 @@ std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, cons
   std::vector<NamedSlice> out;
   for (size_t i = 0; i < specs.size(); ++i) {
     if (!writes(specs[i]) || !dp_writes(specs[i])) continue;
-    for (const model::ShardPiece& p : model::shard_pieces(specs[i], tp, tp_rank))
+    const auto sg = model.split_group(specs[i]);
+    for (const model::ShardPiece& p : model::shard_pieces(specs[i], sg.size, sg.rank))
       out.push_back(NamedSlice{specs[i].name, specs[i].global_shape, p.offsets,
                                local_piece(params[i], p.local_row * row_elems(params[i]), p.shape), params_dtype});
   }
@@ -58,7 +59,8 @@ std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, cons
         if (!writes(s) || (!optimizer->distributed() && !dp_writes(s))) continue;
         const Tensor& state = which ? r.v : r.m;
         const std::string name = (which ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.") + s.name;
-        for (const model::FlatPiece& p : model::flat_range_pieces(s, tp, tp_rank, r.begin, r.end))
+        const auto sg = model.split_group(s);
+        for (const model::FlatPiece& p : model::flat_range_pieces(s, sg.size, sg.rank, r.begin, r.end))
           out.push_back(NamedSlice{name, s.global_shape, p.offsets, local_piece(state, p.local_flat - r.begin, p.shape),
                                    std::nullopt});
       }
@@ -93,13 +95,15 @@ Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model,
                            std::vector<std::string>* notes) {
   const auto& specs = model.specs();
   const auto& params = model.params();
-  const int64_t tp = model.options().tp, tp_rank = model.options().tp_rank;
+  const int64_t tp = model.options().tp;
   bool clipped = false;
-  for (size_t i = 0; i < specs.size(); ++i)
-    for (const model::ShardPiece& p : model::shard_pieces(specs[i], tp, tp_rank))
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto sg = model.split_group(specs[i]);
+    for (const model::ShardPiece& p : model::shard_pieces(specs[i], sg.size, sg.rank))
       MT_RETURN_IF_ERROR(read_piece(ckpt, specs[i], specs[i].name, p.offsets,
                                     local_piece(params[i], p.local_row * row_elems(params[i]), p.shape),
                                     /*convert=*/true, &clipped));
+  }
   if (optimizer) {
     for (int which = 0; which < 2; ++which)
       for (const optim::StateRange& r : optimizer->state_ranges()) {
@@ -110,7 +114,8 @@ Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model,
                                                "it: pass --no-load-optim (or --finetune) to start the optimizer afresh",
                                                ckpt.directory(), name));
         const Tensor& state = which ? r.v : r.m;
-        for (const model::FlatPiece& p : model::flat_range_pieces(s, tp, tp_rank, r.begin, r.end))
+        const auto sg = model.split_group(s);
+        for (const model::FlatPiece& p : model::flat_range_pieces(s, sg.size, sg.rank, r.begin, r.end))
           MT_RETURN_IF_ERROR(read_piece(ckpt, s, name, p.offsets, local_piece(state, p.local_flat - r.begin, p.shape),
                                         /*convert=*/false, &clipped));
       }

@@ -133,6 +133,11 @@ struct Dims {
   // E/EP experts x segs x cap'; more than R when the capacity is roomy).
   int64_t ep = 1, Rx = 0;
   int64_t segs = 1, cap = 0, kept = 0;
+  // --expert-tensor-parallel-size 1 under TP (GPTOptions::etp): the router
+  // takes this rank's Lr = Ns rows (R = Ns k, Rx and the capacity segment
+  // from them), the experts are whole (F, fc1 over no split); else Lr = N.
+  bool xlocal = false;
+  int64_t Lr = 0;
   bool drops = false;
   int64_t lbG = 1;  // the load-balancing loss's groups: B sequences under seq_aux_loss, else 1
   bool jitter = false;  // --moe-input-jitter-eps: the router reads a jittered copy of its input
@@ -435,7 +440,16 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
           (opt.moe_capacity_segments > 0 && (opt.micro_batch * T) % opt.moe_capacity_segments))
         errs.push_back(fmt::format("GPTOptions::moe_capacity_segments {} does not divide the {} rows of a micro-batch",
                                    opt.moe_capacity_segments, opt.micro_batch * T));
-      if (opt.tp > 1 && cfg.moe_ffn() % opt.tp)
+      const int64_t etp = opt.etp ? opt.etp : opt.tp;
+      if (etp != opt.tp && etp != 1)
+        errs.push_back(fmt::format("--expert-tensor-parallel-size {} with --tensor-model-parallel-size {}: the experts "
+                                   "are split over TP (the default, ETP = TP) or held whole (ETP 1); other sizes are not "
+                                   "implemented (fix: drop the flag, or give 1)",
+                                   etp, opt.tp));
+      if (etp == 1 && opt.tp > 1 && opt.moe_capacity_segments > 0)
+        errs.push_back("GPTOptions::moe_capacity_segments is for a model routing every row (not ETP 1 under TP, where "
+                       "each rank's rows are one segment)");
+      if (opt.tp > 1 && etp == opt.tp && cfg.moe_ffn() % opt.tp)
         errs.push_back(fmt::format("--moe-ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}",
                                    cfg.moe_ffn(), opt.tp));
     }
@@ -516,24 +530,27 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d.doc = opt.reset_attention_mask, d.pos_ids = opt.reset_position_ids;
   d.R = N;
   d.Fd = F, d.fc1d = (cfg.swiglu ? 2 : 1) * F;
+  d.Lr = N;
   if (cfg.is_moe()) {
-    d.moe = true, d.E = cfg.num_experts, d.topk = cfg.moe_router_topk, d.R = N * d.topk;
-    d.F = cfg.moe_ffn() / tp, d.fc1 = (cfg.swiglu ? 2 : 1) * d.F;
+    d.xlocal = tp > 1 && opt.etp == 1;
+    d.Lr = d.xlocal ? Ns : N;
+    d.moe = true, d.E = cfg.num_experts, d.topk = cfg.moe_router_topk, d.R = d.Lr * d.topk;
+    d.F = cfg.moe_ffn() / (d.xlocal ? 1 : tp), d.fc1 = (cfg.swiglu ? 2 : 1) * d.F;
     d.ep = opt.ep;
     d.S = cfg.moe_shared_expert_intermediate_size / tp, d.sfc1 = (cfg.swiglu ? 2 : 1) * d.S;
     d.lbG = cfg.seq_aux_loss() ? B : 1;
     d.jitter = cfg.jitters_router_input();
   }
-  d.Rx = d.ep > 1 ? d.ep * N * std::min(d.topk, d.E / d.ep) : d.R;
+  d.Rx = d.ep > 1 ? d.ep * d.Lr * std::min(d.topk, d.E / d.ep) : d.R;
   d.kept = d.R;
   if (cfg.drops_tokens()) {
-    d.drops = true, d.segs = opt.moe_capacity_segments > 0 ? opt.moe_capacity_segments : N / Ns;
-    d.cap = cfg.moe_capacity(N / d.segs);
+    d.drops = true, d.segs = opt.moe_capacity_segments > 0 ? opt.moe_capacity_segments : d.Lr / Ns;
+    d.cap = cfg.moe_capacity(d.Lr / d.segs);
     // An expert keeps at most a segment's tokens (one slot each); E segs that
     // bounds what one rank sends (with R) and what one rank's experts receive
     // from every EP source (with the dropless Rx, not R: a rank may receive
     // more than it sends).
-    const int64_t ecap = d.E * d.segs * std::min(d.cap, N / d.segs);
+    const int64_t ecap = d.E * d.segs * std::min(d.cap, d.Lr / d.segs);
     d.kept = std::min(d.R, ecap), d.Rx = std::min(d.Rx, ecap);
   }
   const DType dt = opt.dtype;
@@ -561,10 +578,12 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   }
   // The routed experts' parameters last (their own region of the flat buffers).
   std::stable_partition(t.specs.begin(), t.specs.end(), [](const ParamSpec& s) { return s.expert < 0; });
-  for (const ParamSpec& s : t.specs) (s.expert < 0 ? t.params : t.expert_params).add(s.name, s.local_shape(opt.tp), dt);
+  // The routed experts are split over the expert TP group: TP, or none (ETP 1).
+  auto local_shape = [&](const ParamSpec& s) { return s.local_shape(s.expert >= 0 && d.xlocal ? 1 : opt.tp); };
+  for (const ParamSpec& s : t.specs) (s.expert < 0 ? t.params : t.expert_params).add(s.name, local_shape(s), dt);
   if (opt.bf16_compute)
     for (size_t i = 0; i < t.specs.size(); ++i) {
-      const Shape sh = t.specs[i].local_shape(opt.tp);
+      const Shape sh = local_shape(t.specs[i]);
       if (sh.ndim == 2 && t.specs[i].name != "embedding.position_embeddings.weight") {
         t.lowp.add(t.specs[i].name, sh, DType::kBF16);
         t.lowp_which.push_back(static_cast<int>(i));
@@ -688,13 +707,19 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // outputs to send back [Rx, h].
   const size_t ep_fwd =
       d.ep > 1 ? std::max(abytes(d.E, DType::kI32) + abytes(d.R * h, d.ln), abytes(d.Rx * h, dt)) : 0;
-  // The shared expert's output [N, h] beside the combined routed outputs.
+  // The shared expert's output [N, h] beside the combined routed outputs
+  // (ETP 1 under TP: beside its reduce-scattered rows [Ns, h] instead).
   const size_t shared_fwd = d.S ? abytes(N * h, dt) : 0;
-  // With token dropping the kept choices [N, k] int32 beside the logits.
-  // With --moe-input-jitter-eps the jittered router input [N, h] before them.
-  const size_t route_fwd = (d.jitter ? abytes(N * h, d.ln) : 0) + abytes(N * d.E, dt) +
-                           (d.drops ? abytes(N * d.topk, DType::kI32) : 0);
-  const size_t moe_fwd = held_kinds & kMoeLayer ? std::max({route_fwd, ep_fwd, full + shared_fwd}) : 0;
+  const size_t combine_fwd = d.xlocal ? (d.S ? shared_fwd + abytes(Ns * h, dt) : 0) : full + shared_fwd;
+  // With token dropping the kept choices [Lr, k] int32 beside the logits.
+  // With --moe-input-jitter-eps the jittered router input [Lr, h] before them.
+  const size_t route_fwd = (d.jitter ? abytes(d.Lr * h, d.ln) : 0) + abytes(d.Lr * d.E, dt) +
+                           (d.drops ? abytes(d.Lr * d.topk, DType::kI32) : 0);
+  // The router's statistics (GPTModel::moe_record_losses): the scores'
+  // column sums [G E], and ETP 1 under TP their fp64 all-reduce buffer.
+  const size_t record_fwd = abytes(d.lbG * d.E, dt) +
+                            (d.xlocal ? abytes(2 * d.lbG * d.E + 1 + (cfg.has_expert_bias() ? d.E : 0), DType::kF64) : 0);
+  const size_t moe_fwd = held_kinds & kMoeLayer ? std::max({route_fwd, ep_fwd, combine_fwd, record_fwd}) : 0;
   const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});  // tmp (+ ctx, lse) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});
   // Backward's transients after the layer's own buffers: each linear's
@@ -709,7 +734,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // this rank's rows again.
   // Expert parallelism adds the received d(outputs) [Rx, h] and the d(xp)
   // sent back [N k, h].
-  const size_t moe_bwd = held_kinds & kMoeLayer ? (sp ? abytes(N * h, d.rs) : 0) + abytes(d.R * h, d.mid) + abytes(d.Rx * h, d.mid) +
+  // ETP 1 under TP: dy gathered, and the shared expert's d(ln2) scattered
+  // ([Ns, h]), only with a shared expert; no combined d(ln2).
+  const bool gathers_dy = sp && (!d.xlocal || d.S);
+  const size_t combine_bwd = d.xlocal ? (d.S ? abytes(Ns * h, dt) : 0) : sp ? abytes(N * h, dt) : 0;
+  const size_t moe_bwd = held_kinds & kMoeLayer ? (gathers_dy ? abytes(N * h, d.rs) : 0) + abytes(d.R * h, d.mid) + abytes(d.Rx * h, d.mid) +
                                      (d.ep > 1 ? abytes(d.Rx * h, d.mid) + abytes(d.R * h, d.mid) : 0) +
                                      abytes(N * d.topk, dt) +
                                      (cfg.sigmoid_router() ? abytes(Ns * d.E, dt) : 0) +  // the router's logits again
@@ -717,7 +746,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                      (d.S ? abytes(N * d.S, d.mid) + abytes(N * d.sfc1, d.mid) +
                                                 abytes(N * h, sp ? dt : d.dn)
                                           : 0) +
-                                     (sp ? abytes(N * h, dt) : 0) + abytes(d.lbG * d.E, dt) + abytes(Ns * d.E, dt) +
+                                     combine_bwd + abytes(d.lbG * d.E, dt) + abytes(Ns * d.E, dt) +
                                      abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0) +
                                      (d.jitter ? abytes(Ns * h, d.ln) : 0)  // the jittered router input again
                                : 0;
@@ -837,23 +866,40 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   // reduction; its backward also all-reduces d(probabilities) [N, k].
   const double dprobs = d.moe ? static_cast<double>(d.N * d.topk) * static_cast<double>(dtype_size(d.dt)) : 0.0;
   const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0), layer_bwd = 2 * act + (sp ? 2 * act_rs : 0);
+  // ETP 1 under TP (SP): an MoE layer's routed experts stay on this rank's
+  // rows, so only the attention's collectives remain, plus one fp64
+  // all-reduce of the router's statistics (GPTModel::moe_record_losses) and,
+  // with a shared expert, its gathered ln2 and dy and its reduce-scattered
+  // output and d(ln2).
+  const double shared = d.S ? 1 : 0;
+  const double stats = static_cast<double>(2 * d.lbG * d.E + 1 + (cfg.has_expert_bias() ? d.E : 0)) * 8.0;
+  const double local_fwd = act + act_ln + shared * (act_ln + act) + stats;
+  const double local_bwd = act + act_rs + shared * (act_rs + act);
+  struct LayerBytes {
+    double fwd, bwd, tail;  // tail: the last collective, which a recomputed group's last layer skips
+  };
+  auto layer_bytes = [&](int64_t l) -> LayerBytes {
+    if (!cfg.is_moe_layer(l)) return {layer_fwd, layer_bwd, act};
+    if (d.xlocal) return {local_fwd, local_bwd, shared * act};
+    return {layer_fwd, layer_bwd + dprobs, act};
+  };
   // A recomputed group re-runs its layers' forward in backward, the last
   // layer stopping before linear_fc2 (one row-parallel collective fewer).
   // Per micro-batch of every chunk this rank holds.
-  double recompute = 0, layers = 0, moe = 0;
-  for (size_t k = 0; k < t->groups.size(); ++k) {
-    layers += static_cast<double>(t->chunks[k].count);
-    for (const LayerGroup& g : t->groups[k]) {
-      moe += moe_layers(k, g);
-      if (g.recompute) recompute += static_cast<double>(g.end - g.begin) * layer_fwd - act;
-    }
-  }
+  double recompute = 0, fwd = 0, bwd = 0;
+  for (size_t k = 0; k < t->groups.size(); ++k)
+    for (const LayerGroup& g : t->groups[k])
+      for (int64_t l = g.begin; l < g.end; ++l) {
+        const LayerBytes b = layer_bytes(t->chunks[k].first + l);
+        fwd += b.fwd, bwd += b.bwd;
+        if (g.recompute) recompute += b.fwd - (l + 1 == g.end ? b.tail : 0.0);
+      }
   // Embedding: all-reduce (SP: reduce-scatter); output layer input: SP
   // all-gather; cross-entropy: max, sum of exp, target logit over [N].
   const double pre = opt.pre_process ? 1 : 0, post = opt.post_process ? 1 : 0;
-  c.tp_forward_bytes = layers * layer_fwd + pre * act_rs + post * ((sp ? act_lnf : 0) + 3 * row);
+  c.tp_forward_bytes = fwd + pre * act_rs + post * ((sp ? act_lnf : 0) + 3 * row);
   // Output layer dx: all-reduce (SP: reduce-scatter); embedding dy: SP all-gather.
-  c.tp_backward_bytes = layers * layer_bwd + moe * dprobs + post * act + pre * (sp ? act_rs : 0) + recompute;
+  c.tp_backward_bytes = bwd + post * act + pre * (sp ? act_rs : 0) + recompute;
   for (size_t i = 0; i < t->specs.size(); ++i)
     if (tp_partial_grad(t->specs[i], sp))
       c.tp_step_bytes += static_cast<double>(t->specs[i].global_shape.numel()) * static_cast<double>(dtype_size(d.dt));
@@ -884,6 +930,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   B_ = d.B, T_ = d.T, N_ = d.N, h_ = d.h, V_ = d.V, qkv_ = d.qkv, F_ = d.F, fc1_ = d.fc1, R_ = d.R, Rx_ = d.Rx;
   Fd_ = d.Fd, fc1d_ = d.fc1d;
   drops_ = d.drops, segs_ = d.segs, cap_ = d.cap;
+  xlocal_ = d.xlocal, Lr_ = d.Lr;
   Ns_ = d.Ns, Vg_ = d.V * opt.tp, a_ = d.a, g_ = cfg.query_groups() / opt.tp;
   Tg_ = d.Tg;
   {
@@ -1071,7 +1118,8 @@ void GPTModel::init_parameters(uint64_t seed) {
     // slices of the same full tensor.
     const int64_t gcols = s.global_shape.ndim >= 2 ? s.global_shape.numel() / s.global_shape[0] : 1;
     const int64_t lcols = p.ndim() >= 2 ? p.numel() / p.dim(0) : 1;
-    for (const ShardPiece& piece : shard_pieces(s, opt_.tp, opt_.tp_rank)) {
+    const SplitGroup sg = split_group(s);
+    for (const ShardPiece& piece : shard_pieces(s, sg.size, sg.rank)) {
       const int64_t rows = piece.shape.ndim >= 2 ? piece.shape[0] : 1;
       const int64_t cols = piece.shape.ndim >= 2 ? piece.shape.numel() / piece.shape[0] : piece.shape[0];
       const int64_t grow0 = piece.shape.ndim >= 2 ? piece.offsets[0] : 0;
@@ -1447,31 +1495,32 @@ void each_expert_chunk(const std::vector<int64_t>& recv, int64_t ep, F&& fn) {
 // experts' outputs (a recomputed group's last layer: backward needs nothing
 // after them). Records the layer's load-balancing and z-loss values and the
 // exchange's counts in the slot.
+// With ETP 1 under TP (xlocal_) a rank routes only its own Ns rows of ln2
+// (ln2 gathered only for a shared expert), the whole experts run on what
+// the EP group sends, and the combined outputs are this rank's rows: no TP
+// collective around the routed experts (Megatron's alltoall dispatcher with
+// an expert TP group of one).
 void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const Tensor& y_own, const Slot& s) {
   const int64_t E = cfg_.num_experts, ep = opt_.ep, El = E / ep;
   const DType dt = opt_.dtype;
+  const Tensor xin = routed(a.ln2);  // the rows this rank routes [Lr, h]
   {
     ArenaScope scope(scratch_);
     // --moe-input-jitter-eps: the router (only) reads ln2 times noise.
-    const Tensor rin = cfg_.jitters_router_input() ? scratch({N_, h_}, a.ln2.dtype()) : a.ln2;
-    if (rin.data() != a.ln2.data()) router_jitter(a.ln2, rin, false, l, s);
-    const Tensor logits = scratch({N_, E}, dt);
+    const Tensor rin = cfg_.jitters_router_input() ? scratch({Lr_, h_}, a.ln2.dtype()) : xin;
+    if (rin.data() != xin.data()) router_jitter(xin, rin, xlocal_, l, s);
+    const Tensor logits = scratch({Lr_, E}, dt);
     linear_fwd(rin, p.router_w, -1, logits);
-    k::moe_route(logits, moe_router(cfg_), expert_bias_[static_cast<size_t>(l)], a.r_idx, a.r_probs, a.r_scores,
-                 a.r_lse);
+    k::moe_route(logits, moe_router(cfg_), expert_bias_[static_cast<size_t>(l)], routed(a.r_idx), routed(a.r_probs),
+                 routed(a.r_scores), routed(a.r_lse));
     // Token dropping: each TP rank's sequence shard is one segment (the
     // tokens a Megatron rank routes), each expert keeping cap_ slots of it.
-    const Tensor kept = drops_ ? scratch({N_, cfg_.moe_router_topk}, DType::kI32) : Tensor();
-    k::moe_dispatch_kept(a.r_idx, a.r_probs, segs_, cap_, cfg_.moe_token_drop_policy == "position", kept, a.counts,
-                         a.src, a.pos);
+    const Tensor kept = drops_ ? scratch({Lr_, cfg_.moe_router_topk}, DType::kI32) : Tensor();
+    k::moe_dispatch_kept(routed(a.r_idx), routed(a.r_probs), segs_, cap_, cfg_.moe_token_drop_policy == "position",
+                         kept, a.counts, a.src, routed(a.pos));
   }
   const std::vector<int64_t> off = expert_offsets(a);
-  const int64_t kept = off[static_cast<size_t>(E)];  // slots leaving the router (N k without dropping)
-  if (s.training && cfg_.has_expert_bias()) {  // this rank's tokens per expert, for the bias update
-    std::vector<double>& c = s.moe_routed[static_cast<size_t>(l)];
-    c.assign(static_cast<size_t>(E), 0.0);
-    for (int64_t e = 0; e < E; ++e) c[static_cast<size_t>(e)] = static_cast<double>(off[e + 1] - off[e]);
-  }
+  const int64_t kept = off[static_cast<size_t>(E)];  // slots leaving the router (Lr k without dropping)
   std::vector<int64_t>& send = s.moe_send[static_cast<size_t>(l)];
   std::vector<int64_t>& recv = s.moe_recv[static_cast<size_t>(l)];
   send.assign(static_cast<size_t>(ep), 0);
@@ -1479,7 +1528,7 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
   if (ep == 1) {
     recv.resize(static_cast<size_t>(E));
     for (int64_t e = 0; e < E; ++e) recv[static_cast<size_t>(e)] = off[e + 1] - off[e];
-    k::moe_permute(a.ln2, a.src.slice(0, kept), a.xp.slice(0, kept));
+    k::moe_permute(xin, a.src.slice(0, kept), a.xp.slice(0, kept));
   } else {
     // Every EP rank learns how many of its experts' rows come from each
     // rank (block r of the counts holds rank r's experts), then the slots
@@ -1494,7 +1543,7 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
     MT_CHECK(incoming <= Rx_, fmt::format("GPTModel: layer {}'s experts would receive {} rows, more than the {} planned",
                                           l, incoming, Rx_));
     const Tensor xs = scratch({kept, h_}, a.xp.dtype());
-    k::moe_permute(a.ln2, a.src.slice(0, kept), xs);
+    k::moe_permute(xin, a.src.slice(0, kept), xs);
     opt_.ep_comm->all_to_all_v(xs, rows_to_elements(send), a.xp, rows_to_elements(source_rows(recv)));
   }
   const int64_t rows = std::accumulate(recv.begin(), recv.end(), int64_t{0});
@@ -1521,6 +1570,18 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
   }
   if (!y_own.defined()) return;
   ArenaScope scope(scratch_);
+  if (xlocal_) {
+    // This rank's rows: the routed experts' outputs are whole; the shared
+    // expert's (TP columns over all N rows) reduce-scattered and added.
+    k::moe_unpermute(a.y, routed(a.pos), routed(a.r_probs), y_own);
+    if (shared) {
+      const Tensor t = scratch({N_, h_}, dt), t_own = scratch({Ns_, h_}, dt);
+      linear_fwd(a.s_act, p.sh_fc2, -1, t);
+      opt_.tp_comm->reduce_scatter(t, t_own);
+      k::add_inplace(y_own, t_own);
+    }
+    return;
+  }
   const Tensor out = sp() ? scratch({N_, h_}, dt) : y_own;
   k::moe_unpermute(a.y, a.pos, a.r_probs, out);
   if (shared) {
@@ -1615,14 +1676,18 @@ void GPTModel::update_expert_bias(comm::Communicator* group) {
 // with the tokens routed to each expert over the whole micro-batch (this
 // rank's counts summed over CP: every TP rank routes the same N rows), so
 // that the CP ranks' values sum to the micro-batch's; the z-loss as its
-// share of the micro-batch mean. Keeps the counts for backward. off: the
-// expert offsets of the dispatch map (expert_offsets).
+// share of the micro-batch mean. Keeps the counts for backward, and the
+// kept slots per expert for the expert-bias update. off: the expert offsets
+// of the dispatch map (expert_offsets). With ETP 1 under TP (xlocal_) each
+// TP rank routed its own rows: their statistics (counts, the scores' column
+// sums, the z sum, the kept slots) are summed over TP first, so every TP
+// rank holds what the pooled routing would.
 void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<int64_t>& off, const Slot& s) {
   const int64_t E = cfg_.num_experts, k = cfg_.moe_router_topk;
   // --moe-router-load-balancing-type seq_aux_loss: the loss of each of the
   // B sequences (rows t with t mod B = b, [s, b] order), averaged; else one
-  // group, the micro-batch.
-  const int64_t G = cfg_.seq_aux_loss() ? B_ : 1, GE = G * E;
+  // group, the micro-batch. A rank's own rows start at a multiple of B.
+  const int64_t G = cfg_.seq_aux_loss() ? B_ : 1, GE = G * E, Lr = Lr_;
   const double total = static_cast<double>(N_ / G * opt_.cp);  // a group's tokens (all CP ranks)
   std::vector<double> counts(static_cast<size_t>(GE)), colsum;  // this rank's, per group and expert
   for (int64_t e = 0; G == 1 && e < E; ++e) counts[static_cast<size_t>(e)] = static_cast<double>(off[e + 1] - off[e]);
@@ -1630,11 +1695,11 @@ void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<in
   if ((cfg_.has_expert_bias() || cfg_.group_limited()) && lb) {
     // Megatron counts the load-balancing loss's tokens by the scores' own top
     // k, without the bias or the groups that chose the experts (a host pass
-    // over [N, E]; without the loss the counts only feed a value nobody logs).
-    const std::vector<double> sc = tensor_to_host(a.r_scores);
+    // over [Lr, E]; without the loss the counts only feed a value nobody logs).
+    const std::vector<double> sc = tensor_to_host(routed(a.r_scores));
     std::fill(counts.begin(), counts.end(), 0.0);
     std::vector<char> taken(static_cast<size_t>(E));
-    for (int64_t t = 0; t < N_; ++t) {
+    for (int64_t t = 0; t < Lr; ++t) {
       std::fill(taken.begin(), taken.end(), 0);
       for (int64_t j = 0; j < k; ++j) {
         int64_t best = -1;
@@ -1648,35 +1713,54 @@ void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<in
   } else if ((drops_ || G > 1) && lb) {
     // The router's own choices (without bias or groups, the plain top k),
     // counted per group, dropped or not (token dropping keeps fewer slots).
-    std::vector<int32_t> idx(static_cast<size_t>(a.r_idx.numel()));
-    copy_tensor(a.r_idx, Tensor(idx.data(), {a.r_idx.numel()}, DType::kI32));
+    const Tensor ri = routed(a.r_idx);
+    std::vector<int32_t> idx(static_cast<size_t>(ri.numel()));
+    copy_tensor(ri, Tensor(idx.data(), {ri.numel()}, DType::kI32));
     std::fill(counts.begin(), counts.end(), 0.0);
     for (size_t i = 0; i < idx.size(); ++i)
       counts[static_cast<size_t>((static_cast<int64_t>(i) / k % G) * E + idx[i])] += 1;
   }
+  double z = 0;
+  if (cfg_.moe_z_loss_coeff)
+    for (double v : tensor_to_host(routed(a.r_lse))) z += v * v;
+  std::vector<double> routed_kept;  // kept slots per expert (--moe-router-enable-expert-bias)
+  if (cfg_.has_expert_bias())
+    for (int64_t e = 0; e < E; ++e) routed_kept.push_back(static_cast<double>(off[e + 1] - off[e]));
   {
     ArenaScope scope(scratch_);
     const Tensor t = scratch({GE}, opt_.dtype);
+    t.zero();
+    // Sum over the rows of the scores per (group, expert): [Lr, E] as [Lr / G, G E].
+    k::bias_grad(routed(a.r_scores).view({Lr / G, GE}), t);
+    colsum = tensor_to_host(t);
+    if (xlocal_) {
+      // [counts | column sums | z | kept]: one fp64 all-reduce over TP.
+      std::vector<double> v = counts;
+      v.insert(v.end(), colsum.begin(), colsum.end());
+      v.push_back(z);
+      v.insert(v.end(), routed_kept.begin(), routed_kept.end());
+      const Tensor u = scratch({static_cast<int64_t>(v.size())}, DType::kF64);
+      host_to_tensor(v, u);
+      opt_.tp_comm->all_reduce(u);
+      v = tensor_to_host(u);
+      std::copy(v.begin(), v.begin() + GE, counts.begin());
+      std::copy(v.begin() + GE, v.begin() + 2 * GE, colsum.begin());
+      z = v[static_cast<size_t>(2 * GE)];
+      std::copy(v.begin() + 2 * GE + 1, v.end(), routed_kept.begin());
+    }
     if (opt_.cp > 1) {
       host_to_tensor(counts, t);
       opt_.cp_comm->all_reduce(t);
       counts = tensor_to_host(t);
     }
-    t.zero();
-    // Sum over the rows of the scores per (group, expert): [N, E] as [N / G, G E].
-    k::bias_grad(a.r_scores.view({N_ / G, GE}), t);
-    colsum = tensor_to_host(t);
   }
   double aux = 0;
   for (int64_t i = 0; i < GE; ++i) aux += colsum[static_cast<size_t>(i)] * counts[static_cast<size_t>(i)];
   s.moe_aux[static_cast<size_t>(l)] =
       aux * static_cast<double>(E) / (static_cast<double>(k) * total * total) / static_cast<double>(G);
-  if (cfg_.moe_z_loss_coeff) {
-    double z = 0;
-    for (double v : tensor_to_host(a.r_lse)) z += v * v;
-    s.moe_z[static_cast<size_t>(l)] = z / static_cast<double>(N_ * opt_.cp);
-  }
+  if (cfg_.moe_z_loss_coeff) s.moe_z[static_cast<size_t>(l)] = z / static_cast<double>(N_ * opt_.cp);
   s.moe_counts[static_cast<size_t>(l)] = std::move(counts);
+  if (cfg_.has_expert_bias()) s.moe_routed[static_cast<size_t>(l)] = std::move(routed_kept);
 }
 
 // Backward of moe_forward. dy_own: d(y_own) [Ns, h]; dact, dfc1 [Rx, ...]
@@ -1684,23 +1768,26 @@ void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<in
 // reduce-scattered over TP, then the router's, from this rank's rows: its
 // weight gradient is partial over TP under SP, as Megatron's router marked
 // sequence_parallel). The load-balancing and z-loss gradients are scaled by
-// moe_loss_scale (GPTModel::set_moe_loss_scale).
+// moe_loss_scale (GPTModel::set_moe_loss_scale). With ETP 1 under TP
+// (xlocal_) the routed experts' side stays on this rank's rows: dy_own is
+// gathered only for a shared expert, whose d(ln2) is reduce-scattered.
 void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const Slot& s, const Tensor& dy_own,
                             const Tensor& dact, const Tensor& dfc1, const Tensor& dln_own) {
   const int64_t E = cfg_.num_experts, k = cfg_.moe_router_topk;
   const DType dt = opt_.dtype;
+  const bool shared = p.sh_fc1 >= 0;
   ArenaScope scope(scratch_);
   Tensor dout = dy_own;
-  if (sp()) {
+  if (sp() && (!xlocal_ || shared)) {
     dout = scratch({N_, h_}, dy_own.dtype());
     opt_.tp_comm->all_gather(dy_own, dout);
   }
   const Tensor dy = scratch({R_, h_}, mid_), dprobs = scratch({N_, k}, dt);
-  k::moe_unpermute_backward(dout, a.y, a.pos, a.r_probs, dy, dprobs);
-  if (opt_.tp > 1) opt_.tp_comm->all_reduce(dprobs);  // each rank's columns gave part of y
+  k::moe_unpermute_backward(xlocal_ ? dy_own : dout, a.y, routed(a.pos), routed(a.r_probs), dy, routed(dprobs));
+  if (opt_.tp > 1 && !xlocal_) opt_.tp_comm->all_reduce(dprobs);  // each rank's columns gave part of y
   // The shared expert's backward, its d(ln2) added below.
   Tensor sdx;
-  if (p.sh_fc1 >= 0) {
+  if (shared) {
     const Tensor ds_act = scratch(a.s_act.shape(), mid_), ds_fc1 = scratch(a.s_fc1.shape(), mid_);
     sdx = scratch({N_, h_}, sp() ? dt : dln_own.dtype());
     linear_bwd(a.s_act, p.sh_fc2, -1, dout, ds_act);
@@ -1736,7 +1823,14 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
     dx = scratch({R_, h_}, mid_);
     opt_.ep_comm->all_to_all_v(dxp, rows_to_elements(source_rows(recv)), dx, rows_to_elements(send));
   }
-  if (sp()) {
+  if (xlocal_) {
+    k::moe_unpermute(dx, routed(a.pos), Tensor(), dln_own);
+    if (shared) {
+      const Tensor sdx_own = scratch({Ns_, h_}, dt);
+      opt_.tp_comm->reduce_scatter(sdx, sdx_own);
+      k::add_inplace(dln_own, sdx_own);
+    }
+  } else if (sp()) {
     const Tensor full = scratch({N_, h_}, dt);
     k::moe_unpermute(dx, a.pos, Tensor(), full);
     if (sdx.defined()) k::add_inplace(full, sdx);
@@ -1838,7 +1932,8 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& held, const Tens
                       a.x_mid);
   // MLP block.
   norm_fwd(a.x_mid, p.ln2_w, p.ln2_b, ln2, a.ln2_mean, a.ln2_rstd);
-  column_fwd_input(ln2, a.ln2);
+  // An MoE layer routing its own rows (ETP 1) gathers ln2 only for a shared expert.
+  if (p.router_w < 0 || !xlocal_ || p.sh_fc1 >= 0) column_fwd_input(ln2, a.ln2);
   if (p.router_w >= 0) {
     moe_forward(l, p, a, out.defined() ? tmp : Tensor(), s);
     if (!out.defined()) return;

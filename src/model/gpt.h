@@ -204,6 +204,15 @@ struct GPTOptions {
   int64_t ep_rank = 0;
   comm::Communicator* ep_comm = nullptr;  // required when ep > 1 (not owned)
   int64_t expert_flat_multiple = 1;
+  // --expert-tensor-parallel-size: 0 (the default) or tp: the experts are
+  // split over the TP group like a dense MLP, every TP rank routing the
+  // gathered sequence. 1 with tp > 1 (Megatron's common MoE setting): each
+  // rank holds its experts whole and routes only its own sequence-parallel
+  // rows, which travel to the experts over ep_comm (the expert grid's EP
+  // group, which may then hold TP partners) with no TP collective around
+  // the routed experts; the router's statistics are summed over TP. Other
+  // sizes are refused.
+  int64_t etp = 0;
   // Token dropping (--moe-expert-capacity-factor): the micro-batch's rows
   // form this many groups of consecutive rows, each routed with its own
   // expert capacity. 0: as Megatron, where every rank routes its own tokens:
@@ -387,6 +396,17 @@ class GPTModel {
   // fp32_residual, else the model dtype.
   DType residual_dtype() const { return rs_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
+  // The group a parameter is split over and this rank's place in it: the
+  // routed experts' over the expert tensor-parallel group (GPTOptions::etp),
+  // every other parameter's over TP. For shard_pieces / flat_range_pieces.
+  struct SplitGroup {
+    int64_t size = 1, rank = 0;
+  };
+  SplitGroup split_group(const ParamSpec& s) const {
+    return s.expert >= 0 && xlocal_ ? SplitGroup{1, 0} : SplitGroup{opt_.tp, opt_.tp_rank};
+  }
+  // --expert-tensor-parallel-size 1 with TP > 1 (see GPTOptions::etp).
+  bool experts_local() const { return xlocal_; }
   const std::vector<Tensor>& params() const { return params_; }
   // The weight norm parameter w multiplies by: params()[w], or with
   // --apply-layernorm-1p 1 + params()[w] (written to a model buffer that the
@@ -551,6 +571,13 @@ class GPTModel {
   bool drops_ = false;  // --moe-expert-capacity-factor: each expert keeps cap_ slots per sequence shard
   int64_t segs_ = 1, cap_ = 0;
   int64_t R_ = 0;  // the MLP's rows: N, or N k routed slots with --num-experts (fc1_, F_ the expert's)
+  // ETP 1 under TP (GPTOptions::etp): the MoE layers route this rank's Ns
+  // rows only (Lr_ = Ns_, R_ = Ns k); else every TP rank routes all N.
+  bool xlocal_ = false;
+  int64_t Lr_ = 0;
+  // The routed rows of a [N, ...] routing tensor (r_idx, r_probs, r_scores,
+  // r_lse, pos, dprobs): this rank's own with xlocal_, else all.
+  Tensor routed(const Tensor& t) const { return xlocal_ ? own_rows(t) : t; }
   double moe_loss_scale_ = 1;
   std::optional<double> moe_loss_scale_override_;
   MoeStats moe_stats_;

@@ -255,14 +255,15 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> AdamWOptimizer::counted_part
 
 // A per-rank statistic of the non-expert and the expert parameters, summed
 // over the ranks that split them: the experts' over the expert data-parallel
-// group (sharded) and the EP group, then both over TP and PP.
+// group (sharded) and the EP group, then both over TP (the experts only
+// when split over TP) and PP.
 double AdamWOptimizer::sum_over_model(double dense, double expert) const {
   if (distributed()) {
     dense = sum_over(par_.dp, dense);
     if (par_.expert_dp) expert = sum_over(par_.expert_dp, expert);  // a model with experts
   }
-  double v = dense + sum_over(par_.ep, expert);
-  v = sum_over(par_.tp, v);
+  double v = par_.experts_split_over_tp ? sum_over(par_.tp, dense + sum_over(par_.ep, expert))
+                                        : sum_over(par_.tp, dense) + sum_over(par_.ep, expert);
   return sum_over(par_.pp, v);
 }
 

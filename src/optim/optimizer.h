@@ -92,6 +92,9 @@ struct ParallelOptimizerOptions {
   // their Adam state over expert_dp, as dist_buckets do the rest over dp.
   comm::Communicator* ep = nullptr;
   comm::Communicator* expert_dp = nullptr;
+  // false with --expert-tensor-parallel-size 1 under TP: every rank holds
+  // its experts whole, so norms count them over EP only, not over TP too.
+  bool experts_split_over_tp = true;
   parallel::GradBuckets* expert_dist_buckets = nullptr;
 };
 

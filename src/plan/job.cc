@@ -22,7 +22,9 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
              "Megatron's CP attention exchange, one type or one per layer: p2p (default), a2a, allgather, a2a+p2p; "
              "the same attention whichever is given (this program all-gathers Q/K/V)");
   f.add_int("expert-model-parallel-size", &p.ep, "expert-parallel size (EP)", 1, kMaxRanks);
-  f.add_int("expert-tensor-parallel-size", &p.etp, "tensor-parallel size of expert layers (ETP); default TP", 1, kMaxRanks);
+  f.add_int("expert-tensor-parallel-size", &p.etp,
+            "tensor-parallel size of expert layers (ETP); default TP (megatron train: TP, or 1 for whole experts)", 1,
+            kMaxRanks);
   f.add_int("data-parallel-size", &p.dp, "data-parallel size (DP); derived as world/(TP*PP*CP) when absent", 1, kMaxRanks);
   f.add_int("num-layers-per-virtual-pipeline-stage", &p.num_layers_per_virtual_pipeline_stage, "layers per virtual stage (interleaved 1F1B)", 1, 1 << 16);
   f.add_int("num-virtual-stages-per-pipeline-rank", &p.num_virtual_stages_per_pipeline_rank, "model chunks per pipeline rank (interleaved 1F1B)", 1, 1 << 16);

@@ -217,6 +217,7 @@ Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_
   go.flat_multiple = r.dp * p.cp;  // bucket boundaries and reduce-scatter blocks divide by DP x CP
   go.ep = p.ep;                    // the trainer sets ep_rank and ep_comm
   go.expert_flat_multiple = r.edp; // the experts' region: by the expert DP size
+  go.etp = r.etp;                  // --expert-tensor-parallel-size (TP or 1)
   for (const ChunkLayers& c : r.chunks)
     if (c.pp_rank == pp_rank) go.chunks.push_back({c.first_layer, c.num_layers});
   go.pre_process = pp_rank == 0;
@@ -237,7 +238,7 @@ void trainer_buffers_for(const PlanReport& r, int64_t prank, TrainerBuffers& t, 
   // Gradients are reduced, and with the distributed optimizer sharded, over
   // DP x CP; the routed experts' (--num-experts) over the expert DP group.
   const int64_t gdp = r.dp * p.cp;
-  const bool dist_opt = p.use_distributed_optimizer && gdp > 1;
+  const bool dist_opt = p.use_distributed_optimizer && (gdp > 1 || (r.job.model.is_moe() && r.edp > 1));
   auto go_r = trainer_model_options(r, prank);
   if (!go_r) {
     t.why_not = go_r.status().message();
@@ -290,8 +291,8 @@ void trainer_buffers_for(const PlanReport& r, int64_t prank, TrainerBuffers& t, 
   t.optimizer = dist_opt ? 2.0 * (dense / static_cast<double>(gdp) + expert / static_cast<double>(r.edp))
                          : 2.0 * static_cast<double>(mp->params);
   // Communication buffers the trainer allocates (parallel/grad_buckets.h, train/pipeline.h).
-  if (dist_opt) {
-    t.comm += static_cast<double>(align_up(static_cast<size_t>(dense / static_cast<double>(gdp))));
+  if (dist_opt) {  // the reduce-scatter receive blocks (none over a group of one)
+    if (gdp > 1) t.comm += static_cast<double>(align_up(static_cast<size_t>(dense / static_cast<double>(gdp))));
     if (expert > 0 && r.edp > 1)
       t.comm += static_cast<double>(align_up(static_cast<size_t>(expert / static_cast<double>(r.edp))));
   }

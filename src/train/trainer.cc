@@ -120,9 +120,12 @@ int local_ranks() {
 // data-parallel groups; the others (other combined kinds) stay MPI groups,
 // so a job makes four NCCL communicators (six with CP or EP, eight with
 // both), not one per kind.
-bool device_group_kind(const std::string& name, int64_t cp, int64_t ep) {
+// (ETP 1 under TP: the expert data-parallel group too, and with EP the EP
+// group.)
+bool device_group_kind(const std::string& name, int64_t cp, int64_t ep, bool expert_grid) {
   return name == "tp" || name == "pp" || name == "dp" || name == "embedding" ||
-         (cp > 1 && (name == "cp" || name == "dp-cp")) || (ep > 1 && (name == "ep" || name == "expert-dp"));
+         (cp > 1 && (name == "cp" || name == "dp-cp")) || (ep > 1 && name == "ep") ||
+         ((ep > 1 || expert_grid) && name == "expert-dp");
 }
 
 // The data-parallel gradient buckets: the non-expert parameters' over DP x
@@ -237,10 +240,6 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
                              : fmt::format("the layout needs {} ranks (world size from {}) but mpirun started {}: "
                                            "use mpirun -np {} or change --world-size",
                                            plan.world, plan::world_source_name(plan.world_source), processes, plan.world));
-    if (mc.is_moe() && job.parallel.etp && *job.parallel.etp != job.parallel.tp)
-      problems.push_back(fmt::format("[--expert-tensor-parallel-size] the experts are split over TP here: an expert "
-                                     "tensor-parallel size ({}) other than TP ({}) is not implemented (fix: drop the flag)",
-                                     *job.parallel.etp, job.parallel.tp));
     // The schedules and the model's own checks, here so that they too are
     // reported once, before any rank allocates.
     if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.global_batch)); !sc)
@@ -307,11 +306,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // stays MPI: it carries host values only.
   parallel::ProcessGroups::GroupFactory make_group = comm::make_group;
   std::string group_kind = "MPI";
+  // ETP 1 under TP: the experts' own grid (their data-parallel group is not DP x CP).
+  const bool expert_grid = mc.is_moe() && plan.etp != job.parallel.tp;
   if (uses_nccl_groups(cfg.device, world)) {
 #ifdef MT_HAVE_NCCL
     if (Status s = comm::init_nccl(); !s) return s;
-    make_group = [cp = job.parallel.cp, ep = job.parallel.ep](const std::vector<int>& members, const std::string& name) {
-      return device_group_kind(name, cp, ep) ? comm::make_nccl_group(members, name) : comm::make_group(members, name);
+    make_group = [cp = job.parallel.cp, ep = job.parallel.ep, expert_grid](const std::vector<int>& members,
+                                                                           const std::string& name) {
+      return device_group_kind(name, cp, ep, expert_grid) ? comm::make_nccl_group(members, name)
+                                                          : comm::make_group(members, name);
     };
     group_kind = "NCCL";
 #endif
@@ -319,9 +322,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
 #ifdef MT_HAVE_CUDA
     comm::select_local_device(/*allow_shared=*/true);
 #endif
-    make_group = [cp = job.parallel.cp, ep = job.parallel.ep](const std::vector<int>& members, const std::string& name) {
+    make_group = [cp = job.parallel.cp, ep = job.parallel.ep, expert_grid](const std::vector<int>& members,
+                                                                           const std::string& name) {
       auto g = comm::make_group(members, name);
-      return device_group_kind(name, cp, ep) ? comm::make_staged_group(std::move(g)) : std::move(g);
+      return device_group_kind(name, cp, ep, expert_grid) ? comm::make_staged_group(std::move(g)) : std::move(g);
     };
     group_kind = "MPI staged through host memory";
   }
@@ -345,11 +349,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // Without EP the expert data-parallel group has the DP x CP group's members
   // in the same order (EDP = DP x CP): the experts' gradients go over that
   // one (a device group on GPUs; the expert groups are device groups only
-  // with EP > 1).
-  const int64_t ep = job.parallel.ep;
+  // with EP > 1 or the expert grid). With ETP 1 under TP (expert_grid) each
+  // rank holds whole experts, so the TP partners are expert data-parallel
+  // ranks too: EDP = TP x DP x CP / EP.
+  const int64_t ep = job.parallel.ep, edp = plan.edp;
   comm::Communicator& ep_comm = *groups.get(parallel::GroupKind::kExpert);
-  comm::Communicator& expert_dp_comm = ep > 1 ? *groups.get(parallel::GroupKind::kExpertData) : grad_comm;
-  const bool sp = job.parallel.sequence_parallel && tp > 1, dist_opt = job.parallel.use_distributed_optimizer && gdp > 1;
+  comm::Communicator& expert_dp_comm =
+      ep > 1 || expert_grid ? *groups.get(parallel::GroupKind::kExpertData) : grad_comm;
+  const bool sp = job.parallel.sequence_parallel && tp > 1;
+  const bool dist_opt = job.parallel.use_distributed_optimizer && (gdp > 1 || (mc.is_moe() && edp > 1));
 
   const int64_t mbs = job.batch.micro_batch_size, M = plan.num_microbatches, gbs = plan.global_batch;
   const int64_t seq = mc.seq_length;
@@ -378,7 +386,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // Data-parallel (x CP) gradient buckets over the model's flat gradient
   // buffer: the experts' region (--num-experts) over the expert DP group.
   DpBuckets buckets;
-  if (gdp > 1) {
+  if (gdp > 1 || (mc.is_moe() && edp > 1)) {
     const int64_t xb = model.expert_flat_begin(), n = model.flat_grads().numel();
     std::vector<parallel::ParamRange> ranges, expert_ranges;
     for (size_t i = 0; i < model.specs().size(); ++i) {
@@ -403,6 +411,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   po.tp = &tp_comm, po.dp = &grad_comm, po.pp = &pp_comm, po.tp_rank = tp_rank;
   po.dist_buckets = dist_opt ? buckets.dense.get() : nullptr;
   po.ep = ep > 1 ? &ep_comm : nullptr;
+  po.experts_split_over_tp = !expert_grid;
   po.expert_dp = model.expert_flat_begin() < model.flat_params().numel() ? &expert_dp_comm : nullptr;
   po.expert_dist_buckets = dist_opt ? buckets.expert.get() : nullptr;
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
@@ -541,9 +550,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const double planned_bytes = plan.memory.trainer.available ? plan.memory.trainer.total() : 0;
   const std::string layout = (cp > 1 ? fmt::format("TP x CP x PP x DP = {} x {} x {} x {}", tp, cp, pp, dp)
                                       : fmt::format("TP x PP x DP = {} x {} x {}", tp, pp, dp)) +
-                             (ep > 1 ? fmt::format(" (experts: EP {} x expert DP {}, {} experts per rank)", ep,
-                                                   expert_dp_comm.size(), mc.num_experts / ep)
-                                     : std::string());
+                             (ep > 1 || expert_grid
+                                  ? fmt::format(" (experts: EP {}{} x expert DP {}, {} {}experts per rank)", ep,
+                                                expert_grid ? " x ETP 1" : "", expert_dp_comm.size(),
+                                                mc.num_experts / ep, expert_grid ? "whole " : "")
+                                  : std::string());
   const int64_t routed = mbs * seq / cp / (sp ? tp : 1);  // the tokens one rank's MoE router sees per micro-batch
   std::fprintf(out, "training %s: %lld parameters, %s on %d rank%s%s%s%s, micro-batch %lld x %lld "
                     "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %s\n",
@@ -587,7 +598,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                       parallel::GroupKind::kExpertData}) {
       if (kind == parallel::GroupKind::kEmbedding && (pp == 1 || mc.untie_embeddings_and_output_weights)) continue;
       if (kind == parallel::GroupKind::kContext && cp == 1) continue;
-      if ((kind == parallel::GroupKind::kExpert || kind == parallel::GroupKind::kExpertData) && ep == 1) continue;
+      if ((kind == parallel::GroupKind::kExpert && ep == 1) ||
+          (kind == parallel::GroupKind::kExpertData && ep == 1 && !expert_grid))
+        continue;
       std::string line;
       for (const auto& g : plan.grid->groups(kind)) {
         line += line.empty() ? "" : " ";
@@ -628,6 +641,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     common["args"] = args_to_json(cfg, argv);
     common["parallel"] = {{"tensor_model_parallel_size", tp}, {"data_parallel_size", dp}, {"sequence_parallel", sp},
                           {"context_parallel_size", cp}, {"expert_model_parallel_size", ep},
+                          {"expert_tensor_parallel_size", plan.etp},
                           {"use_distributed_optimizer", dist_opt}, {"world_size", world}};
     wait_params();
     auto slices =
@@ -733,7 +747,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     model.zero_grads();
     tp_comm.reset_stats();
     grad_comm.reset_stats();
-    if (ep > 1) expert_dp_comm.reset_stats(), ep_comm.reset_stats();
+    if (ep > 1 || expert_grid) expert_dp_comm.reset_stats(), ep_comm.reset_stats();
     if (cp > 1) groups.cp().reset_stats();
     pp_comm.reset_stats();
     if (groups.embedding()) groups.embedding()->reset_stats();
@@ -879,7 +893,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     const double tp_bytes = static_cast<double>(tp_comm.stats().bytes);
     // The gradients: the non-expert ones over DP x CP, the experts' over the expert DP group.
     const double dp_bytes = static_cast<double>(grad_comm.stats().bytes) +
-                            (ep > 1 ? static_cast<double>(expert_dp_comm.stats().bytes) : 0.0);
+                            (ep > 1 || expert_grid ? static_cast<double>(expert_dp_comm.stats().bytes) : 0.0);
     const double cp_bytes = cp > 1 ? static_cast<double>(groups.cp().stats().bytes) : 0.0;
     const double ep_bytes = ep > 1 ? static_cast<double>(ep_comm.stats().bytes) : 0.0;
     const double pp_bytes = static_cast<double>(pp_comm.stats().bytes) +

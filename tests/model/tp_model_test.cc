@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "kernels/elementwise.h"
 #include "model/gpt.h"
 #include "../support/mpi_test.h"
 
@@ -359,6 +360,11 @@ TEST(ContextParallelModel, EqualsSerialModel) {
 // summed over the EP group. The scratch arena peaks exactly at the plan, and
 // the all-to-all bytes the EP group sent add up to EP times the planned
 // per-rank figure (exact for the group whatever the routing).
+// ETP 1 (--expert-tensor-parallel-size 1, etp1_ep > 0): each rank holds
+// whole experts and routes only its sequence shard; the EP group is etp1_ep
+// consecutive ranks of the expert grid (whole TP groups: the world, or the
+// TP group itself), which holds each TP group's data tp times over, so an
+// expert's gradient is the serial gradients summed over it divided by tp.
 struct EpCase {
   const char* name;
   ModelConfig cfg;
@@ -368,15 +374,20 @@ struct EpCase {
   RecomputeGranularity recompute;
   double tol;
   bool skew = false;  // the expert bias (sigmoid router) sends every token to experts 0 and 1
+  int64_t etp1_ep = 0;  // ETP 1 with this EP size (0: ETP = TP, EP = world / TP)
 };
 
 void run_ep_case(const EpCase& c) {
   auto world = comm::world_communicator();
-  const int64_t W = world->size(), wr = world->rank(), tp = c.tp, ep = W / tp;
-  const int64_t tr = wr % tp, er = wr / tp;
+  const int64_t W = world->size(), wr = world->rank(), tp = c.tp;
+  const bool etp1 = c.etp1_ep > 0;
+  const int64_t ep = etp1 ? c.etp1_ep : W / tp;
+  const int64_t tr = wr % tp, dr = wr / tp;  // TP rank, the data's (dense DP) index
+  const int64_t er = etp1 ? wr % ep : dr;     // EP rank
   std::vector<int> tp_members, ep_members;
-  for (int64_t i = 0; i < tp; ++i) tp_members.push_back(static_cast<int>(er * tp + i));
-  for (int64_t j = 0; j < ep; ++j) ep_members.push_back(static_cast<int>(j * tp + tr));
+  for (int64_t i = 0; i < tp; ++i) tp_members.push_back(static_cast<int>(dr * tp + i));
+  for (int64_t j = 0; j < ep; ++j)
+    ep_members.push_back(static_cast<int>(etp1 ? wr / ep * ep + j : j * tp + tr));
   auto tp_comm = comm::make_group(tp_members, "tp");
   auto ep_comm = comm::make_group(ep_members, "ep");
   ModelConfig cfg = c.cfg;
@@ -389,6 +400,7 @@ void run_ep_case(const EpCase& c) {
   GPTOptions po = so;
   po.tp = tp, po.tp_rank = tr, po.sequence_parallel = tp > 1, po.tp_comm = tp_comm.get();
   po.ep = ep, po.ep_rank = er, po.ep_comm = ep_comm.get();
+  if (etp1) po.etp = 1;
   so.moe_capacity_segments = tp;  // token dropping: the TP ranks' sequence shards
   auto serial = GPTModel::create(cfg, so);
   ASSERT_TRUE(serial.is_ok()) << serial.status().message();
@@ -410,15 +422,17 @@ void run_ep_case(const EpCase& c) {
     ASSERT_TRUE(ps.expert < 0 || ps.expert / El == er) << c.name << ": " << ps.name << " on EP rank " << er;
     const int j = S.find(ps.name);
     ASSERT_GE(j, 0) << ps.name;
-    const double e = c.dt == DType::kF64 ? slice_err<double>(ps, tp, tr, P.params()[i], S.params()[j])
-                                         : slice_err<float>(ps, tp, tr, P.params()[i], S.params()[j]);
+    const GPTModel::SplitGroup sg = P.split_group(ps);
+    ASSERT_EQ(sg.size, etp1 && ps.expert >= 0 ? 1 : tp) << ps.name;
+    const double e = c.dt == DType::kF64 ? slice_err<double>(ps, sg.size, sg.rank, P.params()[i], S.params()[j])
+                                         : slice_err<float>(ps, sg.size, sg.rank, P.params()[i], S.params()[j]);
     ASSERT_EQ(e, 0.0) << c.name << ": initial " << ps.name << " is not the serial slice";
   }
   // Every parameter is held by one EP rank at least: the experts split E / EP ways.
   int64_t experts_here = 0;
   for (const ParamSpec& ps : P.specs()) experts_here += ps.expert >= 0;
   EXPECT_EQ(experts_here, 2 * El * cfg.num_moe_layers()) << c.name;
-  std::mt19937 g(static_cast<uint32_t>(11 + er));  // this EP rank's data
+  std::mt19937 g(static_cast<uint32_t>(11 + dr));  // this TP group's data
   std::vector<int32_t> tok(B * T), lab(B * T);
   for (auto& t : tok) t = static_cast<int32_t>(g() % V);
   for (auto& l : lab) l = static_cast<int32_t>(g() % V);
@@ -430,8 +444,23 @@ void run_ep_case(const EpCase& c) {
     const double ls = S.forward(0, tt, lt, 9 + pass, true);
     const double lp = P.forward(0, tt, lt, 9 + pass, true);
     EXPECT_NEAR(lp, ls, c.tol * std::abs(ls)) << c.name << ": loss on EP rank " << er;
+    // The router losses as the serial model on this TP group's data (ETP 1:
+    // the TP ranks' statistics summed).
+    EXPECT_NEAR(P.moe_load_balancing_loss(0), S.moe_load_balancing_loss(0), c.tol * S.moe_load_balancing_loss(0))
+        << c.name << ": load-balancing loss";
+    EXPECT_NEAR(P.moe_z_loss(0), S.moe_z_loss(0), c.tol * S.moe_z_loss(0)) << c.name << ": z-loss";
     S.backward(0, 0.5);
     P.backward(0, 0.5);
+  }
+  if (cfg.has_expert_bias()) {  // the bias update from the tokens each expert kept: the serial model's
+    S.update_expert_bias(nullptr), P.update_expert_bias(nullptr);
+    const auto sb = S.expert_bias_tensors(), pb = P.expert_bias_tensors();
+    ASSERT_EQ(sb.size(), pb.size());
+    for (size_t i = 0; i < sb.size(); ++i)
+      for (int64_t e = 0; e < cfg.num_experts; ++e)
+        EXPECT_EQ(c.dt == DType::kF64 ? value<double>(pb[i].second, e) : value<float>(pb[i].second, e),
+                  c.dt == DType::kF64 ? value<double>(sb[i].second, e) : value<float>(sb[i].second, e))
+            << c.name << ": " << sb[i].first << "[" << e << "]";
   }
   const double sent = static_cast<double>(ep_comm->stats().all_to_all_bytes);
   auto plan = GPTModel::planned_comm(cfg, po);
@@ -454,14 +483,19 @@ void run_ep_case(const EpCase& c) {
     }
     EXPECT_LE(P.scratch_arena().high_water(), P.memory_plan().scratch) << c.name << ": scratch plan";
   }
-  // The serial expert gradients summed over the EP group (every rank, every expert, in order).
+  // The serial expert gradients summed over the EP group (every rank, every
+  // expert, in order); with ETP 1 each TP group's data counted once.
   for (size_t j = 0; j < S.specs().size(); ++j)
-    if (S.specs()[j].expert >= 0) ep_comm->all_reduce(S.grads()[j]);
+    if (S.specs()[j].expert >= 0) {
+      ep_comm->all_reduce(S.grads()[j]);
+      if (etp1) kernels::scale_inplace(S.grads()[j], 1.0 / static_cast<double>(tp));
+    }
   for (size_t i = 0; i < P.specs().size(); ++i) {
     const ParamSpec& ps = P.specs()[i];
     const int j = S.find(ps.name);
-    const double e = c.dt == DType::kF64 ? slice_err<double>(ps, tp, tr, P.grads()[i], S.grads()[j])
-                                         : slice_err<float>(ps, tp, tr, P.grads()[i], S.grads()[j]);
+    const GPTModel::SplitGroup sg = P.split_group(ps);
+    const double e = c.dt == DType::kF64 ? slice_err<double>(ps, sg.size, sg.rank, P.grads()[i], S.grads()[j])
+                                         : slice_err<float>(ps, sg.size, sg.rank, P.grads()[i], S.grads()[j]);
     EXPECT_LT(e, c.tol) << c.name << ": gradient of " << ps.name << " on EP rank " << er << ", TP rank " << tr;
   }
 }
@@ -502,6 +536,41 @@ TEST(ExpertParallelModel, EqualsSerialModel) {
     ModelConfig jit = mixtral_cfg();
     jit.moe_input_jitter_eps = 0.2;
     run_ep_case({"mixtral router jitter", jit, tp, DType::kF64, false, none, 1e-11});
+  }
+}
+
+// --expert-tensor-parallel-size 1 under TP 2 (SP): whole experts, each rank
+// routing its own sequence shard, over an EP group of the whole world or of
+// the TP group itself.
+TEST(ExpertParallelModel, WholeExpertsUnderTensorParallelism) {
+  auto world = comm::world_communicator();
+  const int64_t W = world->size(), tp = 2;
+  if (W < 2) GTEST_SKIP() << "needs TP 2";
+  const auto none = RecomputeGranularity::kNone, full = RecomputeGranularity::kFull;
+  ModelConfig seq = mixtral_cfg();
+  seq.moe_router_load_balancing_type = "seq_aux_loss";
+  ModelConfig grouped = sigmoid_cfg();
+  grouped.moe_router_num_groups = 2, grouped.moe_router_group_topk = 1;
+  ModelConfig jit = sigmoid_cfg();
+  jit.moe_input_jitter_eps = 0.2;
+  ModelConfig cap = mixtral_cfg();
+  cap.moe_expert_capacity_factor = 0.6;
+  ModelConfig capp = mixtral_cfg();
+  capp.moe_expert_capacity_factor = 0.5, capp.moe_token_drop_policy = "position";
+  ModelConfig moe4 = moe_gpt_cfg();
+  moe4.num_experts = 4;
+  for (int64_t ep : {W, tp}) {
+    run_ep_case({"ETP 1 mixtral", mixtral_cfg(), tp, DType::kF64, false, none, 1e-11, false, ep});
+    run_ep_case({"ETP 1 mixtral full recompute", mixtral_cfg(), tp, DType::kF64, false, full, 1e-11, false, ep});
+    run_ep_case({"ETP 1 shared expert", shared_cfg(), tp, DType::kF64, false, full, 1e-11, false, ep});
+    run_ep_case({"ETP 1 seq_aux_loss", seq, tp, DType::kF64, false, none, 1e-11, false, ep});
+    run_ep_case({"ETP 1 sigmoid groups", grouped, tp, DType::kF64, false, none, 1e-11, false, ep});
+    run_ep_case({"ETP 1 sigmoid jitter bf16", jit, tp, DType::kF32, true, none, 3e-2, false, ep});
+    run_ep_case({"ETP 1 moe_gpt top-1 fp32", moe4, tp, DType::kF32, false, none, 2e-5, false, ep});
+    run_ep_case({"ETP 1 capacity 0.6", cap, tp, DType::kF64, false, full, 1e-11, false, ep});
+    run_ep_case({"ETP 1 capacity 0.5 by position", capp, tp, DType::kF64, false, none, 1e-11, false, ep});
+    run_ep_case({"ETP 1 dense layer 0, MoE layer 1", freq_cfg(), tp, DType::kF64, false, full, 1e-11, false, ep});
+    if (W == tp) break;  // EP = TP is EP = world
   }
 }
 

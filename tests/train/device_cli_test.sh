@@ -106,7 +106,8 @@ done
 # MPI staged through host memory on the simulated device): tensor + sequence,
 # context, pipeline, and data parallelism with the distributed optimizer and
 # overlapped gradient reduction, and expert parallelism (a LLaMA-style MoE
-# whose tokens travel to the other rank's experts: all-to-all), each against
+# whose tokens travel to the other rank's experts: all-to-all), whole
+# experts under TP (--expert-tensor-parallel-size 1), each against
 # the same layout on the CPU;
 # and a pipeline run stopped on the device resumed by one CPU rank.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -129,12 +130,15 @@ else
   # LLaMA-style for TP and DP; GPT for PP (its tied embeddings add the
   # first and last stages' embedding group).
   MOE=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2)
-  for layout in tp2 pp2 dp2 cp2 moedp2 ep2; do
+  for layout in tp2 pp2 dp2 cp2 moedp2 ep2 etp1; do
     case $layout in
       moedp2) lflags=("${LLAMA[@]}" "${MOE[@]}" --use-distributed-optimizer) ;;
       ep2) lflags=("${LLAMA[@]}" "${MOE[@]}" --moe-shared-expert-intermediate-size 64 --expert-model-parallel-size 2
                    --use-distributed-optimizer) ;;
       tp2) lflags=("${LLAMA[@]}" --tensor-model-parallel-size 2 --sequence-parallel) ;;
+      # Whole experts under TP (ETP 1): their gradients over the TP ranks as expert data-parallel group.
+      etp1) lflags=("${LLAMA[@]}" "${MOE[@]}" --tensor-model-parallel-size 2 --sequence-parallel
+                    --expert-tensor-parallel-size 1) ;;
       cp2) lflags=("${LLAMA[@]}" --context-parallel-size 2 --reset-position-ids --reset-attention-mask) ;;
       pp2) lflags=("${GPT[@]}" --pipeline-model-parallel-size 2) ;;
       dp2) lflags=("${LLAMA[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather) ;;

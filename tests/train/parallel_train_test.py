@@ -293,7 +293,8 @@ def check_plan(full, out):
         # tokens its experts drew (the plan counts balanced routing; the
         # model test checks the EP group's sum exactly): reported exactly
         # when EP > 1, near the plan.
-        if ("(experts: EP " in out) != (m.group(9) is not None):
+        ep = re.search(r"\(experts: EP (\d+)", out)
+        if (ep is not None and int(ep.group(1)) > 1) != (m.group(9) is not None):
             fail(f"{full}: the EP traffic is reported exactly when EP > 1")
         if m.group(9) is not None:
             epm, epp = float(m.group(9)), float(m.group(10))
@@ -495,6 +496,7 @@ against_reference("cpptl", ["--calculate-per-token-loss", "--eod-mask-loss"], [
 # the layouts of its own section below.
 MOE_FLAGS = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96",
              "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--disable-bias-linear"]
+ETP1 = ["--expert-tensor-parallel-size", "1"]
 MOE_LAYOUTS = [
     ("tp2sp", 2, 1, 1, ["--sequence-parallel"]),
     ("dp2do", 1, 1, 2, ["--use-distributed-optimizer"]),
@@ -511,9 +513,20 @@ MOE_LAYOUTS = [
                              "--recompute-granularity", "full", "--recompute-method", "uniform",
                              "--recompute-num-layers", "2"]),
     ("pp2dp2ep2", 1, 2, 2, ["--expert-model-parallel-size", "2"]),
+    # --expert-tensor-parallel-size 1: whole experts under TP 2, each rank
+    # routing its own sequence shard; the expert grid's EP group spans the
+    # TP partners (EP 4 over TP 2 x DP 2; EP 2 = the TP group under PP and
+    # CP), their expert data-parallel group too (EP 1: TP x DP).
+    ("tp2spetp1", 2, 1, 1, ["--sequence-parallel"] + ETP1),
+    ("tp2spdp2ep4etp1do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "4",
+                                    "--use-distributed-optimizer"] + ETP1),
+    ("tp2pp2dp2ep2etp1", 2, 2, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2"] + ETP1),
+    ("tp2spcp2ep2etp1full", 2, 1, 1, ["--sequence-parallel", "--context-parallel-size", "2",
+                                      "--expert-model-parallel-size", "2", "--recompute-granularity", "full",
+                                      "--recompute-method", "uniform", "--recompute-num-layers", "2"] + ETP1),
 ]
 if QUICK:
-    MOE_LAYOUTS = [l for l in MOE_LAYOUTS if l[0] in ("tp2sp", "cp2", "tp2spdp2ep2do")]
+    MOE_LAYOUTS = [l for l in MOE_LAYOUTS if l[0] in ("tp2sp", "cp2", "tp2spdp2ep2do", "tp2spdp2ep4etp1do")]
 against_reference("moe", MOE_FLAGS, MOE_LAYOUTS, plan=True, zeros_slack=CP_ZEROS)
 # The shared expert: an MLP split over TP like a dense one, beside the
 # routed experts, with TP + SP, EP and CP.
@@ -521,6 +534,7 @@ against_reference("moeshared", MOE_FLAGS + ["--moe-shared-expert-intermediate-si
     ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
                                 "--use-distributed-optimizer"]),
     ("cp2pp2", 1, 2, 1, ["--context-parallel-size", "2"]),
+    ("tp2spep2etp1", 2, 1, 1, ["--sequence-parallel", "--expert-model-parallel-size", "2"] + ETP1),
 ], plan=True, zeros_slack=CP_ZEROS)
 # DeepSeek-V3's router: sigmoid scores, the aux-loss-free expert bias (moved
 # after every step by the sign of mean - count, the counts summed over DP x
@@ -536,6 +550,7 @@ against_reference("moesig", SIG_FLAGS, [
     ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
                                 "--use-distributed-optimizer"]),
     ("cp2pp2", 1, 2, 1, ["--context-parallel-size", "2"]),
+    ("tp2spdp2etp1do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"] + ETP1),
 ], plan=True, zeros_slack=CP_ZEROS)
 # Per-token loss: the router losses' gradients scaled as Megatron's
 # (pre-multiplied by the micro-batch's tokens, then divided with every
@@ -692,7 +707,8 @@ RESHARDS = [
      [("tp2sp", 2, 1, 1, ["--sequence-parallel"]), ("cp4", 1, 1, 1, ["--context-parallel-size", "4"])]),
     # MoE: the experts' shards (column/row over TP) and the router move like a dense MLP's.
     ("MoE TP2+SP x DP2 + dist-opt", (2, 1, 2, MOE_FLAGS + ["--sequence-parallel", "--use-distributed-optimizer"]),
-     [("moe-tp1pp2dp2", 1, 2, 2, MOE_FLAGS), ("moe-tp4sp", 4, 1, 1, MOE_FLAGS + ["--sequence-parallel"])]),
+     [("moe-tp1pp2dp2", 1, 2, 2, MOE_FLAGS), ("moe-tp4sp", 4, 1, 1, MOE_FLAGS + ["--sequence-parallel"]),
+      ("moe-tp2spep2etp1", 2, 1, 1, MOE_FLAGS + ["--sequence-parallel", "--expert-model-parallel-size", "2"] + ETP1)]),
     # The expert bias is state outside the optimizer: saved per stage, restored.
     ("MoE sigmoid + expert bias DP2", (1, 1, 2, SIG_FLAGS), [("moe-sig-tp2sp", 2, 1, 1, SIG_FLAGS + ["--sequence-parallel"])]),
     # Expert parallelism: each EP rank saved its own experts under their
@@ -701,6 +717,10 @@ RESHARDS = [
                                                        "--use-distributed-optimizer"]),
      [("moe-dp4ep4", 1, 1, 4, MOE_FLAGS + ["--expert-model-parallel-size", "4"]),
       ("moe-tp2sp", 2, 1, 1, MOE_FLAGS + ["--sequence-parallel"])]),
+    # Whole experts (ETP 1) saved by their expert data-parallel rank 0; resumed split over TP, and on one rank.
+    ("MoE TP2+SP x DP2 x EP4 x ETP1 + dist-opt", (2, 1, 2, MOE_FLAGS + ["--sequence-parallel", "--expert-model-parallel-size",
+                                                                       "4", "--use-distributed-optimizer"] + ETP1),
+     [("moe-tp2spdp2", 2, 1, 2, MOE_FLAGS + ["--sequence-parallel"]), ("moe-tp1", 1, 1, 1, MOE_FLAGS)]),
 ]
 for model in MODELS:
     for k, (label, (stp, spp, sdp, sextra), targets) in enumerate(RESHARDS):
