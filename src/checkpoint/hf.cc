@@ -28,6 +28,7 @@ const char* hf_arch_name(HfArch a) {
     case HfArch::kQwen2: return "Qwen2ForCausalLM";
     case HfArch::kQwen3: return "Qwen3ForCausalLM";
     case HfArch::kMixtral: return "MixtralForCausalLM";
+    case HfArch::kQwen3Moe: return "Qwen3MoeForCausalLM";
   }
   return "?";
 }
@@ -54,37 +55,49 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
                                 "has biases on q/k/v/o or none, and none on the MLP)",
                                 c.add_bias_linear ? "biases on every linear layer" : "--add-qkv-bias"));
     if (c.is_moe()) {
-      // MixtralForCausalLM: softmax over all experts, top-k, renormalised
-      // (Megatron's default top-k softmax), no biases, plain RoPE.
-      if (c.add_qkv_bias || c.add_bias_linear) why.push_back("biases (MixtralForCausalLM, the transformers MoE class, has none)");
-      if (c.qk_layernorm) why.push_back("--qk-layernorm with --num-experts (MixtralForCausalLM has no q/k norms)");
-      if (c.has_dense_layers())
-        why.push_back(fmt::format("--moe-layer-freq '{}' with dense layers (MixtralForCausalLM has experts in every "
-                                  "layer)",
-                                  c.moe_layer_freq));
-      if (c.sigmoid_router())
-        why.push_back("--moe-router-score-function sigmoid (MixtralForCausalLM's router is a softmax)");
+      // Two transformers MoE classes take Megatron's softmax top-k router
+      // without biases, scaling, groups or a shared expert:
+      // Qwen3MoeForCausalLM (Qwen3's attention with q/k norms; dense layers
+      // through mlp_only_layers; norm_topk_prob: the top-k renormalised, or
+      // with --moe-router-pre-softmax not) and, without q/k norms,
+      // MixtralForCausalLM (experts in every layer, renormalised, plain RoPE).
+      const char* cls = c.qk_layernorm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM";
+      if (c.add_qkv_bias || c.add_bias_linear) why.push_back(fmt::format("biases ({}, the transformers MoE class, has none)", cls));
+      if (c.sigmoid_router()) why.push_back(fmt::format("--moe-router-score-function sigmoid ({}'s router is a softmax)", cls));
       if (c.has_shared_expert())
-        why.push_back("--moe-shared-expert-intermediate-size (MixtralForCausalLM has no shared expert; Qwen2-MoE's gates "
-                      "its shared expert, which Megatron's command line does not)");
-      if (c.moe_router_pre_softmax)
-        why.push_back("--moe-router-pre-softmax (MixtralForCausalLM renormalises the chosen experts' probabilities)");
+        why.push_back(fmt::format("--moe-shared-expert-intermediate-size ({} has no shared expert; Qwen2-MoE's gates "
+                                  "its shared expert, which Megatron's command line does not)",
+                                  cls));
       if (c.moe_router_topk_scaling_factor && *c.moe_router_topk_scaling_factor != 1.0)
-        why.push_back("--moe-router-topk-scaling-factor (MixtralForCausalLM does not scale the probabilities)");
-      if (c.use_rope_scaling || c.rotary_seq_len_interpolation_factor)
-        why.push_back("RoPE scaling with --num-experts (this export writes MixtralForCausalLM without rope_scaling)");
-      if (c.head_dim() * c.num_attention_heads != c.hidden_size)
-        why.push_back(fmt::format("--kv-channels {} x {} heads != --hidden-size {} (transformers 4.45's MixtralForCausalLM "
-                                  "splits the hidden size into its heads)",
-                                  c.head_dim(), c.num_attention_heads, c.hidden_size));
-      if (why.empty()) return HfArch::kMixtral;
+        why.push_back(fmt::format("--moe-router-topk-scaling-factor ({} does not scale the probabilities)", cls));
+      if (c.group_limited())
+        why.push_back(fmt::format("--moe-router-group-topk ({} chooses among all experts)", cls));
+      if (c.qk_layernorm) {
+        if (why.empty()) return HfArch::kQwen3Moe;
+      } else {
+        if (c.has_dense_layers())
+          why.push_back(fmt::format("--moe-layer-freq '{}' with dense layers (MixtralForCausalLM has experts in every "
+                                    "layer; Qwen3MoeForCausalLM, which takes dense layers, has q/k norms: "
+                                    "--qk-layernorm)",
+                                    c.moe_layer_freq));
+        if (c.moe_router_pre_softmax)
+          why.push_back("--moe-router-pre-softmax (MixtralForCausalLM renormalises the chosen experts' probabilities; "
+                        "Qwen3MoeForCausalLM's norm_topk_prob false does not, with --qk-layernorm)");
+        if (c.use_rope_scaling || c.rotary_seq_len_interpolation_factor)
+          why.push_back("RoPE scaling with --num-experts (this export writes MixtralForCausalLM without rope_scaling)");
+        if (c.head_dim() * c.num_attention_heads != c.hidden_size)
+          why.push_back(fmt::format("--kv-channels {} x {} heads != --hidden-size {} (transformers 4.45's "
+                                    "MixtralForCausalLM splits the hidden size into its heads)",
+                                    c.head_dim(), c.num_attention_heads, c.hidden_size));
+        if (why.empty()) return HfArch::kMixtral;
+      }
     }
     if (why.empty() && c.qk_layernorm) return HfArch::kQwen3;
     if (why.empty()) return c.add_bias_linear || !c.add_qkv_bias ? HfArch::kLlama : HfArch::kQwen2;
   } else if (gpt2_shape) {
     if (c.is_moe())
-      why.push_back("--num-experts (GPT2LMHeadModel has no experts; MixtralForCausalLM, the transformers MoE class, "
-                    "needs RMSNorm + SwiGLU + rope)");
+      why.push_back("--num-experts (GPT2LMHeadModel has no experts; MixtralForCausalLM and Qwen3MoeForCausalLM, the "
+                    "transformers MoE classes, need RMSNorm + SwiGLU + rope)");
     if (c.qk_layernorm) why.push_back("--qk-layernorm (GPT2LMHeadModel has no query/key norms)");
     if (c.query_groups() != c.num_attention_heads)
       why.push_back(fmt::format("--num-query-groups {} < --num-attention-heads {} (GPT-2 has one key/value head per "
@@ -153,13 +166,14 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
   else if (c.rotary_seq_len_interpolation_factor)
     rope_scaling = {{"rope_type", "linear"}, {"factor", static_cast<double>(*c.rotary_seq_len_interpolation_factor)}};
   json j{{"architectures", {hf_arch_name(arch)}},
-         {"model_type", arch == HfArch::kLlama    ? "llama"
-                        : arch == HfArch::kQwen2  ? "qwen2"
-                        : arch == HfArch::kQwen3  ? "qwen3"
-                                                  : "mixtral"},
+         {"model_type", arch == HfArch::kLlama     ? "llama"
+                        : arch == HfArch::kQwen2   ? "qwen2"
+                        : arch == HfArch::kQwen3   ? "qwen3"
+                        : arch == HfArch::kQwen3Moe ? "qwen3_moe"
+                                                   : "mixtral"},
          {"vocab_size", vocab_rows},
          {"hidden_size", c.hidden_size},
-         {"intermediate_size", c.is_moe() ? c.moe_ffn() : c.ffn()},
+         {"intermediate_size", arch == HfArch::kMixtral ? c.moe_ffn() : c.ffn()},
          {"num_hidden_layers", c.num_layers},
          {"num_attention_heads", c.num_attention_heads},
          {"num_key_value_heads", c.query_groups()},
@@ -189,10 +203,26 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
-    if (arch == HfArch::kQwen3) j["attention_bias"] = false;
+    if (arch == HfArch::kQwen3 || arch == HfArch::kQwen3Moe) j["attention_bias"] = false;
+    if (arch == HfArch::kQwen3Moe) {
+      // Layer l is sparse iff l is not in mlp_only_layers and (l + 1) %
+      // decoder_sparse_step == 0: step 1 and the dense layers listed give
+      // any --moe-layer-freq pattern; intermediate_size is the dense MLP's.
+      json dense = json::array();
+      for (int64_t l = 0; l < c.num_layers; ++l)
+        if (!c.is_moe_layer(l)) dense.push_back(l);
+      j["num_experts"] = c.num_experts;
+      j["num_experts_per_tok"] = c.moe_router_topk;
+      j["moe_intermediate_size"] = c.moe_ffn();
+      j["norm_topk_prob"] = !c.moe_router_pre_softmax;
+      j["decoder_sparse_step"] = 1;
+      j["mlp_only_layers"] = dense;
+      j["router_aux_loss_coef"] = c.moe_aux_loss_coeff;  // as for Mixtral: carried as given
+      j["output_router_logits"] = false;
+    }
   }
   j = with_common_keys(std::move(j));
-  if (arch == HfArch::kQwen3) j["transformers_version"] = kTransformersVersionQwen3;
+  if (arch == HfArch::kQwen3 || arch == HfArch::kQwen3Moe) j["transformers_version"] = kTransformersVersionQwen3;
   return j;
 }
 
@@ -263,7 +293,7 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     return v;
   }
 
-  // LLaMA / Qwen2.
+  // LLaMA / Qwen2 / Qwen3 / Mixtral / Qwen3-MoE.
   rows("model.embed_tokens.weight", "embedding.word_embeddings.weight", 0, vocab_rows, h);
   for (int64_t l = 0; l < L; ++l) {
     const std::string p = fmt::format("decoder.layers.{}.", l), o = fmt::format("model.layers.{}.", l);
@@ -299,6 +329,19 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
         rows(x + "w1.weight", m + "linear_fc1.weight", 0, Fe, h);
         rows(x + "w3.weight", m + "linear_fc1.weight", Fe, Fe, h);
         rows(x + "w2.weight", m + "linear_fc2.weight", 0, h, Fe);
+      }
+      continue;
+    }
+    if (arch == HfArch::kQwen3Moe && c.is_moe_layer(l)) {
+      // Qwen3MoeSparseMoeBlock: the router (gate) and each expert's gate_proj, up_proj, down_proj.
+      const int64_t Fe = c.moe_ffn();
+      rows(o + "mlp.gate.weight", p + "mlp.router.weight", 0, c.num_experts, h);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", o, e);
+        const std::string m = fmt::format("{}mlp.experts.local_experts.{}.", p, e);
+        rows(x + "gate_proj.weight", m + "linear_fc1.weight", 0, Fe, h);
+        rows(x + "up_proj.weight", m + "linear_fc1.weight", Fe, Fe, h);
+        rows(x + "down_proj.weight", m + "linear_fc2.weight", 0, h, Fe);
       }
       continue;
     }
@@ -617,16 +660,21 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     if (act == "relu2") add("--squared-relu"), add("--no-bias-gelu-fusion");
     if (!flag_b("tie_word_embeddings", true)) add("--untie-embeddings-and-output-weights");
   } else if (arch_name == "LlamaForCausalLM" || arch_name == "Qwen2ForCausalLM" || arch_name == "MistralForCausalLM" ||
-             arch_name == "Qwen3ForCausalLM" || arch_name == "MixtralForCausalLM") {
+             arch_name == "Qwen3ForCausalLM" || arch_name == "MixtralForCausalLM" || arch_name == "Qwen3MoeForCausalLM") {
     const bool qwen = arch_name == "Qwen2ForCausalLM", mixtral = arch_name == "MixtralForCausalLM";
     const bool mistral = arch_name == "MistralForCausalLM" || mixtral;  // Mixtral: Mistral's attention, experts
-    const bool qwen3 = arch_name == "Qwen3ForCausalLM";
-    out.arch = qwen ? HfArch::kQwen2 : qwen3 ? HfArch::kQwen3 : mixtral ? HfArch::kMixtral : HfArch::kLlama;  // Mistral: Llama's tensors and names
+    const bool qwen3moe = arch_name == "Qwen3MoeForCausalLM";
+    const bool qwen3 = arch_name == "Qwen3ForCausalLM" || qwen3moe;  // Qwen3-MoE: Qwen3's attention, experts
+    out.arch = qwen ? HfArch::kQwen2 : qwen3moe ? HfArch::kQwen3Moe : qwen3 ? HfArch::kQwen3 : mixtral ? HfArch::kMixtral
+                                                                                              : HfArch::kLlama;  // Mistral: Llama's tensors and names
     const int64_t h = integer("hidden_size", std::nullopt), L = integer("num_hidden_layers", std::nullopt);
-    const int64_t a = integer("num_attention_heads", std::nullopt), F = integer("intermediate_size", std::nullopt);
+    // Qwen3MoeConfig's dense width defaults to 6144 (used by mlp_only_layers only).
+    const int64_t a = integer("num_attention_heads", std::nullopt),
+                  F = integer("intermediate_size", qwen3moe ? std::optional<int64_t>(6144) : std::nullopt);
     const int64_t g = integer("num_key_value_heads", a);
-    // Qwen3Config's head_dim defaults to 128, the others' to hidden_size / heads.
-    const int64_t d = integer("head_dim", qwen3 ? std::optional<int64_t>(128)
+    // Qwen3Config's head_dim defaults to 128, the others' (Qwen3MoeConfig's
+    // included) to hidden_size / heads.
+    const int64_t d = integer("head_dim", qwen3 && !qwen3moe ? std::optional<int64_t>(128)
                                           : a > 0 ? std::optional<int64_t>(h / a) : std::nullopt);
     out.vocab_size = integer("vocab_size", std::nullopt);
     const int64_t P = integer("max_position_embeddings", qwen || qwen3 ? 32768 : mistral ? 131072 : 2048);  // the configs' defaults
@@ -646,7 +694,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     if ((qwen || qwen3) && flag_b("use_sliding_window", false))
       why.push_back("use_sliding_window (no sliding-window attention here)");
     if (qwen3 && flag_b("attention_bias", false))
-      why.push_back("attention_bias true on Qwen3 (biases on q/k/v/o without the MLP's: Megatron's --add-bias-linear "
+      why.push_back("attention_bias true on Qwen3 or Qwen3-MoE (biases on q/k/v/o without the MLP's: Megatron's --add-bias-linear "
                     "puts them on every linear layer)");
     const bool attn_bias = !qwen && !qwen3 && !mistral && flag_b("attention_bias", false);
     const bool mlp_bias = !qwen && !qwen3 && !mistral && flag_b("mlp_bias", false);
@@ -674,6 +722,46 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       if (num("router_jitter_noise", 0.0).value_or(0.0) != 0.0)
         why.push_back("router_jitter_noise (transformers' Mixtral jitters the experts' input as well as the "
                       "router's; Megatron's --moe-input-jitter-eps only the router's)");
+    }
+    if (qwen3moe) {
+      // Layer l is sparse iff l is not in mlp_only_layers and (l + 1) %
+      // decoder_sparse_step == 0; the others are dense MLPs of
+      // intermediate_size (--moe-layer-freq's list).
+      const int64_t E = integer("num_experts", 128), k = integer("num_experts_per_tok", 8);
+      const int64_t step = integer("decoder_sparse_step", 1);
+      std::vector<char> dense(static_cast<size_t>(std::max<int64_t>(L, 0)), 0);
+      if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+        const json& m = j["mlp_only_layers"];
+        bool ok = m.is_array();
+        for (size_t i = 0; ok && i < m.size(); ++i) {
+          ok = m[i].is_number_integer() && m[i].get<int64_t>() >= 0 && m[i].get<int64_t>() < L;
+          if (ok) dense[static_cast<size_t>(m[i].get<int64_t>())] = 1;
+        }
+        if (!ok)
+          why.push_back(fmt::format("mlp_only_layers is {}, expected a list of layer indices in [0, {})", json_brief(m),
+                                    L));
+      }
+      std::string pattern = "[";
+      int64_t sparse = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        const bool moe = !dense[static_cast<size_t>(l)] && step > 0 && (l + 1) % step == 0;
+        sparse += moe;
+        pattern += std::string(l ? "," : "") + (moe ? "1" : "0");
+      }
+      pattern += "]";
+      if (L > 0 && step > 0 && sparse == 0)
+        why.push_back("no sparse layer (mlp_only_layers and decoder_sparse_step leave every MLP dense): a dense model, "
+                      "which Qwen3ForCausalLM describes");
+      add("--num-experts", std::to_string(E));
+      add("--moe-router-topk", std::to_string(k));
+      add("--moe-ffn-hidden-size", std::to_string(integer("moe_intermediate_size", 768)));
+      if (sparse < L) add("--moe-layer-freq", pattern);
+      // norm_topk_prob (default false): the chosen experts' softmax values
+      // renormalised (Megatron's default) or not (--moe-router-pre-softmax).
+      if (!flag_b("norm_topk_prob", false)) add("--moe-router-pre-softmax");
+      else if (k == 1)
+        why.push_back("norm_topk_prob with num_experts_per_tok 1 (every token's one weight is 1; Megatron refuses a "
+                      "top-1 softmax over the chosen logit)");
     }
     if (!flag_b("tie_word_embeddings", false)) add("--untie-embeddings-and-output-weights");
     // RoPE: rope_theta and rope_scaling (transformers 4.x), or one
@@ -729,7 +817,8 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       why.push_back("partial_rotary_factor (LlamaForCausalLM rotates whole heads)");
   } else {
     why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM, "
-                              "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM)",
+                              "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
+                              "Qwen3MoeForCausalLM)",
                               j.contains("architectures") ? json_brief(j["architectures"]) : "missing"));
   }
   if (!why.empty()) {

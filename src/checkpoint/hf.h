@@ -59,9 +59,9 @@ namespace mt::checkpoint {
 // The oldest transformers release that reads every field written here
 // (Llama's head_dim and mlp_bias, rope_type "llama3"); config.json says so.
 inline constexpr const char* kTransformersVersion = "4.45.0";
-inline constexpr const char* kTransformersVersionQwen3 = "4.51.0";  // the first with Qwen3ForCausalLM
+inline constexpr const char* kTransformersVersionQwen3 = "4.51.0";  // the first with Qwen3(Moe)ForCausalLM
 
-enum class HfArch { kGpt2, kLlama, kQwen2, kQwen3, kMixtral };
+enum class HfArch { kGpt2, kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe };
 const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", ...
 
 // The architecture `c` maps to, or kInvalidArgument listing why none does.

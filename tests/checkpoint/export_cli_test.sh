@@ -290,6 +290,36 @@ grep -q -- "--num-experts 4" "$TMP/i6.log" && grep -q -- "--moe-ffn-hidden-size 
 x_back=$("$BIN" generate --load "$TMP/mixtral-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
 [ -n "$x_back" ] && [ "$x_back" = "$x_ours" ] || fail "mixtral: imported model continues '$x_back', the original '$x_ours'"
 echo "mixtral greedy: ours '$x_ours', exported '$x_theirs', imported '$x_back'"
+
+# Qwen3-MoE style (Qwen3's q/k norms with experts, a dense first layer by
+# --moe-layer-freq, the full softmax's top-2 by --moe-router-pre-softmax),
+# one rank: exported as Qwen3MoeForCausalLM (mlp_only_layers [0],
+# norm_topk_prob false), continued by PyTorch exactly as by `megatron
+# generate`, and the same after import.
+"$BIN" train "${COMMON[@]}" "${QWEN3[@]}" --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 \
+  --moe-layer-freq "[0]+[1]" --moe-router-pre-softmax --moe-aux-loss-coeff 1e-2 --train-iters 300 \
+  --save "$TMP/qwen3moe" >"$TMP/qwen3moe.log" 2>&1 || { fail "train qwen3moe"; tail -20 "$TMP/qwen3moe.log"; }
+"$BIN" export --load "$TMP/qwen3moe" --output "$TMP/hf-qwen3moe" >"$TMP/e7.log" 2>&1 \
+  || { fail "export qwen3moe"; cat "$TMP/e7.log"; }
+python3 -c "
+import json,sys; c=json.load(open(sys.argv[1]))
+assert c['architectures']==['Qwen3MoeForCausalLM'] and c['model_type']=='qwen3_moe', c
+assert c['num_experts']==4 and c['num_experts_per_tok']==2 and c['moe_intermediate_size']==48, c
+assert c['mlp_only_layers']==[0] and c['decoder_sparse_step']==1 and c['intermediate_size']==96, c
+assert c['norm_topk_prob'] is False and c['head_dim']==32, c
+" "$TMP/hf-qwen3moe/config.json" || fail "qwen3moe config.json"
+m_ours=$("$BIN" generate --load "$TMP/qwen3moe" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+m_theirs=$(/usr/bin/python3 "$REF" "$TMP/hf-qwen3moe" greedy "$P2" 8)
+if [ $? != 77 ]; then
+  [ -n "$m_ours" ] && [ "$m_ours" = "$m_theirs" ] || fail "qwen3moe: generate '$m_ours' vs exported model '$m_theirs'"
+fi
+"$BIN" import --hf "$TMP/hf-qwen3moe" --save "$TMP/qwen3moe-imp" >"$TMP/i7.log" 2>&1 \
+  || { fail "import qwen3moe"; cat "$TMP/i7.log"; }
+grep -q -- "--moe-layer-freq \[0,1\]" "$TMP/i7.log" && grep -q -- "--moe-router-pre-softmax" "$TMP/i7.log" \
+  || { fail "qwen3moe import flags"; cat "$TMP/i7.log"; }
+m_back=$("$BIN" generate --load "$TMP/qwen3moe-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+[ -n "$m_back" ] && [ "$m_back" = "$m_ours" ] || fail "qwen3moe: imported model continues '$m_back', the original '$m_ours'"
+echo "qwen3moe greedy: ours '$m_ours', exported '$m_theirs', imported '$m_back'"
 # A MoE model no transformers class computes: named, nothing written.
 "$BIN" train "${COMMON[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear \
   --num-experts 2 --moe-router-topk 1 --moe-router-pre-softmax --train-iters 10 --save "$TMP/moegpt" >"$TMP/moegpt.log" 2>&1 \
@@ -305,7 +335,7 @@ echo "mixtral greedy: ours '$x_ours', exported '$x_theirs', imported '$x_back'"
   || { fail "train moe with a shared expert"; tail -5 "$TMP/moeshared.log"; }
 "$BIN" export --load "$TMP/moeshared" --output "$TMP/hf-moeshared" 2>"$TMP/err"; rc=$?
 [ $rc = 2 ] && grep -q "MixtralForCausalLM has no shared expert" "$TMP/err" \
-  && grep -q -- "--moe-layer-freq '\[0\]+\[1\]' with dense layers (MixtralForCausalLM has experts in every layer)" "$TMP/err" \
+  && grep -q -- "--moe-layer-freq '\[0\]+\[1\]' with dense layers (MixtralForCausalLM has experts in every layer;" "$TMP/err" \
   && [ ! -e "$TMP/hf-moeshared" ] || { fail "shared-expert and dense-layer export should be refused: rc $rc"; cat "$TMP/err"; }
 
 # Errors: exit 2, the flag named, nothing overwritten.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Runs a Hugging Face model directory the way the transformers library defines
-GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
-MixtralForCausalLM, in float64 PyTorch,
+GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+MixtralForCausalLM and Qwen3MoeForCausalLM, in float64 PyTorch,
 from config.json and the safetensors files alone (written for megatron-cpp's
 export tests; transformers itself is not packaged in Debian).
 
@@ -135,7 +135,8 @@ def llama(cfg, W, ids):
     x = W["model.embed_tokens.weight"][ids]
     qkv_bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
     o_bias = cfg["model_type"] in ("llama", "qwen3") and cfg.get("attention_bias", False)
-    qk_norm = cfg["model_type"] == "qwen3"  # Qwen3Attention: RMSNorm over each q and k head, before RoPE
+    # Qwen3Attention (Qwen3-MoE's too): RMSNorm over each q and k head, before RoPE.
+    qk_norm = cfg["model_type"] in ("qwen3", "qwen3_moe")
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         h = rms(x, W[p + "input_layernorm.weight"])
@@ -153,7 +154,15 @@ def llama(cfg, W, ids):
         x = x + lin(y, p + "self_attn.o_proj", o_bias)
         h = rms(x, W[p + "post_attention_layernorm.weight"])
         if cfg["model_type"] == "mixtral":
-            x = x + sparse_moe(cfg, W, p + "block_sparse_moe.", h)
+            x = x + sparse_moe(cfg, W, p + "block_sparse_moe.", h, cfg["num_local_experts"], True,
+                               ("w1", "w3", "w2"))
+            continue
+        # Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers, every
+        # decoder_sparse_step-th layer (i + 1 divisible by it).
+        if cfg["model_type"] == "qwen3_moe" and i not in (cfg.get("mlp_only_layers") or []) and \
+                cfg.get("num_experts", 128) > 0 and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0:
+            x = x + sparse_moe(cfg, W, p + "mlp.", h, cfg.get("num_experts", 128), cfg.get("norm_topk_prob", False),
+                               ("gate_proj", "up_proj", "down_proj"))
             continue
         g = lin(h, p + "mlp.gate_proj", mlp_bias)
         u = lin(h, p + "mlp.up_proj", mlp_bias)
@@ -163,23 +172,27 @@ def llama(cfg, W, ids):
     return x @ head.t()
 
 
-def sparse_moe(cfg, W, p, h):
-    """Mixtral's sparse MoE block: softmax over all experts' router logits,
-    the top num_experts_per_tok, renormalised to sum to 1; each chosen
-    expert's w2(silu(w1 x) * w3 x), weighted and summed."""
+def sparse_moe(cfg, W, p, h, experts, renormalise, names):
+    """Mixtral's and Qwen3-MoE's sparse MoE block: softmax over all experts'
+    router logits, the top num_experts_per_tok, renormalised to sum to 1
+    (Mixtral; Qwen3-MoE with norm_topk_prob) or not; each chosen expert's
+    down(silu(gate x) * up x), weighted and summed. names: the expert's
+    (gate, up, down) projections."""
     B, T, E = h.shape
     x = h.reshape(B * T, E)
     probs = torch.softmax(x @ W[p + "gate.weight"].t(), dim=-1)
     top, idx = torch.topk(probs, cfg["num_experts_per_tok"], dim=-1)
-    top = top / top.sum(dim=-1, keepdim=True)
+    if renormalise:
+        top = top / top.sum(dim=-1, keepdim=True)
+    gate, up, down = names
     out = torch.zeros_like(x)
-    for e in range(cfg["num_local_experts"]):
+    for e in range(experts):
         rows, slot = (idx == e).nonzero(as_tuple=True)
         if rows.numel() == 0:
             continue
         q = f"{p}experts.{e}."
         xe = x[rows]
-        y = (F.silu(xe @ W[q + "w1.weight"].t()) * (xe @ W[q + "w3.weight"].t())) @ W[q + "w2.weight"].t()
+        y = (F.silu(xe @ W[q + gate + ".weight"].t()) * (xe @ W[q + up + ".weight"].t())) @ W[q + down + ".weight"].t()
         out = out.index_add(0, rows, top[rows, slot].unsqueeze(1) * y)
     return out.reshape(B, T, E)
 
@@ -188,7 +201,7 @@ def forward(cfg, W, ids):
     arch = cfg["architectures"][0]
     if arch == "GPT2LMHeadModel":
         return gpt2(cfg, W, ids)
-    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM"):
+    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"):
         return llama(cfg, W, ids)
     raise SystemExit(f"hf_reference.py: unknown architecture {arch}")
 

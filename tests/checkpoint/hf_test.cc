@@ -1,6 +1,6 @@
 // Hugging Face export and import (checkpoint/hf.h): the exported directory, run
 // by an independent PyTorch implementation of transformers' GPT-2 / LLaMA /
-// Qwen2 models (tests/checkpoint/hf_reference.py, from config.json and the
+// Qwen2 / Qwen3 / Mixtral / Qwen3-MoE models (tests/checkpoint/hf_reference.py, from config.json and the
 // safetensors files only), gives our model's logits; the files are what
 // transformers reads; unexportable models are refused with every reason.
 
@@ -95,6 +95,23 @@ std::vector<Case> cases() {
     ModelConfig c = llama_cfg();  // q/k norm weights permuted with interleaved RoPE pairs, stored as 1 + gamma
     c.qk_layernorm = true, c.rotary_interleaved = true, c.apply_layernorm_1p = true;
     v.push_back({"qwen3_interleaved_1p", c, "Qwen3ForCausalLM"});
+  }
+  {
+    ModelConfig c = llama_cfg();  // 4 experts of width 24, top-2 renormalised, untied
+    c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24;
+    v.push_back({"mixtral", c, "MixtralForCausalLM"});
+  }
+  {
+    ModelConfig c = llama_cfg();  // q/k norms + experts: a dense layer 0 (mlp_only_layers), head dim 16, tied
+    c.qk_layernorm = true, c.kv_channels = 16, c.untie_embeddings_and_output_weights = false;
+    c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24, c.moe_layer_freq = "[0,1]";
+    v.push_back({"qwen3_moe_dense0", c, "Qwen3MoeForCausalLM"});
+  }
+  {
+    ModelConfig c = llama_cfg();  // top-1 of the full softmax (norm_topk_prob false), Llama 3.1 RoPE scaling
+    c.qk_layernorm = true, c.num_experts = 3, c.moe_router_topk = 1, c.moe_router_pre_softmax = true;
+    c.moe_ffn_hidden_size = 16, c.use_rope_scaling = true, c.rope_scaling_factor = 8, c.rotary_base = 2e5;
+    v.push_back({"qwen3_moe_top1_presoftmax", c, "Qwen3MoeForCausalLM"});
   }
   return v;
 }
@@ -216,7 +233,7 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
   EXPECT_LT(logits_error(ours, m->vocab(), rl), 2e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 9), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 12), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -357,6 +374,16 @@ TEST(HfExportArch, RefusesModelsNoTransformersClassComputes) {
   c = gpt2_cfg();
   c.qk_layernorm = true;
   EXPECT_NE(why(c).find("GPT2LMHeadModel has no query/key norms"), std::string::npos) << why(c);
+  // Experts: dense layers need Qwen3-MoE's q/k norms; group-limited routing and sigmoid scores neither class has.
+  c = llama_cfg();
+  c.num_experts = 4, c.moe_router_topk = 2, c.moe_layer_freq = "[0,1]";
+  EXPECT_NE(why(c).find("Qwen3MoeForCausalLM, which takes dense layers, has q/k norms"), std::string::npos) << why(c);
+  c.qk_layernorm = true, c.moe_router_num_groups = 2, c.moe_router_group_topk = 1;
+  c.moe_router_score_function = "sigmoid";
+  EXPECT_NE(why(c).find("--moe-router-group-topk (Qwen3MoeForCausalLM chooses among all experts)"), std::string::npos)
+      << why(c);
+  EXPECT_NE(why(c).find("--moe-router-score-function sigmoid (Qwen3MoeForCausalLM's router"), std::string::npos)
+      << why(c);
 }
 
 }  // namespace
@@ -442,7 +469,7 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
   EXPECT_LT(diff / mag, 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 9), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 12), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -468,6 +495,15 @@ TEST(HfImport, RefusesWhatNoMegatronFlagExpresses) {
       "n_positions": 32, "vocab_size": 100, "activation_function": "relu"})").find("relu"), std::string::npos);
   EXPECT_NE(why(R"({"architectures": ["GPT2LMHeadModel"], "n_layer": 2})").find("\"n_embd\" is missing"),
             std::string::npos);
+  // Qwen3-MoE: layer lists that are not lists of layers, no sparse layer, a top-1 renormalised.
+  const std::string qm = why(R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "vocab_size": 100, "mlp_only_layers": [0, 7], "num_experts_per_tok": 1,
+      "norm_topk_prob": true})");
+  EXPECT_NE(qm.find("mlp_only_layers is a JSON array of 2 entries, expected a list of layer indices in [0, 2)"), std::string::npos) << qm;
+  EXPECT_NE(qm.find("norm_topk_prob with num_experts_per_tok 1"), std::string::npos) << qm;
+  const std::string qd = why(R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "vocab_size": 100, "decoder_sparse_step": 3})");
+  EXPECT_NE(qd.find("no sparse layer"), std::string::npos) << qd;
 }
 
 // Files from elsewhere: GPT-2's Hub naming (no "transformer." prefix, the
@@ -605,6 +641,29 @@ TEST(HfImport, HubConfigsGiveTheirMegatronFlags) {
             "--group-query-attention --num-query-groups 8 --kv-channels 128 --normalization RMSNorm --swiglu "
             "--position-embedding-type rope --norm-epsilon 1e-06 --max-position-embeddings 40960 --hidden-dropout 0 "
             "--attention-dropout 0 --disable-bias-linear --qk-layernorm --rotary-base 1000000");
+  // Qwen/Qwen3-30B-A3B: 128 experts of width 768, top-8 renormalised, every layer sparse.
+  EXPECT_EQ(flags(R"({"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+      "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+      "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+      "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+      "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+      "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+      "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+      "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+      "use_sliding_window": false, "vocab_size": 151936})"),
+            "--num-layers 48 --hidden-size 2048 --ffn-hidden-size 6144 --num-attention-heads 32 "
+            "--group-query-attention --num-query-groups 4 --kv-channels 128 --normalization RMSNorm --swiglu "
+            "--position-embedding-type rope --norm-epsilon 1e-06 --max-position-embeddings 40960 --hidden-dropout 0 "
+            "--attention-dropout 0 --disable-bias-linear --qk-layernorm --num-experts 128 --moe-router-topk 8 "
+            "--moe-ffn-hidden-size 768 --untie-embeddings-and-output-weights --rotary-base 1000000");
+  // Dense layers by mlp_only_layers and decoder_sparse_step, and the full softmax (norm_topk_prob's default).
+  EXPECT_EQ(flags(R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+      "num_hidden_layers": 6, "vocab_size": 100, "mlp_only_layers": [1], "decoder_sparse_step": 2})"),
+            "--num-layers 6 --hidden-size 64 --ffn-hidden-size 6144 --num-attention-heads 4 --normalization RMSNorm --swiglu "
+            "--position-embedding-type rope --norm-epsilon 1e-06 --max-position-embeddings 32768 --hidden-dropout 0 "
+            "--attention-dropout 0 --disable-bias-linear --qk-layernorm --num-experts 128 --moe-router-topk 8 "
+            "--moe-ffn-hidden-size 768 --moe-layer-freq [0,0,0,1,0,1] --moe-router-pre-softmax "
+            "--untie-embeddings-and-output-weights --rotary-base 10000");
   // Llama 3.1 in transformers 4.x, and the same in 5.x's rope_parameters.
   const std::string l31 =
       "--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 --group-query-attention "
