@@ -62,6 +62,8 @@ struct GPTModel::LayerIdx {
 //   dropping only the first `kept` rows, the slots kept). Without expert
 //   parallelism the experts run this rank's kept slots (xp the permuted
 //   ln2); with it, what the EP group sent (Rx bounds both, see Dims).
+//   With ETP 1 under TP the routing tensors, pos, src and y cover this
+//   rank's Ns rows only (N replaced by Lr = Ns; Fe the whole expert).
 //   The shared expert (--moe-shared-expert-intermediate-size) keeps s_fc1
 //   [N, S or 2S] and s_act [N, S], S its columns on this TP rank.
 // With --moe-layer-freq a layer is dense or MoE: a position that holds
@@ -174,9 +176,10 @@ Shape field_shape(int f, const Dims& d, int kinds) {
     case kLse: return {d.B, d.a, d.T};
     case kQkRaw: return {d.qk_rows(), d.hd};
     case kQkMean: case kQkRstd: return {d.qk_rows()};
-    case kRIdx: case kRProbs: case kPos: return {d.N, d.topk};
-    case kRScores: return {d.N, d.E};
-    case kRLse: return {d.N};
+    // The router's rows (Lr: N, or this rank's Ns with ETP 1 under TP).
+    case kRIdx: case kRProbs: case kPos: return {d.Lr, d.topk};
+    case kRScores: return {d.Lr, d.E};
+    case kRLse: return {d.Lr};
     case kSrc: return {d.R};
     case kCounts: return {d.E};
     case kXp: return {d.Rx, d.h};
@@ -740,7 +743,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const size_t combine_bwd = d.xlocal ? (d.S ? abytes(Ns * h, dt) : 0) : sp ? abytes(N * h, dt) : 0;
   const size_t moe_bwd = held_kinds & kMoeLayer ? (gathers_dy ? abytes(N * h, d.rs) : 0) + abytes(d.R * h, d.mid) + abytes(d.Rx * h, d.mid) +
                                      (d.ep > 1 ? abytes(d.Rx * h, d.mid) + abytes(d.R * h, d.mid) : 0) +
-                                     abytes(N * d.topk, dt) +
+                                     abytes(d.Lr * d.topk, dt) +
                                      (cfg.sigmoid_router() ? abytes(Ns * d.E, dt) : 0) +  // the router's logits again
                                      // the shared expert: d(act), d(fc1), its d(ln2)
                                      (d.S ? abytes(N * d.S, d.mid) + abytes(N * d.sfc1, d.mid) +
@@ -829,8 +832,10 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
         c.cp_forward_bytes += n * gather;
         c.cp_backward_bytes += n * (gather + scatter) + (selective || g.recompute ? n * gather : 0.0);
         // --num-experts: each MoE layer's forward sums its expert counts over
-        // CP (the load-balancing loss needs the micro-batch's), recomputed too.
-        const double counts = moe_layers(k, g) * static_cast<double>(d.E * static_cast<int64_t>(dtype_size(d.dt)));
+        // CP (the load-balancing loss needs the micro-batch's; per sequence
+        // under seq_aux_loss: [B, E]), recomputed too.
+        const double counts =
+            moe_layers(k, g) * static_cast<double>(d.lbG * d.E * static_cast<int64_t>(dtype_size(d.dt)));
         c.cp_forward_bytes += counts;
         c.cp_backward_bytes += g.recompute ? counts : 0.0;
       }
@@ -1782,7 +1787,7 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
     dout = scratch({N_, h_}, dy_own.dtype());
     opt_.tp_comm->all_gather(dy_own, dout);
   }
-  const Tensor dy = scratch({R_, h_}, mid_), dprobs = scratch({N_, k}, dt);
+  const Tensor dy = scratch({R_, h_}, mid_), dprobs = scratch({Lr_, k}, dt);
   k::moe_unpermute_backward(xlocal_ ? dy_own : dout, a.y, routed(a.pos), routed(a.r_probs), dy, routed(dprobs));
   if (opt_.tp > 1 && !xlocal_) opt_.tp_comm->all_reduce(dprobs);  // each rank's columns gave part of y
   // The shared expert's backward, its d(ln2) added below.
@@ -1871,7 +1876,8 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
     host_to_tensor(av, aux);
   }
   const double z = cfg_.moe_z_loss_coeff.value_or(0.0) / total * moe_loss_scale_;
-  auto rows = [&](const Tensor& t) { return t.slice(r0, r0 + Ns_); };
+  // This rank's rows of the routing tensors (already all they hold with ETP 1).
+  auto rows = [&](const Tensor& t) { return t.dim(0) == Ns_ ? t : t.slice(r0, r0 + Ns_); };
   k::moe_route_backward(rows(dprobs), rows(a.r_idx), rows(a.r_probs), rows(a.r_scores), rows(a.r_lse), aux, z,
                         moe_router(cfg_), own_logits, dlogits);
   linear_bwd(rin, p.router_w, -1, dlogits, rdx);

@@ -575,9 +575,10 @@ class GPTModel {
   // rows only (Lr_ = Ns_, R_ = Ns k); else every TP rank routes all N.
   bool xlocal_ = false;
   int64_t Lr_ = 0;
-  // The routed rows of a [N, ...] routing tensor (r_idx, r_probs, r_scores,
-  // r_lse, pos, dprobs): this rank's own with xlocal_, else all.
-  Tensor routed(const Tensor& t) const { return xlocal_ ? own_rows(t) : t; }
+  // The rows this rank routes of ln2 [N, h]: its own with xlocal_, else all.
+  // The routing tensors (r_idx, r_probs, r_scores, r_lse, pos, dprobs) hold
+  // exactly those rows ([Lr, ...]) and pass through unchanged.
+  Tensor routed(const Tensor& t) const { return xlocal_ && t.dim(0) == N_ ? own_rows(t) : t; }
   double moe_loss_scale_ = 1;
   std::optional<double> moe_loss_scale_override_;
   MoeStats moe_stats_;

@@ -114,9 +114,13 @@ double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l, bool 
   if (!m.is_moe() || !moe_layer) {
     bytes += s.e * s.tok * (s.gate + 1) * s.F / s.t;      // fc1 output, activation output
   } else {
-    double routed = s.tok * m.moe_router_topk;            // tokens this rank's experts see, on average
+    // ETP 1 under TP: each rank routes only its sequence shard (one routed
+    // shard); otherwise every TP rank routes the gathered sequence.
+    const bool local = l.etp == 1 && job.parallel.tp > 1;
+    const double shards = local ? 1.0 : s.sp;
+    double routed = s.tok / (local ? s.sp : 1.0) * m.moe_router_topk;  // tokens this rank's experts see, on average
     if (m.drops_tokens())  // --moe-expert-capacity-factor: at most E x capacity per routed shard
-      routed = std::min(routed, s.sp * static_cast<double>(m.num_experts) *
+      routed = std::min(routed, shards * static_cast<double>(m.num_experts) *
                                     static_cast<double>(m.moe_capacity(static_cast<int64_t>(s.tok / s.sp))));
     const double etp = l.etp;
     bytes += 4 * s.tok * m.num_experts;                   // router probabilities (fp32)

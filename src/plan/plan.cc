@@ -171,7 +171,8 @@ void plan_fit(PlanReport& r, const MemoryLayout& layout) {
     bool distopt, sp, recompute;
   };
   const auto& par = r.job.parallel;
-  const bool can_distopt = !par.use_distributed_optimizer && r.dp * par.cp > 1;
+  // (Whole experts under TP, ETP 1, are sharded over their expert DP group even at DP x CP = 1.)
+  const bool can_distopt = !par.use_distributed_optimizer && (r.dp * par.cp > 1 || (r.job.model.is_moe() && r.edp > 1));
   const auto& m = r.job.model;
   const bool can_sp = !par.sequence_parallel && par.tp > 1 && (m.seq_length / par.cp) % par.tp == 0;
   const bool can_recompute = !r.job.recompute.full();

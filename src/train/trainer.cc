@@ -116,12 +116,12 @@ int local_ranks() {
 
 // The group kinds this trainer communicates device tensors over: TP, PP, DP
 // and the embedding group, with context parallelism (cp > 1) the CP and
-// DP x CP groups, and with expert parallelism (ep > 1) the EP and expert
-// data-parallel groups; the others (other combined kinds) stay MPI groups,
-// so a job makes four NCCL communicators (six with CP or EP, eight with
-// both), not one per kind.
-// (ETP 1 under TP: the expert data-parallel group too, and with EP the EP
-// group.)
+// DP x CP groups, with expert parallelism (ep > 1) the EP and expert
+// data-parallel groups, and with whole experts under TP (ETP 1, the expert
+// grid) the expert data-parallel group even without EP; the others (other
+// combined kinds) stay MPI groups, so a job makes four NCCL communicators
+// (five or six with CP or EP or the expert grid, eight with CP and EP), not
+// one per kind.
 bool device_group_kind(const std::string& name, int64_t cp, int64_t ep, bool expert_grid) {
   return name == "tp" || name == "pp" || name == "dp" || name == "embedding" ||
          (cp > 1 && (name == "cp" || name == "dp-cp")) || (ep > 1 && name == "ep") ||

@@ -174,6 +174,25 @@ TEST(StageMemory, DenseAndMoeLayersPerStage) {
   EXPECT_TRUE(named);
 }
 
+// --expert-tensor-parallel-size 1 under TP 2 + SP: each rank routes its
+// sequence shard (half the rows, k each) into whole experts, where ETP = TP
+// routes the whole sequence into half-width experts: the expert activations
+// are the same, the dispatched input [rows, h] half.
+TEST(StageMemory, WholeExpertsRouteTheSequenceShard) {
+  const std::string base =
+      "--world-size 2 --tensor-model-parallel-size 2 --sequence-parallel --num-layers 2 --hidden-size 64 "
+      "--num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 --vocab-size 128 --micro-batch-size 2 "
+      "--device cpu --disable-bias-linear --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32 ";
+  PlanReport split = plan_from(base), whole = plan_from(base + "--expert-tensor-parallel-size 1");
+  ASSERT_TRUE(split.valid() && whole.valid()) << rules_of(split) << rules_of(whole);
+  EXPECT_EQ(split.etp, 2);
+  EXPECT_EQ(whole.etp, 1);
+  const double tok = 32 * 2, h = 64, k = 2;
+  const double a = layer_activation_bytes(split.job, {split.padded_vocab, 1, 1, 2, 1, 1}, true);
+  const double b = layer_activation_bytes(whole.job, {whole.padded_vocab, 1, 2, 1, 1, 1}, true);
+  EXPECT_DOUBLE_EQ(a - b, 4 * tok * k * h / 2);
+}
+
 TEST(StageMemory, RecomputeSequenceParallelAndDistOptShrinkTheRightTerms) {
   const std::string base =
       "--world-size 8 --tensor-model-parallel-size 2 --num-layers 4 --hidden-size 256 --num-attention-heads 8 "
