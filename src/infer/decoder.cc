@@ -31,6 +31,7 @@ struct Decoder::Layer {
   int router_w = -1;                  // --num-experts
   std::vector<int> exp_fc1, exp_fc2;
   int sh_fc1 = -1, sh_fc2 = -1;       // --moe-shared-expert-intermediate-size
+  int sh_gate = -1;                   // --moe-shared-expert-gate
   int layer = -1;                     // the global layer (its expert bias)
 };
 
@@ -39,7 +40,8 @@ namespace {
 // With --num-experts the MLP's rows are the chunk's k routed slots per token
 // (kFc1, kAct, kXp, kY), and the router's buffers are [chunk, E] or [chunk, k].
 enum Buf { kIds, kX, kXMid, kLn, kMean, kRstd, kQkv, kCtx, kTmp, kFc1, kAct, kQkHeads, kQkNormed, kQkMean, kQkRstd,
-           kLogits, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY, kSFc1, kSAct, kSOut, kKept, kNumBufs };
+           kLogits, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY, kSFc1, kSAct, kSOut, kKept,
+           kSGate, kSRows, kSGated, kNumBufs };
 int64_t model_limit(const model::GPTModel& m) {
   const ModelConfig& c = m.config();
   if (c.position_embedding == PositionEmbedding::kLearnedAbsolute) return c.max_position_embeddings;
@@ -91,6 +93,7 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
     x.layer = static_cast<int>(l);
     x.sh_fc1 = m.find(p + "mlp.shared_experts.linear_fc1.weight");
     x.sh_fc2 = m.find(p + "mlp.shared_experts.linear_fc2.weight");
+    x.sh_gate = m.find(p + "mlp.shared_experts.gate_weight");
     layers_.push_back(x);
   }
   SizeTable ct;
@@ -142,8 +145,19 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   st.add("shared.act", {C, S}, dt_);
   st.add("shared.out", {S ? C : 0, h_}, dt_);
   st.add("moe.kept", {C, c.drops_tokens() ? topk : 0}, DType::kI32);  // --moe-expert-capacity-factor
+  // --moe-shared-expert-gate: the gate per row, the rows 0..C-1 (the identity
+  // map the row scaling runs through) and the gated output.
+  const int64_t G = S && c.moe_shared_expert_gate ? C : 0;
+  st.add("shared.gate", {G, 1}, dt_);
+  st.add("shared.rows", {G, 1}, DType::kI32);
+  st.add("shared.gated", {G, h_}, dt_);
   scratch_ = Arena(st.total_bytes(), "decoder-scratch");
   buf_ = scratch_.carve(st);
+  if (G) {
+    std::vector<int32_t> iota(static_cast<size_t>(G));
+    for (int64_t i = 0; i < G; ++i) iota[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    copy_tensor(Tensor(iota.data(), {G, 1}, DType::kI32), buf_[kSRows]);
+  }
   if (c.position_embedding == PositionEmbedding::kRope) {
     SizeTable t;
     t.add("rope.cos", {T_max_, c.rotary_dim() / 2}, dt_);
@@ -233,7 +247,15 @@ void Decoder::moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out
     if (c.swiglu) k::swiglu_forward(sf, sa);
     else k::gelu_forward(model::mlp_activation(c), sf, sa);
     linear(sa, p.sh_fc2, -1, so);
-    k::add_inplace(out, so);
+    if (p.sh_gate >= 0) {  // times sigmoid(ln . g) per row
+      const Tensor g = rows(kSGate, n), sg = rows(kSGated, n);
+      linear(ln, p.sh_gate, -1, g);
+      k::moe_sigmoid(g, g);
+      k::moe_unpermute(so, rows(kSRows, n), g, sg);
+      k::add_inplace(out, sg);
+    } else {
+      k::add_inplace(out, so);
+    }
   }
 }
 

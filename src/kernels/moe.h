@@ -57,6 +57,10 @@
 //   and dprobs[t,j] = sum_c dout[t,c] y[pos[t,j],c] (T); a dropped slot (pos
 //   -1) gets dprobs 0 and writes no dy row (Megatron multiplies the dropped
 //   probabilities by 0).
+// moe_sigmoid: y = 1 / (1 + exp(-x)) elementwise (fp32 or fp64; y may alias
+//   x): the shared expert's gate (--moe-shared-expert-gate).
+// moe_sigmoid_backward: dx = dy y (1 - y) from the forward's y (dx may alias
+//   dy).
 
 #include "kernels/dispatch.h"
 
@@ -85,7 +89,9 @@ struct MoeRouter {
   X(void moe_permute(const Tensor& x, const Tensor& src, const Tensor& out))                                     \
   X(void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& probs, const Tensor& out))              \
   X(void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& pos, const Tensor& probs,     \
-                                const Tensor& dy, const Tensor& dprobs))
+                                const Tensor& dy, const Tensor& dprobs))                                        \
+  X(void moe_sigmoid(const Tensor& x, const Tensor& y))                                                          \
+  X(void moe_sigmoid_backward(const Tensor& y, const Tensor& dy, const Tensor& dx))
 #define MT_MOE_DECLARE(sig) sig;
 namespace cpu {
 MT_MOE_OPS(MT_MOE_DECLARE)
@@ -142,6 +148,10 @@ inline void moe_unpermute(const Tensor& y, const Tensor& pos, const Tensor& prob
 inline void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& pos, const Tensor& probs,
                                    const Tensor& dy, const Tensor& dprobs) {
   MT_DISPATCH(moe_unpermute_backward, dout.device(), dout, y, pos, probs, dy, dprobs);
+}
+inline void moe_sigmoid(const Tensor& x, const Tensor& y) { MT_DISPATCH(moe_sigmoid, y.device(), x, y); }
+inline void moe_sigmoid_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  MT_DISPATCH(moe_sigmoid_backward, dx.device(), y, dy, dx);
 }
 
 }  // namespace mt::kernels

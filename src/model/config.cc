@@ -298,6 +298,9 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
             "width of the shared expert, an MLP every token goes through beside its routed experts (DeepSeek's "
             "shared experts together as one; 0: none)",
             0, kMaxDim);
+  f.add_switch("moe-shared-expert-gate", &c.moe_shared_expert_gate,
+               "multiply the shared expert's output by sigmoid(x . g), g a learned [1, h] weight per layer "
+               "(Qwen2-MoE's shared_expert_gate; needs --moe-shared-expert-intermediate-size)");
   f.add_string("moe-router-score-function", &c.moe_router_score_function,
                "the router's scores: softmax, or sigmoid (DeepSeek-V3: the chosen sigmoids normalised over the top k)",
                {"softmax", "sigmoid"});
@@ -371,7 +374,7 @@ LayerParams layer_params(const ModelConfig& c, bool moe_layer) {
     p.fc2_bias = bias ? h : 0;
   } else {
     const int64_t Fe = c.moe_ffn();
-    p.router = h * c.num_experts;
+    p.router = h * c.num_experts + (c.has_shared_expert() && c.moe_shared_expert_gate ? h : 0);
     p.experts = c.num_experts * (h * gate * Fe + Fe * h + (bias ? gate * Fe + h : 0));
     if (c.has_shared_expert()) {
       p.fc1_weight = h * gate * c.moe_shared_expert_intermediate_size;

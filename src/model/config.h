@@ -75,8 +75,9 @@ struct ModelConfig {
   // --moe-expert-capacity-factor), plus with
   // moe_shared_expert_intermediate_size a shared expert: an MLP of that
   // width every token goes through, added to the routed experts' output
-  // (Megatron's SharedExpertMLP without its gate; DeepSeek's shared experts
-  // together as one MLP).
+  // (Megatron's SharedExpertMLP; DeepSeek's shared experts together as one
+  // MLP), with moe_shared_expert_gate its output times sigmoid(x . g), g a
+  // [1, h] weight (Qwen2-MoE's shared_expert_gate).
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
   std::optional<int64_t> moe_ffn_hidden_size;
@@ -88,6 +89,7 @@ struct ModelConfig {
   // same per sequence, averaged over the micro-batch's sequences) or none.
   std::string moe_router_load_balancing_type = "aux_loss";
   int64_t moe_shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size (0: none)
+  bool moe_shared_expert_gate = false;              // --moe-shared-expert-gate
   // --moe-router-score-function sigmoid (DeepSeek-V3's router; see
   // kernels/moe.h), and its aux-loss-free balancing: a per-layer expert bias
   // added to the sigmoids for choosing (not weighting) the experts, moved
@@ -172,7 +174,7 @@ struct LayerParams {
   int64_t proj_weight = 0, proj_bias = 0;
   int64_t fc1_weight = 0, fc1_bias = 0;  // fc1 is 2F wide with --swiglu
   int64_t fc2_weight = 0, fc2_bias = 0;
-  int64_t router = 0;     // MoE router h x E
+  int64_t router = 0;     // MoE router h x E (and the shared expert's gate, h)
   int64_t experts = 0;    // all routed experts' fc1 + fc2 (+ biases)
   int64_t total() const {
     return norms + qkv_weight + qkv_bias + proj_weight + proj_bias + fc1_weight + fc1_bias +

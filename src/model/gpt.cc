@@ -38,6 +38,7 @@ struct GPTModel::LayerIdx {
   int router_w = -1;                  // --num-experts: the router, and each expert's two linears
   std::vector<int> exp_fc1, exp_fc2;
   int sh_fc1 = -1, sh_fc2 = -1;       // --moe-shared-expert-intermediate-size: the shared expert
+  int sh_gate = -1;                   // --moe-shared-expert-gate: its gate weight [1, h]
 };
 
 // What backward needs from one layer's forward (N = T*B rows, T this
@@ -143,8 +144,10 @@ struct Dims {
   bool drops = false;
   int64_t lbG = 1;  // the load-balancing loss's groups: B sequences under seq_aux_loss, else 1
   bool jitter = false;  // --moe-input-jitter-eps: the router reads a jittered copy of its input
-  // The shared expert: this TP rank's columns S (0: none), its fc1 width.
+  // The shared expert: this TP rank's columns S (0: none), its fc1 width;
+  // gate: --moe-shared-expert-gate on a rank holding MoE layers.
   int64_t S = 0, sfc1 = 0;
+  bool gate = false;
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
 };
 
@@ -484,6 +487,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   }
   if (cfg.moe_shared_expert_intermediate_size > 0 && !cfg.is_moe())
     errs.push_back("--moe-shared-expert-intermediate-size needs --num-experts (the shared expert is part of an MoE layer)");
+  if (cfg.moe_shared_expert_gate && !cfg.has_shared_expert())
+    errs.push_back("--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size (it gates the shared expert)");
   if (opt.ep > 1 && !cfg.is_moe())
     errs.push_back(fmt::format("--expert-model-parallel-size {} needs --num-experts", opt.ep));
   if (opt.expert_flat_multiple < 1) errs.push_back("expert_flat_multiple must be at least 1");
@@ -672,6 +677,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
         if (cfg.is_moe_layer(l)) t.rope.add(fmt::format("expert_bias.{}", l), {d.E}, dt), ++held;
     t.rope.add("expert_bias.counts", {held, d.E}, dt);
   }
+  // --moe-shared-expert-gate: the rows 0..N-1 as an [N, 1] dispatch map, the
+  // identity the gate's row scaling runs through (kernels::moe_unpermute).
+  d.gate = cfg.has_shared_expert() && cfg.moe_shared_expert_gate && (held_kinds & kMoeLayer);
+  if (d.gate) t.rope.add("shared_gate.rows", {N, 1}, DType::kI32);
 
   // Scratch: the peak of the allocations forward() and backward() make, in
   // the order they make them (each rounded up by Arena::alloc).
@@ -712,7 +721,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
       d.ep > 1 ? std::max(abytes(d.E, DType::kI32) + abytes(d.R * h, d.ln), abytes(d.Rx * h, dt)) : 0;
   // The shared expert's output [N, h] beside the combined routed outputs
   // (ETP 1 under TP: beside its reduce-scattered rows [Ns, h] instead).
-  const size_t shared_fwd = d.S ? abytes(N * h, dt) : 0;
+  // (--moe-shared-expert-gate: then its gate [N, 1] and the gated output [N, h].)
+  const size_t shared_fwd = d.S ? abytes(N * h, dt) + (d.gate ? abytes(N, dt) + abytes(N * h, dt) : 0) : 0;
   const size_t combine_fwd = d.xlocal ? (d.S ? shared_fwd + abytes(Ns * h, dt) : 0) : full + shared_fwd;
   // With token dropping the kept choices [Lr, k] int32 beside the logits.
   // With --moe-input-jitter-eps the jittered router input [Lr, h] before them.
@@ -749,6 +759,12 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                      (d.S ? abytes(N * d.S, d.mid) + abytes(N * d.sfc1, d.mid) +
                                                 abytes(N * h, sp ? dt : d.dn)
                                           : 0) +
+                                     // its gate: g, the ungated output, d(g), the gated d(output) and d(ln2)
+                                     // of this rank's rows (its GEMM's bf16 cast of d(logit) [Ns, 1] is
+                                     // freed at once, below the router's later [Ns, E] cast)
+                                     (d.gate ? 2 * abytes(N, dt) + abytes(N * h, dt) + abytes(N * h, d.rs) +
+                                                   abytes(Ns * h, d.dn)
+                                             : 0) +
                                      combine_bwd + abytes(d.lbG * d.E, dt) + abytes(Ns * d.E, dt) +
                                      abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0) +
                                      (d.jitter ? abytes(Ns * h, d.ln) : 0)  // the jittered router input again
@@ -883,10 +899,12 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   struct LayerBytes {
     double fwd, bwd, tail;  // tail: the last collective, which a recomputed group's last layer skips
   };
+  // --moe-shared-expert-gate: backward all-reduces d(gate) [N].
+  const double gate = d.gate ? row : 0.0;
   auto layer_bytes = [&](int64_t l) -> LayerBytes {
     if (!cfg.is_moe_layer(l)) return {layer_fwd, layer_bwd, act};
-    if (d.xlocal) return {local_fwd, local_bwd, shared * act};
-    return {layer_fwd, layer_bwd + dprobs, act};
+    if (d.xlocal) return {local_fwd, local_bwd + gate, shared * act};
+    return {layer_fwd, layer_bwd + dprobs + gate, act};
   };
   // A recomputed group re-runs its layers' forward in backward, the last
   // layer stopping before linear_fc2 (one row-parallel collective fewer).
@@ -1000,6 +1018,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     }
     x.sh_fc1 = find(p + "mlp.shared_experts.linear_fc1.weight");
     x.sh_fc2 = find(p + "mlp.shared_experts.linear_fc2.weight");
+    x.sh_gate = find(p + "mlp.shared_experts.gate_weight");
     layers_.push_back(x);
   }
   // bf16 copies of every matrix a GEMM reads.
@@ -1071,6 +1090,12 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
         for (int64_t l = c.first; l < c.first + c.count; ++l)
           if (cfg.is_moe_layer(l)) expert_bias_[static_cast<size_t>(l)] = v[next++];
       expert_bias_counts_ = v[next++];
+    }
+    if (t.dims.gate) {
+      gate_rows_ = v[next++];
+      std::vector<int32_t> iota(static_cast<size_t>(N_));
+      for (int64_t i = 0; i < N_; ++i) iota[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      copy_tensor(Tensor(iota.data(), {N_, 1}, DType::kI32), gate_rows_);
     }
   } else {
     expert_bias_.assign(static_cast<size_t>(cfg.num_layers), Tensor());
@@ -1580,8 +1605,7 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
     // expert's (TP columns over all N rows) reduce-scattered and added.
     k::moe_unpermute(a.y, routed(a.pos), routed(a.r_probs), y_own);
     if (shared) {
-      const Tensor t = scratch({N_, h_}, dt), t_own = scratch({Ns_, h_}, dt);
-      linear_fwd(a.s_act, p.sh_fc2, -1, t);
+      const Tensor t = shared_expert_out(p, a), t_own = scratch({Ns_, h_}, dt);
       opt_.tp_comm->reduce_scatter(t, t_own);
       k::add_inplace(y_own, t_own);
     }
@@ -1589,12 +1613,23 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
   }
   const Tensor out = sp() ? scratch({N_, h_}, dt) : y_own;
   k::moe_unpermute(a.y, a.pos, a.r_probs, out);
-  if (shared) {
-    const Tensor t = scratch({N_, h_}, out.dtype());
-    linear_fwd(a.s_act, p.sh_fc2, -1, t);
-    k::add_inplace(out, t);
-  }
+  if (shared) k::add_inplace(out, shared_expert_out(p, a));
   if (sp()) opt_.tp_comm->reduce_scatter(out, y_own);
+}
+
+void GPTModel::shared_gate_scores(const LayerIdx& p, const LayerActs& a, const Tensor& g) {
+  linear_fwd(a.ln2, p.sh_gate, -1, g);
+  k::moe_sigmoid(g, g);
+}
+
+Tensor GPTModel::shared_expert_out(const LayerIdx& p, const LayerActs& a) {
+  const Tensor t = scratch({N_, h_}, opt_.dtype);
+  linear_fwd(a.s_act, p.sh_fc2, -1, t);
+  if (p.sh_gate < 0) return t;
+  const Tensor g = scratch({N_, 1}, opt_.dtype), gated = scratch({N_, h_}, opt_.dtype);
+  shared_gate_scores(p, a, g);
+  k::moe_unpermute(t, gate_rows_, g, gated);  // gated[t] = g[t] t[t]
+  return gated;
 }
 
 // Rows received per source rank, from rows per (source rank, local expert).
@@ -1790,12 +1825,28 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   const Tensor dy = scratch({R_, h_}, mid_), dprobs = scratch({Lr_, k}, dt);
   k::moe_unpermute_backward(xlocal_ ? dy_own : dout, a.y, routed(a.pos), routed(a.r_probs), dy, routed(dprobs));
   if (opt_.tp > 1 && !xlocal_) opt_.tp_comm->all_reduce(dprobs);  // each rank's columns gave part of y
-  // The shared expert's backward, its d(ln2) added below.
-  Tensor sdx;
+  // The shared expert's backward, its d(ln2) added below. With its gate
+  // (--moe-shared-expert-gate): d(output) times the gate on the way in, the
+  // gate's d(logit) from dout . (ungated output) (this rank's columns' part,
+  // summed over TP), its weight gradient and d(ln2) from this rank's rows
+  // (partial over TP under SP, as the router's).
+  Tensor sdx, gdx;
   if (shared) {
+    Tensor dshared = dout;
+    if (p.sh_gate >= 0) {
+      const Tensor g = scratch({N_, 1}, dt), raw = scratch({N_, h_}, dt), dg = scratch({N_, 1}, dt);
+      shared_gate_scores(p, a, g);
+      linear_fwd(a.s_act, p.sh_fc2, -1, raw);
+      dshared = scratch({N_, h_}, dout.dtype());
+      k::moe_unpermute_backward(dout, raw, gate_rows_, g, dshared, dg);
+      if (opt_.tp > 1) opt_.tp_comm->all_reduce(dg);
+      k::moe_sigmoid_backward(g, dg, dg);
+      gdx = scratch({Ns_, h_}, dn_);
+      linear_bwd(own_rows(a.ln2), p.sh_gate, -1, own_rows(dg), gdx);
+    }
     const Tensor ds_act = scratch(a.s_act.shape(), mid_), ds_fc1 = scratch(a.s_fc1.shape(), mid_);
     sdx = scratch({N_, h_}, sp() ? dt : dln_own.dtype());
-    linear_bwd(a.s_act, p.sh_fc2, -1, dout, ds_act);
+    linear_bwd(a.s_act, p.sh_fc2, -1, dshared, ds_act);
     if (cfg_.swiglu) k::swiglu_backward(a.s_fc1, ds_act, ds_fc1);
     else k::gelu_backward(mlp_activation(cfg_), a.s_fc1, ds_act, ds_fc1);
     linear_bwd(a.ln2, p.sh_fc1, -1, ds_fc1, sdx);
@@ -1883,6 +1934,7 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
   linear_bwd(rin, p.router_w, -1, dlogits, rdx);
   if (cfg_.jitters_router_input()) router_jitter(rdx, rdx, true, l, s);  // d(x J)/dx = J
   k::add_inplace(dln_own, rdx);
+  if (gdx.defined()) k::add_inplace(dln_own, gdx);
 }
 
 void GPTModel::router_jitter(const Tensor& x, const Tensor& y, bool own, int l, const Slot& s) const {

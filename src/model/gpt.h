@@ -539,6 +539,12 @@ class GPTModel {
   void moe_backward(int l, const LayerIdx& p, const LayerActs& a, const Slot& s, const Tensor& dy_own,
                     const Tensor& dact, const Tensor& dfc1, const Tensor& dln_own);
   void moe_record_losses(int l, const LayerActs& a, const std::vector<int64_t>& off, const Slot& s);
+  // The shared expert's output on all N rows [N, h] (scratch; with TP this
+  // rank's columns' partial sum), times its gate (--moe-shared-expert-gate:
+  // sigmoid(ln2 . g) per row, which commutes with the TP sum).
+  Tensor shared_expert_out(const LayerIdx& p, const LayerActs& a);
+  // --moe-shared-expert-gate: g [N, 1] = sigmoid(ln2 . gate_weight), all N rows.
+  void shared_gate_scores(const LayerIdx& p, const LayerActs& a, const Tensor& g);
   std::vector<int64_t> expert_offsets(const LayerActs& a) const;
   // --moe-input-jitter-eps: y = x times layer l's router noise for the
   // slot's step (y may alias x); x holds this rank's own rows (own) or all N.
@@ -614,6 +620,7 @@ class GPTModel {
   std::vector<std::array<int, kLayerFields>> ws_layers_;  // workspace table entries per group position
   std::vector<int> ws_resid_;
   Tensor rope_cos_, rope_sin_;  // [T, r/2] in tables_: this rank's positions
+  Tensor gate_rows_;            // --moe-shared-expert-gate: [N, 1] int32 rows 0..N-1
   Tensor norm_ones_, norm_w1_;  // --apply-layernorm-1p: ones [h], and 1 + gamma of the norm being run
   std::function<void(int)> backward_hook_, forward_hook_;
 };

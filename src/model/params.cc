@@ -164,6 +164,10 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
         add(p + "mlp.shared_experts.linear_fc1.weight", {gate * S, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i,
             int(gate));
         add(p + "mlp.shared_experts.linear_fc2.weight", {h, S}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
+        // --moe-shared-expert-gate: Megatron's gate_weight [1, h], replicated
+        // (its gradient partial over TP under SP, as the router's).
+        if (c.moe_shared_expert_gate)
+          add(p + "mlp.shared_experts.gate_weight", {1, h}, ShardKind::kReplicated, -1, InitKind::kNormal, true, i);
       }
       continue;
     }

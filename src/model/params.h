@@ -26,6 +26,7 @@
 //   decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight  [h, Fe]         row, as fc2
 //   decoder.layers.{i}.mlp.shared_experts.linear_fc{1,2}.weight   [S or 2S, h], [h, S]  as fc1, fc2
 //                                                                 (--moe-shared-expert-intermediate-size S)
+//   decoder.layers.{i}.mlp.shared_experts.gate_weight            [1, h]  replicated (--moe-shared-expert-gate)
 //   decoder.final_layernorm.{weight,bias}                 [h]           replicated
 //   output_layer.weight                                   [V, h]        vocab (dim 0), untied only
 // With Transformer Engine Megatron names the first norm of each block

@@ -160,6 +160,30 @@ TEST(CudaTwin, MoeTokenDroppingMatchesCpu) {
   drop_case<float>(300, 8, 2, 2, 20, false, false);
 }
 
+// The shared expert's gate: sigmoid and its backward, fp32 and fp64, in place.
+template <typename T>
+void sigmoid_case(int64_t n, double tol) {
+  SCOPED_TRACE(::testing::Message() << "sigmoid n " << n);
+  const DType dt = dtype_of<T>();
+  Arena g = gpu_arena();
+  std::vector<T> x = normal<T>(static_cast<size_t>(n), 8, 6.0), dy = normal<T>(static_cast<size_t>(n), 9);
+  x[0] = T(90), x[1] = T(-90);
+  std::vector<T> y = x, dx = dy;
+  k::moe_sigmoid(Tensor(y.data(), {n, 1}, dt), Tensor(y.data(), {n, 1}, dt));
+  k::moe_sigmoid_backward(Tensor(y.data(), {n}, dt), Tensor(dx.data(), {n}, dt), Tensor(dx.data(), {n}, dt));
+  const Tensor gy = to_device(g, Tensor(x.data(), {n, 1}, dt)), gdx = to_device(g, Tensor(dy.data(), {n}, dt));
+  k::moe_sigmoid(gy, gy);
+  k::moe_sigmoid_backward(gy.view({n}), gdx, gdx);
+  test::expect_close(to_host<T>(gy), y, tol, tol, "sigmoid");
+  test::expect_close(to_host<T>(gdx), dx, tol, tol, "sigmoid backward");
+}
+
+TEST(CudaTwin, MoeSigmoidMatchesCpu) {
+  MT_REQUIRE_GPU();
+  sigmoid_case<float>(1000, 2e-7);
+  sigmoid_case<double>(333, 1e-15);
+}
+
 TEST(CudaTwin, MoeRoutingAndPermutationMatchCpu) {
   MT_REQUIRE_GPU();
   moe_case<float>(37, 8, 2, 40, false, 2e-6);

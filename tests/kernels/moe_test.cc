@@ -97,6 +97,34 @@ TEST(MoeKernels, RouteBackwardMatchesFiniteDifferences) {
 // --moe-router-score-function sigmoid (DeepSeek-V3): the top k by sigmoid +
 // expert bias, probabilities the chosen sigmoids normalised over the k (or
 // the sigmoid alone for k = 1), scores the sigmoids normalised to sum 1.
+// The shared expert's gate (--moe-shared-expert-gate): sigmoid against
+// 1 / (1 + e^-x) in long double, and its backward against central
+// differences of the forward, in place as the model calls both, fp64 and
+// fp32, logits out to +-100 (where fp32's exp(-x) overflows to inf and the
+// sigmoid must still be 0).
+TEST(MoeKernels, SigmoidAndItsBackward) {
+  std::vector<double> x(64), dy(64);
+  fill_normal(x, 5, 4.0), fill_normal(dy, 6);
+  x[0] = 100, x[1] = -100, x[2] = 0;
+  std::vector<double> y = x, dx = dy;
+  k::moe_sigmoid(Tensor(y.data(), {64, 1}, DType::kF64), Tensor(y.data(), {64, 1}, DType::kF64));
+  k::moe_sigmoid_backward(Tensor(y.data(), {64}, DType::kF64), Tensor(dx.data(), {64}, DType::kF64),
+                          Tensor(dx.data(), {64}, DType::kF64));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const long double want = 1.0L / (1.0L + std::exp(-static_cast<long double>(x[i])));
+    EXPECT_NEAR(y[i], static_cast<double>(want), 4e-16) << i;
+    const double h = 1e-6, f = [](double v) { return 1.0 / (1.0 + std::exp(-v)); }(x[i] + h),
+                 b = 1.0 / (1.0 + std::exp(-(x[i] - h)));
+    EXPECT_NEAR(dx[i], dy[i] * (f - b) / (2 * h), 1e-8) << i;
+  }
+  EXPECT_EQ(y[2], 0.5);
+  std::vector<float> xf(x.begin(), x.end()), yf(xf.size());
+  k::moe_sigmoid(Tensor(xf.data(), {64}, DType::kF32), Tensor(yf.data(), {64}, DType::kF32));
+  for (size_t i = 0; i < xf.size(); ++i) EXPECT_NEAR(yf[i], y[i], 5e-7) << i;  // x rounded to fp32 too
+  EXPECT_EQ(yf[1], 0.f);
+  EXPECT_EQ(yf[0], 1.f);
+}
+
 TEST(MoeKernels, SigmoidRouteMatchesItsDefinition) {
   auto sg = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
   for (bool with_bias : {false, true})

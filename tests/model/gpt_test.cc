@@ -204,6 +204,13 @@ ModelConfig moe_shared_style() {
   c.moe_shared_expert_intermediate_size = 20;
   return c;
 }
+// --moe-shared-expert-gate: the mixtral's with a shared SwiGLU expert of
+// width 16 times sigmoid(x . g) (Qwen2-MoE's shared expert), the first layer dense.
+ModelConfig moe_shared_gate_style() {
+  ModelConfig c = moe_freq_style();
+  c.moe_shared_expert_intermediate_size = 16, c.moe_shared_expert_gate = true;
+  return c;
+}
 
 nlohmann::json config_json(const ModelConfig& c, int64_t capacity_segments = 1) {
   return {{"moe_expert_capacity_factor", c.drops_tokens() ? nlohmann::json(*c.moe_expert_capacity_factor) : nlohmann::json()},
@@ -225,6 +232,7 @@ nlohmann::json config_json(const ModelConfig& c, int64_t capacity_segments = 1) 
           {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor.value_or(1.0)},
           {"moe_aux_loss_coeff", c.moe_aux_loss_coeff}, {"moe_z_loss_coeff", c.moe_z_loss_coeff.value_or(0.0)},
           {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size},
+          {"moe_shared_expert_gate", c.moe_shared_expert_gate},
           {"moe_router_score_function", c.moe_router_score_function},
           {"moe_router_num_groups", c.moe_router_num_groups}, {"moe_router_group_topk", c.moe_router_group_topk}};
 }
@@ -261,6 +269,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "mixtral" ? mixtral_style()
                     : which == "moegpt"  ? moe_gpt_style()
                     : which == "moeshared" ? moe_shared_style()
+                    : which == "moesharedgate" ? moe_shared_gate_style()
                     : which == "sigmoid" ? sigmoid_style()
                     : which == "grouped" ? grouped_style()
                     : which == "grouped_sigmoid" ? grouped_sigmoid_style()
@@ -388,7 +397,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
 
 INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                          ::testing::Values("gpt2", "llama", "postln", "llama31", "gpt1p", "qwen", "sqrelu", "qwen3",
-                                           "gptqk", "mixtral", "moegpt", "moeshared", "sigmoid", "grouped",
+                                           "gptqk", "mixtral", "moegpt", "moeshared", "moesharedgate", "sigmoid", "grouped",
                                            "grouped_sigmoid", "capacity", "capacity_position", "capacity_sigmoid",
                                            "seq_aux", "seq_aux_sigmoid", "moefreq", "moefreq_sigmoid", "jitter",
                                            "jitter_sigmoid"));

@@ -236,7 +236,10 @@ def moe(xs, p, cfg, linear, B):
                    p + f"experts.local_experts.{e}.linear_fc2")
         out = out.index_add(0, rows, probs[rows, slot].unsqueeze(1) * y)
     if cfg.get("moe_shared_expert_intermediate_size", 0):  # the shared expert: an MLP on every token
-        out = out + linear(activation(linear(xs, p + "shared_experts.linear_fc1"), cfg), p + "shared_experts.linear_fc2")
+        shared = linear(activation(linear(xs, p + "shared_experts.linear_fc1"), cfg), p + "shared_experts.linear_fc2")
+        if cfg.get("moe_shared_expert_gate", False):  # Megatron's SharedExpertMLP gate: sigmoid(x g^T) per token
+            shared = shared * torch.sigmoid(xs @ P_ROUTER(p + "shared_experts.gate_weight", "").t())
+        out = out + shared
     choice = torch.nn.functional.one_hot(idx if aux_idx is None else aux_idx, E).sum(dim=1).to(scores.dtype)
     if cfg.get("moe_router_load_balancing_type", "aux_loss") == "seq_aux_loss":
         # Megatron's sequence-level loss: the switch loss of each sequence
@@ -286,7 +289,7 @@ def main():
     P = {n: t.float().requires_grad_(True) for n, t in tensors.items()}
     torch.set_num_threads(1)
     global P_ROUTER
-    P_ROUTER = lambda p: P[p + "router.weight"]
+    P_ROUTER = lambda p, name="router.weight": P[p + name]  # an MoE layer's router (or shared gate) weight
     logits, loss, aux, z = forward(P, tokens, labels, cfg)
     total = loss + cfg.get("moe_aux_loss_coeff", 0.0) * aux + cfg.get("moe_z_loss_coeff", 0.0) * z
     total.backward()

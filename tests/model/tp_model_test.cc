@@ -71,6 +71,12 @@ ModelConfig shared_cfg() {  // mixtral with a shared expert of width 32 (SwiGLU,
   return c;
 }
 
+ModelConfig shared_gate_cfg() {  // the shared expert times sigmoid(x . g) (--moe-shared-expert-gate)
+  ModelConfig c = shared_cfg();
+  c.moe_shared_expert_gate = true;
+  return c;
+}
+
 ModelConfig sigmoid_cfg() {  // DeepSeek-V3's sigmoid router with its expert bias (zeros here), and a shared expert
   ModelConfig c = shared_cfg();
   c.moe_router_score_function = "sigmoid", c.moe_router_enable_expert_bias = true;
@@ -206,6 +212,7 @@ TEST(TensorParallelModel, EqualsSerialModel) {
         run_case({"mixtral", mixtral_cfg(), sp, dt, tol});
         run_case({"moe_gpt", moe_gpt_cfg(), sp, dt, tol});
         run_case({"shared expert", shared_cfg(), sp, dt, tol});
+        run_case({"gated shared expert", shared_gate_cfg(), sp, dt, tol});
         run_case({"sigmoid router", sigmoid_cfg(), sp, dt, tol});
         ModelConfig cap = mixtral_cfg(), cap_pos = moe_gpt_cfg();
         cap.moe_expert_capacity_factor = 0.6;
@@ -338,6 +345,8 @@ TEST(ContextParallelModel, EqualsSerialModel) {
         run_cp_case({"mixtral seq_aux_loss", seq, tp, sp, DType::kF64, false, none, 1e-11});
         run_cp_case({"shared expert full recompute", shared_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
         run_cp_case({"shared expert bf16", shared_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
+        run_cp_case({"gated shared expert full recompute", shared_gate_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
+        run_cp_case({"gated shared expert bf16", shared_gate_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
         run_cp_case({"sigmoid router full recompute", sigmoid_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
         run_cp_case({"moe_gpt fp32", moe_gpt_cfg(), tp, sp, DType::kF32, false, none, 2e-5});
         run_cp_case({"mixtral bf16", mixtral_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
@@ -516,6 +525,7 @@ TEST(ExpertParallelModel, EqualsSerialModel) {
     run_ep_case({"moe_gpt top-1 fp32", moe4, tp, DType::kF32, false, none, 2e-5});
     run_ep_case({"mixtral bf16", mixtral_cfg(), tp, DType::kF32, true, none, 3e-2});
     run_ep_case({"shared expert", shared_cfg(), tp, DType::kF64, false, none, 1e-11});
+    run_ep_case({"gated shared expert bf16", shared_gate_cfg(), tp, DType::kF32, true, none, 3e-2});
     run_ep_case({"sigmoid router bf16", sigmoid_cfg(), tp, DType::kF32, true, none, 3e-2});
     // Token dropping (each EP x TP rank routing its own shard with its capacity).
     ModelConfig cap = mixtral_cfg(), cap_pos = wide;
@@ -563,6 +573,7 @@ TEST(ExpertParallelModel, WholeExpertsUnderTensorParallelism) {
     run_ep_case({"ETP 1 mixtral", mixtral_cfg(), tp, DType::kF64, false, none, 1e-11, false, ep});
     run_ep_case({"ETP 1 mixtral full recompute", mixtral_cfg(), tp, DType::kF64, false, full, 1e-11, false, ep});
     run_ep_case({"ETP 1 shared expert", shared_cfg(), tp, DType::kF64, false, full, 1e-11, false, ep});
+    run_ep_case({"ETP 1 gated shared expert", shared_gate_cfg(), tp, DType::kF64, false, none, 1e-11, false, ep});
     run_ep_case({"ETP 1 seq_aux_loss", seq, tp, DType::kF64, false, none, 1e-11, false, ep});
     run_ep_case({"ETP 1 sigmoid groups", grouped, tp, DType::kF64, false, none, 1e-11, false, ep});
     run_ep_case({"ETP 1 sigmoid jitter bf16", jit, tp, DType::kF32, true, none, 3e-2, false, ep});

@@ -536,6 +536,14 @@ against_reference("moeshared", MOE_FLAGS + ["--moe-shared-expert-intermediate-si
     ("cp2pp2", 1, 2, 1, ["--context-parallel-size", "2"]),
     ("tp2spep2etp1", 2, 1, 1, ["--sequence-parallel", "--expert-model-parallel-size", "2"] + ETP1),
 ], plan=True, zeros_slack=CP_ZEROS)
+# Its gate (--moe-shared-expert-gate, Qwen2-MoE's): the shared expert's
+# output times sigmoid(x . g), g's gradient partial over TP under SP.
+against_reference("moesharedgate", MOE_FLAGS + ["--moe-shared-expert-intermediate-size", "64",
+                                                "--moe-shared-expert-gate"], [
+    ("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("tp2spep2etp1cp2", 2, 1, 1, ["--sequence-parallel", "--expert-model-parallel-size", "2",
+                                  "--context-parallel-size", "2"] + ETP1),
+], plan=True, zeros_slack=CP_ZEROS)
 # DeepSeek-V3's router: sigmoid scores, the aux-loss-free expert bias (moved
 # after every step by the sign of mean - count, the counts summed over DP x
 # CP) choosing the experts. Every layout follows one rank only if every

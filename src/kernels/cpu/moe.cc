@@ -225,4 +225,25 @@ void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& p
   });
 }
 
+void moe_sigmoid(const Tensor& x, const Tensor& y) {
+  check_same_numel(x, y, "moe_sigmoid");
+  MT_CHECK(x.dtype() == y.dtype(), "moe_sigmoid: x and y must share one dtype");
+  float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    const T* xp = x.ptr<T>();
+    T* yp = y.ptr<T>();
+    for (int64_t i = 0; i < y.numel(); ++i) yp[i] = moe_row::sigmoid_of(xp[i]);
+  });
+}
+
+void moe_sigmoid_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  check_same_numel(y, dx, "moe_sigmoid_backward");
+  check_same_numel(dy, dx, "moe_sigmoid_backward");
+  MT_CHECK(y.dtype() == dx.dtype() && dy.dtype() == dx.dtype(), "moe_sigmoid_backward: y, dy and dx must share one dtype");
+  float_types(dx.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    const T *yp = y.ptr<T>(), *g = dy.ptr<T>();
+    T* d = dx.ptr<T>();
+    for (int64_t i = 0; i < dx.numel(); ++i) d[i] = g[i] * yp[i] * (T(1) - yp[i]);
+  });
+}
+
 }  // namespace mt::kernels::cpu

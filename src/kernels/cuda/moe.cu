@@ -166,6 +166,16 @@ __global__ void unpermute_bwd_dprobs(int64_t NK, int64_t C, int64_t k, const int
   if (lane == 0) dw[warp] = acc;
 }
 
+template <typename T>
+__global__ void sigmoid_fwd(int64_t n, const T* x, T* y) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) y[e] = moe_row::sigmoid_of(x[e]);
+}
+
+template <typename T>
+__global__ void sigmoid_bwd(int64_t n, const T* y, const T* dy, T* dx) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) dx[e] = dy[e] * y[e] * (T(1) - y[e]);
+}
+
 }  // namespace
 
 void moe_route(const Tensor& logits, const MoeRouter& router, const Tensor& bias, const Tensor& idx,
@@ -320,6 +330,33 @@ void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& p
         });
       });
     });
+  });
+}
+
+void moe_sigmoid(const Tensor& x, const Tensor& y) {
+  check_same_numel(x, y, "moe_sigmoid");
+  MT_CHECK(x.dtype() == y.dtype(), "moe_sigmoid: x and y must share one dtype");
+  check_on_gpu({&x, &y}, "moe_sigmoid");
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  float_types(y.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    sigmoid_fwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, x.ptr<T>(), y.ptr<T>());
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void moe_sigmoid_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  check_same_numel(y, dx, "moe_sigmoid_backward");
+  check_same_numel(dy, dx, "moe_sigmoid_backward");
+  MT_CHECK(y.dtype() == dx.dtype() && dy.dtype() == dx.dtype(), "moe_sigmoid_backward: y, dy and dx must share one dtype");
+  check_on_gpu({&y, &dy, &dx}, "moe_sigmoid_backward");
+  const int64_t n = dx.numel();
+  if (n == 0) return;
+  float_types(dx.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    sigmoid_bwd<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, y.ptr<T>(), dy.ptr<T>(), dx.ptr<T>());
+    MT_CUDA_CHECK_LAUNCH();
   });
 }
 
