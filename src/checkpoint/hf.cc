@@ -29,6 +29,7 @@ const char* hf_arch_name(HfArch a) {
     case HfArch::kQwen3: return "Qwen3ForCausalLM";
     case HfArch::kMixtral: return "MixtralForCausalLM";
     case HfArch::kQwen3Moe: return "Qwen3MoeForCausalLM";
+    case HfArch::kQwen2Moe: return "Qwen2MoeForCausalLM";
   }
   return "?";
 }
@@ -55,25 +56,41 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
                                 "has biases on q/k/v/o or none, and none on the MLP)",
                                 c.add_bias_linear ? "biases on every linear layer" : "--add-qkv-bias"));
     if (c.is_moe()) {
-      // Two transformers MoE classes take Megatron's softmax top-k router
-      // without biases, scaling, groups or a shared expert:
-      // Qwen3MoeForCausalLM (Qwen3's attention with q/k norms; dense layers
-      // through mlp_only_layers; norm_topk_prob: the top-k renormalised, or
-      // with --moe-router-pre-softmax not) and, without q/k norms,
-      // MixtralForCausalLM (experts in every layer, renormalised, plain RoPE).
-      const char* cls = c.qk_layernorm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM";
-      if (c.add_qkv_bias || c.add_bias_linear) why.push_back(fmt::format("biases ({}, the transformers MoE class, has none)", cls));
+      // Three transformers MoE classes take Megatron's softmax top-k router
+      // without scaling or groups: Qwen3MoeForCausalLM (Qwen3's attention
+      // with q/k norms, no shared expert; dense layers through
+      // mlp_only_layers; norm_topk_prob: the top-k renormalised, or with
+      // --moe-router-pre-softmax not); without q/k norms,
+      // Qwen2MoeForCausalLM (a shared expert with its sigmoid gate, q/k/v
+      // biases, written as zeros when the model has none; mlp_only_layers
+      // and norm_topk_prob as Qwen3-MoE's) and MixtralForCausalLM (no shared
+      // expert, experts in every layer, renormalised, plain RoPE).
+      const char* cls = c.qk_layernorm         ? "Qwen3MoeForCausalLM"
+                        : c.has_shared_expert() ? "Qwen2MoeForCausalLM"
+                                                : "MixtralForCausalLM";
+      const bool qwen2moe = !c.qk_layernorm && c.has_shared_expert();
+      if (c.add_bias_linear || (c.add_qkv_bias && !qwen2moe))
+        why.push_back(fmt::format("biases ({}, the transformers MoE class, has {})", cls,
+                                  qwen2moe ? "them on q/k/v only: --add-qkv-bias" : "none"));
       if (c.sigmoid_router()) why.push_back(fmt::format("--moe-router-score-function sigmoid ({}'s router is a softmax)", cls));
-      if (c.has_shared_expert())
-        why.push_back(fmt::format("--moe-shared-expert-intermediate-size ({} has no shared expert; Qwen2-MoE's gates "
-                                  "its shared expert, which Megatron's command line does not)",
-                                  cls));
+      if (c.has_shared_expert() && c.qk_layernorm)
+        why.push_back("--moe-shared-expert-intermediate-size with --qk-layernorm (Qwen3MoeForCausalLM has no shared "
+                      "expert; Qwen2MoeForCausalLM, which has one, has no q/k norms)");
+      if (qwen2moe && !c.moe_shared_expert_gate)
+        why.push_back("--moe-shared-expert-intermediate-size without --moe-shared-expert-gate (Qwen2MoeForCausalLM, the "
+                      "transformers class with a shared expert, gates it)");
       if (c.moe_router_topk_scaling_factor && *c.moe_router_topk_scaling_factor != 1.0)
         why.push_back(fmt::format("--moe-router-topk-scaling-factor ({} does not scale the probabilities)", cls));
       if (c.group_limited())
         why.push_back(fmt::format("--moe-router-group-topk ({} chooses among all experts)", cls));
+      if (!c.qk_layernorm && c.head_dim() * c.num_attention_heads != c.hidden_size)
+        why.push_back(fmt::format("--kv-channels {} x {} heads != --hidden-size {} (transformers 4.45's {} splits the "
+                                  "hidden size into its heads)",
+                                  c.head_dim(), c.num_attention_heads, c.hidden_size, cls));
       if (c.qk_layernorm) {
         if (why.empty()) return HfArch::kQwen3Moe;
+      } else if (qwen2moe) {
+        if (why.empty()) return HfArch::kQwen2Moe;
       } else {
         if (c.has_dense_layers())
           why.push_back(fmt::format("--moe-layer-freq '{}' with dense layers (MixtralForCausalLM has experts in every "
@@ -85,10 +102,6 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
                         "Qwen3MoeForCausalLM's norm_topk_prob false does not, with --qk-layernorm)");
         if (c.use_rope_scaling || c.rotary_seq_len_interpolation_factor)
           why.push_back("RoPE scaling with --num-experts (this export writes MixtralForCausalLM without rope_scaling)");
-        if (c.head_dim() * c.num_attention_heads != c.hidden_size)
-          why.push_back(fmt::format("--kv-channels {} x {} heads != --hidden-size {} (transformers 4.45's "
-                                    "MixtralForCausalLM splits the hidden size into its heads)",
-                                    c.head_dim(), c.num_attention_heads, c.hidden_size));
         if (why.empty()) return HfArch::kMixtral;
       }
     }
@@ -96,8 +109,8 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
     if (why.empty()) return c.add_bias_linear || !c.add_qkv_bias ? HfArch::kLlama : HfArch::kQwen2;
   } else if (gpt2_shape) {
     if (c.is_moe())
-      why.push_back("--num-experts (GPT2LMHeadModel has no experts; MixtralForCausalLM and Qwen3MoeForCausalLM, the "
-                    "transformers MoE classes, need RMSNorm + SwiGLU + rope)");
+      why.push_back("--num-experts (GPT2LMHeadModel has no experts; the transformers MoE classes, MixtralForCausalLM, "
+                    "Qwen2MoeForCausalLM and Qwen3MoeForCausalLM, need RMSNorm + SwiGLU + rope)");
     if (c.qk_layernorm) why.push_back("--qk-layernorm (GPT2LMHeadModel has no query/key norms)");
     if (c.query_groups() != c.num_attention_heads)
       why.push_back(fmt::format("--num-query-groups {} < --num-attention-heads {} (GPT-2 has one key/value head per "
@@ -170,6 +183,7 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
                         : arch == HfArch::kQwen2   ? "qwen2"
                         : arch == HfArch::kQwen3   ? "qwen3"
                         : arch == HfArch::kQwen3Moe ? "qwen3_moe"
+                        : arch == HfArch::kQwen2Moe ? "qwen2_moe"
                                                    : "mixtral"},
          {"vocab_size", vocab_rows},
          {"hidden_size", c.hidden_size},
@@ -204,7 +218,7 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = c.num_layers;
     if (arch == HfArch::kQwen3 || arch == HfArch::kQwen3Moe) j["attention_bias"] = false;
-    if (arch == HfArch::kQwen3Moe) {
+    if (arch == HfArch::kQwen3Moe || arch == HfArch::kQwen2Moe) {
       // Layer l is sparse iff l is not in mlp_only_layers and (l + 1) %
       // decoder_sparse_step == 0: step 1 and the dense layers listed give
       // any --moe-layer-freq pattern; intermediate_size is the dense MLP's.
@@ -219,6 +233,13 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
       j["mlp_only_layers"] = dense;
       j["router_aux_loss_coef"] = c.moe_aux_loss_coeff;  // as for Mixtral: carried as given
       j["output_router_logits"] = false;
+      if (arch == HfArch::kQwen2Moe) {
+        // Its shared expert (gated) and q/k/v biases (transformers 5's
+        // qkv_bias; 4.x always has them: zeros where the model has none).
+        j["shared_expert_intermediate_size"] = c.moe_shared_expert_intermediate_size;
+        j["qkv_bias"] = true;
+        j.erase("attention_bias");
+      }
     }
   }
   j = with_common_keys(std::move(j));
@@ -307,7 +328,9 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     for (auto [name, src] : {std::pair{"q_proj", &q}, std::pair{"k_proj", &k}, std::pair{"v_proj", &val}}) {
       const int64_t n = static_cast<int64_t>(src->size());
       v.push_back(HfMap{o + "self_attn." + name + ".weight", Shape{n, h}, qkv + "weight", h, *src, false, 0.f});
-      if (c.qkv_bias()) gather(o + "self_attn." + name + ".bias", qkv + "bias", *src);
+      // (Qwen2-MoE always has q/k/v biases: zeros for a model without.)
+      if (c.qkv_bias() || arch == HfArch::kQwen2Moe)
+        gather(o + "self_attn." + name + ".bias", c.qkv_bias() ? qkv + "bias" : "", *src);
     }
     if (c.qk_layernorm)  // one [d] weight per head kind, its dims in transformers' rotate-half order like q/k's rows
       for (auto [name, meg] : {std::pair{"q_norm", "q_layernorm"}, std::pair{"k_norm", "k_layernorm"}}) {
@@ -332,8 +355,18 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
       }
       continue;
     }
-    if (arch == HfArch::kQwen3Moe && c.is_moe_layer(l)) {
-      // Qwen3MoeSparseMoeBlock: the router (gate) and each expert's gate_proj, up_proj, down_proj.
+    if ((arch == HfArch::kQwen3Moe || arch == HfArch::kQwen2Moe) && c.is_moe_layer(l)) {
+      // Qwen{2,3}MoeSparseMoeBlock: the router (gate) and each expert's
+      // gate_proj, up_proj, down_proj; Qwen2-MoE's shared expert the same
+      // way, and its gate.
+      if (arch == HfArch::kQwen2Moe) {
+        const int64_t S = c.moe_shared_expert_intermediate_size;
+        const std::string sx = o + "mlp.shared_expert.", sm = p + "mlp.shared_experts.";
+        rows(sx + "gate_proj.weight", sm + "linear_fc1.weight", 0, S, h);
+        rows(sx + "up_proj.weight", sm + "linear_fc1.weight", S, S, h);
+        rows(sx + "down_proj.weight", sm + "linear_fc2.weight", 0, h, S);
+        rows(o + "mlp.shared_expert_gate.weight", sm + "gate_weight", 0, 1, h);
+      }
       const int64_t Fe = c.moe_ffn();
       rows(o + "mlp.gate.weight", p + "mlp.router.weight", 0, c.num_experts, h);
       for (int64_t e = 0; e < c.num_experts; ++e) {
@@ -660,17 +693,22 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     if (act == "relu2") add("--squared-relu"), add("--no-bias-gelu-fusion");
     if (!flag_b("tie_word_embeddings", true)) add("--untie-embeddings-and-output-weights");
   } else if (arch_name == "LlamaForCausalLM" || arch_name == "Qwen2ForCausalLM" || arch_name == "MistralForCausalLM" ||
-             arch_name == "Qwen3ForCausalLM" || arch_name == "MixtralForCausalLM" || arch_name == "Qwen3MoeForCausalLM") {
-    const bool qwen = arch_name == "Qwen2ForCausalLM", mixtral = arch_name == "MixtralForCausalLM";
+             arch_name == "Qwen3ForCausalLM" || arch_name == "MixtralForCausalLM" || arch_name == "Qwen3MoeForCausalLM" ||
+             arch_name == "Qwen2MoeForCausalLM") {
+    const bool qwen2moe = arch_name == "Qwen2MoeForCausalLM";  // Qwen2's attention, experts and a gated shared expert
+    const bool qwen = arch_name == "Qwen2ForCausalLM" || qwen2moe, mixtral = arch_name == "MixtralForCausalLM";
     const bool mistral = arch_name == "MistralForCausalLM" || mixtral;  // Mixtral: Mistral's attention, experts
     const bool qwen3moe = arch_name == "Qwen3MoeForCausalLM";
     const bool qwen3 = arch_name == "Qwen3ForCausalLM" || qwen3moe;  // Qwen3-MoE: Qwen3's attention, experts
-    out.arch = qwen ? HfArch::kQwen2 : qwen3moe ? HfArch::kQwen3Moe : qwen3 ? HfArch::kQwen3 : mixtral ? HfArch::kMixtral
+    out.arch = qwen2moe ? HfArch::kQwen2Moe : qwen ? HfArch::kQwen2 : qwen3moe ? HfArch::kQwen3Moe : qwen3 ? HfArch::kQwen3 : mixtral ? HfArch::kMixtral
                                                                                               : HfArch::kLlama;  // Mistral: Llama's tensors and names
     const int64_t h = integer("hidden_size", std::nullopt), L = integer("num_hidden_layers", std::nullopt);
-    // Qwen3MoeConfig's dense width defaults to 6144 (used by mlp_only_layers only).
+    // Qwen3MoeConfig's dense width defaults to 6144, Qwen2MoeConfig's to 5632
+    // (used by mlp_only_layers only).
     const int64_t a = integer("num_attention_heads", std::nullopt),
-                  F = integer("intermediate_size", qwen3moe ? std::optional<int64_t>(6144) : std::nullopt);
+                  F = integer("intermediate_size", qwen3moe   ? std::optional<int64_t>(6144)
+                                                   : qwen2moe ? std::optional<int64_t>(5632)
+                                                              : std::nullopt);
     const int64_t g = integer("num_key_value_heads", a);
     // Qwen3Config's head_dim defaults to 128, the others' (Qwen3MoeConfig's
     // included) to hidden_size / heads.
@@ -709,8 +747,13 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     add("--max-position-embeddings", std::to_string(P));
     add("--hidden-dropout", "0");
     add("--attention-dropout", fmt_num(num("attention_dropout", 0.0).value_or(0.0)));
-    if (qwen) add("--disable-bias-linear"), add("--add-qkv-bias");
-    else if (!attn_bias) add("--disable-bias-linear");
+    // (Qwen2MoeConfig's qkv_bias, transformers 5; always on in 4.x.)
+    if (qwen) {
+      add("--disable-bias-linear");
+      if (!qwen2moe || flag_b("qkv_bias", true)) add("--add-qkv-bias");
+    } else if (!attn_bias) {
+      add("--disable-bias-linear");
+    }
     if (qwen3) add("--qk-layernorm");
     if (mixtral) {
       // The experts (intermediate_size is each expert's width). Megatron's
@@ -723,11 +766,12 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
         why.push_back("router_jitter_noise (transformers' Mixtral jitters the experts' input as well as the "
                       "router's; Megatron's --moe-input-jitter-eps only the router's)");
     }
-    if (qwen3moe) {
+    if (qwen3moe || qwen2moe) {
       // Layer l is sparse iff l is not in mlp_only_layers and (l + 1) %
       // decoder_sparse_step == 0; the others are dense MLPs of
       // intermediate_size (--moe-layer-freq's list).
-      const int64_t E = integer("num_experts", 128), k = integer("num_experts_per_tok", 8);
+      const int64_t E = integer("num_experts", qwen2moe ? 60 : 128),
+                    k = integer("num_experts_per_tok", qwen2moe ? 4 : 8);
       const int64_t step = integer("decoder_sparse_step", 1);
       std::vector<char> dense(static_cast<size_t>(std::max<int64_t>(L, 0)), 0);
       if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
@@ -754,7 +798,15 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
                       "which Qwen3ForCausalLM describes");
       add("--num-experts", std::to_string(E));
       add("--moe-router-topk", std::to_string(k));
-      add("--moe-ffn-hidden-size", std::to_string(integer("moe_intermediate_size", 768)));
+      add("--moe-ffn-hidden-size", std::to_string(integer("moe_intermediate_size", qwen2moe ? 1408 : 768)));
+      if (qwen2moe) {  // the shared expert, gated
+        const double S = num("shared_expert_intermediate_size", 5632.0).value_or(0);
+        if (S != std::floor(S) || S < 0 || S > 1e12)
+          why.push_back(fmt::format("\"shared_expert_intermediate_size\" is {}, expected a whole number", S));
+        else if (S > 0)
+          add("--moe-shared-expert-intermediate-size", std::to_string(static_cast<int64_t>(S))),
+              add("--moe-shared-expert-gate");
+      }
       if (sparse < L) add("--moe-layer-freq", pattern);
       // norm_topk_prob (default false): the chosen experts' softmax values
       // renormalised (Megatron's default) or not (--moe-router-pre-softmax).
@@ -817,8 +869,8 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       why.push_back("partial_rotary_factor (LlamaForCausalLM rotates whole heads)");
   } else {
     why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM, "
-                              "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and "
-                              "Qwen3MoeForCausalLM)",
+                              "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, "
+                              "Qwen3ForCausalLM and Qwen3MoeForCausalLM)",
                               j.contains("architectures") ? json_brief(j["architectures"]) : "missing"));
   }
   if (!why.empty()) {

@@ -61,7 +61,7 @@ namespace mt::checkpoint {
 inline constexpr const char* kTransformersVersion = "4.45.0";
 inline constexpr const char* kTransformersVersionQwen3 = "4.51.0";  // the first with Qwen3(Moe)ForCausalLM
 
-enum class HfArch { kGpt2, kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe };
+enum class HfArch { kGpt2, kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kQwen2Moe };
 const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", ...
 
 // The architecture `c` maps to, or kInvalidArgument listing why none does.

@@ -320,6 +320,31 @@ grep -q -- "--moe-layer-freq \[0,1\]" "$TMP/i7.log" && grep -q -- "--moe-router-
 m_back=$("$BIN" generate --load "$TMP/qwen3moe-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
 [ -n "$m_back" ] && [ "$m_back" = "$m_ours" ] || fail "qwen3moe: imported model continues '$m_back', the original '$m_ours'"
 echo "qwen3moe greedy: ours '$m_ours', exported '$m_theirs', imported '$m_back'"
+
+# Qwen2-MoE style (a shared expert with its sigmoid gate, q/k/v biases), one
+# rank: exported as Qwen2MoeForCausalLM (shared_expert, shared_expert_gate),
+# continued by PyTorch exactly as by `megatron generate`, and after import.
+"$BIN" train "${COMMON[@]}" "${MIXTRAL[@]}" --add-qkv-bias --moe-shared-expert-intermediate-size 32 \
+  --moe-shared-expert-gate --train-iters 300 --save "$TMP/qwen2moe" >"$TMP/qwen2moe.log" 2>&1 \
+  || { fail "train qwen2moe"; tail -20 "$TMP/qwen2moe.log"; }
+"$BIN" export --load "$TMP/qwen2moe" --output "$TMP/hf-qwen2moe" >"$TMP/e8.log" 2>&1 \
+  || { fail "export qwen2moe"; cat "$TMP/e8.log"; }
+python3 -c "
+import json,sys; c=json.load(open(sys.argv[1]))
+assert c['architectures']==['Qwen2MoeForCausalLM'] and c['model_type']=='qwen2_moe', c
+assert c['shared_expert_intermediate_size']==32 and c['norm_topk_prob'] is True and c['mlp_only_layers']==[], c
+" "$TMP/hf-qwen2moe/config.json" || fail "qwen2moe config.json"
+w_ours=$("$BIN" generate --load "$TMP/qwen2moe" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+w_theirs=$(/usr/bin/python3 "$REF" "$TMP/hf-qwen2moe" greedy "$P2" 8)
+if [ $? != 77 ]; then
+  [ -n "$w_ours" ] && [ "$w_ours" = "$w_theirs" ] || fail "qwen2moe: generate '$w_ours' vs exported model '$w_theirs'"
+fi
+"$BIN" import --hf "$TMP/hf-qwen2moe" --save "$TMP/qwen2moe-imp" >"$TMP/i8.log" 2>&1 \
+  || { fail "import qwen2moe"; cat "$TMP/i8.log"; }
+grep -q -- "--moe-shared-expert-gate" "$TMP/i8.log" || { fail "qwen2moe import flags"; cat "$TMP/i8.log"; }
+w_back=$("$BIN" generate --load "$TMP/qwen2moe-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+[ -n "$w_back" ] && [ "$w_back" = "$w_ours" ] || fail "qwen2moe: imported model continues '$w_back', the original '$w_ours'"
+echo "qwen2moe greedy: ours '$w_ours', exported '$w_theirs', imported '$w_back'"
 # A MoE model no transformers class computes: named, nothing written.
 "$BIN" train "${COMMON[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear \
   --num-experts 2 --moe-router-topk 1 --moe-router-pre-softmax --train-iters 10 --save "$TMP/moegpt" >"$TMP/moegpt.log" 2>&1 \
@@ -327,16 +352,23 @@ echo "qwen3moe greedy: ours '$m_ours', exported '$m_theirs', imported '$m_back'"
 "$BIN" export --load "$TMP/moegpt" --output "$TMP/hf-moegpt" 2>"$TMP/err"; rc=$?
 [ $rc = 2 ] && grep -q "GPT2LMHeadModel has no experts" "$TMP/err" && [ ! -e "$TMP/hf-moegpt" ] \
   || { fail "moe gpt export should be refused: rc $rc"; cat "$TMP/err"; }
-# A Mixtral-style model with a shared expert and a dense first layer
-# (--moe-layer-freq, rebuilt from the checkpoint's arguments): MixtralForCausalLM
-# has neither, and both reasons are given.
+# A Mixtral-style model with an ungated shared expert and a dense first
+# layer (--moe-layer-freq, rebuilt from the checkpoint's arguments): the
+# class with a shared expert, Qwen2MoeForCausalLM, gates it; and with sigmoid
+# scores no class routes: both reasons are given.
 "$BIN" train "${COMMON[@]}" "${MIXTRAL[@]}" --moe-shared-expert-intermediate-size 32 --moe-layer-freq "[0]+[1]" \
-  --train-iters 8 --save "$TMP/moeshared" >"$TMP/moeshared.log" 2>&1 \
+  --moe-router-score-function sigmoid --train-iters 8 --save "$TMP/moeshared" >"$TMP/moeshared.log" 2>&1 \
   || { fail "train moe with a shared expert"; tail -5 "$TMP/moeshared.log"; }
 "$BIN" export --load "$TMP/moeshared" --output "$TMP/hf-moeshared" 2>"$TMP/err"; rc=$?
-[ $rc = 2 ] && grep -q "MixtralForCausalLM has no shared expert" "$TMP/err" \
-  && grep -q -- "--moe-layer-freq '\[0\]+\[1\]' with dense layers (MixtralForCausalLM has experts in every layer;" "$TMP/err" \
-  && [ ! -e "$TMP/hf-moeshared" ] || { fail "shared-expert and dense-layer export should be refused: rc $rc"; cat "$TMP/err"; }
+[ $rc = 2 ] && grep -q "without --moe-shared-expert-gate (Qwen2MoeForCausalLM" "$TMP/err" \
+  && grep -q -- "--moe-router-score-function sigmoid (Qwen2MoeForCausalLM's router is a softmax)" "$TMP/err" \
+  && [ ! -e "$TMP/hf-moeshared" ] || { fail "ungated shared-expert export should be refused: rc $rc"; cat "$TMP/err"; }
+# Dense layers without q/k norms or a shared expert: Mixtral has experts in every layer.
+"$BIN" train "${COMMON[@]}" "${MIXTRAL[@]}" --moe-layer-freq "[0]+[1]" --train-iters 8 --save "$TMP/moedense" \
+  >"$TMP/moedense.log" 2>&1 || { fail "train moe with a dense layer"; tail -5 "$TMP/moedense.log"; }
+"$BIN" export --load "$TMP/moedense" --output "$TMP/hf-moedense" 2>"$TMP/err"; rc=$?
+[ $rc = 2 ] && grep -q -- "--moe-layer-freq '\[0\]+\[1\]' with dense layers (MixtralForCausalLM has experts in every layer;" "$TMP/err" \
+  && [ ! -e "$TMP/hf-moedense" ] || { fail "dense-layer mixtral export should be refused: rc $rc"; cat "$TMP/err"; }
 
 # Errors: exit 2, the flag named, nothing overwritten.
 "$BIN" export --load "$TMP/gpt" --output "$TMP/hf-gpt" 2>"$TMP/err"; rc=$?

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Runs a Hugging Face model directory the way the transformers library defines
 GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-MixtralForCausalLM and Qwen3MoeForCausalLM, in float64 PyTorch,
+MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM, in float64 PyTorch,
 from config.json and the safetensors files alone (written for megatron-cpp's
 export tests; transformers itself is not packaged in Debian).
 
@@ -133,7 +133,8 @@ def llama(cfg, W, ids):
         return torch.cat((-b, a), dim=-1)
 
     x = W["model.embed_tokens.weight"][ids]
-    qkv_bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
+    qkv_bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False) or \
+        (cfg["model_type"] == "qwen2_moe" and cfg.get("qkv_bias", True))
     o_bias = cfg["model_type"] in ("llama", "qwen3") and cfg.get("attention_bias", False)
     # Qwen3Attention (Qwen3-MoE's too): RMSNorm over each q and k head, before RoPE.
     qk_norm = cfg["model_type"] in ("qwen3", "qwen3_moe")
@@ -157,12 +158,17 @@ def llama(cfg, W, ids):
             x = x + sparse_moe(cfg, W, p + "block_sparse_moe.", h, cfg["num_local_experts"], True,
                                ("w1", "w3", "w2"))
             continue
-        # Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers, every
-        # decoder_sparse_step-th layer (i + 1 divisible by it).
-        if cfg["model_type"] == "qwen3_moe" and i not in (cfg.get("mlp_only_layers") or []) and \
-                cfg.get("num_experts", 128) > 0 and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0:
-            x = x + sparse_moe(cfg, W, p + "mlp.", h, cfg.get("num_experts", 128), cfg.get("norm_topk_prob", False),
+        # Qwen2-/Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers,
+        # every decoder_sparse_step-th layer (i + 1 divisible by it); Qwen2-MoE
+        # adds its shared expert times sigmoid(shared_expert_gate(x)).
+        if cfg["model_type"] in ("qwen2_moe", "qwen3_moe") and i not in (cfg.get("mlp_only_layers") or []) and \
+                cfg.get("num_experts", 1) > 0 and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0:
+            x = x + sparse_moe(cfg, W, p + "mlp.", h, cfg["num_experts"], cfg.get("norm_topk_prob", False),
                                ("gate_proj", "up_proj", "down_proj"))
+            if cfg["model_type"] == "qwen2_moe":
+                s = p + "mlp.shared_expert."
+                y = lin(F.silu(lin(h, s + "gate_proj", False)) * lin(h, s + "up_proj", False), s + "down_proj", False)
+                x = x + torch.sigmoid(lin(h, p + "mlp.shared_expert_gate", False)) * y
             continue
         g = lin(h, p + "mlp.gate_proj", mlp_bias)
         u = lin(h, p + "mlp.up_proj", mlp_bias)
@@ -201,7 +207,8 @@ def forward(cfg, W, ids):
     arch = cfg["architectures"][0]
     if arch == "GPT2LMHeadModel":
         return gpt2(cfg, W, ids)
-    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM"):
+    if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                "Qwen3MoeForCausalLM"):
         return llama(cfg, W, ids)
     raise SystemExit(f"hf_reference.py: unknown architecture {arch}")
 

@@ -113,6 +113,19 @@ std::vector<Case> cases() {
     c.moe_ffn_hidden_size = 16, c.use_rope_scaling = true, c.rope_scaling_factor = 8, c.rotary_base = 2e5;
     v.push_back({"qwen3_moe_top1_presoftmax", c, "Qwen3MoeForCausalLM"});
   }
+  {
+    ModelConfig c = llama_cfg();  // a gated shared SwiGLU expert of width 20, q/k/v biases, a dense layer 1, tied
+    c.add_qkv_bias = true, c.untie_embeddings_and_output_weights = false;
+    c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24, c.moe_layer_freq = "[1,0]";
+    c.moe_shared_expert_intermediate_size = 20, c.moe_shared_expert_gate = true;
+    v.push_back({"qwen2_moe_dense1", c, "Qwen2MoeForCausalLM"});
+  }
+  {
+    ModelConfig c = llama_cfg();  // no q/k/v biases (written as zeros), the full softmax's top-2, linear RoPE
+    c.num_experts = 3, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 16, c.moe_router_pre_softmax = true;
+    c.moe_shared_expert_intermediate_size = 12, c.moe_shared_expert_gate = true, c.rotary_seq_len_interpolation_factor = 2;
+    v.push_back({"qwen2_moe_nobias_presoftmax", c, "Qwen2MoeForCausalLM"});
+  }
   return v;
 }
 
@@ -218,6 +231,8 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
     const int64_t h = c.cfg.hidden_size;
     model_elems += c.cfg.num_layers * (3 * h + h + c.cfg.ffn() + h);  // c_attn, attn.c_proj, c_fc, mlp.c_proj biases
   }
+  if (std::string(c.arch) == "Qwen2MoeForCausalLM" && !c.cfg.add_qkv_bias)  // zero q/k/v biases
+    model_elems += c.cfg.num_layers * (c.cfg.num_attention_heads + 2 * c.cfg.query_groups()) * c.cfg.head_dim();
   EXPECT_EQ(sum->parameters, model_elems);
 
   const std::string in = dir + "_tokens.safetensors", out = dir + "_logits.safetensors";
@@ -233,7 +248,7 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
   EXPECT_LT(logits_error(ours, m->vocab(), rl), 2e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 12), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 14), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -384,6 +399,12 @@ TEST(HfExportArch, RefusesModelsNoTransformersClassComputes) {
       << why(c);
   EXPECT_NE(why(c).find("--moe-router-score-function sigmoid (Qwen3MoeForCausalLM's router"), std::string::npos)
       << why(c);
+  // A shared expert: Qwen2-MoE's, gated, without q/k norms.
+  c = llama_cfg();
+  c.num_experts = 4, c.moe_router_topk = 2, c.moe_shared_expert_intermediate_size = 16;
+  EXPECT_NE(why(c).find("without --moe-shared-expert-gate (Qwen2MoeForCausalLM"), std::string::npos) << why(c);
+  c.moe_shared_expert_gate = true, c.qk_layernorm = true;
+  EXPECT_NE(why(c).find("Qwen3MoeForCausalLM has no shared expert"), std::string::npos) << why(c);
 }
 
 }  // namespace
@@ -429,7 +450,8 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
   Status st = hf_import_weights(dir, flags->arch, **m2, &notes);
   ASSERT_TRUE(st.is_ok()) << st.message();
   const bool same_form = !c.cfg.apply_layernorm_1p && !c.cfg.rotary_interleaved &&
-                         !(flags->arch == HfArch::kGpt2 && !c.cfg.add_bias_linear);
+                         !(flags->arch == HfArch::kGpt2 && !c.cfg.add_bias_linear) &&
+                         !(flags->arch == HfArch::kQwen2Moe && !c.cfg.add_qkv_bias);  // zero q/k/v biases come back
   if (same_form) {
     ASSERT_EQ((*m2)->specs().size(), m->specs().size()) << joined;
   }
@@ -469,7 +491,7 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
   EXPECT_LT(diff / mag, 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 12), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 14), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -656,6 +678,22 @@ TEST(HfImport, HubConfigsGiveTheirMegatronFlags) {
             "--position-embedding-type rope --norm-epsilon 1e-06 --max-position-embeddings 40960 --hidden-dropout 0 "
             "--attention-dropout 0 --disable-bias-linear --qk-layernorm --num-experts 128 --moe-router-topk 8 "
             "--moe-ffn-hidden-size 768 --untie-embeddings-and-output-weights --rotary-base 1000000");
+  // Qwen/Qwen1.5-MoE-A2.7B: 60 experts of width 1408, top-4 of the full softmax, a gated shared expert of 5632.
+  EXPECT_EQ(flags(R"({"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+      "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+      "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21, "model_type": "qwen2_moe",
+      "num_attention_heads": 16, "num_hidden_layers": 24, "num_key_value_heads": 16, "rms_norm_eps": 1e-06,
+      "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+      "transformers_version": "4.39.0.dev0", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936,
+      "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+      "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": false, "output_router_logits": false,
+      "router_aux_loss_coef": 0.001})"),
+            "--num-layers 24 --hidden-size 2048 --ffn-hidden-size 5632 --num-attention-heads 16 --normalization RMSNorm "
+            "--swiglu --position-embedding-type rope --norm-epsilon 1e-06 --max-position-embeddings 8192 "
+            "--hidden-dropout 0 --attention-dropout 0 --disable-bias-linear --add-qkv-bias --num-experts 60 "
+            "--moe-router-topk 4 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 5632 "
+            "--moe-shared-expert-gate --moe-router-pre-softmax --untie-embeddings-and-output-weights "
+            "--rotary-base 1000000");
   // Dense layers by mlp_only_layers and decoder_sparse_step, and the full softmax (norm_topk_prob's default).
   EXPECT_EQ(flags(R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
       "num_hidden_layers": 6, "vocab_size": 100, "mlp_only_layers": [1], "decoder_sparse_step": 2})"),
