@@ -204,11 +204,19 @@ DType field_dtype(int f, const Dims& d) {
 }
 
 // Adds the activations of a layer position to `t`, for the LayerKinds it
-// can hold; keep_attention false drops ctx and lse.
-FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool keep_attention, int kinds) {
+// can hold; keep_attention false drops ctx and lse, keep_moe_act false an
+// MoE layer's act (a position that can also hold a dense layer keeps the
+// dense act).
+FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool keep_attention, int kinds,
+                   bool keep_moe_act = true) {
   FieldIdx idx;
   idx.fill(-1);
   for (int f = 0; f < kLayerFields; ++f) {
+    if (f == kAct && !keep_moe_act) {
+      const int act_kinds = kinds & ~kMoeLayer;
+      if (act_kinds) idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d, act_kinds), field_dtype(f, d));
+      continue;
+    }
     if ((f == kLn1Mean || f == kLn2Mean || f == kQkMean) && !d.layernorm) continue;  // RMSNorm keeps rstd only
     if ((f == kQkRaw || f == kQkMean || f == kQkRstd) && !d.qk) continue;
     if ((f == kCtx || f == kLse) && !keep_attention) continue;
@@ -310,7 +318,8 @@ GPTModel::LayerActs GPTModel::bind_layer(const std::vector<Tensor>& v, const std
 Result<RecomputeOptions> RecomputeOptions::from_flags(const std::optional<std::string>& granularity,
                                                       const std::optional<std::string>& method,
                                                       std::optional<int64_t> num_layers,
-                                                      bool recompute_activations) {
+                                                      bool recompute_activations,
+                                                      const std::vector<std::string>& modules) {
   RecomputeOptions r;
   std::vector<std::string> errs;
   if (recompute_activations && granularity && *granularity != "selective")
@@ -330,12 +339,31 @@ Result<RecomputeOptions> RecomputeOptions::from_flags(const std::optional<std::s
     r.granularity = RecomputeGranularity::kSelective;
     if (method) errs.push_back("--recompute-method is not supported with selective recomputation; drop it");
     if (num_layers) errs.push_back("--recompute-num-layers must be unset with selective recomputation; drop it");
+    // --recompute-modules (Megatron's default: core_attn).
+    if (!modules.empty()) r.core_attn = false;
+    for (const std::string& m : modules) {
+      if (m == "core_attn") r.core_attn = true;
+      else if (m == "moe_act") r.moe_act = true;
+      else if (m == "layernorm" || m == "mla_up_proj" || m == "mlp" || m == "moe" || m == "shared_experts" ||
+               m == "gdn_norm_out" || m == "gdp_in_proj" || m == "gdp_qkv" || m == "mhc")
+        errs.push_back(fmt::format("--recompute-modules {}: recomputing that module is not implemented here "
+                                   "(core_attn and moe_act are; full recomputation, --recompute-granularity full, "
+                                   "recomputes whole layers)",
+                                   m));
+      else
+        errs.push_back(fmt::format("--recompute-modules {}: not a module Megatron recomputes (core_attn, moe_act, "
+                                   "layernorm, mla_up_proj, mlp, moe, shared_experts, ...)",
+                                   m.substr(0, 40)));
+    }
   } else if (g.empty()) {
     if (method || num_layers)
       errs.push_back("--recompute-method/--recompute-num-layers only apply with --recompute-granularity full");
   } else {
     errs.push_back("--recompute-granularity must be full or selective, not '" + g + "'");
   }
+  if (!modules.empty() && r.granularity != RecomputeGranularity::kSelective)
+    errs.push_back("--recompute-modules applies to --recompute-granularity selective (full recomputation recomputes "
+                   "whole layers): give selective or drop --recompute-modules");
   if (!errs.empty()) {
     std::string m = "invalid recomputation flags:";
     for (auto& e : errs) m += "\n  - " + e;
@@ -347,7 +375,9 @@ Result<RecomputeOptions> RecomputeOptions::from_flags(const std::optional<std::s
 std::string RecomputeOptions::str() const {
   switch (granularity) {
     case RecomputeGranularity::kNone: return "none";
-    case RecomputeGranularity::kSelective: return "selective";
+    case RecomputeGranularity::kSelective:
+      if (core_attn && !moe_act) return "selective";
+      return core_attn ? "selective (core_attn, moe_act)" : moe_act ? "selective (moe_act)" : "selective (nothing)";
     case RecomputeGranularity::kFull:
       return fmt::format("full {} {}", method == RecomputeMethod::kUniform ? "uniform" : "block", num_layers);
   }
@@ -602,7 +632,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // keeps what any chunk it may hold keeps, position by position).
   // Each position's LayerKinds (0: not kept), in the slot and in the
   // recompute workspace, and those of every layer this rank holds.
-  const bool selective = rc.granularity == RecomputeGranularity::kSelective;
+  // Selective recomputation: attention's output (core_attn) and the experts'
+  // activation output (moe_act) are not kept.
+  const bool selective = rc.recomputes_attention(), moe_act = rc.recomputes_moe_act();
   std::vector<char> keep_resid(static_cast<size_t>(L + 1), 0);
   std::vector<int> keep_layer(static_cast<size_t>(L), 0), ws_kinds;
   int held_kinds = 0;
@@ -640,7 +672,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     FieldIdx& f = ai.layers[static_cast<size_t>(l)];
     f.fill(-1);
     if (keep_layer[static_cast<size_t>(l)])
-      f = add_layer(at, fmt::format("layers.{}.", l), d, !selective, keep_layer[static_cast<size_t>(l)]);
+      f = add_layer(at, fmt::format("layers.{}.", l), d, !selective, keep_layer[static_cast<size_t>(l)], !moe_act);
   }
   if (opt.post_process) {
     ai.lnf = at.add("final.ln", {N, h}, d.gemm_in);
@@ -732,7 +764,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // column sums [G E], and ETP 1 under TP their fp64 all-reduce buffer.
   const size_t record_fwd = abytes(d.lbG * d.E, dt) +
                             (d.xlocal ? abytes(2 * d.lbG * d.E + 1 + (cfg.has_expert_bias() ? d.E : 0), DType::kF64) : 0);
-  const size_t moe_fwd = held_kinds & kMoeLayer ? std::max({route_fwd, ep_fwd, combine_fwd, record_fwd}) : 0;
+  // --recompute-modules moe_act: the experts' activation output [Rx, F] in
+  // scratch while fc2 reads it (with EP beside the outputs to send back).
+  const size_t act_fwd =
+      moe_act ? abytes(mlp_shape(kAct, d, true).numel(), d.gemm_in) + (d.ep > 1 ? abytes(d.Rx * h, dt) : 0) : 0;
+  const size_t moe_fwd = held_kinds & kMoeLayer ? std::max({route_fwd, ep_fwd, combine_fwd, record_fwd, act_fwd}) : 0;
   const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});  // tmp (+ ctx, lse) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});
   // Backward's transients after the layer's own buffers: each linear's
@@ -766,6 +802,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                                    abytes(Ns * h, d.dn)
                                              : 0) +
                                      combine_bwd + abytes(d.lbG * d.E, dt) + abytes(Ns * d.E, dt) +
+                                     // (--recompute-modules moe_act: the recomputed activation output)
+                                     (moe_act ? abytes(mlp_shape(kAct, d, true).numel(), d.gemm_in) : 0) +
                                      abytes(Ns * h, d.dn) + (bf ? abytes(Ns * d.E, hb) : 0) +
                                      (d.jitter ? abytes(Ns * h, d.ln) : 0)  // the jittered router input again
                                : 0;
@@ -841,7 +879,7 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
     // of recomputed groups).
     const double gather = static_cast<double>(d.B * d.Tg * d.qkv) * static_cast<double>(dtype_size(d.mid));
     const double scatter = static_cast<double>(d.B * d.Tg * d.qkv) * static_cast<double>(dtype_size(d.dt));
-    const bool selective = opt.recompute.granularity == RecomputeGranularity::kSelective;
+    const bool selective = opt.recompute.recomputes_attention();
     for (size_t k = 0; k < t->groups.size(); ++k)
       for (const LayerGroup& g : t->groups[k]) {
         const double n = static_cast<double>(g.end - g.begin);
@@ -974,6 +1012,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     cut(0, T_, all_runs_);
   }
   mid_ = d.mid;
+  gemm_in_ = d.gemm_in;
   rs_ = d.rs;
   dn_ = d.dn;
   specs_ = std::move(t.specs);
@@ -1581,12 +1620,16 @@ void GPTModel::moe_forward(int l, const LayerIdx& p, const LayerActs& a, const T
   // The local experts, each on its rows from every source rank.
   auto each_chunk = [&](auto&& fn) { each_expert_chunk(recv, ep, fn); };
   each_chunk([&](int64_t e, int64_t r0, int64_t r1) { linear_fwd(a.xp.slice(r0, r1), p.exp_fc1[e], -1, a.fc1.slice(r0, r1)); });
-  if (cfg_.swiglu) k::swiglu_forward(a.fc1.slice(0, rows), a.act.slice(0, rows));
-  else k::gelu_forward(mlp_activation(cfg_), a.fc1.slice(0, rows), a.act.slice(0, rows));
   {
+    // --recompute-modules moe_act: the activation output lives in scratch
+    // until fc2 has read it (backward recomputes it from fc1).
+    ArenaScope act_scope(scratch_);
+    const Tensor act = a.act.defined() ? a.act : scratch({Rx_, F_}, gemm_in_);
+    if (cfg_.swiglu) k::swiglu_forward(a.fc1.slice(0, rows), act.slice(0, rows));
+    else k::gelu_forward(mlp_activation(cfg_), a.fc1.slice(0, rows), act.slice(0, rows));
     ArenaScope scope(scratch_);
     const Tensor y = ep == 1 ? a.y : scratch({Rx_, h_}, a.y.dtype());
-    each_chunk([&](int64_t e, int64_t r0, int64_t r1) { linear_fwd(a.act.slice(r0, r1), p.exp_fc2[e], -1, y.slice(r0, r1)); });
+    each_chunk([&](int64_t e, int64_t r0, int64_t r1) { linear_fwd(act.slice(r0, r1), p.exp_fc2[e], -1, y.slice(r0, r1)); });
     if (ep > 1) opt_.ep_comm->all_to_all_v(y, rows_to_elements(source_rows(recv)), a.y, rows_to_elements(send));
   }
   if (s.training) moe_record_losses(l, a, off, s);
@@ -1865,8 +1908,14 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
     dyx = scratch({Rx_, h_}, mid_);
     opt_.ep_comm->all_to_all_v(dy, rows_to_elements(send), dyx, rows_to_elements(source_rows(recv)));
   }
+  Tensor act = a.act;
+  if (!act.defined()) {  // --recompute-modules moe_act: the forward's activation output again
+    act = scratch({Rx_, F_}, gemm_in_);
+    if (cfg_.swiglu) k::swiglu_forward(a.fc1.slice(0, nrecv), act.slice(0, nrecv));
+    else k::gelu_forward(mlp_activation(cfg_), a.fc1.slice(0, nrecv), act.slice(0, nrecv));
+  }
   each_chunk([&](int64_t e, int64_t r0, int64_t r1) {
-    linear_bwd(a.act.slice(r0, r1), p.exp_fc2[e], -1, dyx.slice(r0, r1), dact.slice(r0, r1));
+    linear_bwd(act.slice(r0, r1), p.exp_fc2[e], -1, dyx.slice(r0, r1), dact.slice(r0, r1));
   });
   if (cfg_.swiglu) k::swiglu_backward(a.fc1.slice(0, nrecv), dact.slice(0, nrecv), dfc1.slice(0, nrecv));
   else k::gelu_backward(mlp_activation(cfg_), a.fc1.slice(0, nrecv), dact.slice(0, nrecv), dfc1.slice(0, nrecv));
@@ -1960,7 +2009,8 @@ GPTModel::LayerActs GPTModel::mlp_shaped(const LayerActs& a, bool moe) const {
   LayerActs v = a;
   const int64_t rows = moe ? Rx_ : N_;
   if (v.fc1.defined()) v.fc1 = a.fc1.prefix({rows, moe ? fc1_ : fc1d_});
-  if (v.act.defined()) v.act = a.act.prefix({rows, moe ? F_ : Fd_});
+  if (moe && opt_.recompute.recomputes_moe_act()) v.act = Tensor();  // not kept: scratch (moe_forward/_backward)
+  else if (v.act.defined()) v.act = a.act.prefix({rows, moe ? F_ : Fd_});
   return v;
 }
 
@@ -2015,7 +2065,9 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& held, const Slo
   const int64_t adim = a_ * cfg_.head_dim();
   ArenaScope scope(scratch_);
   const DType dt = opt_.dtype;
-  Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch(a.act.shape(), mid_),
+  // (An MoE layer's act may be recomputed, --recompute-modules moe_act: not kept.)
+  const Shape act_shape = a.act.defined() ? a.act.shape() : Shape{Rx_, F_};
+  Tensor dtmp = scratch({Ns_, h_}, rs_), dln = scratch({Ns_, h_}, dn_), dact = scratch(act_shape, mid_),
          dfc1 = scratch(a.fc1.shape(), mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   const k::AttentionOptions ao = attention_options(s, l);

@@ -109,6 +109,12 @@ struct RecomputeOptions {
   RecomputeGranularity granularity = RecomputeGranularity::kNone;
   RecomputeMethod method = RecomputeMethod::kUniform;  // full only
   int64_t num_layers = 0;  // full only: layers per group (uniform) or recomputed layers (block)
+  // Selective only (--recompute-modules): core attention's output and
+  // log-sum-exp (core_attn, the default), the experts' activation output
+  // (moe_act: recomputed from their fc1 output in backward).
+  bool core_attn = true, moe_act = false;
+  bool recomputes_attention() const { return granularity == RecomputeGranularity::kSelective && core_attn; }
+  bool recomputes_moe_act() const { return granularity == RecomputeGranularity::kSelective && moe_act; }
 
   // From Megatron's flags (--recompute-granularity, --recompute-method,
   // --recompute-num-layers, --recompute-activations), with Megatron's rules
@@ -116,8 +122,10 @@ struct RecomputeOptions {
   static Result<RecomputeOptions> from_flags(const std::optional<std::string>& granularity,
                                              const std::optional<std::string>& method,
                                              std::optional<int64_t> num_layers,
-                                             bool recompute_activations = false);
-  std::string str() const;  // "none", "selective", "full uniform 2", "full block 1"
+                                             bool recompute_activations = false,
+                                             const std::vector<std::string>& modules = {});
+  // "none", "selective", "selective (core_attn, moe_act)", "full uniform 2", "full block 1"
+  std::string str() const;
 };
 
 // A run of consecutive layers [begin, end); recomputed groups keep only the
@@ -593,6 +601,7 @@ class GPTModel {
   // else the model dtype.
   DType mid_ = DType::kF32;
   DType rs_ = DType::kF32;  // the residual stream and its gradient
+  DType gemm_in_ = DType::kF32;  // what GEMMs read: act (bf16 under --bf16)
   DType dn_ = DType::kF32;  // the gradient of a norm's output (a GEMM's dx)
   int64_t Ns_ = 0, Vg_ = 0, a_ = 0, g_ = 0;  // rows held (N or N/TP), global vocab, local heads/groups
   int64_t Tg_ = 0;  // the whole sequence (T_ = Tg_ / CP positions are this rank's)

@@ -65,6 +65,9 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
   f.add_string("recompute-method", &j.recompute.method, "which layers full recomputation covers", {"uniform", "block"});
   f.add_int("recompute-num-layers", &j.recompute.num_layers, "layers per recompute group (uniform) or recomputed layers per stage (block)", 1, 1 << 16);
   f.add_switch("recompute-activations", &j.recompute.recompute_activations, "same as --recompute-granularity selective");
+  f.add_list("recompute-modules", &j.recompute.modules,
+             "with --recompute-granularity selective, what backward recomputes instead of keeping: core_attn (the "
+             "default: attention's output), moe_act (the experts' activation function, from their fc1 output)");
   f.add_switch("distribute-saved-activations", &j.recompute.distribute_saved_activations, "split the saved layer inputs of full recomputation over TP");
 }
 

@@ -63,7 +63,17 @@ struct RecomputeConfig {
   std::optional<int64_t> num_layers;
   bool recompute_activations = false;      // legacy alias of --recompute-granularity selective
   bool distribute_saved_activations = false;
+  // --recompute-modules (selective only; empty: Megatron's default, core_attn).
+  std::vector<std::string> modules;
   bool selective() const { return recompute_activations || granularity == "selective"; }
+  // Whether selective recomputation covers `module` ("core_attn", "moe_act").
+  bool recomputes(const std::string& module) const {
+    if (!selective()) return false;
+    if (modules.empty()) return module == "core_attn";
+    for (const auto& m : modules)
+      if (m == module) return true;
+    return false;
+  }
   bool full() const { return granularity == "full"; }
 };
 

@@ -125,7 +125,8 @@ double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l, bool 
     const double etp = l.etp;
     bytes += 4 * s.tok * m.num_experts;                   // router probabilities (fp32)
     bytes += s.e * routed * s.h;                          // dispatched expert input
-    bytes += s.e * routed * (s.gate + 1) * m.moe_ffn() / etp;
+    // fc1's output and the activation's (not kept with --recompute-modules moe_act)
+    bytes += s.e * routed * (s.gate + (job.recompute.recomputes("moe_act") ? 0 : 1)) * m.moe_ffn() / etp;
     bytes += s.e * s.tok * (s.gate + 1) * static_cast<double>(m.moe_shared_expert_intermediate_size) / s.t;  // shared
   }
   return bytes;

@@ -225,7 +225,8 @@ Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_
   go.post_process = pp_rank == p.pp - 1;
   go.slots = static_cast<int>(r.in_flight.empty() ? 1 : std::max<int64_t>(1, r.in_flight[static_cast<size_t>(pp_rank)]));
   auto rc = model::RecomputeOptions::from_flags(r.job.recompute.granularity, r.job.recompute.method,
-                                                r.job.recompute.num_layers, r.job.recompute.recompute_activations);
+                                                r.job.recompute.num_layers, r.job.recompute.recompute_activations,
+                                                r.job.recompute.modules);
   if (!rc) return rc.status();
   go.recompute = *rc;
   return go;

@@ -390,6 +390,20 @@ void validate(PlanReport& r) {
   if (rc.selective() && rc.num_layers)
     c.error("recompute-selective-layers", {"--recompute-num-layers", "--recompute-granularity"},
             "--recompute-num-layers must be unset with selective recomputation", "drop --recompute-num-layers");
+  // --recompute-modules: Megatron's module names; this build recomputes core_attn and moe_act.
+  if (!rc.modules.empty() && !rc.selective())
+    c.error("recompute-modules-selective", {"--recompute-modules", "--recompute-granularity"},
+            "--recompute-modules applies to --recompute-granularity selective (full recomputation recomputes whole "
+            "layers)",
+            "add --recompute-granularity selective, or drop --recompute-modules");
+  for (const std::string& m : rc.modules)
+    if (m != "core_attn" && m != "moe_act")
+      c.error("recompute-modules-known", {"--recompute-modules"},
+              fmt::format("--recompute-modules {}: {}", m.substr(0, 40),
+                          m == "layernorm" || m == "mla_up_proj" || m == "mlp" || m == "moe" || m == "shared_experts"
+                              ? "recomputing that module is not implemented here"
+                              : "not a module Megatron recomputes"),
+              "give core_attn and/or moe_act");
   if (rc.recompute_activations && rc.granularity == "full")
     c.error("recompute-both", {"--recompute-activations", "--recompute-granularity"},
             "--recompute-activations means selective, but --recompute-granularity full is given", "keep one of them");

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "model/gpt.h"
@@ -104,9 +105,9 @@ RecomputeOptions full(RecomputeMethod m, int64_t n) {
   r.granularity = RecomputeGranularity::kFull, r.method = m, r.num_layers = n;
   return r;
 }
-RecomputeOptions selective() {
+RecomputeOptions selective(bool core_attn = true, bool moe_act = false) {
   RecomputeOptions r;
-  r.granularity = RecomputeGranularity::kSelective;
+  r.granularity = RecomputeGranularity::kSelective, r.core_attn = core_attn, r.moe_act = moe_act;
   return r;
 }
 
@@ -178,7 +179,9 @@ TEST_P(RecomputeNumerics, BitwiseIdenticalLossesLogitsAndGradients) {
       {"full uniform L", full(RecomputeMethod::kUniform, cfg.num_layers)},
       {"full block 1", full(RecomputeMethod::kBlock, 1)},
       {"full block 2", full(RecomputeMethod::kBlock, 2)},
-      {"selective", selective()}};
+      {"selective", selective()},
+      {"selective core_attn + moe_act", selective(true, true)},  // --recompute-modules core_attn moe_act
+      {"selective moe_act", selective(false, true)}};
   for (const auto& [name, rc] : modes) {
     SCOPED_TRACE(name);
     const RunResult r = run(cfg, rc, c.bf16, c.fp32_residual);
@@ -188,7 +191,11 @@ TEST_P(RecomputeNumerics, BitwiseIdenticalLossesLogitsAndGradients) {
           << "loss " << i << ": " << r.losses[i] << " vs " << base.losses[i];
     EXPECT_TRUE(r.logits == base.logits) << "logits differ";
     for (size_t p = 0; p < base.grads.size(); ++p) EXPECT_TRUE(r.grads[p] == base.grads[p]) << "gradient " << p;
-    EXPECT_LT(r.plan.activations, base.plan.activations);
+    // (moe_act alone keeps everything a model without experts keeps.)
+    if (rc.core_attn || rc.granularity != RecomputeGranularity::kSelective || cfg.is_moe())
+      EXPECT_LT(r.plan.activations, base.plan.activations);
+    else
+      EXPECT_EQ(r.plan.activations, base.plan.activations);
     // The scratch plan is exact: the arena's high-water mark reaches it.
     EXPECT_EQ(r.scratch_high_water, r.plan.scratch);
   }
@@ -317,6 +324,25 @@ TEST(RecomputeFlags, MegatronRulesWithFlagNames) {
     auto r = RecomputeOptions::from_flags(b.g, b.m, b.n);
     ASSERT_FALSE(r.is_ok()) << b.flag;
     EXPECT_NE(r.status().message().find(b.flag), std::string::npos) << r.status().message();
+  }
+  // --recompute-modules: core_attn (the default) and moe_act, with selective only.
+  auto mods = RecomputeOptions::from_flags(std::string("selective"), std::nullopt, std::nullopt, false, {"moe_act"});
+  ASSERT_TRUE(mods.is_ok()) << mods.status().message();
+  EXPECT_FALSE(mods->core_attn);
+  EXPECT_TRUE(mods->moe_act);
+  EXPECT_EQ(mods->str(), "selective (moe_act)");
+  EXPECT_EQ(RecomputeOptions::from_flags(std::string("selective"), std::nullopt, std::nullopt, false,
+                                         {"core_attn", "moe_act"})->str(),
+            "selective (core_attn, moe_act)");
+  for (const auto& [g, modules, want] :
+       std::vector<std::tuple<std::string, std::vector<std::string>, std::string>>{
+           {"full", {"core_attn"}, "--recompute-modules applies to --recompute-granularity selective"},
+           {"selective", {"mlp"}, "--recompute-modules mlp: recomputing that module is not implemented here"},
+           {"selective", {"attention"}, "--recompute-modules attention: not a module Megatron recomputes"}}) {
+    auto r = RecomputeOptions::from_flags(g, g == "full" ? std::optional<std::string>("uniform") : std::nullopt,
+                                          g == "full" ? std::optional<int64_t>(1) : std::nullopt, false, modules);
+    ASSERT_FALSE(r.is_ok()) << want;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().message();
   }
   GPTOptions opt;
   opt.recompute = full(RecomputeMethod::kUniform, 5);  // the model has 4 layers

@@ -384,6 +384,7 @@ struct EpCase {
   double tol;
   bool skew = false;  // the expert bias (sigmoid router) sends every token to experts 0 and 1
   int64_t etp1_ep = 0;  // ETP 1 with this EP size (0: ETP = TP, EP = world / TP)
+  bool moe_act = false;  // with selective recomputation: --recompute-modules core_attn moe_act
 };
 
 void run_ep_case(const EpCase& c) {
@@ -406,6 +407,7 @@ void run_ep_case(const EpCase& c) {
   so.micro_batch = B, so.dtype = c.dt, so.bf16_compute = c.bf16;
   so.recompute.granularity = c.recompute;
   if (c.recompute == RecomputeGranularity::kFull) so.recompute.num_layers = 2;
+  so.recompute.moe_act = c.moe_act;
   GPTOptions po = so;
   po.tp = tp, po.tp_rank = tr, po.sequence_parallel = tp > 1, po.tp_comm = tp_comm.get();
   po.ep = ep, po.ep_rank = er, po.ep_comm = ep_comm.get();
@@ -546,6 +548,8 @@ TEST(ExpertParallelModel, EqualsSerialModel) {
     ModelConfig jit = mixtral_cfg();
     jit.moe_input_jitter_eps = 0.2;
     run_ep_case({"mixtral router jitter", jit, tp, DType::kF64, false, none, 1e-11});
+    run_ep_case({"mixtral selective moe_act bf16", mixtral_cfg(), tp, DType::kF32, true,
+                 RecomputeGranularity::kSelective, 3e-2, false, 0, true});
   }
 }
 
@@ -574,6 +578,8 @@ TEST(ExpertParallelModel, WholeExpertsUnderTensorParallelism) {
     run_ep_case({"ETP 1 mixtral full recompute", mixtral_cfg(), tp, DType::kF64, false, full, 1e-11, false, ep});
     run_ep_case({"ETP 1 shared expert", shared_cfg(), tp, DType::kF64, false, full, 1e-11, false, ep});
     run_ep_case({"ETP 1 gated shared expert", shared_gate_cfg(), tp, DType::kF64, false, none, 1e-11, false, ep});
+    run_ep_case({"ETP 1 selective moe_act", mixtral_cfg(), tp, DType::kF64, false, RecomputeGranularity::kSelective,
+                 1e-11, false, ep, true});
     run_ep_case({"ETP 1 seq_aux_loss", seq, tp, DType::kF64, false, none, 1e-11, false, ep});
     run_ep_case({"ETP 1 sigmoid groups", grouped, tp, DType::kF64, false, none, 1e-11, false, ep});
     run_ep_case({"ETP 1 sigmoid jitter bf16", jit, tp, DType::kF32, true, none, 3e-2, false, ep});

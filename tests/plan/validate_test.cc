@@ -80,6 +80,8 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--recompute-granularity full --recompute-method block", "recompute-full-layers", "--recompute-num-layers"},
         RuleCase{"--recompute-granularity full --recompute-method block --recompute-num-layers 5", "recompute-num-layers-range", "--recompute-num-layers"},
         RuleCase{"--recompute-method uniform", "recompute-granularity-missing", "--recompute-granularity"},
+        RuleCase{"--recompute-modules core_attn", "recompute-modules-selective", "--recompute-modules"},
+        RuleCase{"--recompute-granularity selective --recompute-modules moe_act mlp", "recompute-modules-known", "--recompute-modules"},
         RuleCase{"--bf16 --fp16", "precision", "--fp16"},
         RuleCase{"--fp32-residual-connection", "fp32-residual-needs-half", "--fp32-residual-connection"},
         RuleCase{"--expert-model-parallel-size 2", "moe-experts-required", "--num-experts"},

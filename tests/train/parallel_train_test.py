@@ -524,6 +524,9 @@ MOE_LAYOUTS = [
     ("tp2spcp2ep2etp1full", 2, 1, 1, ["--sequence-parallel", "--context-parallel-size", "2",
                                       "--expert-model-parallel-size", "2", "--recompute-granularity", "full",
                                       "--recompute-method", "uniform", "--recompute-num-layers", "2"] + ETP1),
+    # --recompute-modules moe_act: the experts' activation output recomputed in backward.
+    ("dp2ep2moeact", 1, 1, 2, ["--expert-model-parallel-size", "2", "--recompute-granularity", "selective",
+                               "--recompute-modules", "core_attn", "moe_act"]),
 ]
 if QUICK:
     MOE_LAYOUTS = [l for l in MOE_LAYOUTS if l[0] in ("tp2sp", "cp2", "tp2spdp2ep2do", "tp2spdp2ep4etp1do")]
