@@ -709,7 +709,8 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
                   F = integer("intermediate_size", qwen3moe   ? std::optional<int64_t>(6144)
                                                    : qwen2moe ? std::optional<int64_t>(5632)
                                                               : std::nullopt);
-    const int64_t g = integer("num_key_value_heads", a);
+    // (Qwen3MoeConfig's key/value heads default to 4, Qwen2MoeConfig's to 16.)
+    const int64_t g = integer("num_key_value_heads", qwen3moe ? 4 : qwen2moe ? 16 : a);
     // Qwen3Config's head_dim defaults to 128, the others' (Qwen3MoeConfig's
     // included) to hidden_size / heads.
     const int64_t d = integer("head_dim", qwen3 && !qwen3moe ? std::optional<int64_t>(128)
@@ -770,7 +771,10 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       // Layer l is sparse iff l is not in mlp_only_layers and (l + 1) %
       // decoder_sparse_step == 0; the others are dense MLPs of
       // intermediate_size (--moe-layer-freq's list).
-      const int64_t E = integer("num_experts", qwen2moe ? 60 : 128),
+      // (transformers 5 may save num_experts under its attribute_map name, num_local_experts.)
+      const char* experts_key = !j.contains("num_experts") && j.contains("num_local_experts") ? "num_local_experts"
+                                                                                              : "num_experts";
+      const int64_t E = integer(experts_key, qwen2moe ? 60 : 128),
                     k = integer("num_experts_per_tok", qwen2moe ? 4 : 8);
       const int64_t step = integer("decoder_sparse_step", 1);
       std::vector<char> dense(static_cast<size_t>(std::max<int64_t>(L, 0)), 0);

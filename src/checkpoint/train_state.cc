@@ -96,6 +96,17 @@ Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model,
   const auto& specs = model.specs();
   const auto& params = model.params();
   const int64_t tp = model.options().tp;
+  // A checkpoint whose shared experts are gated (--moe-shared-expert-gate)
+  // into a model whose are not would silently lose the gates.
+  for (const model::ParamSpec& s : specs) {
+    const std::string fc1 = "mlp.shared_experts.linear_fc1.weight";
+    if (s.name.size() < fc1.size() || s.name.compare(s.name.size() - fc1.size(), fc1.size(), fc1) != 0) continue;
+    const std::string gate = s.name.substr(0, s.name.size() - fc1.size()) + "mlp.shared_experts.gate_weight";
+    if (model.find(gate) < 0 && ckpt.has_tensor(gate))
+      return Status::invalid(fmt::format("checkpoint '{}' has {} (its shared experts are gated) but this model's are "
+                                         "not: add --moe-shared-expert-gate (or --use-checkpoint-args)",
+                                         ckpt.directory(), gate));
+  }
   bool clipped = false;
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto sg = model.split_group(specs[i]);

@@ -414,7 +414,9 @@ MegatronParamCount megatron_param_count(const ModelConfig& c, int64_t V) {
   int64_t att = 2 * h * d * (a + g);
   const int64_t dense_mlp = phi * h * c.ffn();
   const int64_t mlp = c.is_moe() ? phi * h * c.moe_ffn() * c.num_experts + h * c.num_experts +
-                                       (c.has_shared_expert() ? phi * h * c.moe_shared_expert_intermediate_size : 0)
+                                       (c.has_shared_expert() ? phi * h * c.moe_shared_expert_intermediate_size +
+                                                                    (c.moe_shared_expert_gate ? h : 0)
+                                                              : 0)
                                  : dense_mlp;
   m.per_layer = att + mlp + 2 * c.norm_params_per_norm();
   m.embedding = h * V;

@@ -35,7 +35,7 @@ MegatronMemoryEstimate megatron_theoretical_memory(const JobConfig& job, const M
   if (m.is_moe()) {
     mlp_tp += phi * h * static_cast<double>(m.moe_shared_expert_intermediate_size) * Lm;  // the shared expert (0: none)
     routed = phi * h * m.moe_ffn() * m.num_experts;
-    router = h * m.num_experts;
+    router = h * m.num_experts + (m.has_shared_expert() && m.moe_shared_expert_gate ? h : 0);  // + the shared gate
   }
   const double embedding = h * V;
   double x_tp = ((L * p_att + mlp_tp) / p + embedding) / t;
@@ -156,6 +156,7 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
   if (m.is_moe()) {
     const double Fe = m.moe_ffn(), etp = l.etp, local_experts = static_cast<double>(m.num_experts) / par.ep;
     moe_dense += h * m.num_experts;  // router, replicated
+    if (m.has_shared_expert() && m.moe_shared_expert_gate) moe_dense += h;  // the shared expert's gate, replicated
     const double S = static_cast<double>(m.moe_shared_expert_intermediate_size);
     moe_dense += (h * gate * S + S * h) / t;  // the shared expert, split over TP
     expert_layer = local_experts * ((h * gate * Fe + Fe * h) / etp + (bias ? gate * Fe / etp + h : 0));

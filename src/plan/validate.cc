@@ -226,6 +226,10 @@ void validate(PlanReport& r) {
       c.error("moe-expert-bias-sigmoid", {"--moe-router-enable-expert-bias", "--moe-router-score-function"},
               "the aux-loss-free expert bias needs the sigmoid score function",
               "add --moe-router-score-function sigmoid");
+    if (m.moe_shared_expert_gate && !m.has_shared_expert())
+      c.error("moe-shared-expert-gate-needs-expert", {"--moe-shared-expert-gate", "--moe-shared-expert-intermediate-size"},
+              "the gate multiplies the shared expert's output, and there is no shared expert",
+              "give --moe-shared-expert-intermediate-size, or drop --moe-shared-expert-gate");
     if (m.moe_shared_expert_intermediate_size > 0 && !m.is_moe())
       c.error("moe-shared-expert-needs-experts", {"--moe-shared-expert-intermediate-size", "--num-experts"},
               "a shared expert is part of an MoE layer, and there are no experts", "give --num-experts, or drop the flag");

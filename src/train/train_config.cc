@@ -230,6 +230,9 @@ constexpr CkptArg kModelArgs[] = {
     {"moe-router-topk", true}, {"moe-router-pre-softmax", true}, {"moe-router-topk-scaling-factor", true},
     {"moe-shared-expert-intermediate-size", true}, {"moe-router-score-function", true},
     {"moe-router-enable-expert-bias", true}, {"moe-layer-freq", true},
+    // Not in Megatron's list: without it a checkpoint's shared-expert gates
+    // would be left out of the model.
+    {"moe-shared-expert-gate", true},
     // Forced whatever --use-tokenizer-model-from-checkpoint-args says, as Megatron's _set_arg('tiktoken_pattern').
     {"tiktoken-pattern", true},
     // Not in Megatron's list (its padded vocabulary comes from the tokenizer):

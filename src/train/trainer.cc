@@ -568,7 +568,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                                              mc.moe_token_drop_policy)
                                                : std::string(),
                                            (mc.has_shared_expert()
-                                                ? fmt::format(", and a shared expert of width {}",
+                                                ? fmt::format(", and a {}shared expert of width {}",
+                                                              mc.moe_shared_expert_gate ? "gated " : "",
                                                               mc.moe_shared_expert_intermediate_size)
                                                 : std::string()) +
                                                (mc.jitters_router_input()

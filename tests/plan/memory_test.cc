@@ -174,6 +174,26 @@ TEST(StageMemory, DenseAndMoeLayersPerStage) {
   EXPECT_TRUE(named);
 }
 
+// --moe-shared-expert-gate: one [1, h] weight per MoE layer, replicated, in
+// every count (ours per stage and Megatron's).
+TEST(StageMemory, SharedExpertGateCounted) {
+  const std::string base =
+      "--world-size 1 --num-layers 3 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+      "--max-position-embeddings 32 --vocab-size 128 --micro-batch-size 2 --device cpu --disable-bias-linear "
+      "--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 16 "
+      "--moe-layer-freq [1,0,1] ";
+  PlanReport plain = plan_from(base), gated = plan_from(base + "--moe-shared-expert-gate");
+  ASSERT_TRUE(plain.valid() && gated.valid()) << rules_of(gated);
+  const double h = 64, moe_layers = 2;
+  EXPECT_DOUBLE_EQ(gated.total_params - plain.total_params, moe_layers * h);
+  EXPECT_DOUBLE_EQ(gated.memory.stages[0].dense_params - plain.memory.stages[0].dense_params, moe_layers * h);
+  EXPECT_EQ(gated.megatron_params.total - plain.megatron_params.total, static_cast<int64_t>(moe_layers * h));
+  PlanReport bad = plan_from("--world-size 1 --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+                             "--vocab-size 128 --disable-bias-linear --num-experts 4 --moe-shared-expert-gate");
+  EXPECT_FALSE(bad.valid());
+  EXPECT_NE(rules_of(bad).find("moe-shared-expert-gate-needs-expert"), std::string::npos) << rules_of(bad);
+}
+
 // --expert-tensor-parallel-size 1 under TP 2 + SP: each rank routes its
 // sequence shard (half the rows, k each) into whole experts, where ETP = TP
 // routes the whole sequence into half-width experts: the expert activations

@@ -376,6 +376,23 @@ grep -qF "warning: the checkpoint was trained with --norm-epsilon 1e-05 but this
 "$BIN" train "${CKARGS_DATA[@]}" --use-checkpoint-args 2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q -- "--use-checkpoint-args needs --load" "$TMP/err" || { fail "ckpt-args without --load"; cat "$TMP/err"; }
 
+# A checkpoint with gated shared experts (--moe-shared-expert-gate): loading
+# it into a model without the gates is refused naming the flag (nothing
+# dropped in silence); --use-checkpoint-args takes the flag from it.
+GATED=(--num-experts 2 --moe-router-topk 2 --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32)
+"$BIN" train "${CKARGS_MODEL[@]}" "${GATED[@]}" --moe-shared-expert-gate "${CKARGS_DATA[@]}" --train-iters 2 \
+  --lr-decay-iters 40 --save-interval 2 --save "$TMP/gated" >"$TMP/gated.log" 2>&1 || { fail "gated shared expert: train"; cat "$TMP/gated.log"; }
+grep -q "a gated shared expert of width 32" "$TMP/gated.log" || { fail "gated shared expert: header"; head -3 "$TMP/gated.log"; }
+"$BIN" train "${CKARGS_MODEL[@]}" "${GATED[@]}" "${CKARGS_DATA[@]}" --train-iters 3 --lr-decay-iters 40 \
+  --load "$TMP/gated" >"$TMP/gated-b.log" 2>&1; rc=$?
+[ $rc != 0 ] && grep -q "mlp.shared_experts.gate_weight (its shared experts are gated) but this model's are not: add --moe-shared-expert-gate" "$TMP/gated-b.log" \
+  || { fail "gated shared expert: loading without the gate should be refused (rc $rc)"; tail -5 "$TMP/gated-b.log"; }
+"$BIN" train "${CKARGS_DATA[@]}" --use-checkpoint-args --train-iters 3 --lr-decay-iters 40 --override-opt-param-scheduler \
+  --load "$TMP/gated" \
+  >"$TMP/gated-c.log" 2>&1 \
+  && grep -q "setting --moe-shared-expert-gate from checkpoint" "$TMP/gated-c.log" \
+  || { fail "gated shared expert: --use-checkpoint-args"; tail -5 "$TMP/gated-c.log"; }
+
 # --data-args-path / --per-split-data-args-path: the data flags read from a
 # file train exactly as the same flags on the command line; a missing file
 # is a configuration error naming it.
