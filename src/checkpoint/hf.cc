@@ -342,17 +342,24 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     rows(o + "self_attn.o_proj.weight", p + "self_attention.linear_proj.weight", 0, h, a * d);
     if (bias) rows(o + "self_attn.o_proj.bias", p + "self_attention.linear_proj.bias", 0, h, 1);
     rows(o + "post_attention_layernorm.weight", p + "pre_mlp_layernorm.weight", 0, h, 1, one_p);
-    if (arch == HfArch::kMixtral) {
-      // block_sparse_moe: the router and each expert's w1 (gate), w3 (up), w2 (down).
-      const int64_t Fe = c.moe_ffn();
-      rows(o + "block_sparse_moe.gate.weight", p + "mlp.router.weight", 0, c.num_experts, h);
-      for (int64_t e = 0; e < c.num_experts; ++e) {
-        const std::string x = fmt::format("{}block_sparse_moe.experts.{}.", o, e);
-        const std::string m = fmt::format("{}mlp.experts.local_experts.{}.", p, e);
-        rows(x + "w1.weight", m + "linear_fc1.weight", 0, Fe, h);
-        rows(x + "w3.weight", m + "linear_fc1.weight", Fe, Fe, h);
-        rows(x + "w2.weight", m + "linear_fc2.weight", 0, h, Fe);
-      }
+    // A SwiGLU MLP of width W under HF prefix x: its gate, up and down
+    // projections from Megatron's fc1 [gate; up] and fc2 under prefix m.
+    auto glu = [&](const std::string& x, const char* gate, const char* up, const char* down, const std::string& m,
+                   int64_t W) {
+      rows(x + gate + ".weight", m + "linear_fc1.weight", 0, W, h);
+      rows(x + up + ".weight", m + "linear_fc1.weight", W, W, h);
+      rows(x + down + ".weight", m + "linear_fc2.weight", 0, h, W);
+    };
+    // The router as `gate` and expert e's MLP under `experts` + "e.".
+    auto routed = [&](const std::string& gate, const std::string& experts, const char* g, const char* u,
+                      const char* dn) {
+      rows(gate, p + "mlp.router.weight", 0, c.num_experts, h);
+      for (int64_t e = 0; e < c.num_experts; ++e)
+        glu(fmt::format("{}{}.", experts, e), g, u, dn, fmt::format("{}mlp.experts.local_experts.{}.", p, e),
+            c.moe_ffn());
+    };
+    if (arch == HfArch::kMixtral) {  // block_sparse_moe: each expert's w1 (gate), w3 (up), w2 (down)
+      routed(o + "block_sparse_moe.gate.weight", o + "block_sparse_moe.experts.", "w1", "w3", "w2");
       continue;
     }
     if ((arch == HfArch::kQwen3Moe || arch == HfArch::kQwen2Moe) && c.is_moe_layer(l)) {
@@ -360,27 +367,14 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
       // gate_proj, up_proj, down_proj; Qwen2-MoE's shared expert the same
       // way, and its gate.
       if (arch == HfArch::kQwen2Moe) {
-        const int64_t S = c.moe_shared_expert_intermediate_size;
-        const std::string sx = o + "mlp.shared_expert.", sm = p + "mlp.shared_experts.";
-        rows(sx + "gate_proj.weight", sm + "linear_fc1.weight", 0, S, h);
-        rows(sx + "up_proj.weight", sm + "linear_fc1.weight", S, S, h);
-        rows(sx + "down_proj.weight", sm + "linear_fc2.weight", 0, h, S);
-        rows(o + "mlp.shared_expert_gate.weight", sm + "gate_weight", 0, 1, h);
+        glu(o + "mlp.shared_expert.", "gate_proj", "up_proj", "down_proj", p + "mlp.shared_experts.",
+            c.moe_shared_expert_intermediate_size);
+        rows(o + "mlp.shared_expert_gate.weight", p + "mlp.shared_experts.gate_weight", 0, 1, h);
       }
-      const int64_t Fe = c.moe_ffn();
-      rows(o + "mlp.gate.weight", p + "mlp.router.weight", 0, c.num_experts, h);
-      for (int64_t e = 0; e < c.num_experts; ++e) {
-        const std::string x = fmt::format("{}mlp.experts.{}.", o, e);
-        const std::string m = fmt::format("{}mlp.experts.local_experts.{}.", p, e);
-        rows(x + "gate_proj.weight", m + "linear_fc1.weight", 0, Fe, h);
-        rows(x + "up_proj.weight", m + "linear_fc1.weight", Fe, Fe, h);
-        rows(x + "down_proj.weight", m + "linear_fc2.weight", 0, h, Fe);
-      }
+      routed(o + "mlp.gate.weight", o + "mlp.experts.", "gate_proj", "up_proj", "down_proj");
       continue;
     }
-    rows(o + "mlp.gate_proj.weight", p + "mlp.linear_fc1.weight", 0, F, h);
-    rows(o + "mlp.up_proj.weight", p + "mlp.linear_fc1.weight", F, F, h);
-    rows(o + "mlp.down_proj.weight", p + "mlp.linear_fc2.weight", 0, h, F);
+    glu(o + "mlp.", "gate_proj", "up_proj", "down_proj", p + "mlp.", F);
     if (bias) {
       rows(o + "mlp.gate_proj.bias", p + "mlp.linear_fc1.bias", 0, F, 1);
       rows(o + "mlp.up_proj.bias", p + "mlp.linear_fc1.bias", F, F, 1);

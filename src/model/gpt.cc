@@ -342,18 +342,9 @@ Result<RecomputeOptions> RecomputeOptions::from_flags(const std::optional<std::s
     // --recompute-modules (Megatron's default: core_attn).
     if (!modules.empty()) r.core_attn = false;
     for (const std::string& m : modules) {
-      if (m == "core_attn") r.core_attn = true;
-      else if (m == "moe_act") r.moe_act = true;
-      else if (m == "layernorm" || m == "mla_up_proj" || m == "mlp" || m == "moe" || m == "shared_experts" ||
-               m == "gdn_norm_out" || m == "gdp_in_proj" || m == "gdp_qkv" || m == "mhc")
-        errs.push_back(fmt::format("--recompute-modules {}: recomputing that module is not implemented here "
-                                   "(core_attn and moe_act are; full recomputation, --recompute-granularity full, "
-                                   "recomputes whole layers)",
-                                   m));
-      else
-        errs.push_back(fmt::format("--recompute-modules {}: not a module Megatron recomputes (core_attn, moe_act, "
-                                   "layernorm, mla_up_proj, mlp, moe, shared_experts, ...)",
-                                   m.substr(0, 40)));
+      if (std::string why = module_problem(m); !why.empty()) errs.push_back(why);
+      r.core_attn = r.core_attn || m == "core_attn";
+      r.moe_act = r.moe_act || m == "moe_act";
     }
   } else if (g.empty()) {
     if (method || num_layers)
@@ -370,6 +361,18 @@ Result<RecomputeOptions> RecomputeOptions::from_flags(const std::optional<std::s
     return Status::invalid(m);
   }
   return r;
+}
+
+std::string RecomputeOptions::module_problem(const std::string& m) {
+  if (m == "core_attn" || m == "moe_act") return "";
+  if (m == "layernorm" || m == "mla_up_proj" || m == "mlp" || m == "moe" || m == "shared_experts" ||
+      m == "gdn_norm_out" || m == "gdp_in_proj" || m == "gdp_qkv" || m == "mhc")
+    return fmt::format("--recompute-modules {}: recomputing that module is not implemented here (core_attn and "
+                       "moe_act are; full recomputation, --recompute-granularity full, recomputes whole layers)",
+                       m);
+  return fmt::format("--recompute-modules {}: not a module Megatron recomputes (core_attn, moe_act, layernorm, "
+                     "mla_up_proj, mlp, moe, shared_experts, ...)",
+                     m.substr(0, 40));
 }
 
 std::string RecomputeOptions::str() const {

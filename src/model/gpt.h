@@ -126,6 +126,9 @@ struct RecomputeOptions {
                                              const std::vector<std::string>& modules = {});
   // "none", "selective", "selective (core_attn, moe_act)", "full uniform 2", "full block 1"
   std::string str() const;
+  // What is wrong with --recompute-modules `module` ("--recompute-modules X:
+  // ..."), or "" for one this model recomputes (core_attn, moe_act).
+  static std::string module_problem(const std::string& module);
 };
 
 // A run of consecutive layers [begin, end); recomputed groups keep only the

