@@ -198,7 +198,7 @@ StepTimes run_ours(const model::ModelConfig& cfg, bool bf16, int64_t B, const Te
                 int warmup, int steps, double* flops) {
   StepTimes r;
   model::GPTOptions o;
-  o.micro_batch = B, o.bf16_compute = bf16;
+  o.micro_batch = B, o.half_compute = bf16;
   auto m = model::GPTModel::create(cfg, o);
   if (!m.is_ok()) {
     r.note = m.status().message();

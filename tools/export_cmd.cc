@@ -62,7 +62,7 @@ int export_main(const std::vector<std::string>& args) {
   flags.add_string("load", &load, "checkpoint directory written by megatron train --save (required)");
   flags.add_int("ckpt-step", &ckpt_step, "iteration to export (default: the latest)", 0, INT64_MAX);
   flags.add_string("output", &output, "new directory for the Hugging Face model (required; must not exist or be empty)");
-  flags.add_string("dtype", &dtype, "weights as fp32 or bf16; auto: bf16 when trained with --bf16, else fp32");
+  flags.add_string("dtype", &dtype, "weights as fp32, bf16 or fp16; auto: bf16 (fp16) when trained with --bf16 (--fp16), else fp32");
   flags.add_string("max-shard-size", &shard, "largest safetensors file before the weights are split (5GB, 500MB, 2GiB)");
   flags.add_switch("keep-vocab-padding", &keep_padding,
                    "keep Megatron's padded vocabulary rows (default: the tokenizer's vocabulary size)");
@@ -83,8 +83,8 @@ int export_main(const std::vector<std::string>& args) {
   std::vector<std::string> problems;
   if (load.empty()) problems.push_back("missing --load DIR");
   if (output.empty()) problems.push_back("missing --output DIR");
-  if (dtype != "auto" && dtype != "fp32" && dtype != "bf16")
-    problems.push_back(fmt::format("--dtype {}: expected fp32, bf16 or auto", dtype));
+  if (dtype != "auto" && dtype != "fp32" && dtype != "bf16" && dtype != "fp16")
+    problems.push_back(fmt::format("--dtype {}: expected fp32, bf16, fp16 or auto", dtype));
   const auto shard_bytes = parse_size(shard);
   if (!shard_bytes)
     problems.push_back(fmt::format("--max-shard-size {}: expected a size such as 5GB, 500MB, 2GiB or a byte count", shard));
@@ -115,7 +115,9 @@ int export_main(const std::vector<std::string>& args) {
     tok.bos_piece = sp->piece(sp->bos()), tok.eos_piece = sp->piece(sp->eod()), tok.unk_piece = sp->piece(sp->unk());
   }
   checkpoint::HfExportOptions eo;
-  eo.dtype = dtype == "bf16" || (dtype == "auto" && loaded->bf16) ? DType::kBF16 : DType::kF32;
+  eo.dtype = dtype == "bf16" || (dtype == "auto" && loaded->bf16)   ? DType::kBF16
+             : dtype == "fp16" || (dtype == "auto" && loaded->fp16) ? DType::kF16
+                                                                    : DType::kF32;
   eo.max_shard_bytes = *shard_bytes;
   eo.keep_vocab_padding = keep_padding;
   auto sum = checkpoint::export_hf(*loaded->model, tok, eo, output);
@@ -126,7 +128,7 @@ int export_main(const std::vector<std::string>& args) {
   std::printf("exported iteration %lld of %s as %s: %lld tensors, %lld parameters, %.1f MB %s, vocabulary %lld rows%s\n",
               static_cast<long long>(loaded->iteration), loaded->directory.c_str(), checkpoint::hf_arch_name(sum->arch),
               static_cast<long long>(sum->tensors), static_cast<long long>(sum->parameters),
-              static_cast<double>(sum->bytes) / 1e6, eo.dtype == DType::kBF16 ? "bf16" : "fp32",
+              static_cast<double>(sum->bytes) / 1e6, dtype_name(eo.dtype),
               static_cast<long long>(sum->vocab_rows),
               sum->vocab_rows < loaded->model->vocab() ? fmt::format(" (of {} padded)", loaded->model->vocab()).c_str() : "");
   std::printf("%s:", output.c_str());

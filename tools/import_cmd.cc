@@ -141,6 +141,11 @@ int import_main(const std::vector<std::string>& args) {
   }
   argv.insert(argv.end(), {"--seq-length", std::to_string(seq)});
   if (cfg.contains("torch_dtype") && cfg["torch_dtype"] == "bfloat16") argv.push_back("--bf16");
+  // float16 weights say how the model was stored, not how to train it (many
+  // Hub models are float16): fine-tuning stays fp32 unless asked.
+  if (cfg.contains("torch_dtype") && cfg["torch_dtype"] == "float16")
+    notes.push_back("the weights are float16: the fine-tune command trains in fp32; add --bf16, or --fp16 (with "
+                    "Megatron's loss scaling), for 16-bit training");
   if (divisible_by) argv.insert(argv.end(), {"--make-vocab-size-divisible-by", std::to_string(*divisible_by)});
 
   auto rebuilt = infer::config_from_training_argv(argv, "megatron import");

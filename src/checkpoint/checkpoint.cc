@@ -517,7 +517,9 @@ Status open_rank_file(const std::string& path, int index, std::unique_ptr<Mapped
         !v.contains("data_offsets"))
       return Status::corrupt(where + ": expected an object with dtype, shape and data_offsets");
     DType dt;
-    if (!parse_safetensors_dtype(v["dtype"].get<std::string>(), &dt))
+    // F16 is a safetensors type (Hugging Face imports read it) but never one
+    // of this format's: its tensors are fp32 (or bf16, int) slices.
+    if (!parse_safetensors_dtype(v["dtype"].get<std::string>(), &dt) || dt == DType::kF16)
       return Status::corrupt(fmt::format("{}: dtype {} is not one of F32, F64, BF16, I32, I64", where, v["dtype"].dump()));
     std::vector<int64_t> shape, range, gshape, offsets;
     if (!parse_dims(v["shape"], &shape)) return Status::corrupt(where + ": shape is not a list of non-negative integers");

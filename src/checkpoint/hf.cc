@@ -135,7 +135,7 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
 nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfTokenizerInfo& tok, int64_t vocab_rows,
                          DType dtype) {
   using nlohmann::json;
-  const char* torch_dtype = dtype == DType::kBF16 ? "bfloat16" : "float32";
+  const char* torch_dtype = dtype == DType::kBF16 ? "bfloat16" : dtype == DType::kF16 ? "float16" : "float32";
   const json eos = tok.eod >= 0 ? json(tok.eod) : json(nullptr);
   // GPT-2's <|endoftext|> is its BOS too; SentencePiece models name theirs.
   const json bos = tok.type == "GPT2BPETokenizer" ? eos : tok.bos >= 0 ? json(tok.bos) : json(nullptr);
@@ -502,8 +502,8 @@ Status write_tokenizer_files(const HfTokenizerInfo& tok, const model::ModelConfi
 
 Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInfo& tok, const HfExportOptions& opt,
                                   const std::string& out_dir) {
-  if (opt.dtype != DType::kF32 && opt.dtype != DType::kBF16)
-    return Status::invalid("hf export: the dtype must be fp32 or bf16");
+  if (opt.dtype != DType::kF32 && opt.dtype != DType::kBF16 && opt.dtype != DType::kF16)
+    return Status::invalid("hf export: the dtype must be fp32, bf16 or fp16");
   if (opt.max_shard_bytes < 1) return Status::invalid("hf export: the shard size must be positive");
   MT_RETURN_IF_ERROR(check_whole_fp32(m, "export"));
   auto arch = hf_architecture(m.config());
@@ -553,17 +553,25 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
     const std::string file = shards.size() == 1 ? "model.safetensors"
                                                 : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
     std::vector<std::vector<float>> f32;
-    std::vector<std::vector<bf16>> lowp;
+    std::vector<std::vector<uint16_t>> lowp;  // bf16 or fp16 payloads
     std::vector<NamedTensor> named;
     f32.reserve(shards[s].size()), lowp.reserve(shards[s].size());
     for (size_t i : shards[s]) {
       const HfMap& map = maps[i];
       f32.push_back(gather(m, map));
-      if (opt.dtype == DType::kBF16) {
+      if (opt.dtype != DType::kF32) {
+        // Rounded once to nearest even; fp16 turns values beyond 65504 into inf.
         lowp.emplace_back(f32.back().size());
-        for (size_t j = 0; j < f32.back().size(); ++j) lowp.back()[j] = float_to_bf16(f32.back()[j]);
+        for (size_t j = 0; j < f32.back().size(); ++j) {
+          const float v = f32.back()[j];
+          lowp.back()[j] = opt.dtype == DType::kBF16 ? float_to_bf16(v).bits : float_to_f16(v).bits;
+          if (opt.dtype == DType::kF16 && std::isfinite(v) && (lowp.back()[j] & 0x7c00) == 0x7c00)
+            return fail(Status::invalid(fmt::format(
+                "hf export: {} holds {} at element {}, beyond fp16's range (65504); export with --dtype bf16 or fp32",
+                map.hf, v, j)));
+        }
         std::vector<float>().swap(f32.back());
-        named.push_back({map.hf, Tensor(lowp.back().data(), map.hf_shape, DType::kBF16)});
+        named.push_back({map.hf, Tensor(lowp.back().data(), map.hf_shape, opt.dtype)});
       } else {
         named.push_back({map.hf, Tensor(f32.back().data(), map.hf_shape, DType::kF32)});
       }

@@ -78,7 +78,7 @@ struct HfTokenizerInfo {
 };
 
 struct HfExportOptions {
-  DType dtype = DType::kF32;                  // kF32 or kBF16 (round to nearest even)
+  DType dtype = DType::kF32;                  // kF32, kBF16 or kF16 (round to nearest even)
   int64_t max_shard_bytes = 5'000'000'000;    // transformers' default "5GB"
   bool keep_vocab_padding = false;
 };

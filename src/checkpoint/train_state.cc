@@ -148,7 +148,7 @@ Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model,
                                  "--tensor-model-parallel-size {}): rows present in both were loaded, the others keep "
                                  "their initial values",
                                  model.vocab(), tp));
-  if (model.options().bf16_compute) model.sync_low_precision();
+  if (model.options().half_compute) model.sync_low_precision();
   return Status::ok();
 }
 

@@ -43,6 +43,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::kF32: return MPI_FLOAT;
     case DType::kF64: return MPI_DOUBLE;
     case DType::kBF16: return MPI_UINT16_T;
+    case DType::kF16: return MPI_UINT16_T;
     case DType::kI32: return MPI_INT32_T;
     case DType::kI64: return MPI_INT64_T;
   }
@@ -64,16 +65,30 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
+// 16-bit (bf16, fp16) reductions go through fp32: widened exactly, summed,
+// rounded once.
+bool half(DType t) { return t == DType::kBF16 || t == DType::kF16; }
+
 std::vector<float> to_f32(const Tensor& t) {
   std::vector<float> f(static_cast<size_t>(t.numel()));
-  const auto* h = static_cast<const bf16*>(t.data());
-  for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_float(h[i]);
+  if (t.dtype() == DType::kF16) {
+    const auto* h = static_cast<const f16*>(t.data());
+    for (size_t i = 0; i < f.size(); ++i) f[i] = f16_to_float(h[i]);
+  } else {
+    const auto* h = static_cast<const bf16*>(t.data());
+    for (size_t i = 0; i < f.size(); ++i) f[i] = bf16_to_float(h[i]);
+  }
   return f;
 }
 
 void from_f32(const std::vector<float>& f, const Tensor& t) {
-  auto* h = static_cast<bf16*>(t.data());
-  for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_bf16(f[i]);
+  if (t.dtype() == DType::kF16) {
+    auto* h = static_cast<f16*>(t.data());
+    for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_f16(f[i]);
+  } else {
+    auto* h = static_cast<bf16*>(t.data());
+    for (size_t i = 0; i < f.size(); ++i) h[i] = float_to_bf16(f[i]);
+  }
 }
 
 // An MPI request in flight plus what must outlive it (scratch buffers) and
@@ -143,7 +158,7 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(const Tensor& t, ReduceOp op) override {
     check_tensor("all_reduce", t);
     int n = count("all_reduce", t.numel());
-    if (t.dtype() == DType::kBF16) {
+    if (half(t.dtype())) {
       std::vector<float> f = to_f32(t);
       MPI_Allreduce(MPI_IN_PLACE, f.data(), n, MPI_FLOAT, mpi_op(op), comm_);
       from_f32(f, t);
@@ -165,7 +180,7 @@ class MpiCommunicator final : public Communicator {
 
   void reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
     int n = scatter_args("reduce_scatter", in, out);
-    if (in.dtype() == DType::kBF16) {
+    if (half(in.dtype())) {
       std::vector<float> fin = to_f32(in), fout(static_cast<size_t>(n));
       MPI_Reduce_scatter_block(fin.data(), fout.data(), n, MPI_FLOAT, mpi_op(op), comm_);
       from_f32(fout, out);
@@ -260,7 +275,7 @@ class MpiCommunicator final : public Communicator {
     check_tensor("iall_reduce", t);
     int n = count("iall_reduce", t.numel());
     auto w = std::make_unique<MpiWork>();
-    if (t.dtype() == DType::kBF16) {
+    if (half(t.dtype())) {
       w->f_in = to_f32(t);
       MPI_Iallreduce(MPI_IN_PLACE, w->f_in.data(), n, MPI_FLOAT, mpi_op(op), comm_, &w->req);
       MpiWork* raw = w.get();
@@ -276,7 +291,7 @@ class MpiCommunicator final : public Communicator {
     int n = scatter_args("ireduce_scatter", in, out);
     auto w = std::make_unique<MpiWork>();
     MpiWork* raw = w.get();
-    if (in.dtype() == DType::kBF16) {
+    if (half(in.dtype())) {
       w->f_in = to_f32(in);
       w->f_out.resize(static_cast<size_t>(n));
       MPI_Ireduce_scatter_block(w->f_in.data(), w->f_out.data(), n, MPI_FLOAT, mpi_op(op), comm_, &w->req);

@@ -22,6 +22,7 @@ const char* safetensors_dtype_name(DType t) {
     case DType::kF32: return "F32";
     case DType::kF64: return "F64";
     case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
   }
@@ -32,6 +33,7 @@ bool parse_safetensors_dtype(const std::string& s, DType* t) {
   if (s == "F32") *t = DType::kF32;
   else if (s == "F64") *t = DType::kF64;
   else if (s == "BF16") *t = DType::kBF16;
+  else if (s == "F16") *t = DType::kF16;
   else if (s == "I32") *t = DType::kI32;
   else if (s == "I64") *t = DType::kI64;
   else return false;
@@ -246,11 +248,7 @@ float mapped_float(const MappedTensor& t, int64_t i) {
   if (t.dtype == "F16") {
     uint16_t u;
     std::memcpy(&u, p, 2);
-    const int sign = u >> 15, ex = (u >> 10) & 31, man = u & 1023;
-    float v = ex == 0 ? std::ldexp(static_cast<float>(man), -24)
-              : ex == 31 ? (man ? NAN : INFINITY)
-                         : std::ldexp(static_cast<float>(man | 1024), ex - 25);
-    return sign ? -v : v;
+    return f16_to_float(f16{u});
   }
   if (t.dtype == "F64") {
     double x;

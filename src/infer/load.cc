@@ -43,6 +43,7 @@ Result<RebuiltConfig> config_from_training_argv(const std::vector<std::string>& 
   r.tokenizer = std::move(*tok);
   r.tokenizer_config = tk;
   r.bf16 = tc.job.precision.bf16;
+  r.fp16 = tc.job.precision.fp16;
   return r;
 }
 
@@ -68,6 +69,7 @@ Result<LoadedModel> load_for_generation(const std::string& load_dir, const LoadO
   out.tokenizer = std::move(rc->tokenizer);
   out.tokenizer_config = rc->tokenizer_config;
   out.bf16 = rc->bf16;
+  out.fp16 = rc->fp16;
   out.iteration = ck->iteration();
   out.directory = ck->directory();
   return out;

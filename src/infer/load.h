@@ -32,6 +32,7 @@ struct LoadedModel {
   std::unique_ptr<data::Tokenizer> tokenizer;
   data::TokenizerConfig tokenizer_config;  // as resolved (files after LoadOptions' replacements)
   bool bf16 = false;                       // trained with --bf16
+  bool fp16 = false;                       // trained with --fp16
   int64_t iteration = 0;
   std::string directory;  // .../iter_0000020
 };
@@ -44,7 +45,7 @@ struct RebuiltConfig {
   model::ModelConfig model;
   std::unique_ptr<data::Tokenizer> tokenizer;
   data::TokenizerConfig tokenizer_config;
-  bool bf16 = false;
+  bool bf16 = false, fp16 = false;
 };
 Result<RebuiltConfig> config_from_training_argv(const std::vector<std::string>& argv, const std::string& where,
                                                 const LoadOptions& opt = {});

@@ -21,24 +21,32 @@ namespace mt::kernels {
 template <typename Tin>
 using AttnAcc = std::conditional_t<std::is_same_v<Tin, double>, double, float>;
 
-template <typename F>
+// H16: fp16 qkv too, with the bf16 rules (the CPU twin; the CUDA twin has no
+// fp16 kernels yet).
+template <bool H16 = false, typename F>
 void attention_qkv_types(DType qkv, const char* op, F&& f) {
   switch (qkv) {
     case DType::kF32: return f(float{});
     case DType::kBF16: return f(bf16{});
     case DType::kF64: return f(double{});
-    default: MT_CHECK(false, fmt::format("{}: qkv is {}, expected fp32, bf16 or fp64", op, dtype_name(qkv)));
+    case DType::kF16:
+      if constexpr (H16) return f(f16{});
+      [[fallthrough]];
+    default:
+      MT_CHECK(false, fmt::format("{}: qkv is {}, expected fp32, {} or fp64", op, dtype_name(qkv),
+                                  H16 ? "bf16, fp16" : "bf16"));
   }
 }
 
 template <typename Tin, typename F>
 void attention_types(DType y, const char* op, const char* name, F&& f) {
   using A = AttnAcc<Tin>;
+  constexpr bool half = std::is_same_v<Tin, bf16> || std::is_same_v<Tin, f16>;
   if (y == dtype_of<A>()) return f(A{});
-  if constexpr (std::is_same_v<Tin, bf16>)
-    if (y == DType::kBF16) return f(bf16{});
+  if constexpr (half)
+    if (y == dtype_of<Tin>()) return f(Tin{});
   MT_CHECK(false, fmt::format("{}: {} is {}, expected {} for {} qkv", op, name, dtype_name(y),
-                              std::is_same_v<Tin, bf16> ? "fp32 or bf16" : dtype_name(dtype_of<A>()),
+                              half ? fmt::format("fp32 or {}", dtype_name(dtype_of<Tin>())) : dtype_name(dtype_of<A>()),
                               dtype_name(dtype_of<Tin>())));
 }
 

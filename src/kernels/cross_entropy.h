@@ -24,7 +24,7 @@ void xent_loss(const Tensor& max, const Tensor& sumexp, const Tensor& target_log
                const Tensor& loss);
 void xent_backward(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
                    const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
-void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+void xent_backward_half(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
                         const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
 }  // namespace cpu
 #ifdef MT_HAVE_CUDA
@@ -37,7 +37,7 @@ void xent_loss(const Tensor& max, const Tensor& sumexp, const Tensor& target_log
                const Tensor& loss);
 void xent_backward(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
                    const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
-void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+void xent_backward_half(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
                         const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits);
 }  // namespace cuda
 #endif
@@ -60,11 +60,11 @@ inline void xent_backward(const Tensor& logits, const Tensor& targets, int64_t v
   MT_DISPATCH(xent_backward, logits.device(), logits, targets, vocab_start, max, sumexp, dloss, dlogits);
 }
 
-// bf16 compute: the same gradient written straight to bf16, dlogits [N, V]
-// (fp32 logits), for the output layer's bf16 GEMMs. Bitwise equal to
+// 16-bit compute: the same gradient written straight to bf16 (or fp16, CPU
+// twin only), dlogits [N, V] (fp32 logits), for the output layer's 16-bit GEMMs. Bitwise equal to
 // xent_backward followed by a cast, without the fp32 [N, V] pass.
-inline void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
+inline void xent_backward_half(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& max,
                                const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits) {
-  MT_DISPATCH(xent_backward_bf16, logits.device(), logits, targets, vocab_start, max, sumexp, dloss, dlogits);
+  MT_DISPATCH(xent_backward_half, logits.device(), logits, targets, vocab_start, max, sumexp, dloss, dlogits);
 }
 }  // namespace mt::kernels

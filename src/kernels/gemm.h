@@ -66,8 +66,9 @@ inline void gemm_add(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
                      const Tensor& R, const Tensor& D) {
   MT_CHECK(R.dtype() == D.dtype() &&
                (D.dtype() == DType::kF32 || D.dtype() == DType::kF64 ||
-                (D.dtype() == DType::kBF16 && A.dtype() == DType::kBF16)),
-           fmt::format("gemm_add: R and D must share one dtype, fp32 or fp64, or bf16 with bf16 A and B (got R {}, "
+                ((D.dtype() == DType::kBF16 || D.dtype() == DType::kF16) && A.dtype() == D.dtype())),
+           fmt::format("gemm_add: R and D must share one dtype, fp32 or fp64, or bf16 with bf16 A and B (fp16 "
+                       "likewise) (got R {}, "
                        "D {}, A {})",
                        dtype_name(R.dtype()), dtype_name(D.dtype()), dtype_name(A.dtype())));
   MT_CHECK(R.numel() >= M * N && D.numel() >= M * N,

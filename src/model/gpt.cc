@@ -10,6 +10,7 @@
 #include "comm/communicator.h"
 #include "core/device.h"
 #include "core/rng.h"
+#include "core/sim_device.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
@@ -529,7 +530,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   if (opt.flat_multiple < 1) errs.push_back("flat_multiple must be at least 1");
   if (opt.slots < 0) errs.push_back("activation slots must be >= 0");
   if (opt.dtype != DType::kF32 && opt.dtype != DType::kF64) errs.push_back("model dtype must be fp32 or fp64");
-  if (opt.bf16_compute && opt.dtype != DType::kF32) errs.push_back("bf16 compute needs fp32 parameters");
+  if (opt.half_compute && opt.dtype != DType::kF32) errs.push_back("16-bit compute needs fp32 parameters");
+  if (opt.half_compute && opt.half != DType::kBF16 && opt.half != DType::kF16)
+    errs.push_back(fmt::format("16-bit compute takes bf16 or fp16, not {}", dtype_name(opt.half)));
+  if (opt.half_compute && opt.half == DType::kF16 && opt.device == Device::kCuda && !simdev::enabled())
+    errs.push_back("--fp16: the CUDA kernels take bf16, not fp16, so far (use --bf16 on the GPU, or the CPU backend)");
   if (cfg.hidden_dropout >= 1 || cfg.attention_dropout >= 1) errs.push_back("dropout must be below 1");
   const RecomputeOptions& rc = opt.recompute;
   std::vector<LayerRange> chunks = opt.chunks;
@@ -561,7 +566,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   Dims& d = t.dims;
   d = Dims{N, Ns, B, T, h, al, ad, (al + 2 * gl) * cfg.head_dim(), (cfg.swiglu ? 2 : 1) * F, F,
            cfg.padded_vocab(tp) / tp, opt.dtype, cfg.normalization == Normalization::kLayerNorm};
-  d.gemm_in = opt.bf16_compute ? DType::kBF16 : opt.dtype;
+  d.gemm_in = opt.half_compute ? opt.half : opt.dtype;
   d.rs = ::mt::model::residual_dtype(opt);
   d.dn = tp == 1 ? d.rs : opt.dtype;
   d.ln = cfg.apply_residual_connection_post_layernorm ? d.rs : d.gemm_in;
@@ -622,11 +627,11 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // The routed experts are split over the expert TP group: TP, or none (ETP 1).
   auto local_shape = [&](const ParamSpec& s) { return s.local_shape(s.expert >= 0 && d.xlocal ? 1 : opt.tp); };
   for (const ParamSpec& s : t.specs) (s.expert < 0 ? t.params : t.expert_params).add(s.name, local_shape(s), dt);
-  if (opt.bf16_compute)
+  if (opt.half_compute)
     for (size_t i = 0; i < t.specs.size(); ++i) {
       const Shape sh = local_shape(t.specs[i]);
       if (sh.ndim == 2 && t.specs[i].name != "embedding.position_embeddings.weight") {
-        t.lowp.add(t.specs[i].name, sh, DType::kBF16);
+        t.lowp.add(t.specs[i].name, sh, opt.half);
         t.lowp_which.push_back(static_cast<int>(i));
       }
     }
@@ -719,8 +724,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
 
   // Scratch: the peak of the allocations forward() and backward() make, in
   // the order they make them (each rounded up by Arena::alloc).
-  const bool bf = opt.bf16_compute;
-  const DType hb = DType::kBF16;
+  const bool bf = opt.half_compute;
+  const DType hb = opt.half;
   const size_t ws = t.workspace.total_bytes();
   // linear_fwd casts an fp32 input (ln1/ln2 when the residual is taken from
   // them); linear_bwd casts an fp32 dy (the residual gradient into fc2 and
@@ -1066,7 +1071,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   // bf16 copies of every matrix a GEMM reads.
   lowp_.assign(params_.size(), Tensor());
   if (plan_.lowp) {
-    lowp_arena_ = Arena(plan_.lowp, "bf16-weights", opt.device);
+    lowp_arena_ = Arena(plan_.lowp, "16-bit-weights", opt.device);
     auto v = lowp_arena_.carve(t.lowp);
     for (size_t j = 0; j < t.lowp_which.size(); ++j) lowp_[static_cast<size_t>(t.lowp_which[j])] = v[j];
   }
@@ -1264,9 +1269,9 @@ void GPTModel::zero_grads() {
 }
 
 // x itself when it is bf16, else a bf16 copy in scratch (the caller holds an ArenaScope).
-Tensor GPTModel::as_bf16(const Tensor& x) {
-  if (x.dtype() == DType::kBF16) return x;
-  Tensor xh = scratch(x.shape(), DType::kBF16);
+Tensor GPTModel::as_half(const Tensor& x) {
+  if (x.dtype() == opt_.half) return x;
+  Tensor xh = scratch(x.shape(), opt_.half);
   k::cast(x, xh);
   return xh;
 }
@@ -1276,9 +1281,9 @@ Tensor GPTModel::as_bf16(const Tensor& x) {
 void GPTModel::linear_fwd(const Tensor& x, int w, int b, const Tensor& y) {
   const Tensor& W = params_[w];
   const int64_t out = W.dim(0), in = W.dim(1), n = x.numel() / in;
-  if (opt_.bf16_compute) {
+  if (opt_.half_compute) {
     ArenaScope scope(scratch_);
-    const Tensor xh = as_bf16(x);
+    const Tensor xh = as_half(x);
     k::gemm(false, true, n, out, in, 1.0f, xh, lowp_[w], 0.0f, y);
   } else {
     k::gemm(false, true, n, out, in, 1.0f, x, W, 0.0f, y);
@@ -1290,9 +1295,9 @@ void GPTModel::linear_fwd(const Tensor& x, int w, int b, const Tensor& y) {
 void GPTModel::linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const Tensor& dx) {
   const Tensor& W = params_[w];
   const int64_t out = W.dim(0), in = W.dim(1), n = x.numel() / in;
-  if (opt_.bf16_compute) {
+  if (opt_.half_compute) {
     ArenaScope scope(scratch_);
-    const Tensor dyh = as_bf16(dy), xh = as_bf16(x);
+    const Tensor dyh = as_half(dy), xh = as_half(x);
     if (dx.defined()) k::gemm(false, false, n, in, out, 1.0f, dyh, lowp_[w], 0.0f, dx);
     k::gemm(true, false, out, in, n, 1.0f, dyh, xh, 1.0f, grads_[w]);
   } else {
@@ -1409,7 +1414,7 @@ void GPTModel::residual_linear_fwd(const Tensor& x, int w, int b, double dropout
     const Tensor& W = params_[w];
     const int64_t n_out = W.dim(0), in = W.dim(1), n = x.numel() / in;
     ArenaScope scope(scratch_);
-    if (opt_.bf16_compute) k::gemm_add(false, true, n, n_out, in, as_bf16(x), lowp_[w], res, out);
+    if (opt_.half_compute) k::gemm_add(false, true, n, n_out, in, as_half(x), lowp_[w], res, out);
     else k::gemm_add(false, true, n, n_out, in, x, W, res, out);
     return;
   }
@@ -1434,7 +1439,7 @@ k::AttentionOptions GPTModel::attention_options(const Slot& s, int l) const {
   k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())),
                          s.training ? cfg_.attention_dropout : 0.0, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 0),
                          opt_.tp_rank * a_};
-  ao.bf16_matmul = opt_.bf16_compute;  // tensor cores where the backend has them
+  ao.bf16_matmul = opt_.half_compute;  // tensor cores where the backend has them
   ao.cp_size = opt_.cp, ao.cp_rank = opt_.cp_rank;
   if (opt_.reset_attention_mask) ao.doc_start = s.doc_start;
   return ao;
@@ -2291,9 +2296,9 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   }
   norm_fwd(s.resid[static_cast<size_t>(R.count)], final_w_, final_b_, own_rows(s.lnf), s.lnf_mean, s.lnf_rstd);
   column_fwd_input(own_rows(s.lnf), s.lnf);
-  if (opt_.bf16_compute) {
+  if (opt_.half_compute) {
     ArenaScope scope(scratch_);
-    k::gemm(false, true, N_, V_, h_, 1.0f, as_bf16(s.lnf), lowp_[out_], 0.0f, s.logits);
+    k::gemm(false, true, N_, V_, h_, 1.0f, as_half(s.lnf), lowp_[out_], 0.0f, s.logits);
   } else {
     k::gemm(false, true, N_, V_, h_, 1.0f, s.lnf, params_[out_], 0.0f, s.logits);
   }
@@ -2350,17 +2355,17 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
     copy_tensor(hd, dloss);
   }
   // dlogits overwrite the logits (fp32); bf16 compute writes them below.
-  if (!opt_.bf16_compute) k::xent_backward(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, s.logits);
+  if (!opt_.half_compute) k::xent_backward(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, s.logits);
   {
     // Output layer: dx is partial over the vocabulary shards: all-reduce
     // (SP: reduce-scatter to this rank's rows).
     ArenaScope casts(scratch_);
     Tensor dx = sp() ? scratch({N_, h_}, dn_) : dlnf;
-    if (opt_.bf16_compute) {
+    if (opt_.half_compute) {
       // dlogits in bf16 straight from the softmax (no fp32 [N, V] pass).
-      Tensor dh = scratch({N_, V_}, DType::kBF16);
-      k::xent_backward_bf16(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, dh);
-      const Tensor xh = as_bf16(s.lnf);
+      Tensor dh = scratch({N_, V_}, opt_.half);
+      k::xent_backward_half(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, dh);
+      const Tensor xh = as_half(s.lnf);
       k::gemm(false, false, N_, h_, V_, 1.0f, dh, lowp_[out_], 0.0f, dx);
       k::gemm(true, false, V_, h_, N_, 1.0f, dh, xh, 1.0f, grads_[out_]);
     } else {

@@ -7,7 +7,7 @@
 // Memory (one allocation each, carved by a SizeTable, llm.c style):
 //   params   every parameter of gpt_param_specs(), in registry order
 //   grads    same table as params (so flat views line up for reductions)
-//   lowp     bf16 copies of the GEMM weights when compute is bf16
+//   lowp     16-bit (bf16 or fp16) copies of the GEMM weights under 16-bit compute
 //            (refresh with sync_low_precision() after each optimizer step)
 //   acts     `slots` activation slots; a slot holds everything one
 //            micro-batch's backward needs (LayerActs and make_tables in gpt.cc);
@@ -153,11 +153,12 @@ struct GPTOptions {
   DType dtype = DType::kF32;     // parameters and activations: fp32, or fp64 (tests)
   Device device = Device::kCpu;  // where every arena of the model lives (kCuda: the current GPU);
                                  // forward() and backward() take host tokens/labels and return host losses
-  bool bf16_compute = false;     // GEMM inputs in bf16 with fp32 accumulation; activations between
+  bool half_compute = false;     // GEMM inputs in `half` with fp32 accumulation; activations between
                                  // two GEMMs (qkv, ctx, fc1, act, norm outputs) and their
-                                 // gradients stored in bf16; the residual stream and its
-                                 // gradient too, unless fp32_residual (Megatron's --bf16)
-  bool fp32_residual = false;    // with bf16_compute: keep the residual stream and its gradient
+                                 // gradients stored in `half`; the residual stream and its
+                                 // gradient too, unless fp32_residual (Megatron's --bf16, --fp16)
+  DType half = DType::kBF16;     // the 16-bit type of half_compute: bf16, or fp16 (--fp16; CPU only)
+  bool fp32_residual = false;    // with half_compute: keep the residual stream and its gradient
                                  // in `dtype` (--fp32-residual-connection)
   int slots = 1;                 // activation slots (micro-batches in flight); 0: parameters
                                  // only (inference: no gradients, activations or scratch)
@@ -233,7 +234,7 @@ struct GPTOptions {
 };
 
 // The residual stream's dtype under these options (GPTModel::residual_dtype()):
-// bf16 under bf16_compute without fp32_residual, else the model dtype.
+// the 16-bit type under half_compute without fp32_residual, else the model dtype.
 // The non-gated MLP activation: --squared-relu, else GELU's tanh or erf form
 // (ModelConfig::gelu_tanh()).
 inline kernels::GeluKind mlp_activation(const ModelConfig& c) {
@@ -248,7 +249,7 @@ inline kernels::MoeRouter moe_router(const ModelConfig& c) {
 }
 
 inline DType residual_dtype(const GPTOptions& o) {
-  return o.bf16_compute && !o.fp32_residual ? DType::kBF16 : o.dtype;
+  return o.half_compute && !o.fp32_residual ? o.half : o.dtype;
 }
 
 // The rotary embedding the model flags ask for (--rotary-base, --rotary-percent,
@@ -270,7 +271,7 @@ struct GPTMemoryPlan {
   size_t params = 0;                // parameter arena
   size_t expert_params = 0;         // of which the routed experts' region (--num-experts), padding included
   size_t grads = 0;                 // gradient arena (0 with slots == 0)
-  size_t lowp = 0;                  // bf16 copies of the GEMM weights (bf16 compute)
+  size_t lowp = 0;                  // 16-bit copies of the GEMM weights (16-bit compute)
   size_t activations_per_slot = 0;  // what one micro-batch keeps for backward
   size_t activations = 0;           // slots x activations_per_slot
   size_t recompute_workspace = 0;   // one recomputed group's activations (inside scratch)
@@ -384,7 +385,7 @@ class GPTModel {
   // The bf16 GEMM copy of parameter i (undefined without bf16 compute or for
   // parameters no GEMM reads); the optimizer writes it as it updates.
   Tensor low_precision(int i) const { return lowp_[static_cast<size_t>(i)]; }
-  // bf16 copies of one stage's GEMM weights (after a distributed-optimizer
+  // 16-bit copies of one stage's GEMM weights (after a distributed-optimizer
   // parameter gather of that stage).
   void sync_low_precision(int stage);
   // With sequence parallelism, the gradients of replicated parameters (norms,
@@ -394,7 +395,7 @@ class GPTModel {
   // weights (each TP rank's heads give a partial sum). Call once per
   // iteration after the last backward. No-op with TP = 1.
   void reduce_tp_replicated_grads();
-  // bf16 copies of the GEMM weights from the fp32 parameters.
+  // 16-bit copies of the GEMM weights from the fp32 parameters.
   void sync_low_precision();
 
   // Logits of the last forward in `slot`: [T*B, local_vocab()] ([s, b] rows). Valid until backward(slot).
@@ -403,7 +404,7 @@ class GPTModel {
   const ModelConfig& config() const { return cfg_; }
   const GPTOptions& options() const { return opt_; }
   // The residual stream's dtype (chunk inputs and outputs, the gradients a
-  // pipeline stage exchanges): bf16 under bf16_compute without
+  // pipeline stage exchanges): bf16 under half_compute without
   // fp32_residual, else the model dtype.
   DType residual_dtype() const { return rs_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
@@ -503,7 +504,7 @@ class GPTModel {
   struct LayerActs;
   struct Slot;
   struct Workspace;
-  Tensor as_bf16(const Tensor& x);
+  Tensor as_half(const Tensor& x);
   void linear_fwd(const Tensor& x, int w, int b, const Tensor& y);
   void linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const Tensor& dx);
   // Tensor-parallel wrappers (see the table above). x_own: this rank's rows of

@@ -222,7 +222,7 @@ void AdamWOptimizer::step(double lr, double wd, double decoupled_lr) {
     }
     par_.dist_buckets->all_gather_params();
     if (par_.expert_dist_buckets) par_.expert_dist_buckets->all_gather_params();
-    if (model_.options().bf16_compute) model_.sync_low_precision();
+    if (model_.options().half_compute) model_.sync_low_precision();
   }
 }
 

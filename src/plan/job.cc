@@ -59,8 +59,8 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
                "bf16 GEMMs (fp32 accumulation), bf16 activations and residual stream (each op computes in fp32 and "
                "rounds once); fp32 master weights and gradients");
   f.add_switch("fp32-residual-connection", &j.precision.fp32_residual_connection,
-               "keep the residual stream and its gradient in fp32 under --bf16");
-  f.add_switch("fp16", &j.precision.fp16, "fp16 compute with loss scaling");
+               "keep the residual stream and its gradient in fp32 under --bf16 or --fp16");
+  f.add_switch("fp16", &j.precision.fp16, "fp16 compute with loss scaling (CPU backend): GEMM inputs and the activations between GEMMs in IEEE half, fp32 master weights and gradients");
   f.add_string("recompute-granularity", &j.recompute.granularity, "activation recomputation", {"full", "selective"});
   f.add_string("recompute-method", &j.recompute.method, "which layers full recomputation covers", {"uniform", "block"});
   f.add_int("recompute-num-layers", &j.recompute.num_layers, "layers per recompute group (uniform) or recomputed layers per stage (block)", 1, 1 << 16);
@@ -190,6 +190,9 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"ckpt-format", true, kCk, kCkpt},
       {"use-dist-ckpt", false, kCk, kCkpt},
       {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
+      {"fp16-lm-cross-entropy", false, "no fp16 cross entropy",
+       "the cross entropy takes fp32 logits here (Megatron's default); computing it on fp16 logits is not "
+       "offered: drop the flag"},
       {"use-torch-fsdp2", false, "no FSDP",
        "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and Adam state over DP"},
       // Mixture-of-experts features beyond the dropless top-k softmax router.

@@ -53,8 +53,9 @@ struct BatchConfig {
 
 struct PrecisionConfig {
   bool bf16 = false, fp16 = false;
-  bool fp32_residual_connection = false;  // under --bf16: the residual stream in fp32 (else bf16, as Megatron)
+  bool fp32_residual_connection = false;  // under --bf16/--fp16: the residual stream in fp32 (else 16-bit, as Megatron)
   const char* name() const { return bf16 ? "bf16" : fp16 ? "fp16" : "fp32"; }
+  bool half() const { return bf16 || fp16; }  // 16-bit compute (GEMM inputs, activations)
 };
 
 struct RecomputeConfig {

@@ -207,7 +207,8 @@ Result<model::GPTOptions> trainer_model_options(const PlanReport& r, int64_t pp_
   model::GPTOptions go;
   go.micro_batch = r.job.batch.micro_batch_size;
   go.seq_length = r.job.model.seq_length;
-  go.bf16_compute = r.job.precision.bf16;
+  go.half_compute = r.job.precision.half();
+  go.half = r.job.precision.fp16 ? DType::kF16 : DType::kBF16;
   go.fp32_residual = r.job.precision.fp32_residual_connection;
   go.tp = p.tp;
   go.sequence_parallel = p.sequence_parallel;

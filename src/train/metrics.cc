@@ -24,18 +24,18 @@ std::string mib(double b) { return fmt::format("{:.1f}", b / (1024.0 * 1024.0));
 }  // namespace
 
 std::string format_log_line(const IterationStats& s) {
-  // Megatron's training_log layout (loss scale 1.0: no loss scaling here),
-  // plus throughput and memory.
+  // Megatron's training_log layout (the grad norm left out when the last
+  // iteration was skipped by the loss scaler), plus throughput and memory.
   return fmt::format(
       " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
-      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} |{} loss scale: 1.0 | grad norm: {:.3f} |{}{} "
+      "learning rate: {:.6E} | global batch size: {:>5} |{}{} loss scale: {:.1f} |{}{}{} "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | tokens/s: {:.0f} | "
       "throughput per device (TFLOP/s): {:.3f} | MFU: {:.1f}% | memory (MiB): {} measured, {} planned, peak RSS {}",
       now_text(), s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iteration, s.learning_rate,
-      s.global_batch_size, s.loss,
+      s.global_batch_size, s.advanced_iterations > 0 ? fmt::format(" lm loss: {:.6E} |", s.loss) : std::string(),
       (s.load_balancing_loss ? fmt::format(" {}: {:.6E} |", s.load_balancing_name, *s.load_balancing_loss) : std::string()) +
           (s.z_loss ? fmt::format(" z_loss: {:.6E} |", *s.z_loss) : std::string()),
-      s.grad_norm,
+      s.loss_scale, s.grad_norm ? fmt::format(" grad norm: {:.3f} |", *s.grad_norm) : std::string(),
       // Megatron reduces the count as a float32 and prints the Python float.
       s.num_zeros ? fmt::format(" num zeros: {:.1f} |", static_cast<double>(static_cast<float>(*s.num_zeros))) : std::string(),
       s.params_norm ? fmt::format(" params norm: {:.3f} |", *s.params_norm) : std::string(), s.skipped_iterations,
@@ -50,8 +50,7 @@ nlohmann::json to_json(const IterationStats& s) {
           {"ms_per_iteration", s.ms_per_iteration},
           {"learning_rate", s.learning_rate},
           {"global_batch_size", s.global_batch_size},
-          {"lm_loss", s.loss},
-          {"grad_norm", s.grad_norm},
+          {"loss_scale", s.loss_scale},
           {"skipped_iterations", s.skipped_iterations},
           {"nan_iterations", s.nan_iterations},
           {"tokens_per_s", s.tokens_per_s},
@@ -60,6 +59,8 @@ nlohmann::json to_json(const IterationStats& s) {
           {"memory_measured_bytes", s.measured_bytes},
           {"memory_planned_bytes", s.planned_bytes},
           {"peak_rss_bytes", s.peak_rss_bytes}};
+  if (s.grad_norm) j["grad_norm"] = *s.grad_norm;
+  if (s.advanced_iterations > 0) j["lm_loss"] = s.loss;  // none when every iteration was skipped
   if (s.params_norm) j["params_norm"] = *s.params_norm;
   if (s.num_zeros) j["num_zeros"] = *s.num_zeros;
   if (s.load_balancing_loss) j[s.load_balancing_name] = *s.load_balancing_loss;

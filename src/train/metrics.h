@@ -18,7 +18,9 @@ struct IterationStats {
   double learning_rate = 0;
   int64_t global_batch_size = 0;
   double loss = 0;               // mean over the logging interval
-  double grad_norm = 0;
+  std::optional<double> grad_norm = 0.0;  // none when the last iteration was skipped (loss scaling)
+  double loss_scale = 1.0;               // the grad scaler's scale (1 without one)
+  int64_t advanced_iterations = 1;       // not skipped in the interval: none, no lm loss to print
   std::optional<double> params_norm;  // with --log-params-norm
   std::optional<int64_t> num_zeros;   // with --log-num-zeros-in-grad
   // --num-experts: the router losses, unweighted, mean per layer and micro-batch

@@ -85,7 +85,18 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_seen("no-weight-decay-cond-type", true,
              "Megatron's deprecated spelling of --apply-wd-to-qk-layernorm (its one choice)", {"apply_wd_to_qk_layernorm"},
              [&c](const std::string&) { c.apply_wd_to_qk_layernorm = true; });
-  f.add_switch("check-for-nan-in-loss-and-grad", &c.check_for_nan_in_loss_and_grad, "stop with the iteration when the loss or a gradient is NaN/inf");
+  f.add_switch("check-for-nan-in-loss-and-grad", &c.check_for_nan_in_loss_and_grad, "stop with the iteration when the loss or a gradient is NaN/inf (off under --fp16's dynamic loss scaling, whose signal they are)");
+  f.add_double("loss-scale", &c.loss_scale.loss_scale,
+               "constant loss scale (with --fp16, --bf16 or --use-distributed-optimizer); unset: dynamic under --fp16",
+               -1e308, 1e308);
+  f.add_double("initial-loss-scale", &c.loss_scale.initial_loss_scale, "dynamic loss scaling's first scale (2^32)",
+               -1e308, 1e308);
+  f.add_double("min-loss-scale", &c.loss_scale.min_loss_scale, "dynamic loss scaling's lower bound", -1e308, 1e308);
+  f.add_double("loss-scale-window", &c.loss_scale.loss_scale_window,
+               "iterations without an inf/NaN gradient before dynamic loss scaling doubles the scale", -1e308, 1e308);
+  f.add_int("hysteresis", &c.loss_scale.hysteresis,
+            "inf/NaN iterations (since the scale last grew) before dynamic loss scaling halves the scale", -(1 << 30),
+            1 << 30);
 
   f.section("evaluation and logging");
   f.add_int("eval-interval", &c.eval_interval, "iterations between validation runs (default: none)", 1, INT64_MAX / 4);
@@ -110,7 +121,7 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
                "also the validation perplexity (lm loss validation ppl)");
   f.add_switch("log-world-size-to-tensorboard", &c.log_world_size_to_tensorboard, "also world-size");
   f.add_switch("no-log-loss-scale-to-tensorboard", &c.log_loss_scale_to_tensorboard,
-               "no loss-scale scalar (always 1.0 here: no loss scaling)", false);
+               "no loss-scale scalar (the grad scaler's scale; 1.0 without loss scaling)", false);
   f.add_switch("no-progress", &c.no_progress, "no progress bar even on a terminal");
   f.add_switch("progress", &c.progress, "a progress bar even when stderr is not a terminal (under mpirun, whose "
                                         "ranks write into pipes)");
@@ -464,6 +475,7 @@ std::vector<std::string> validate_train(const TrainConfig& c) {
   if (sources > 1)
     err("give one of --mock-data, --data-path, --train/valid/test-data-path: a single data source must be provided");
   if (c.tokenizer.type.empty()) err("--tokenizer-type is required (e.g. GPT2BPETokenizer with --vocab-file and --merge-file)");
+  for (std::string& p : optim::loss_scale_problems(c.loss_scale)) err(std::move(p));
   if (c.eval_interval && c.eval_iters > 0 && per_split_flags && c.data.valid_data_path.empty())
     err("--eval-interval with --train-data-path needs --valid-data-path");
   return e;

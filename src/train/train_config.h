@@ -15,6 +15,7 @@
 #include "core/flags.h"
 #include "data/gpt_dataset.h"
 #include "data/tokenizer.h"
+#include "optim/grad_scaler.h"
 #include "plan/job.h"
 
 namespace mt::train {
@@ -67,6 +68,8 @@ struct TrainConfig {
   std::optional<double> exit_duration_in_mins;
   bool exit_signal_handler = false;
   bool check_for_nan_in_loss_and_grad = false;
+  // Loss scaling (--fp16's dynamic scaler, or --loss-scale; optim/grad_scaler.h).
+  optim::LossScaleConfig loss_scale;
   bool log_params_norm = false;             // the fp32 parameters' L2 norm in the log line and metrics
   bool log_num_zeros_in_grad = false;       // the number of zero gradient elements, likewise
   // --moe-per-layer-logging: each MoE layer's router losses (mean over the

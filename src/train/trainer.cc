@@ -81,6 +81,13 @@ optim::ScheduleFlags schedule_flags(const TrainConfig& cfg, int64_t gbs) {
   return sf;
 }
 
+// Megatron's grad scaler: --loss-scale gives a constant one with --fp16,
+// --bf16 or the distributed optimizer; --fp16 alone a dynamic one.
+bool uses_grad_scaler(const TrainConfig& cfg, const plan::JobConfig& job) {
+  const bool constant = cfg.loss_scale.loss_scale && *cfg.loss_scale.loss_scale > 0;
+  return job.precision.fp16 || (constant && (job.precision.bf16 || job.parallel.use_distributed_optimizer));
+}
+
 std::string join_lines(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += "\n  - " + x;
@@ -227,9 +234,23 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     problems.push_back("[--no-data-sharding] the cyclic loader without data sharding is not implemented: Megatron's "
                        "deals one permutation of (size / micro-batch) x micro-batch samples to the ranks, which can "
                        "give them different numbers of micro-batches in an epoch (fix: drop --no-data-sharding)");
-  if (job.precision.fp16)
-    problems.push_back("[--fp16] fp16 training (with loss scaling) is not implemented; `megatron plan` takes --fp16, "
-                       "the trainer does not (fix: --bf16, which needs no loss scaling)");
+  if (job.precision.fp16 && cfg.device == "cuda" && !simdev::enabled())
+    problems.push_back("[--fp16] the CUDA backend has no fp16 kernels yet (fp16 trains on the CPU backend) "
+                       "(fix: --bf16, the usual choice on A100/H100/H200, or --device cpu)");
+  if (job.precision.fp16 && !job.precision.bf16)
+    job.compat.no_effect.push_back(
+        "--fp16: gradients are accumulated and reduced in fp32 (Megatron's --accumulate-allreduce-grads-in-fp32); "
+        "Megatron's default fp16 gradient buffer is not offered");
+  if (cfg.loss_scale.loss_scale && !uses_grad_scaler(cfg, job))
+    job.compat.no_effect.push_back("--loss-scale: fp32 training without the distributed optimizer has no grad scaler "
+                                   "(as in Megatron)");
+  // Megatron turns the NaN checks off under dynamic loss scaling: inf and NaN
+  // gradients are the scaler's signal.
+  if (job.precision.fp16 && !cfg.loss_scale.loss_scale && cfg.check_for_nan_in_loss_and_grad) {
+    cfg.check_for_nan_in_loss_and_grad = false;
+    job.compat.no_effect.push_back("--check-for-nan-in-loss-and-grad: off under dynamic loss scaling (--fp16 without "
+                                   "--loss-scale), whose signal inf and NaN gradients are (as in Megatron)");
+  }
   const int processes = comm::world_size();
   if (plan.valid()) {
     if (plan.world != processes)
@@ -382,7 +403,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (!model_r) return model_r.status();
   model::GPTModel& model = **model_r;
   model.init_parameters(static_cast<uint64_t>(cfg.seed));
-  if (job.precision.bf16) model.sync_low_precision();
+  if (job.precision.half()) model.sync_low_precision();
   // Data-parallel (x CP) gradient buckets over the model's flat gradient
   // buffer: the experts' region (--num-experts) over the expert DP group.
   DpBuckets buckets;
@@ -415,6 +436,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   po.expert_dp = model.expert_flat_begin() < model.flat_params().numel() ? &expert_dp_comm : nullptr;
   po.expert_dist_buckets = dist_opt ? buckets.expert.get() : nullptr;
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
+  std::optional<optim::GradScaler> scaler;
+  if (uses_grad_scaler(cfg, job))
+    scaler = cfg.loss_scale.loss_scale && *cfg.loss_scale.loss_scale > 0
+                 ? optim::GradScaler::constant(*cfg.loss_scale.loss_scale)
+                 : optim::GradScaler::dynamic(cfg.loss_scale);
   optim::AdamWOptimizer opt(
       model,
       optim::AdamWConfig{.beta1 = cfg.adam_beta1,
@@ -435,7 +461,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   auto wait_params = [&] {
     if (!gather_pending) return;
     buckets.wait_param_gather_all();
-    if (job.precision.bf16) model.sync_low_precision();
+    if (job.precision.half()) model.sync_low_precision();
     gather_pending = false;
   };
   auto sched_cfg = optim::scheduler_from_flags(schedule_flags(cfg, gbs));
@@ -471,6 +497,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
           MT_RETURN_IF_ERROR(sched.load_state(c["opt_param_scheduler"], cfg.use_checkpoint_opt_param_scheduler,
                                               cfg.override_opt_param_scheduler));
         if (with_optim && c.contains("optimizer")) opt.set_step_count(c["optimizer"].value("step", int64_t{0}));
+        // The dynamic scaler's state (Megatron's optimizer grad_scaler); a
+        // checkpoint without one (bf16, fp32) leaves the scaler fresh.
+        if (with_optim && scaler && c.contains("optimizer") && c["optimizer"].contains("grad_scaler"))
+          scaler->load_state_json(c["optimizer"]["grad_scaler"]);
       }
       std::fprintf(out, "loaded checkpoint %s (iteration %lld)%s\n", ck->directory().c_str(),
                    static_cast<long long>(ck->iteration()), cfg.finetune ? " for fine-tuning: iteration and optimizer restart" : "");
@@ -587,8 +617,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                sp ? ", sequence parallel" : "", dist_opt ? ", distributed optimizer" : "", static_cast<long long>(mbs),
                static_cast<long long>(M), static_cast<long long>(dp), static_cast<long long>(gbs),
                static_cast<long long>(train_iters), static_cast<long long>(iteration),
-               job.precision.bf16 && job.precision.fp32_residual_connection ? "bf16 with an fp32 residual stream"
-                                                                            : job.precision.name(),
+               (job.precision.half() && job.precision.fp32_residual_connection
+                    ? fmt::format("{} with an fp32 residual stream", job.precision.name())
+                    : std::string(job.precision.name()))
+                   .c_str(),
                cfg.device == "cuda" ? fmt::format("on CUDA ({}{})", backend_info().cuda_name,
                                                   world > 1 ? ", " + group_kind + " groups" : "").c_str()
                                     : fmt::format("{} thread{} per rank", num_threads(), num_threads() == 1 ? "" : "s").c_str());
@@ -637,6 +669,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     common["num_floating_point_operations_so_far"] = flops_so_far;
     common["opt_param_scheduler"] = sched.state_json();
     common["optimizer"] = {{"step", opt.step_count()}};
+    if (scaler) common["optimizer"]["grad_scaler"] = scaler->state_json();
     if (!cfg.no_save_rng)
       common["rng_state"] = {{"seed", cfg.seed}, {"kind", "philox4x32-10 keyed by (seed, global micro-batch index)"}};
     common["args"] = args_to_json(cfg, argv);
@@ -723,8 +756,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   double interval_loss = 0, interval_wait = 0, interval_lb = 0, interval_z = 0;
   const bool moe_lb_active = mc.moe_aux_loss_active();
   const char* lb_name = mc.seq_aux_loss() ? "seq_load_balancing_loss" : "load_balancing_loss";  // Megatron's names
-  int64_t interval_iters = 0, skipped = 0, nan_iters = 0;
-  double last_norm = 0;
+  int64_t interval_iters = 0, interval_advanced = 0, skipped = 0, nan_iters = 0;
+  std::optional<double> last_norm = 0.0;  // none after a skipped iteration
   const char* kill_env = std::getenv("MEGATRON_CPP_TEST_KILL");  // test hook: "rank:iteration" dies mid-iteration
   int kill_rank = -1;
   int64_t kill_iteration = -1;
@@ -761,7 +794,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         if (done) return;
         done = 1;
         buckets.wait_param_gather(stage);
-        if (job.precision.bf16) model.sync_low_precision(stage);
+        if (job.precision.half()) model.sync_low_precision(stage);
       });
     }
     // The iteration's micro-batches (every stage reads them: the first needs
@@ -790,11 +823,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     // 1 / (M x DP) (each CP rank holds a share of a micro-batch's), or under
     // --calculate-per-token-loss the micro-batch's tokens, divided with every
     // gradient by the global batch's counted tokens below.
+    // Loss scaling (--fp16, --loss-scale): every backward starts from the
+    // scale times these, the router losses' included (Megatron's
+    // grad_scale_func and MoE aux-loss scale).
+    const double S = scaler ? static_cast<double>(scaler->scale()) : 1.0;
     if (mc.is_moe())
-      model.set_moe_loss_scale(cfg.calculate_per_token_loss ? static_cast<double>(mbs * seq)
-                                                            : 1.0 / static_cast<double>(M * dp));
+      model.set_moe_loss_scale(S * (cfg.calculate_per_token_loss ? static_cast<double>(mbs * seq)
+                                                                 : 1.0 / static_cast<double>(M * dp)));
     const LossTotals totals = executor.run_train(
-        inputs, cfg.calculate_per_token_loss ? 1.0 : 1.0 / static_cast<double>(M * gdp),
+        inputs, S * (cfg.calculate_per_token_loss ? 1.0 : 1.0 / static_cast<double>(M * gdp)),
         cfg.calculate_per_token_loss ? LossReduction::kSum : LossReduction::kMean,
         [&](int m, int) {
           if (rank == kill_rank && it == kill_iteration) std::raise(SIGKILL);
@@ -815,7 +852,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       // Every gather this rank started is complete, and every stage's bf16
       // copy is fresh, before anything else reads the parameters.
       buckets.wait_param_gather_all();
-      if (job.precision.bf16)
+      if (job.precision.half())
         for (int st = -1; st <= static_cast<int>(mc.num_layers); ++st)
           if (!gathered[static_cast<size_t>(st + 1)]) model.sync_low_precision(st);
       gather_pending = false;
@@ -833,29 +870,44 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     // gradient / the global batch's counted tokens (each stage counts them
     // from the labels; summed over DP x CP).
     if (cfg.calculate_per_token_loss) kernels::scale_inplace(model.flat_grads(), 1.0 / std::max(1.0, global_tokens));
-    const bool finite = std::isfinite(loss) && opt.grads_finite();
-    if (!finite) {
-      ++nan_iters;
-      if (cfg.check_for_nan_in_loss_and_grad) {
-        bar.clear();
-        return Status::invalid(fmt::format("NaN or Inf found in the {} at iteration {} (--check-for-nan-in-loss-and-grad)",
-                                           std::isfinite(loss) ? "gradients" : "loss", it));
-      }
+    // Unscaled as Megatron's optimizer does (x 1/scale in fp32), then one
+    // inf/NaN test over every rank's gradients.
+    if (scaler && scaler->inv_scale() != 1.0f) kernels::scale_inplace(model.flat_grads(), scaler->inv_scale());
+    const bool grads_ok = opt.grads_finite();
+    // (Megatron stops on an inf or NaN gradient too, a constant --loss-scale's
+    // included; dynamic scaling has turned the check off above.)
+    if (cfg.check_for_nan_in_loss_and_grad && (!std::isfinite(loss) || !grads_ok)) {
+      bar.clear();
+      return Status::invalid(fmt::format("NaN or Inf found in the {} at iteration {} (--check-for-nan-in-loss-and-grad)",
+                                         std::isfinite(loss) ? "gradients" : "loss", it));
     }
-    last_norm = opt.clip_grad_norm(cfg.clip_grad);
-    const std::optional<int64_t> num_zeros =
-        cfg.log_num_zeros_in_grad ? std::optional<int64_t>(opt.grad_zeros()) : std::nullopt;
-    opt.step(sched);
-    const std::optional<double> params_norm =
-        cfg.log_params_norm ? std::optional<double>(opt.params_norm()) : std::nullopt;
-    gather_pending = po.overlap_param_gather;
-    sched.step(gbs);
+    // With a grad scaler an inf or NaN gradient skips the step: no update,
+    // no scheduler step (Megatron's update_successful false), the scale moves.
+    const bool skip = scaler && !grads_ok;
+    if (scaler) scaler->update(!grads_ok);
+    std::optional<int64_t> num_zeros;
+    std::optional<double> params_norm;
+    if (skip) {
+      ++skipped;
+      if (!std::isfinite(loss)) ++nan_iters;  // Megatron counts a skipped iteration's non-finite loss
+      last_norm.reset();
+    } else {
+      if (!scaler && (!grads_ok || !std::isfinite(loss))) ++nan_iters;
+      last_norm = opt.clip_grad_norm(cfg.clip_grad);
+      if (cfg.log_num_zeros_in_grad) num_zeros = opt.grad_zeros();
+      opt.step(sched);
+      gather_pending = po.overlap_param_gather;
+      sched.step(gbs);
+      interval_loss += loss;
+      ++interval_advanced;
+    }
+    // Every iteration, skipped or not (Megatron's calc_params_l2_norm).
+    if (cfg.log_params_norm) params_norm = opt.params_norm();
     consumed_train += gbs;
     flops_so_far += flops_per_iter;
     iteration = it;
     result.iteration = it;
     result.last_loss = loss;
-    interval_loss += loss;
     std::optional<double> lb_loss, z_loss;
     struct LayerLosses {
       int64_t layer;
@@ -899,9 +951,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     const double ep_bytes = ep > 1 ? static_cast<double>(ep_comm.stats().bytes) : 0.0;
     const double pp_bytes = static_cast<double>(pp_comm.stats().bytes) +
                             (groups.embedding() ? static_cast<double>(groups.embedding()->stats().bytes) : 0.0);
-    nlohmann::json row = {{"iteration", it}, {"lm_loss", loss}, {"grad_norm", last_norm}, {"learning_rate", sched.lr()},
+    nlohmann::json row = {{"iteration", it}, {"lm_loss", loss}, {"learning_rate", sched.lr()},
                           {"consumed_samples", consumed_train}, {"tp_bytes", tp_bytes}, {"dp_bytes", dp_bytes},
                           {"pp_bytes", pp_bytes}};
+    if (last_norm) row["grad_norm"] = *last_norm;
+    if (scaler) row["loss_scale"] = scaler->scale(), row["skipped"] = skip;
     if (cp > 1) row["cp_bytes"] = cp_bytes;
     if (ep > 1) row["ep_bytes"] = ep_bytes;
     if (lb_loss) row[lb_name] = *lb_loss;
@@ -925,9 +979,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       tb_pair("learning-rate", sched.lr(), it, consumed_train);
       tb_pair("batch-size", static_cast<double>(gbs), it, consumed_train);
       tb_pair("lm loss", loss, it, consumed_train);
-      if (cfg.log_loss_scale_to_tensorboard) tb_pair("loss-scale", 1.0, it, consumed_train);
+      if (cfg.log_loss_scale_to_tensorboard)
+        tb_pair("loss-scale", scaler ? static_cast<double>(scaler->scale()) : 1.0, it, consumed_train);
       if (cfg.log_world_size_to_tensorboard) tb_pair("world-size", static_cast<double>(world), it, consumed_train);
-      tb_pair("grad-norm", last_norm, it, consumed_train);
+      if (last_norm) tb_pair("grad-norm", *last_norm, it, consumed_train);
       if (num_zeros) tb_pair("num-zeros", static_cast<double>(*num_zeros), it, consumed_train);
       if (params_norm) tb_pair("params-norm", *params_norm, it, consumed_train);
     }
@@ -956,7 +1011,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       IterationStats s;
       s.iteration = it, s.train_iters = train_iters, s.consumed_samples = consumed_train;
       s.ms_per_iteration = 1000 * secs / static_cast<double>(interval_iters);
-      s.learning_rate = sched.lr(), s.global_batch_size = gbs, s.loss = interval_loss / static_cast<double>(interval_iters);
+      // Megatron's average: the advanced (not skipped) iterations' losses.
+      s.learning_rate = sched.lr(), s.global_batch_size = gbs,
+      s.loss = interval_loss / static_cast<double>(std::max<int64_t>(1, interval_advanced));
+      s.loss_scale = scaler ? static_cast<double>(scaler->scale()) : 1.0;
+      s.advanced_iterations = interval_advanced;
       if (moe_lb_active) s.load_balancing_loss = interval_lb / static_cast<double>(interval_iters);
       s.load_balancing_name = lb_name;
       if (mc.moe_z_loss_coeff) s.z_loss = interval_z / static_cast<double>(interval_iters);
@@ -984,7 +1043,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       j["memory_comm_planned_bytes"] = plan.memory.trainer.comm;
       if (pp > 1) j["pipeline_idle_fraction"] = interval_wait / secs;
       metrics.append(j);
-      interval_loss = 0, interval_iters = 0, nan_iters = 0, interval_wait = 0, interval_lb = 0, interval_z = 0;
+      interval_loss = 0, interval_iters = 0, interval_advanced = 0, skipped = 0, nan_iters = 0, interval_wait = 0, interval_lb = 0, interval_z = 0;
       interval_start = Clock::now();
     }
     bar.update(it, train_iters, secs_since_start / static_cast<double>(it - first_iteration), loss);

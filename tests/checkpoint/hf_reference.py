@@ -42,6 +42,8 @@ def read_safetensors(path):
         if t["dtype"] == "BF16":  # numpy has no bfloat16: widen the 16 bits to float32's upper half
             u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
             arr = u.view(np.float32)
+        elif t["dtype"] == "F16":  # IEEE half, widened exactly
+            arr = np.frombuffer(raw, dtype=np.float16).astype(np.float32)
         else:
             arr = np.frombuffer(raw, dtype={"F32": np.float32, "F64": np.float64, "I32": np.int32}[t["dtype"]])
         out[name] = torch.from_numpy(arr.reshape(t["shape"]).copy())

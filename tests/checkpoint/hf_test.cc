@@ -252,14 +252,17 @@ INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 14), [](const aut
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
-// bf16 weights, several shards with their index, and the padded vocabulary kept.
-TEST(HfExportFiles, Bf16ShardsAndPaddedVocabulary) {
+// bf16 (fp16) weights, several shards with their index, and the padded
+// vocabulary kept.
+TEST(HfExportFiles, HalfShardsAndPaddedVocabulary) {
+  for (const DType half : {DType::kBF16, DType::kF16}) {
+  SCOPED_TRACE(dtype_name(half));
   auto m = random_model(llama_cfg(), 1);
-  const std::string dir = artifacts() + "/bf16_shards";
+  const std::string dir = artifacts() + "/" + dtype_name(half) + "_shards";
   fs::remove_all(dir);
   const HfTokenizerInfo info = null_tokenizer();
   HfExportOptions eo;
-  eo.dtype = DType::kBF16, eo.max_shard_bytes = 40000, eo.keep_vocab_padding = true;
+  eo.dtype = half, eo.max_shard_bytes = 40000, eo.keep_vocab_padding = true;
   auto sum = export_hf(*m, info, eo, dir);
   ASSERT_TRUE(sum.is_ok()) << sum.status().message();
   EXPECT_EQ(sum->vocab_rows, 96);
@@ -274,7 +277,7 @@ TEST(HfExportFiles, Bf16ShardsAndPaddedVocabulary) {
     ASSERT_TRUE(st.is_ok()) << st.status().message();
     EXPECT_EQ(st->metadata.at("format"), "pt");
     for (auto& [name, t] : st->tensors) {
-      EXPECT_EQ(t.dtype(), DType::kBF16) << name;
+      EXPECT_EQ(t.dtype(), half) << name;
       EXPECT_EQ(index["weight_map"][name], f) << name;
       bytes += static_cast<int64_t>(t.nbytes()), ++tensors;
     }
@@ -283,15 +286,19 @@ TEST(HfExportFiles, Bf16ShardsAndPaddedVocabulary) {
   EXPECT_EQ(tensors, sum->tensors);
   EXPECT_EQ(files.size() + 2, sum->files.size()) << "shards + index + config.json";
   const auto cfg = read_json(dir + "/config.json");
-  EXPECT_EQ(cfg["torch_dtype"], "bfloat16");
+  EXPECT_EQ(cfg["torch_dtype"], half == DType::kBF16 ? "bfloat16" : "float16");
   EXPECT_EQ(cfg["vocab_size"], 96);
-  // The bf16 values are the fp32 parameters rounded to nearest even.
+  // The 16-bit values are the fp32 parameters rounded to nearest even.
   auto st = read_safetensors(dir + "/" + index["weight_map"]["model.embed_tokens.weight"].get<std::string>());
   const Tensor e = *st->get("model.embed_tokens.weight");
   const float* w = m->param("embedding.word_embeddings.weight").ptr<float>();
-  for (int64_t i = 0; i < e.numel(); ++i) ASSERT_EQ(e.ptr<bf16>()[i].bits, float_to_bf16(w[i]).bits) << i;
+  for (int64_t i = 0; i < e.numel(); ++i)
+    ASSERT_EQ(static_cast<const uint16_t*>(e.data())[i],
+              half == DType::kBF16 ? float_to_bf16(w[i]).bits : float_to_f16(w[i]).bits)
+        << i;
 
-  // The reference reads the shards back: logits within bf16 rounding.
+  // The reference reads the shards back: logits within 16-bit rounding
+  // (fp16's is 8x finer than bf16's).
   const int64_t T = llama_cfg().seq_length;
   std::vector<int32_t> tok(static_cast<size_t>(T)), lab(tok.size(), 0);
   for (int64_t i = 0; i < T; ++i) tok[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37) % 91);
@@ -306,8 +313,9 @@ TEST(HfExportFiles, Bf16ShardsAndPaddedVocabulary) {
   auto ref = read_safetensors(out);
   ASSERT_TRUE(ref.is_ok());
   const double err = logits_error(ours, m->vocab(), *ref->get("logits"));
-  EXPECT_LT(err, 3e-2);
-  EXPECT_GT(err, 1e-6) << "bf16 weights should not reproduce fp32 logits exactly";
+  EXPECT_LT(err, half == DType::kBF16 ? 3e-2 : 4e-3);
+  EXPECT_GT(err, 1e-6) << "16-bit weights should not reproduce fp32 logits exactly";
+  }
 }
 
 TEST(HfExportFiles, RefusesAnExistingDirectoryAndLeavesItAlone) {

@@ -1024,13 +1024,13 @@ void xent_case(int64_t N, int64_t V, int64_t vocab_start) {
   if constexpr (std::is_same_v<T, float>) {
     // bf16 gradient: bitwise the device fp32 gradient cast to bf16 ...
     Tensor gDb = g.alloc({N, V}, DType::kBF16), gCast = g.alloc({N, V}, DType::kBF16);
-    k::xent_backward_bf16(gL, gTg, vocab_start, gGmax2, gSe3, gDloss, gDb);
+    k::xent_backward_half(gL, gTg, vocab_start, gGmax2, gSe3, gDloss, gDb);
     k::cast(gD, gCast);
     const std::vector<bf16> db = to_host<bf16>(gDb);
     expect_bitwise(db, to_host<bf16>(gCast), what + " bf16 dlogits vs fp32 + cast");
     // ... and the CPU's bf16 gradient within one bf16 rounding.
     std::vector<bf16> cdb(logits.size());
-    k::xent_backward_bf16(L, Tg, vocab_start, view(gmax, {N}), view(se, {N}), view(dloss, {N}), view(cdb, {N, V}));
+    k::xent_backward_half(L, Tg, vocab_start, view(gmax, {N}), view(se, {N}), view(dloss, {N}), view(cdb, {N, V}));
     expect_close(widen(db), widen(cdb), 1.0 / 64, 1e-30, what + " bf16 dlogits vs CPU");
   }
   k::xent_backward(gL, gTg, vocab_start, gGmax2, gSe3, gDloss, gL);  // dlogits aliasing logits
@@ -1054,7 +1054,7 @@ TEST(CudaTwin, CrossEntropyEmptyBatch) {
   k::xent_rescale(R, R, R);
   k::xent_loss(R, R, R, Tg, R);
   k::xent_backward(L, Tg, 0, R, R, R, L);
-  k::xent_backward_bf16(L, Tg, 0, R, R, R, g.alloc({0, 129}, DType::kBF16));
+  k::xent_backward_half(L, Tg, 0, R, R, R, g.alloc({0, 129}, DType::kBF16));
 }
 
 }  // namespace

@@ -9,7 +9,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <bit>
 #include <fstream>
+#include <limits>
+#include <random>
 #include <string>
 #include <utility>
 
@@ -32,6 +35,8 @@ namespace {
 using test::Buf;
 using test::expect_fd_grad;
 using test::fill_normal;
+using test::from_half;
+using test::to_half;
 namespace k = kernels;
 
 // ---------------------------------------------------------------- GEMM
@@ -164,36 +169,45 @@ TEST(Gemm, GemmAddIsGemmThenAdd) {
                "bf16 with bf16 A and B");
 }
 
-// bf16 R and D (the bf16 residual stream): the fp32 product plus R, rounded
-// to bf16 once. Small integers make every product and sum exact in fp32, so
+// bf16 (fp16) R and D (the 16-bit residual stream): the fp32 product plus R,
+// rounded to 16 bits once. Small integers make every product and sum exact in fp32, so
 // the expected bits are known; the first row holds the case where rounding
 // the product first would differ: 256 + 1 = 257 (not a bf16 value; rounds to
 // 256) plus R = 1 is 258 (a bf16 value), while bf16(bf16(257) + 1) = 256.
-TEST(Gemm, GemmAddBf16RoundsTheSumOnce) {
+template <typename H>
+void gemm_add_half_rounds_the_sum_once() {
+  // The first integer the 16-bit type cannot hold is P + 1: P = 256 for
+  // bf16 (8-bit significand), 2048 for fp16 (11 bits).
+  const double P = std::is_same_v<H, bf16> ? 256 : 2048;
   const int64_t M = 9, N = 11, K = 6;
-  std::vector<bf16> a(M * K), b(N * K), r(M * N), d(M * N);
+  std::vector<H> a(M * K), b(N * K), r(M * N), d(M * N);
   std::vector<double> A(M * K), B(N * K), R(M * N);
   for (int64_t i = 0; i < M * K; ++i) A[i] = static_cast<double>((i * 7) % 9) - 4;
   for (int64_t i = 0; i < N * K; ++i) B[i] = static_cast<double>((i * 5) % 7) - 3;
   for (int64_t i = 0; i < M * N; ++i) R[i] = static_cast<double>((i * 3) % 11) - 5;
-  for (int64_t kk = 0; kk < K; ++kk) A[kk] = kk == 0 ? 256 : kk == 1 ? 1 : 0;  // row 0 . column 0 = 256 + 1
+  for (int64_t kk = 0; kk < K; ++kk) A[kk] = kk == 0 ? P : kk == 1 ? 1 : 0;  // row 0 . column 0 = P + 1
   for (int64_t kk = 0; kk < K; ++kk) B[kk] = 1;                                // column 0 of B^T: ones
   R[0] = 1;
-  for (size_t i = 0; i < a.size(); ++i) a[i] = float_to_bf16(static_cast<float>(A[i]));
-  for (size_t i = 0; i < b.size(); ++i) b[i] = float_to_bf16(static_cast<float>(B[i]));
-  for (size_t i = 0; i < r.size(); ++i) r[i] = float_to_bf16(static_cast<float>(R[i]));
-  const std::vector<bf16> r0 = r;
-  k::gemm_add(false, true, M, N, K, Tensor(a.data(), {M, K}, DType::kBF16), Tensor(b.data(), {N, K}, DType::kBF16),
-              Tensor(r.data(), {M, N}, DType::kBF16), Tensor(d.data(), {M, N}, DType::kBF16));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = to_half<H>(static_cast<float>(A[i]));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = to_half<H>(static_cast<float>(B[i]));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = to_half<H>(static_cast<float>(R[i]));
+  const std::vector<H> r0 = r;
+  k::gemm_add(false, true, M, N, K, Tensor(a.data(), {M, K}, dtype_of<H>()), Tensor(b.data(), {N, K}, dtype_of<H>()),
+              Tensor(r.data(), {M, N}, dtype_of<H>()), Tensor(d.data(), {M, N}, dtype_of<H>()));
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       double s = R[i * N + j];
       for (int64_t kk = 0; kk < K; ++kk) s += A[i * K + kk] * B[j * K + kk];
-      ASSERT_EQ(d[i * N + j].bits, float_to_bf16(static_cast<float>(s)).bits)
-          << "D[" << i << "][" << j << "] = " << bf16_to_float(d[i * N + j]) << ", exact sum " << s;
+      ASSERT_EQ(d[i * N + j].bits, to_half<H>(static_cast<float>(s)).bits)
+          << "D[" << i << "][" << j << "] = " << from_half(d[i * N + j]) << ", exact sum " << s;
     }
-  EXPECT_EQ(bf16_to_float(d[0]), 258.0f);
+  EXPECT_EQ(from_half(d[0]), static_cast<float>(P + 2));
   for (size_t i = 0; i < r.size(); ++i) ASSERT_EQ(r[i].bits, r0[i].bits) << "R changed";
+}
+
+TEST(Gemm, GemmAddHalfRoundsTheSumOnce) {
+  gemm_add_half_rounds_the_sum_once<bf16>();
+  gemm_add_half_rounds_the_sum_once<f16>();
 }
 
 // ---------------------------------------------------------------- norms
@@ -647,19 +661,21 @@ TEST(Attention, Fp32MatchesFp64) {
 // (T = 70 over 64-row tiles), with and without dropout; head_dim 32 takes the
 // fast path, 24 the generic one. Other combinations are refused, naming the
 // tensor.
-TEST(Attention, Bf16OutputsAreTheRoundedFp32Results_BitForBit) {
-  auto bits_equal = [](const std::vector<float>& want, const std::vector<bf16>& got, const std::string& what) {
+template <typename H>
+void attention_half_outputs_are_rounded() {
+  auto bits_equal = [](const std::vector<float>& want, const std::vector<H>& got, const std::string& what) {
     ASSERT_EQ(want.size(), got.size()) << what;
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < want.size(); ++i)
-      if (float_to_bf16(want[i]).bits != got[i].bits && bad++ == 0) first = i;
+      if (to_half<H>(want[i]).bits != got[i].bits && bad++ == 0) first = i;
     EXPECT_EQ(bad, 0u) << what << ": first at " << first << ": " << want[first] << " rounds to "
-                       << float_to_bf16(want[first]).bits << ", got " << got[first].bits;
+                       << to_half<H>(want[first]).bits << ", got " << got[first].bits;
   };
   auto same_bits = [](const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
     ASSERT_EQ(want.size(), got.size()) << what;
     EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << what;
   };
+  const char* hn = dtype_name(dtype_of<H>());
   for (k::QkvLayout L : {k::QkvLayout{70, 2, 4, 2, 32}, k::QkvLayout{70, 2, 4, 2, 24}})
     for (double dropout : {0.0, 0.2}) {
       const std::string what = "d " + std::to_string(L.head_dim) + " dropout " + std::to_string(dropout);
@@ -667,17 +683,17 @@ TEST(Attention, Bf16OutputsAreTheRoundedFp32Results_BitForBit) {
       const Shape qs{L.tokens(), L.row()}, os{L.tokens(), L.heads * L.head_dim}, ls{L.batch, L.heads, L.seq};
       Buf<float> qkv_f(qs), dout_f(os);
       fill_normal(qkv_f.v, 41, 1.5), fill_normal(dout_f.v, 42);
-      Buf<bf16> qkv(qs), dout_h(os);
+      Buf<H> qkv(qs), dout_h(os);
       k::cast(qkv_f.t(), qkv.t());
       k::cast(dout_f.t(), dout_h.t());
       k::cast(dout_h.t(), dout_f.t());  // dout_f now holds the bf16 values
 
       Buf<float> out(os), lse(ls), lse2(ls);
-      Buf<bf16> out_h(os);
+      Buf<H> out_h(os);
       k::attention_forward(qkv.t(), L, o, out.t(), lse.t());
       k::attention_forward(qkv.t(), L, o, out_h.t(), lse2.t());
-      bits_equal(out.v, out_h.v, what + ": bf16 out");
-      same_bits(lse.v, lse2.v, what + ": lse with bf16 out");
+      bits_equal(out.v, out_h.v, what + ": 16-bit out");
+      same_bits(lse.v, lse2.v, what + ": lse with 16-bit out");
 
       // Reference: the all-fp32 backward on fp32 copies of the bf16 out and dout.
       Buf<float> out_f(os), dq(qs);
@@ -685,16 +701,21 @@ TEST(Attention, Bf16OutputsAreTheRoundedFp32Results_BitForBit) {
       k::attention_backward(qkv.t(), out_f.t(), dout_f.t(), lse.t(), L, o, dq.t());
       for (int mask = 1; mask < 8; ++mask) {
         const bool o16 = mask & 1, d16 = mask & 2, g16 = mask & 4;
-        const std::string combo = what + fmt::format(": out {} dout {} dqkv {}", o16 ? "bf16" : "fp32",
-                                                     d16 ? "bf16" : "fp32", g16 ? "bf16" : "fp32");
+        const std::string combo = what + fmt::format(": out {} dout {} dqkv {}", o16 ? hn : "fp32",
+                                                     d16 ? hn : "fp32", g16 ? hn : "fp32");
         Buf<float> dq_f(qs, NAN);
-        Buf<bf16> dq_h(qs, float_to_bf16(NAN));
+        Buf<H> dq_h(qs, to_half<H>(NAN));
         k::attention_backward(qkv.t(), o16 ? out_h.t() : out_f.t(), d16 ? dout_h.t() : dout_f.t(), lse.t(), L, o,
                               g16 ? dq_h.t() : dq_f.t());
         if (g16) bits_equal(dq.v, dq_h.v, combo);
         else same_bits(dq.v, dq_f.v, combo);
       }
     }
+}
+
+TEST(Attention, HalfOutputsAreTheRoundedFp32Results_BitForBit) {
+  attention_half_outputs_are_rounded<bf16>();
+  attention_half_outputs_are_rounded<f16>();
   // fp32 qkv keeps fp32 activations; lse stays in the accumulation type.
   const k::QkvLayout L{8, 1, 2, 1, 16};
   const k::AttentionOptions o{0.25, 0, 0, 0, 0};
@@ -920,7 +941,8 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
 
 // The bf16-compute path writes dlogits in bf16 straight from the softmax:
 // bitwise the fp32 gradient, rounded. A vocabulary shard, an ignored label.
-TEST(CrossEntropy, Bf16BackwardIsTheRoundedFp32Gradient) {
+template <typename H>
+void xent_half_backward_is_rounded() {
   for (int64_t v0 : {int64_t{0}, int64_t{50}}) {
     const int64_t N = 45, V = 130;
     Buf<float> lg({N, V}), dl({N}), mx({N}), se({N}), tl({N}), dlg({N, V});
@@ -930,12 +952,17 @@ TEST(CrossEntropy, Bf16BackwardIsTheRoundedFp32Gradient) {
     tg[7] = -1;
     k::xent_partials(lg.t(), tg.t(), v0, mx.t(), se.t(), tl.t());
     k::xent_backward(lg.t(), tg.t(), v0, mx.t(), se.t(), dl.t(), dlg.t());
-    Buf<bf16> d({N, V});
-    k::xent_backward_bf16(lg.t(), tg.t(), v0, mx.t(), se.t(), dl.t(), d.t());
+    Buf<H> d({N, V});
+    k::xent_backward_half(lg.t(), tg.t(), v0, mx.t(), se.t(), dl.t(), d.t());
     for (int64_t i = 0; i < N * V; ++i)
-      ASSERT_EQ(d[static_cast<size_t>(i)].bits, float_to_bf16(dlg[static_cast<size_t>(i)]).bits)
+      ASSERT_EQ(d[static_cast<size_t>(i)].bits, to_half<H>(dlg[static_cast<size_t>(i)]).bits)
           << "row " << i / V << " vocab " << i % V << " shard start " << v0;
   }
+}
+
+TEST(CrossEntropy, HalfBackwardIsTheRoundedFp32Gradient) {
+  xent_half_backward_is_rounded<bf16>();
+  xent_half_backward_is_rounded<f16>();
 }
 
 // ---------------------------------------------------------------- embedding
@@ -1071,6 +1098,49 @@ TEST(Bf16, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
 }
 
+// fp16 (IEEE binary16) against the compiler's _Float16, an independent
+// implementation: every one of the 65536 payloads widens to the same float
+// (NaNs as NaN), and floats round to the same payload, nearest even: every
+// fp32 value whose rounding is in question (each fp16 value and its
+// neighbouring midpoints, +-1 fp32 ulp), the subnormal range, overflow to
+// inf at 65520, and 2^20 random bit patterns.
+TEST(Fp16, MatchesTheCompilersFloat16) {
+  for (uint32_t u = 0; u < 65536; ++u) {
+    _Float16 h;
+    const uint16_t bits = static_cast<uint16_t>(u);
+    std::memcpy(&h, &bits, 2);
+    const float want = static_cast<float>(h), got = f16_to_float(f16{bits});
+    if (std::isnan(want)) ASSERT_TRUE(std::isnan(got)) << u;
+    else ASSERT_EQ(std::memcmp(&want, &got, 4), 0) << "payload " << u << ": " << want << " vs " << got;
+  }
+  auto check = [](float f) {
+    const _Float16 h = static_cast<_Float16>(f);
+    uint16_t want;
+    std::memcpy(&want, &h, 2);
+    const uint16_t got = float_to_f16(f).bits;
+    if (std::isnan(f)) ASSERT_TRUE((got & 0x7c00) == 0x7c00 && (got & 0x3ff)) << f;
+    else ASSERT_EQ(got, want) << "float " << f << " (bits " << std::hex << std::bit_cast<uint32_t>(f) << ")";
+  };
+  for (uint32_t u = 0; u < 65536; ++u) {
+    const float v = f16_to_float(f16{static_cast<uint16_t>(u)});
+    if (std::isnan(v) || std::isinf(v)) continue;
+    const float next = f16_to_float(f16{static_cast<uint16_t>(u + 1)});
+    for (float x : {v, std::nextafter(v, 1e30f), std::nextafter(v, -1e30f)}) check(x);
+    if ((u & 0x7fff) < 0x7bff) {  // the midpoint to the next fp16 value and its fp32 neighbours
+      const float mid = v + (next - v) / 2;
+      for (float x : {mid, std::nextafter(mid, 1e30f), std::nextafter(mid, -1e30f)}) check(x);
+    }
+  }
+  for (float x : {65504.0f, 65519.996f, 65520.0f, 1e30f, -65520.0f, 5.96e-8f, 2.98e-8f, 2.9802322e-08f, 1e-10f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), std::nanf(""), 0.0f,
+                  -0.0f})
+    check(x);
+  std::mt19937 g(5);
+  for (int i = 0; i < (1 << 20); ++i) check(std::bit_cast<float>(static_cast<uint32_t>(g())));
+  EXPECT_EQ(float_to_f16(65520.0f).bits, 0x7c00);  // ties to even rounds 65520 up to inf
+  EXPECT_EQ(float_to_f16(1.0f).bits, 0x3c00);
+}
+
 TEST(Cast, SameDtypeIsABitCopy) {
   // bf16 -> bf16 once stored the float value in the 16-bit field (1.5 -> 0x0001).
   std::vector<bf16> src{float_to_bf16(1.5f), float_to_bf16(-3.25f), float_to_bf16(1e-20f)}, dst(3);
@@ -1079,27 +1149,41 @@ TEST(Cast, SameDtypeIsABitCopy) {
   std::vector<float> f{1.5f, -2.0f}, g(2);
   kernels::cast(Tensor(f.data(), {2}, DType::kF32), Tensor(g.data(), {2}, DType::kF32));
   EXPECT_EQ(g, f);
+  // fp16 -> fp16 likewise; bf16 <-> fp16 and fp32 -> fp16 widen exactly and round once.
+  std::vector<f16> hs{float_to_f16(1.5f), float_to_f16(-3.25f), float_to_f16(1e-6f)}, hd(3);
+  kernels::cast(Tensor(hs.data(), {3}, DType::kF16), Tensor(hd.data(), {3}, DType::kF16));
+  for (size_t i = 0; i < hs.size(); ++i) EXPECT_EQ(hd[i].bits, hs[i].bits) << i;
+  kernels::cast(Tensor(src.data(), {3}, DType::kBF16), Tensor(hd.data(), {3}, DType::kF16));
+  for (size_t i = 0; i < src.size(); ++i) EXPECT_EQ(hd[i].bits, float_to_f16(bf16_to_float(src[i])).bits) << i;
+  std::vector<float> w{1.0f + 1.0f / 4096, 70000.0f, 3e-8f};
+  kernels::cast(Tensor(w.data(), {3}, DType::kF32), Tensor(hd.data(), {3}, DType::kF16));
+  EXPECT_EQ(f16_to_float(hd[0]), 1.0f);  // tie -> even
+  EXPECT_TRUE(std::isinf(f16_to_float(hd[1])));
+  EXPECT_EQ(f16_to_float(hd[2]), 5.9604644775390625e-8f);  // nearest subnormal
 }
 
+// Each test below runs for bf16 and for fp16 (H): --bf16 and --fp16 take the
+// same 16-bit paths, the stored type aside.
 // Under --bf16 the norms and MLP activations write the GEMM's bf16 input
 // directly: each stored value is the fp32 result rounded once (float_to_bf16),
 // bit for bit what the fp32 output followed by a cast gives; the statistics
 // are the fp32 call's. Other output dtypes are refused, naming the op.
-TEST(Bf16Outputs, NormsAndActivationsStoreTheRoundedFp32Result) {
+template <typename H>
+void half_outputs_norms_and_activations() {
   const int64_t N = 7, C = 40, F = 20;
   std::vector<double> xd(N * C), wd(C), bd(C);
   fill_normal(xd, 91), fill_normal(wd, 92), fill_normal(bd, 93);
   Buf<float> x({N, C}), w({C}), b({C});
   for (int64_t i = 0; i < N * C; ++i) x[i] = static_cast<float>(xd[i]);
   for (int64_t i = 0; i < C; ++i) w[i] = static_cast<float>(wd[i]), b[i] = static_cast<float>(bd[i]);
-  auto expect_rounded = [](Buf<float>& y, Buf<bf16>& yh, const char* what) {
+  auto expect_rounded = [](Buf<float>& y, Buf<H>& yh, const char* what) {
     ASSERT_EQ(y.size(), yh.size());
     for (size_t i = 0; i < y.size(); ++i)
-      ASSERT_EQ(yh[i].bits, float_to_bf16(y[i]).bits) << what << " element " << i << " (fp32 " << y[i] << ")";
+      ASSERT_EQ(yh[i].bits, to_half<H>(y[i]).bits) << what << " element " << i << " (fp32 " << y[i] << ")";
   };
   for (bool rms : {false, true}) {
     Buf<float> y({N, C}), mean({N}), rstd({N}), mean2({N}), rstd2({N});
-    Buf<bf16> yh({N, C});
+    Buf<H> yh({N, C});
     if (rms) {
       k::rmsnorm_forward(x.t(), w.t(), 1e-5, y.t(), rstd.t());
       k::rmsnorm_forward(x.t(), w.t(), 1e-5, yh.t(), rstd2.t());
@@ -1113,7 +1197,7 @@ TEST(Bf16Outputs, NormsAndActivationsStoreTheRoundedFp32Result) {
   }
   for (k::GeluKind kind : {k::GeluKind::kExact, k::GeluKind::kTanh}) {
     Buf<float> y({N, C});
-    Buf<bf16> yh({N, C});
+    Buf<H> yh({N, C});
     k::gelu_forward(kind, x.t(), y.t());
     k::gelu_forward(kind, x.t(), yh.t());
     expect_rounded(y, yh, "gelu");
@@ -1121,16 +1205,16 @@ TEST(Bf16Outputs, NormsAndActivationsStoreTheRoundedFp32Result) {
   {
     const Tensor x2(x.v.data(), {N, 2 * F}, DType::kF32);  // [gate | up]
     Buf<float> y({N, F});
-    Buf<bf16> yh({N, F});
+    Buf<H> yh({N, F});
     k::swiglu_forward(x2, y.t());
     k::swiglu_forward(x2, yh.t());
     expect_rounded(y, yh, "swiglu");
   }
   Buf<double> xd64({N, C}), wd64({C});
-  Buf<bf16> yh({N, C});
+  Buf<H> yh({N, C});
   Buf<double> r64({N});
   EXPECT_DEATH(k::rmsnorm_forward(xd64.t(), wd64.t(), 1e-5, yh.t(), r64.t()),
-               "rmsnorm_forward: output dtype bf16 for fp64 input");
+               fmt::format("rmsnorm_forward: output dtype {} for fp64 input", dtype_name(dtype_of<H>())));
 }
 
 // Under --bf16 the GEMM-side activations (qkv, fc1 and their gradients) are
@@ -1139,29 +1223,42 @@ TEST(Bf16Outputs, NormsAndActivationsStoreTheRoundedFp32Result) {
 // once as stored. Mixed dtypes and wrong table/bias dtypes are refused.
 // n normal values (+ shift) rounded to bf16: the bf16 values and their
 // exact fp32 widening.
-std::pair<Buf<float>, Buf<bf16>> rounded(uint64_t seed, int64_t n, double scale, double shift = 0) {
+template <typename H>
+std::pair<Buf<float>, Buf<H>> rounded(uint64_t seed, int64_t n, double scale, double shift = 0) {
   std::vector<double> d(n);
   fill_normal(d, seed, scale);
   Buf<float> f({n});
-  Buf<bf16> h({n});
-  for (int64_t i = 0; i < n; ++i) h[i] = float_to_bf16(static_cast<float>(d[i] + shift)), f[i] = bf16_to_float(h[i]);
+  Buf<H> h({n});
+  for (int64_t i = 0; i < n; ++i) h[i] = to_half<H>(static_cast<float>(d[i] + shift)), f[i] = from_half(h[i]);
   return std::make_pair(f, h);
 }
 
 // Every bf16 element is its fp32 counterpart rounded once.
-void expect_rounded(const Buf<float>& y, const Buf<bf16>& yh, const std::string& what) {
+template <typename H>
+void expect_rounded(const Buf<float>& y, const Buf<H>& yh, const std::string& what) {
   ASSERT_EQ(y.v.size(), yh.v.size());
   for (size_t i = 0; i < y.v.size(); ++i)
-    ASSERT_EQ(yh.v[i].bits, float_to_bf16(y.v[i]).bits) << what << " element " << i << " (fp32 " << y.v[i] << ")";
+    ASSERT_EQ(yh.v[i].bits, to_half<H>(y.v[i]).bits) << what << " element " << i << " (fp32 " << y.v[i] << ")";
+}
+// ... or within `ulps` units in the last 16-bit place of it (same sign).
+template <typename H>
+void expect_rounded(const Buf<float>& y, const Buf<H>& yh, int ulps, const std::string& what) {
+  ASSERT_EQ(y.v.size(), yh.v.size());
+  for (size_t i = 0; i < y.v.size(); ++i) {
+    const int want = to_half<H>(y.v[i]).bits, got = yh.v[i].bits;
+    ASSERT_TRUE((want ^ got) < 0x8000 && std::abs(want - got) <= ulps)
+        << what << " element " << i << " (fp32 " << y.v[i] << "): bits " << got << ", want " << want;
+  }
 }
 
-TEST(Bf16Storage, PointwiseOpsOnBf16AreTheRoundedFp32Result) {
+template <typename H>
+void half_storage_pointwise_ops() {
   const int64_t N = 9, C = 24, F = 12;
-  auto [x, xh] = rounded(1, N * C, 2.0);
-  auto [dy, dyh] = rounded(2, N * C, 1.0);
+  auto [x, xh] = rounded<H>(1, N * C, 2.0);
+  auto [dy, dyh] = rounded<H>(2, N * C, 1.0);
   for (k::GeluKind kind : {k::GeluKind::kExact, k::GeluKind::kTanh}) {
     Buf<float> y({N * C}), dx({N * C});
-    Buf<bf16> yh({N * C}), dxh({N * C});
+    Buf<H> yh({N * C}), dxh({N * C});
     k::gelu_forward(kind, x.t(), y.t());
     k::gelu_forward(kind, xh.t(), yh.t());
     expect_rounded(y, yh, "gelu forward");
@@ -1170,13 +1267,13 @@ TEST(Bf16Storage, PointwiseOpsOnBf16AreTheRoundedFp32Result) {
     expect_rounded(dx, dxh, "gelu backward");
   }
   {
-    auto [x2, x2h] = rounded(3, N * 2 * F, 1.5);
-    auto [d2, d2h] = rounded(4, N * F, 1.0);
+    auto [x2, x2h] = rounded<H>(3, N * 2 * F, 1.5);
+    auto [d2, d2h] = rounded<H>(4, N * F, 1.0);
     const Shape xs{N, 2 * F}, ys{N, F};
     Buf<float> y(ys), dx(xs);
-    Buf<bf16> yh(ys), dxh(xs);
-    Tensor X(x2.v.data(), xs, DType::kF32), Xh(x2h.v.data(), xs, DType::kBF16);
-    Tensor D(d2.v.data(), ys, DType::kF32), Dh(d2h.v.data(), ys, DType::kBF16);
+    Buf<H> yh(ys), dxh(xs);
+    Tensor X(x2.v.data(), xs, DType::kF32), Xh(x2h.v.data(), xs, dtype_of<H>());
+    Tensor D(d2.v.data(), ys, DType::kF32), Dh(d2h.v.data(), ys, dtype_of<H>());
     k::swiglu_forward(X, y.t());
     k::swiglu_forward(Xh, yh.t());
     expect_rounded(y, yh, "swiglu forward");
@@ -1192,34 +1289,34 @@ TEST(Bf16Storage, PointwiseOpsOnBf16AreTheRoundedFp32Result) {
     k::QkvLayout L{5, 2, 4, 2, 8};
     Buf<float> cos({L.seq, 4}), sin({L.seq, 4});
     k::rope_table(10000.0, L.seq, L.head_dim, cos.t(), sin.t());
-    auto [q, qh] = rounded(5, L.tokens() * L.row(), 1.0);
+    auto [q, qh] = rounded<H>(5, L.tokens() * L.row(), 1.0);
     const Shape qs{L.tokens(), L.row()};
     for (bool inverse : {false, true}) {
       Buf<float> y = q;
-      Buf<bf16> yh = qh;
+      Buf<H> yh = qh;
       y.shape = yh.shape = qs;
       if (inverse) k::rope_backward(y.t(), L, cos.t(), sin.t()), k::rope_backward(yh.t(), L, cos.t(), sin.t());
       else k::rope_forward(y.t(), L, cos.t(), sin.t()), k::rope_forward(yh.t(), L, cos.t(), sin.t());
       expect_rounded(y, yh, inverse ? "rope backward" : "rope forward");
     }
-    Buf<bf16> ch({L.seq, 4}), sh({L.seq, 4});
-    Buf<bf16> y = qh;
+    Buf<H> ch({L.seq, 4}), sh({L.seq, 4});
+    Buf<H> y = qh;
     y.shape = qs;
-    EXPECT_DEATH(k::rope_forward(y.t(), L, ch.t(), sh.t()), "rope: cos/sin tables must be fp32 for bf16 qkv");
+    EXPECT_DEATH(k::rope_forward(y.t(), L, ch.t(), sh.t()), fmt::format("rope: cos/sin tables must be fp32 for {} qkv", dtype_name(dtype_of<H>())));
   }
   {
-    auto [b, bh] = rounded(6, C, 1.0);
+    auto [b, bh] = rounded<H>(6, C, 1.0);
     Buf<float> y = x, db({C}, 0.25f), db2({C}, 0.25f);
-    Buf<bf16> yh = xh;
+    Buf<H> yh = xh;
     y.shape = yh.shape = Shape{N, C};
     k::bias_add(y.t(), b.t());
     k::bias_add(yh.t(), b.t());
     expect_rounded(y, yh, "bias_add");
-    Tensor D(dy.v.data(), {N, C}, DType::kF32), Dh(dyh.v.data(), {N, C}, DType::kBF16);
+    Tensor D(dy.v.data(), {N, C}, DType::kF32), Dh(dyh.v.data(), {N, C}, dtype_of<H>());
     k::bias_grad(D, db.t());
     k::bias_grad(Dh, db2.t());
     EXPECT_EQ(db.v, db2.v);  // bf16 dy widened exactly, summed in the same order
-    EXPECT_DEATH(k::bias_add(yh.t(), bh.t()), "bias_add: the bias must be fp32 for bf16 activations");
+    EXPECT_DEATH(k::bias_add(yh.t(), bh.t()), fmt::format("bias_add: the bias must be fp32 for {} activations", dtype_name(dtype_of<H>())));
   }
 }
 
@@ -1228,10 +1325,11 @@ TEST(Bf16Storage, PointwiseOpsOnBf16AreTheRoundedFp32Result) {
 // does in fp32, and rounds what it stores once. So every result is
 // bit for bit the fp32 op on the widened values, rounded: the fp32 ops are
 // the reference (they have their own finite-difference and closed-form tests).
-TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
+template <typename H>
+void half_residual_stream_ops() {
   const int64_t N = 12, C = 40, B = 3;
-  auto [x, xh] = rounded(21, N * C, 1.5, 0.4);
-  auto [o, oh] = rounded(22, N * C, 1.0);
+  auto [x, xh] = rounded<H>(21, N * C, 1.5, 0.4);
+  auto [o, oh] = rounded<H>(22, N * C, 1.0);
   Buf<float> w({C}), bias({C});
   fill_normal(w.v, 23, 0.3);
   fill_normal(bias.v, 24, 0.2);
@@ -1244,7 +1342,7 @@ TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
   for (int mask = 0; mask < 8; ++mask) {
     const bool ab = mask & 1, bb = mask & 2, yb = mask & 4;
     Buf<float> y(xs);
-    Buf<bf16> yh(xs);
+    Buf<H> yh(xs);
     k::add(ab ? xh.t() : x.t(), bb ? oh.t() : o.t(), yb ? yh.t() : y.t());
     Buf<float> want(xs);
     k::add(x.t(), o.t(), want.t());  // x, o hold the widened bf16 values
@@ -1252,7 +1350,7 @@ TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
     else EXPECT_EQ(y.v, want.v) << "add mask " << mask;
   }
   {
-    Buf<bf16> yh = xh;
+    Buf<H> yh = xh;
     Buf<float> want(xs);
     k::add(x.t(), o.t(), want.t());
     k::add_inplace(yh.t(), o.t());  // bf16 += fp32
@@ -1263,7 +1361,7 @@ TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
   // dropout: the same mask, the kept values scaled in fp32 and rounded.
   {
     Buf<float> y(xs);
-    Buf<bf16> yh(xs);
+    Buf<H> yh(xs);
     k::dropout_forward(x.t(), y.t(), 0.3, 7, 8, 100);
     k::dropout_forward(xh.t(), yh.t(), 0.3, 7, 8, 100);
     expect_rounded(y, yh, "dropout forward");
@@ -1278,7 +1376,7 @@ TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
   for (bool rms : {false, true}) {
     const std::string nm = rms ? "rmsnorm" : "layernorm";
     Buf<float> y(xs), mean({N}), rstd({N}), mean2({N}), rstd2({N});
-    Buf<bf16> yh(xs);
+    Buf<H> yh(xs);
     if (rms) {
       k::rmsnorm_forward(x.t(), w.t(), 1e-5, y.t(), rstd.t());
       k::rmsnorm_forward(xh.t(), w.t(), 1e-5, yh.t(), rstd2.t());
@@ -1290,10 +1388,15 @@ TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
     EXPECT_EQ(rstd.v, rstd2.v) << nm;
     expect_rounded(y, yh, nm + " forward");
     for (bool dy_bf16 : {true, false}) {
-      auto [dx0, dx0h] = rounded(25, N * C, 0.5);
+      auto [dx0, dx0h] = rounded<H>(25, N * C, 0.5);
       dx0.shape = dx0h.shape = xs;
-      Buf<float> term(xs), dw({C}, 0.5f), db({C}, 0.25f), dw2({C}, 0.5f), db2({C}, 0.25f);
-      Buf<bf16> dxh = dx0h;
+      // The fp32 call accumulates into the same dx values; its result rounded
+      // once is the 16-bit call's, to one 16-bit ulp: the row sums mean(g)
+      // and mean(g xhat) may be added in another order where one
+      // instantiation is vectorised and the other not (fp16's finer rounding
+      // shows it, rarely).
+      Buf<float> term = dx0, dw({C}, 0.5f), db({C}, 0.25f), dw2({C}, 0.5f), db2({C}, 0.25f);
+      Buf<H> dxh = dx0h;
       const Tensor dyt = dy_bf16 ? oh.t() : o.t();
       if (rms) {
         k::rmsnorm_backward(o.t(), x.t(), w.t(), rstd.t(), term.t(), dw.t());
@@ -1304,9 +1407,7 @@ TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
         EXPECT_EQ(db.v, db2.v) << nm << " db";
       }
       EXPECT_EQ(dw.v, dw2.v) << nm << " dw";
-      Buf<float> want(xs);
-      for (int64_t i = 0; i < N * C; ++i) want[i] = dx0[i] + term[i];
-      expect_rounded(want, dxh, nm + (dy_bf16 ? " backward, bf16 dy" : " backward, fp32 dy"));
+      expect_rounded(term, dxh, 1, nm + (dy_bf16 ? " backward, bf16 dy" : " backward, fp32 dy"));
     }
     Buf<float> dxf(xs), dwf({C});
     EXPECT_DEATH(k::rmsnorm_backward(oh.t(), xh.t(), w.t(), rstd.t(), dxf.t(), dwf.t()),
@@ -1322,12 +1423,12 @@ TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
     for (int64_t i = 0; i < N; ++i) tok[i] = static_cast<int32_t>((i * 5) % (V + 2)) - 1 + 1;  // some outside [1, 1 + V)
     const Tensor tt(tok.data(), {N}, DType::kI32);
     Buf<float> e(xs);
-    Buf<bf16> eh(xs);
+    Buf<H> eh(xs);
     k::embedding_forward(tt, table.t(), 1, e.t());
     k::embedding_forward(tt, table.t(), 1, eh.t());
     expect_rounded(e, eh, "embedding forward");
     Buf<float> ew(xs);  // the widened bf16 embedding, plus the positions
-    for (int64_t i = 0; i < N * C; ++i) ew[i] = bf16_to_float(eh[i]);
+    for (int64_t i = 0; i < N * C; ++i) ew[i] = from_half(eh[i]);
     k::position_add_forward(pos.t(), B, ew.t());
     k::position_add_forward(pos.t(), B, eh.t());
     expect_rounded(ew, eh, "position add forward");
@@ -1339,38 +1440,58 @@ TEST(Bf16Residual, OpsOnTheBf16StreamAreTheRoundedFp32Ops) {
     k::position_add_backward(oh.t(), B, dp2.t());
     EXPECT_EQ(dp1.v, dp2.v);
     Buf<double> t64({V, C});
-    EXPECT_DEATH(k::embedding_backward(tt, oh.t(), 1, t64.t()), "embedding_backward: dout dtype bf16 with fp64");
+    EXPECT_DEATH(k::embedding_backward(tt, oh.t(), 1, t64.t()), fmt::format("embedding_backward: dout dtype {} with fp64", dtype_name(dtype_of<H>())));
   }
 }
 
 // bf16 GEMM inputs with a bf16 C (the qkv and fc1 outputs under --bf16): the
 // fp32-accumulated product rounded once, so within one bf16 rounding of the
 // fp32-C result, for every transpose pair; beta 1 adds the old bf16 C.
-TEST(Bf16Storage, GemmBf16OutputIsTheRoundedFp32Product) {
+template <typename H>
+void half_storage_gemm_output() {
   const int64_t M = 33, N = 40, K = 70;
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb)
       for (float beta : {0.0f, 1.0f}) {
         std::vector<double> A(M * K), B(K * N), C0(M * N);
         fill_normal(A, 7 + ta), fill_normal(B, 8 + tb), fill_normal(C0, 9);
-        Buf<bf16> ah({M * K}), bh({K * N}), ch({M * N});
+        Buf<H> ah({M * K}), bh({K * N}), ch({M * N});
         Buf<float> c({M * N});
-        for (int64_t i = 0; i < M * K; ++i) ah[i] = float_to_bf16(static_cast<float>(A[i]));
-        for (int64_t i = 0; i < K * N; ++i) bh[i] = float_to_bf16(static_cast<float>(B[i]));
-        for (int64_t i = 0; i < M * N; ++i) ch[i] = float_to_bf16(static_cast<float>(C0[i])), c[i] = bf16_to_float(ch[i]);
+        for (int64_t i = 0; i < M * K; ++i) ah[i] = to_half<H>(static_cast<float>(A[i]));
+        for (int64_t i = 0; i < K * N; ++i) bh[i] = to_half<H>(static_cast<float>(B[i]));
+        for (int64_t i = 0; i < M * N; ++i) ch[i] = to_half<H>(static_cast<float>(C0[i])), c[i] = from_half(ch[i]);
         k::gemm(ta, tb, M, N, K, 1.0f, ah.t(), bh.t(), beta, c.t());
         k::gemm(ta, tb, M, N, K, 1.0f, ah.t(), bh.t(), beta, ch.t());
         for (int64_t i = 0; i < M * N; ++i) {
-          const float want = c[i], got = bf16_to_float(ch[i]);
-          // One rounding of the fp32 value: within half a bf16 ulp (2^-8 relative) of it.
-          ASSERT_LE(std::abs(got - want), std::abs(want) * (1.0 / 256) + 1e-30)
+          const float want = c[i], got = from_half(ch[i]);
+          // One rounding of the fp32 value: within half an ulp (2^-8 relative for
+          // bf16, 2^-11 for fp16) of it.
+          const double half_ulp = std::is_same_v<H, bf16> ? 1.0 / 256 : 1.0 / 2048;
+          ASSERT_LE(std::abs(got - want), std::abs(want) * half_ulp + 1e-30)
               << "ta=" << ta << " tb=" << tb << " beta=" << beta << " element " << i;
         }
       }
-  Buf<bf16> a({4}), b({4});
+  Buf<H> a({4}), b({4});
   Buf<double> c64({4});
   EXPECT_DEATH(k::gemm(false, false, 2, 2, 2, 1.0f, a.t(), b.t(), 0.0f, c64.t()),
-               "gemm: bf16 A needs bf16 B and an fp32 or bf16 C");
+               fmt::format("gemm: {0} A needs {0} B and an fp32 or {0} C", dtype_name(dtype_of<H>())));
+}
+
+TEST(HalfOutputs, NormsAndActivationsStoreTheRoundedFp32Result) {
+  half_outputs_norms_and_activations<bf16>();
+  half_outputs_norms_and_activations<f16>();
+}
+TEST(HalfStorage, PointwiseOpsOnHalfAreTheRoundedFp32Result) {
+  half_storage_pointwise_ops<bf16>();
+  half_storage_pointwise_ops<f16>();
+}
+TEST(HalfResidual, OpsOnTheHalfStreamAreTheRoundedFp32Ops) {
+  half_residual_stream_ops<bf16>();
+  half_residual_stream_ops<f16>();
+}
+TEST(HalfStorage, GemmHalfOutputIsTheRoundedFp32Product) {
+  half_storage_gemm_output<bf16>();
+  half_storage_gemm_output<f16>();
 }
 
 }  // namespace

@@ -428,7 +428,8 @@ TEST(MoeKernels, DroppedSlotsGetNoRowAndNoGradient) {
   test::expect_fd_grad(w, loss, dw.v, "d probs", 1e-5, 1e-9);
 }
 
-TEST(MoeKernels, Bf16StorageRoundsOnceAsStored) {
+template <typename H>
+void moe_half_storage_rounds_once() {
   const int64_t N = 4, topk = 2, C = 5;
   Buf<int32_t> pos({N, topk});
   for (int64_t i = 0; i < N * topk; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>((i * 3) % (N * topk));
@@ -436,21 +437,26 @@ TEST(MoeKernels, Bf16StorageRoundsOnceAsStored) {
   fill_normal(yf, 31);
   fill_normal(w, 32);
   fill_normal(g, 33);
-  std::vector<bf16> yb(yf.size()), gb(g.size());
-  for (size_t i = 0; i < yf.size(); ++i) yb[i] = float_to_bf16(yf[i]), yf[i] = bf16_to_float(yb[i]);
-  for (size_t i = 0; i < g.size(); ++i) gb[i] = float_to_bf16(g[i]), g[i] = bf16_to_float(gb[i]);
+  std::vector<H> yb(yf.size()), gb(g.size());
+  for (size_t i = 0; i < yf.size(); ++i) yb[i] = test::to_half<H>(yf[i]), yf[i] = test::from_half(yb[i]);
+  for (size_t i = 0; i < g.size(); ++i) gb[i] = test::to_half<H>(g[i]), g[i] = test::from_half(gb[i]);
   Buf<float> out32({N, C}), dy32({N * topk, C}), dw32({N, topk}), dwb({N, topk});
-  std::vector<bf16> outb(static_cast<size_t>(N * C)), dyb(yf.size());
+  std::vector<H> outb(static_cast<size_t>(N * C)), dyb(yf.size());
   const Tensor wt(w.data(), {N, topk}, DType::kF32);
   k::moe_unpermute(Tensor(yf.data(), {N * topk, C}, DType::kF32), pos.t(), wt, out32.t());
-  k::moe_unpermute(Tensor(yb.data(), {N * topk, C}, DType::kBF16), pos.t(), wt, Tensor(outb.data(), {N, C}, DType::kBF16));
-  for (size_t i = 0; i < outb.size(); ++i) EXPECT_EQ(outb[i].bits, float_to_bf16(out32[i]).bits);
+  k::moe_unpermute(Tensor(yb.data(), {N * topk, C}, dtype_of<H>()), pos.t(), wt, Tensor(outb.data(), {N, C}, dtype_of<H>()));
+  for (size_t i = 0; i < outb.size(); ++i) EXPECT_EQ(outb[i].bits, test::to_half<H>(out32[i]).bits);
   k::moe_unpermute_backward(Tensor(g.data(), {N, C}, DType::kF32), Tensor(yf.data(), {N * topk, C}, DType::kF32),
                             pos.t(), wt, dy32.t(), dw32.t());
-  k::moe_unpermute_backward(Tensor(gb.data(), {N, C}, DType::kBF16), Tensor(yb.data(), {N * topk, C}, DType::kBF16),
-                            pos.t(), wt, Tensor(dyb.data(), {N * topk, C}, DType::kBF16), dwb.t());
-  for (size_t i = 0; i < dyb.size(); ++i) EXPECT_EQ(dyb[i].bits, float_to_bf16(dy32[i]).bits);
+  k::moe_unpermute_backward(Tensor(gb.data(), {N, C}, dtype_of<H>()), Tensor(yb.data(), {N * topk, C}, dtype_of<H>()),
+                            pos.t(), wt, Tensor(dyb.data(), {N * topk, C}, dtype_of<H>()), dwb.t());
+  for (size_t i = 0; i < dyb.size(); ++i) EXPECT_EQ(dyb[i].bits, test::to_half<H>(dy32[i]).bits);
   for (size_t i = 0; i < dwb.size(); ++i) EXPECT_EQ(dwb[i], dw32[i]);
+}
+
+TEST(MoeKernels, HalfStorageRoundsOnceAsStored) {
+  moe_half_storage_rounds_once<bf16>();
+  moe_half_storage_rounds_once<f16>();
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "core/tensor.h"
@@ -23,6 +24,15 @@ struct Buf {
   T& operator[](size_t i) { return v[i]; }
   size_t size() const { return v.size(); }
 };
+
+// A float rounded once to the 16-bit type H (bf16 or fp16), and back.
+template <typename H>
+H to_half(float f) {
+  if constexpr (std::is_same_v<H, bf16>) return float_to_bf16(f);
+  else return float_to_f16(f);
+}
+inline float from_half(bf16 h) { return bf16_to_float(h); }
+inline float from_half(f16 h) { return f16_to_float(h); }
 
 inline void fill_normal(std::vector<double>& v, uint64_t seed, double scale = 1.0) {
   std::mt19937_64 g(seed);

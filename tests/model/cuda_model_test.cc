@@ -52,7 +52,7 @@ struct Run {
 
 Run run(const ModelConfig& cfg, Device dev, bool bf16, bool selective) {
   GPTOptions opt;
-  opt.micro_batch = 2, opt.bf16_compute = bf16, opt.device = dev;
+  opt.micro_batch = 2, opt.half_compute = bf16, opt.device = dev;
   if (selective) opt.recompute.granularity = RecomputeGranularity::kSelective;
   auto m = GPTModel::create(cfg, opt);
   EXPECT_TRUE(m.is_ok()) << m.status().message();

@@ -581,7 +581,7 @@ TEST(GPTModel, Bf16ComputeMatchesFp32WithinBf16Tolerance) {
     // mode 0: fp32; 1: bf16 with an fp32 residual stream; 2: bf16 (bf16 residual stream).
     for (int mode = 0; mode < 3; ++mode) {
       GPTOptions opt;
-      opt.micro_batch = 2, opt.bf16_compute = mode > 0, opt.fp32_residual = mode == 1;
+      opt.micro_batch = 2, opt.half_compute = mode > 0, opt.fp32_residual = mode == 1;
       auto m = GPTModel::create(cfg, opt);
       ASSERT_TRUE(m.is_ok());
       EXPECT_EQ((*m)->residual_dtype(), mode == 2 ? DType::kBF16 : DType::kF32) << mode;
@@ -603,6 +603,58 @@ TEST(GPTModel, Bf16ComputeMatchesFp32WithinBf16Tolerance) {
     EXPECT_NE(loss[2], loss[1]);
     EXPECT_NE(grads[2], grads[1]);
     EXPECT_LT(acts[2], acts[1]);
+  }
+}
+
+// --fp16: the same 16-bit paths with IEEE half (11-bit significand, 8x
+// finer than bf16's, range +-65504). Loss and gradients within fp16
+// tolerance of fp32 (an order tighter than bf16's), the fp16 residual stream
+// stored as fp16 and smaller than the fp32 one; a backward seeded with the
+// loss scale 2^12 gives 2^12 x the gradients up to fp16 rounding (the
+// activation gradients underflow less), and an overflowing scale (2^32) puts
+// inf or NaN in the gradients, which is how the trainer's scaler finds it.
+TEST(GPTModel, Fp16ComputeMatchesFp32WithinFp16Tolerance) {
+  for (const ModelConfig& cfg : {llama_style(), gpt2_style()}) {
+    std::vector<int32_t> tok, lab;
+    random_batch(2, cfg.seq_length, *cfg.vocab_size, 11, tok, lab);
+    Tensor tt(tok.data(), {2, cfg.seq_length}, DType::kI32), lt(lab.data(), {2, cfg.seq_length}, DType::kI32);
+    auto run = [&](int mode, double scale, double* loss, std::vector<float>* grad, size_t* acts) {
+      GPTOptions opt;
+      opt.micro_batch = 2, opt.half_compute = mode > 0, opt.fp32_residual = mode == 1, opt.half = DType::kF16;
+      auto m = GPTModel::create(cfg, opt);
+      ASSERT_TRUE(m.is_ok()) << m.status().message();
+      EXPECT_EQ((*m)->residual_dtype(), mode == 2 ? DType::kF16 : DType::kF32) << mode;
+      *acts = (*m)->memory_plan().activations_per_slot;
+      (*m)->init_parameters(3);
+      (*m)->zero_grads();
+      *loss = (*m)->forward(0, tt, lt, 0, false);
+      (*m)->backward(0, scale);
+      Tensor g = (*m)->grad("decoder.layers.0.mlp.linear_fc1.weight");
+      grad->assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+    };
+    double loss[3];
+    size_t acts[3];
+    std::vector<std::vector<float>> grads(3);
+    for (int mode = 0; mode < 3; ++mode) run(mode, 1.0, &loss[mode], &grads[mode], &acts[mode]);
+    auto as_t = [](std::vector<float>& v) { return Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::kF32); };
+    for (int mode = 1; mode < 3; ++mode) {
+      EXPECT_NEAR(loss[mode], loss[0], 2e-3 * loss[0]) << mode;
+      EXPECT_LT(rel_err<float>(as_t(grads[mode]), as_t(grads[0])), 5e-3) << mode;
+    }
+    EXPECT_LT(acts[2], acts[1]);
+    // Scaled by 2^12: the same loss, 2^12 x the gradient within fp16 rounding.
+    double ls;
+    size_t a;
+    std::vector<float> gs;
+    run(2, 4096.0, &ls, &gs, &a);
+    EXPECT_EQ(ls, loss[2]);
+    for (float& v : gs) v /= 4096.0f;
+    EXPECT_LT(rel_err<float>(as_t(gs), as_t(grads[0])), 5e-3);
+    // 2^32 overflows fp16's activation gradients.
+    run(2, 4294967296.0, &ls, &gs, &a);
+    bool finite = true;
+    for (float v : gs) finite = finite && std::isfinite(v);
+    EXPECT_FALSE(finite);
   }
 }
 

@@ -122,7 +122,7 @@ struct RunResult {
 // Two micro-batches in flight (1F1B-like order: F0 F1 B1 B0), dropout on.
 RunResult run(const ModelConfig& cfg, RecomputeOptions rc, bool bf16 = false, bool fp32_residual = false) {
   GPTOptions opt;
-  opt.micro_batch = 2, opt.slots = 2, opt.recompute = rc, opt.bf16_compute = bf16, opt.fp32_residual = fp32_residual;
+  opt.micro_batch = 2, opt.slots = 2, opt.recompute = rc, opt.half_compute = bf16, opt.fp32_residual = fp32_residual;
   auto created = GPTModel::create(cfg, opt);
   EXPECT_TRUE(created.is_ok()) << created.status().message();
   GPTModel& m = **created;

@@ -267,7 +267,7 @@ void run_cp_case(const CpCase& c) {
   cfg.vocab_size = cfg.padded_vocab(tp);
   const int64_t B = 2, T = cfg.seq_length, V = *cfg.vocab_size;
   GPTOptions so;
-  so.micro_batch = B, so.dtype = c.dt, so.bf16_compute = c.bf16;
+  so.micro_batch = B, so.dtype = c.dt, so.half_compute = c.bf16;
   so.recompute.granularity = c.recompute;
   so.reset_position_ids = so.reset_attention_mask = c.docs;
   if (c.recompute == RecomputeGranularity::kFull) so.recompute.num_layers = 2;
@@ -404,7 +404,7 @@ void run_ep_case(const EpCase& c) {
   cfg.vocab_size = cfg.padded_vocab(tp);
   const int64_t B = 2, T = cfg.seq_length, V = *cfg.vocab_size;
   GPTOptions so;
-  so.micro_batch = B, so.dtype = c.dt, so.bf16_compute = c.bf16;
+  so.micro_batch = B, so.dtype = c.dt, so.half_compute = c.bf16;
   so.recompute.granularity = c.recompute;
   if (c.recompute == RecomputeGranularity::kFull) so.recompute.num_layers = 2;
   so.recompute.moe_act = c.moe_act;

@@ -28,11 +28,13 @@ model::ModelConfig tiny_config(int64_t vocab = 30, bool qk = false) {
   return c;
 }
 
-std::unique_ptr<model::GPTModel> make_model(DType dt, bool bf16 = false, int64_t vocab = 30, bool qk = false) {
+std::unique_ptr<model::GPTModel> make_model(DType dt, bool bf16 = false, int64_t vocab = 30, bool qk = false,
+                                            DType half = DType::kBF16) {
   model::GPTOptions o;
   o.micro_batch = 2;
   o.dtype = dt;
-  o.bf16_compute = bf16;
+  o.half_compute = bf16;
+  o.half = half;
   auto m = model::GPTModel::create(tiny_config(vocab, qk), o);
   MT_CHECK(m.is_ok(), m.status().message());
   auto model = std::move(*m);
@@ -248,21 +250,29 @@ TEST(AdamW, ClippingFollowsMegatron) {
 
 // bf16 compute: step() writes the bf16 GEMM copies in the same pass, equal to
 // a separate cast of the updated fp32 masters.
-TEST(AdamW, Bf16CopiesWrittenByTheStep) {
-  auto model = make_model(DType::kF32, true);
-  AdamWOptimizer opt(*model);
-  fill_grads(*model, 3, 1.0);
-  opt.clip_grad_norm(0.5);
-  opt.step(1e-2, 0.1);
-  int checked = 0;
-  for (size_t i = 0; i < model->params().size(); ++i) {
-    const Tensor lp = model->low_precision(static_cast<int>(i));
-    if (!lp.defined()) continue;
-    for (int64_t j = 0; j < lp.numel(); ++j)
-      ASSERT_EQ(lp.ptr<bf16>()[j].bits, float_to_bf16(model->params()[i].ptr<float>()[j]).bits) << model->specs()[i].name;
-    ++checked;
+// The 16-bit GEMM copies (bf16 under --bf16, fp16 under --fp16) are the
+// updated fp32 parameters rounded once, written by the step itself.
+TEST(AdamW, HalfCopiesWrittenByTheStep) {
+  for (DType half : {DType::kBF16, DType::kF16}) {
+    auto model = make_model(DType::kF32, true, 30, false, half);
+    AdamWOptimizer opt(*model);
+    fill_grads(*model, 3, 1.0);
+    opt.clip_grad_norm(0.5);
+    opt.step(1e-2, 0.1);
+    int checked = 0;
+    for (size_t i = 0; i < model->params().size(); ++i) {
+      const Tensor lp = model->low_precision(static_cast<int>(i));
+      if (!lp.defined()) continue;
+      ASSERT_EQ(lp.dtype(), half);
+      for (int64_t j = 0; j < lp.numel(); ++j) {
+        const float p = model->params()[i].ptr<float>()[j];
+        const uint16_t want = half == DType::kBF16 ? float_to_bf16(p).bits : float_to_f16(p).bits;
+        ASSERT_EQ(static_cast<const uint16_t*>(lp.data())[j], want) << model->specs()[i].name;
+      }
+      ++checked;
+    }
+    EXPECT_GT(checked, 0);
   }
-  EXPECT_GT(checked, 0);
 }
 
 TEST(AdamW, GradNormIsIndependentOfThreadCount) {

@@ -2,8 +2,9 @@
 # `megatron train` end to end on a small NullTokenizer dataset:
 #  - resume is exact: 40 iterations straight == 20 (stopped by --exit-interval,
 #    and separately by SIGTERM with --exit-signal-handler) + resumed to 40,
-#    per-iteration losses and final parameters bitwise; also with --bf16 and
-#    with gradient accumulation;
+#    per-iteration losses and final parameters bitwise; also with --bf16, with
+#    --fp16 (the loss scaler's state too) and with gradient accumulation;
+#  - loss scaling (--fp16's dynamic scaler, --loss-scale) follows Megatron's rules;
 #  - a save killed mid-write leaves the previous checkpoint loadable;
 #  - NaN in the loss is reported with its iteration;
 #  - --use-checkpoint-args resumes with the checkpoint's model flags;
@@ -65,6 +66,102 @@ check_resume bf16 --micro-batch-size 2 --global-batch-size 4 --bf16 --recompute-
 check_resume threads2 --micro-batch-size 2 --global-batch-size 4 --threads 2
 check_resume accum --micro-batch-size 1 --global-batch-size 4 --hidden-dropout 0.1 --attention-dropout 0.1
 check_resume cyclic --micro-batch-size 2 --global-batch-size 4 --dataloader-type cyclic
+# fp16 with a dynamic loss scale that grows every 3 clean iterations from
+# 2^16 until an overflow halves it: the scaler's state (scale, growth and
+# hysteresis trackers) must come back from the checkpoint for the resumed
+# run to skip, and so to train, as the straight one.
+check_resume fp16 --micro-batch-size 2 --global-batch-size 4 --fp16 --initial-loss-scale 65536 --loss-scale-window 3
+scales() { python3 -c "
+import json,sys
+for l in open(sys.argv[1]):
+    j=json.loads(l)
+    if 'loss_scale' in j and 'kind' not in j: print(j['iteration'], j['loss_scale'], j['skipped'])" "$1"; }
+diff <(scales "$TMP/fp16-full.jsonl") <(scales "$TMP/fp16-part.jsonl") >/dev/null && [ "$(scales "$TMP/fp16-full.jsonl" | wc -l)" = 40 ] \
+  || fail "fp16: loss scales or skipped iterations differ after resume"
+
+# Loss scaling (--fp16, --loss-scale) against Megatron's rules:
+#  - dynamic (Megatron's defaults: 2^32, hysteresis 2, window 1000): every
+#    iteration whose gradients hold an inf or NaN is skipped (no update, the
+#    LR schedule does not move), and the scale follows DynamicGradScaler
+#    replayed here from the skip flags; the log line prints the scale, the
+#    skipped count of its interval and leaves the grad norm out after a skip;
+#  - a constant power-of-2 scale commutes with rounding, so --bf16
+#    --loss-scale 4096 trains bit for bit as --bf16, and so does fp32 with the
+#    distributed optimizer (which has a grad scaler in Megatron too);
+#  - --fp16 --loss-scale 4096 skips nothing here and trains as fp32 within
+#    fp16 tolerance.
+run fp16-dyn --micro-batch-size 2 --global-batch-size 4 --train-iters 30 --save-interval 30 --fp16 --log-interval 5 \
+  || { fail "fp16 dynamic run"; cat "$TMP/fp16-dyn.log"; }
+python3 - "$TMP/fp16-dyn.jsonl" "$TMP/fp16-dyn.log" <<'PY' || fail "fp16 dynamic loss scaling"
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+it_rows = [r for r in rows if "kind" not in r and "loss_scale" in r]
+assert len(it_rows) == 30, len(it_rows)
+scale, growth, hyst = 2.0 ** 32, 0, 2  # Megatron's DynamicGradScaler, step by step
+prev_lr = None
+for r in it_rows:
+    if r["skipped"]:
+        growth, hyst = 0, hyst - 1
+        if hyst <= 0: scale = max(scale * 0.5, 1.0)
+        assert "grad_norm" not in r, r
+        if prev_lr is not None: assert r["learning_rate"] == prev_lr, ("LR moved on a skipped iteration", r)
+    else:
+        growth += 1
+        if growth == 1000: growth, hyst, scale = 0, 2, scale * 2
+        assert "grad_norm" in r, r
+    assert r["loss_scale"] == scale, (r["iteration"], r["loss_scale"], scale)
+    prev_lr = r["learning_rate"]
+skipped = [r["iteration"] for r in it_rows if r["skipped"]]
+assert skipped[:3] == [1, 2, 3] and 10 <= len(skipped) < 25, skipped  # 2^32 overflows fp16 until it is ~2^20
+assert it_rows[0]["learning_rate"] == 0.0  # warmup has not started: the first update has not happened
+logs = [r for r in rows if r.get("kind") == "log"]
+text = open(sys.argv[2]).read()
+for lg in logs:
+    n = sum(1 for r in it_rows if lg["iteration"] - 5 < r["iteration"] <= lg["iteration"] and r["skipped"])
+    assert lg["skipped_iterations"] == n, (lg, n)
+    line = re.search(r"iteration\s+%d/.*" % lg["iteration"], text).group(0)
+    assert "loss scale: %.1f |" % lg["loss_scale"] in line, line
+    assert "number of skipped iterations: %3d |" % n in line, line
+    assert ("grad norm:" in line) == (not it_rows[lg["iteration"] - 1]["skipped"]), line
+    # The lm loss is the mean over the interval's advanced iterations: none when all were skipped.
+    adv = [r["lm_loss"] for r in it_rows if lg["iteration"] - 5 < r["iteration"] <= lg["iteration"] and not r["skipped"]]
+    assert ("lm loss:" in line) == bool(adv) and ("lm_loss" in lg) == bool(adv), (line, adv)
+    if adv: assert abs(lg["lm_loss"] - sum(adv) / len(adv)) < 1e-12, (lg, adv)
+assert any("lm_loss" not in lg for lg in logs), "expected a log interval with every iteration skipped"
+print("fp16 dynamic scaling: %d of 30 iterations skipped, final scale %.0f" % (len(skipped), scale))
+PY
+for name in ls-bf16 ls-bf16-scaled ls-fp32-dist ls-fp32-dist-scaled ls-fp16; do
+  case $name in
+    ls-bf16) extra=(--bf16) ;;
+    ls-bf16-scaled) extra=(--bf16 --loss-scale 4096) ;;
+    ls-fp32-dist) extra=(--use-distributed-optimizer) ;;
+    ls-fp32-dist-scaled) extra=(--use-distributed-optimizer --loss-scale 4096) ;;
+    ls-fp16) extra=(--fp16 --loss-scale 4096) ;;
+  esac
+  run "$name" --micro-batch-size 2 --global-batch-size 4 --train-iters 20 --save-interval 20 "${extra[@]}" \
+    || { fail "$name"; cat "$TMP/$name.log"; }
+done
+diff <(losses "$TMP/ls-bf16.jsonl") <(losses "$TMP/ls-bf16-scaled.jsonl") >/dev/null \
+  && cmp -s "$TMP/ls-bf16/iter_0000020/model_rank00000.safetensors" "$TMP/ls-bf16-scaled/iter_0000020/model_rank00000.safetensors" \
+  || fail "--bf16 --loss-scale 4096 is not bitwise --bf16"
+diff <(losses "$TMP/ls-fp32-dist.jsonl") <(losses "$TMP/ls-fp32-dist-scaled.jsonl") >/dev/null \
+  || fail "--use-distributed-optimizer --loss-scale 4096 is not bitwise without it"
+python3 - "$TMP/ls-fp16.jsonl" "$TMP/ls-fp32-dist.jsonl" <<'PY' || fail "--fp16 --loss-scale 4096 against fp32"
+import json, sys
+def rows(p): return [json.loads(l) for l in open(p) if "kind" not in json.loads(l)]
+h, f = rows(sys.argv[1]), rows(sys.argv[2])
+assert not any(r["skipped"] for r in h) and all(r["loss_scale"] == 4096 for r in h)
+worst = max(abs(a["lm_loss"] - b["lm_loss"]) / b["lm_loss"] for a, b in zip(h, f))
+assert len(h) == len(f) == 20 and worst < 2e-3, worst
+print("fp16 (constant scale 4096) vs fp32 over 20 iterations: losses within %.1e relative" % worst)
+PY
+grep -q "loss scale: 4096.0 |" "$TMP/ls-fp16.log" && grep -q -- "--fp16: gradients are accumulated and reduced in fp32" "$TMP/ls-fp16.log" \
+  || fail "--fp16 log line or no-effect note"
+"$BIN" train "${COMMON[@]}" --micro-batch-size 2 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --fp16 --loss-scale -1 --hysteresis 0 \
+  --min-loss-scale 0 2>"$TMP/err"
+[ $? = 2 ] && grep -q "3 problems" "$TMP/err" && grep -q "\[--loss-scale\] -1 is not positive" "$TMP/err" \
+  && grep -q "\[--hysteresis\] 0 must be at least 1" "$TMP/err" && grep -q "\[--min-loss-scale\] 0 is not positive" "$TMP/err" \
+  || { fail "loss scale flags validated"; cat "$TMP/err"; }
 
 # Recomputation changes memory, not numbers; measured buffers match the plan
 # within 3% (here exactly: both come from the model's size tables).
@@ -283,11 +380,11 @@ done
 diff <(losses "$TMP/compat.jsonl") <(losses "$TMP/fp32-full.jsonl" | sed -n 1,2p) >/dev/null \
   || fail "Megatron no-effect flags changed the losses"
 run refused --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 --wandb-project demo \
-  --ckpt-format torch_dist --fp8-format hybrid --fp16 --dataloader-type external
+  --ckpt-format torch_dist --fp8-format hybrid --fp16-lm-cross-entropy --dataloader-type external
 [ $? = 2 ] || fail "refused Megatron flags should exit 2"
 for needle in "[--wandb-project] Weights & Biases logs are not written here" \
               "[--ckpt-format] checkpoints are megatron-cpp's own" "[--fp8-format] fp8 training is not implemented" \
-              "[--fp16] fp16 training (with loss scaling) is not implemented" \
+              "[--fp16-lm-cross-entropy] the cross entropy takes fp32 logits here" \
               "[--dataloader-type] the external loader"; do
   grep -qF -- "$needle" "$TMP/refused.log" || { fail "refused Megatron flags: missing '$needle'"; cat "$TMP/refused.log"; }
 done

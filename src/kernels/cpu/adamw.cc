@@ -13,7 +13,8 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
                 const Tensor& lowp) {
   check_same_numel(param, grad, "adamw_step");
   if (lowp.defined()) {
-    MT_CHECK(lowp.dtype() == DType::kBF16 && param.dtype() == DType::kF32, "adamw_step: lowp must be bf16 for fp32 parameters");
+    MT_CHECK((lowp.dtype() == DType::kBF16 || lowp.dtype() == DType::kF16) && param.dtype() == DType::kF32,
+             "adamw_step: lowp must be bf16 or fp16 for fp32 parameters");
     check_same_numel(param, lowp, "adamw_step");
   }
   check_same_numel(param, m, "adamw_step");
@@ -29,8 +30,11 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
             step = static_cast<T>(o.lr / bc1), rbc2 = static_cast<T>(1.0 / std::sqrt(bc2)),
             gs = static_cast<T>(o.grad_scale);
     const bool scaled = o.grad_scale != 1.0;
-    bf16* lp = lowp.defined() ? lowp.ptr<bf16>() : nullptr;
-    auto body = [&](auto scale_on, auto lowp_on) {
+    // lowp_tag: std::false_type (no copy), bf16 or f16 (the copy's type).
+    auto body = [&](auto scale_on, auto lowp_tag) {
+      using L = decltype(lowp_tag);
+      L* lp = nullptr;
+      if constexpr (!std::is_same_v<L, std::false_type>) lp = lowp.ptr<L>();
 #pragma omp parallel for simd schedule(static)
       for (int64_t i = 0; i < param.numel(); ++i) {
         T gi = g[i];
@@ -41,15 +45,20 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
         vp[i] = vi;
         const T pi = p[i] * decay - step * mi / (std::sqrt(vi) * rbc2 + eps);
         p[i] = pi;
-        if constexpr (decltype(lowp_on)::value) lp[i] = float_to_bf16(static_cast<float>(pi));
+        if constexpr (!std::is_same_v<L, std::false_type>) lp[i] = to_out<L>(static_cast<float>(pi));
       }
     };
     using yes = std::true_type;
     using no = std::false_type;
-    if (scaled && lp) body(yes{}, yes{});
-    else if (scaled) body(yes{}, no{});
-    else if (lp) body(no{}, yes{});
-    else body(no{}, no{});
+    auto with_lowp = [&](auto scale_on) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (lowp.defined() && lowp.dtype() == DType::kBF16) return body(scale_on, bf16{});
+        if (lowp.defined()) return body(scale_on, f16{});
+      }
+      body(scale_on, no{});
+    };
+    if (scaled) with_lowp(yes{});
+    else with_lowp(no{});
   });
 }
 

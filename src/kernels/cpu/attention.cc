@@ -19,6 +19,7 @@ constexpr int64_t BQ = kAttnTileQ, BK = kAttnTileK;
 template <typename A> inline A load(float v) { return static_cast<A>(v); }
 template <typename A> inline A load(double v) { return static_cast<A>(v); }
 template <typename A> inline A load(bf16 v) { return static_cast<A>(bf16_to_float(v)); }
+template <typename A> inline A load(f16 v) { return static_cast<A>(f16_to_float(v)); }
 
 // Dropout keep decision and the element's global index.
 inline bool keep(const AttentionOptions& o, int64_t b, int64_t head, int64_t T, int64_t i, int64_t j) {
@@ -382,7 +383,7 @@ void accumulate_px(const float* P, int64_t prs, int64_t pjs, int64_t rows, const
 }
 
 // Rows t0 .. t0+n of one head's column block as fp32 rows: fp32 qkv is read
-// in place (rows ld B * row), bf16 is widened into `buf` (ld D). In place is
+// in place (rows ld B * row), bf16 and fp16 are widened into `buf` (ld D). In place is
 // right for the forward's tiles, each read once per use; the backward copies
 // its group's K and V (and accumulates dK, dV) contiguous for the whole
 // sequence instead: rows of one sequence are B * row floats apart (36 KB for
@@ -396,7 +397,8 @@ inline Rows rows_of(const float* qkv, int64_t row, int64_t B, int64_t b, int64_t
                     float*) {
   return {qkv + (t0 * B + b) * row + col, B * row};
 }
-inline Rows rows_of(const bf16* qkv, int64_t row, int64_t B, int64_t b, int64_t col, int64_t t0, int64_t n, int64_t D,
+template <typename H, typename = std::enable_if_t<is_half_v<H>>>
+inline Rows rows_of(const H* qkv, int64_t row, int64_t B, int64_t b, int64_t col, int64_t t0, int64_t n, int64_t D,
                     float* buf) {
   load_tile(qkv, row, B, b, col, t0, n, D, buf);
   return {buf, D};
@@ -620,13 +622,13 @@ void check(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, con
 
 }  // namespace
 
-// The fast fp32 path takes fp32 and bf16 qkv at head_dim a multiple of 16;
+// The fast fp32 path takes fp32, bf16 and fp16 qkv at head_dim a multiple of 16;
 // fp64 and other head sizes take the generic one.
 void attention_forward(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o, const Tensor& out,
                        const Tensor& lse) {
   check(qkv, L, o, out, lse);
   constexpr const char* op = "attention_forward";
-  attention_qkv_types(qkv.dtype(), op, [&](auto tin) {
+  attention_qkv_types<true>(qkv.dtype(), op, [&](auto tin) {
     using Tin = decltype(tin);
     using A = AttnAcc<Tin>;
     attention_check_lse<Tin>(lse.dtype(), op);
@@ -644,7 +646,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout
   check(qkv, L, o, out, lse);
   MT_CHECK(dout.numel() == out.numel() && dqkv.numel() == qkv.numel(), "attention_backward: sizes");
   constexpr const char* op = "attention_backward";
-  attention_qkv_types(qkv.dtype(), op, [&](auto tin) {
+  attention_qkv_types<true>(qkv.dtype(), op, [&](auto tin) {
     using Tin = decltype(tin);
     using A = AttnAcc<Tin>;
     attention_check_lse<Tin>(lse.dtype(), op);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <type_traits>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -33,14 +34,38 @@ namespace mt::kernels::cpu {
 template <typename T, typename S>
 inline T ld(S v) {
   if constexpr (std::is_same_v<S, bf16>) return static_cast<T>(bf16_to_float(v));
+  else if constexpr (std::is_same_v<S, f16>) return static_cast<T>(f16_to_float(v));
   else return static_cast<T>(v);
 }
 
-// v rounded to the output type Y (float_to_bf16 for bf16).
+// v rounded to the output type Y (float_to_bf16 for bf16, float_to_f16 for fp16).
 template <typename Y, typename T>
 inline Y to_out(T v) {
   if constexpr (std::is_same_v<Y, bf16>) return float_to_bf16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<Y, f16>) return float_to_f16(static_cast<float>(v));
   else return static_cast<Y>(v);
+}
+
+// The stored-type dispatches of kernels/out_types.h with fp16 beside bf16:
+// the CPU twins take fp16 wherever they take bf16 (--fp16), the CUDA twins
+// not yet. Unqualified calls in this namespace find these first.
+template <typename F>
+void storage_types(DType dt, F&& f) { kernels::storage_types<true>(dt, std::forward<F>(f)); }
+template <typename T, typename F>
+void out_types(DType y, const char* op, F&& f) { kernels::out_types<T, true>(y, op, std::forward<F>(f)); }
+template <typename F>
+void f32_bf16_types(DType dt, const char* op, const char* what, F&& f) {
+  kernels::f32_bf16_types<true>(dt, op, what, std::forward<F>(f));
+}
+template <typename T, typename F>
+void x_types(DType x, const char* op, const char* what, F&& f) { kernels::x_types<T, true>(x, op, what, std::forward<F>(f)); }
+template <typename F>
+void norm_fwd_types(DType x, DType w, DType y, const char* op, F&& f) {
+  kernels::norm_fwd_types<true>(x, w, y, op, std::forward<F>(f));
+}
+template <typename F>
+void norm_bwd_types(DType dy, DType x, DType w, DType dx, const char* op, F&& f) {
+  kernels::norm_bwd_types<true>(dy, x, w, dx, op, std::forward<F>(f));
 }
 
 // Pointer of type T, or nullptr for an undefined (optional) tensor.

@@ -47,21 +47,22 @@ void backward(int64_t N, int64_t V, const T* lg, const Tensor& tg, int64_t v0, c
   }
 }
 
-// dlogits in bf16: the same float arithmetic as backward<float>, rounded to
-// bf16 as it is written (no fp32 [N, V] pass and no separate cast).
-void backward_bf16(int64_t N, int64_t V, const float* lg, const Tensor& tg, int64_t v0, const float* mx,
-                   const float* se, const float* dl, bf16* out) {
+// dlogits in bf16 or fp16: the same float arithmetic as backward<float>,
+// rounded as it is written (no fp32 [N, V] pass and no separate cast).
+template <typename H>
+void backward_half(int64_t N, int64_t V, const float* lg, const Tensor& tg, int64_t v0, const float* mx,
+                   const float* se, const float* dl, H* out) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float* r = lg + i * V;
-    bf16* d = out + i * V;
+    H* d = out + i * V;
     const int64_t tgt = target_at(tg, i);
     const float g = tgt < 0 ? 0.0f : dl[i], m = mx[i], inv = 1.0f / se[i];
     const int64_t t = tgt - v0;
     const bool has_target = tgt >= 0 && t >= 0 && t < V;
 #pragma omp simd
-    for (int64_t j = 0; j < V; ++j) d[j] = float_to_bf16(g * vexp(r[j] - m) * inv);
-    if (has_target) d[t] = float_to_bf16(g * vexp(r[t] - m) * inv - g);
+    for (int64_t j = 0; j < V; ++j) d[j] = to_out<H>(g * vexp(r[j] - m) * inv);
+    if (has_target) d[t] = to_out<H>(g * vexp(r[t] - m) * inv - g);
   }
 }
 
@@ -109,14 +110,19 @@ void xent_backward(const Tensor& logits, const Tensor& targets, int64_t v0, cons
                              dlogits.ptr<T>()));
 }
 
-void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t v0, const Tensor& max,
+void xent_backward_half(const Tensor& logits, const Tensor& targets, int64_t v0, const Tensor& max,
                         const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits) {
   int64_t V = logits.dim(-1), N = logits.numel() / V;
   check_targets(targets, N);
-  MT_CHECK(logits.dtype() == DType::kF32 && dlogits.dtype() == DType::kBF16 && dlogits.numel() == logits.numel(),
-           "xent_backward_bf16: fp32 logits [N, V] and bf16 dlogits [N, V]");
-  backward_bf16(N, V, logits.ptr<float>(), targets, v0, max.ptr<float>(), sumexp.ptr<float>(), dloss.ptr<float>(),
-                dlogits.ptr<bf16>());
+  MT_CHECK(logits.dtype() == DType::kF32 && (dlogits.dtype() == DType::kBF16 || dlogits.dtype() == DType::kF16) &&
+               dlogits.numel() == logits.numel(),
+           "xent_backward_half: fp32 logits [N, V] and bf16 or fp16 dlogits [N, V]");
+  if (dlogits.dtype() == DType::kBF16)
+    backward_half(N, V, logits.ptr<float>(), targets, v0, max.ptr<float>(), sumexp.ptr<float>(), dloss.ptr<float>(),
+                  dlogits.ptr<bf16>());
+  else
+    backward_half(N, V, logits.ptr<float>(), targets, v0, max.ptr<float>(), sumexp.ptr<float>(), dloss.ptr<float>(),
+                  dlogits.ptr<f16>());
 }
 
 }  // namespace mt::kernels::cpu

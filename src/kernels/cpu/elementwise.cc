@@ -53,7 +53,7 @@ void bias_grad(const Tensor& dy, const Tensor& db) {
 void add(const Tensor& a, const Tensor& b, const Tensor& y) {
   check_same_numel(a, y, "add");
   check_same_numel(b, y, "add");
-  if (a.dtype() == y.dtype() && b.dtype() == y.dtype() && y.dtype() != DType::kBF16) {
+  if (a.dtype() == y.dtype() && b.dtype() == y.dtype() && y.dtype() != DType::kBF16 && y.dtype() != DType::kF16) {
     float_types(y.dtype(), [&](auto tag_) { using T = decltype(tag_);
       const T *ap = a.ptr<T>(), *bp = b.ptr<T>();
       T* yp = y.ptr<T>();
@@ -62,7 +62,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& y) {
     });
     return;
   }
-  // Mixed fp32/bf16 (the bf16 residual stream): the fp32 sum, rounded once.
+  // Mixed fp32/bf16/fp16 (the 16-bit residual stream): the fp32 sum, rounded once.
   f32_bf16_types(a.dtype(), "add", "a", [&](auto at_) { using SA = decltype(at_);
     f32_bf16_types(b.dtype(), "add", "b", [&](auto bt_) { using SB = decltype(bt_);
       f32_bf16_types(y.dtype(), "add", "y", [&](auto yt_) { using SY = decltype(yt_);
@@ -84,11 +84,9 @@ void cast_loop(const S* s, D* d, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     if constexpr (std::is_same_v<S, D>) {
-      d[i] = s[i];  // bit copy (bf16 -> bf16 must not go through the float value)
-    } else if constexpr (std::is_same_v<S, bf16>) {
-      d[i] = static_cast<D>(bf16_to_float(s[i]));
-    } else if constexpr (std::is_same_v<D, bf16>) {
-      d[i] = float_to_bf16(static_cast<float>(s[i]));
+      d[i] = s[i];  // bit copy (16-bit -> 16-bit must not go through the float value)
+    } else if constexpr (is_half_v<S> || is_half_v<D>) {
+      d[i] = to_out<D>(ld<float>(s[i]));  // widened exactly, rounded once
     } else {
       d[i] = static_cast<D>(s[i]);
     }
@@ -100,6 +98,7 @@ void cast_from(const S* s, const Tensor& dst, int64_t n) {
     case DType::kF32: cast_loop(s, dst.ptr<float>(), n); break;
     case DType::kF64: cast_loop(s, dst.ptr<double>(), n); break;
     case DType::kBF16: cast_loop(s, dst.ptr<bf16>(), n); break;
+    case DType::kF16: cast_loop(s, dst.ptr<f16>(), n); break;
     default: MT_CHECK(false, "cast: unsupported destination dtype");
   }
 }
@@ -111,6 +110,7 @@ void cast(const Tensor& src, const Tensor& dst) {
     case DType::kF32: cast_from(src.ptr<float>(), dst, src.numel()); break;
     case DType::kF64: cast_from(src.ptr<double>(), dst, src.numel()); break;
     case DType::kBF16: cast_from(src.ptr<bf16>(), dst, src.numel()); break;
+    case DType::kF16: cast_from(src.ptr<f16>(), dst, src.numel()); break;
     default: MT_CHECK(false, "cast: unsupported source dtype");
   }
 }

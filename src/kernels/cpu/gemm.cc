@@ -5,7 +5,7 @@
 // gemm_bench) and Zen 5 (340 vs 265). Not for qkv's 1024x2304x768 (sgemm 360,
 // matmul 325 on Zen 5) nor proj's 768x768 (even). bf16 through a matmul
 // primitive where this oneDNN has bf16 kernels (AVX-512 and up), else widened
-// to fp32 (gemm_bf16_widened: the same products). Primitives are cached
+// to fp32 (gemm_half_widened: the same products; fp16 likewise). Primitives are cached
 // per (dtype, shape, transposes, beta) since creating one costs far more than
 // running a small one. The choice depends only on the shape, so results are
 // deterministic.
@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "core/device.h"
+#include "kernels/cpu/common.h"
 #include "kernels/elementwise.h"
 
 namespace mt::kernels::cpu {
@@ -49,13 +50,19 @@ void gemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const 
 }
 
 struct PrimKey {
-  bool bf16, ta, tb, acc;
+  DType in;  // A and B: fp32, bf16 or fp16
+  bool ta, tb, acc;
   int64_t M, N, K;
-  bool c_bf16;  // bf16 C (bf16 inputs only)
+  DType c;  // fp32, or the 16-bit input type
   bool operator<(const PrimKey& o) const {
-    return std::tie(bf16, ta, tb, acc, M, N, K, c_bf16) < std::tie(o.bf16, o.ta, o.tb, o.acc, o.M, o.N, o.K, o.c_bf16);
+    return std::tie(in, ta, tb, acc, M, N, K, c) < std::tie(o.in, o.ta, o.tb, o.acc, o.M, o.N, o.K, o.c);
   }
 };
+
+dnnl::memory::data_type dnnl_type(DType t) {
+  using dt = dnnl::memory::data_type;
+  return t == DType::kBF16 ? dt::bf16 : t == DType::kF16 ? dt::f16 : dt::f32;
+}
 
 struct MatmulPrim {
   dnnl::matmul prim;
@@ -76,10 +83,10 @@ const MatmulPrim& matmul_prim(const PrimKey& k) {
   if (it != cache.end()) return it->second;
   using dt = dnnl::memory::data_type;
   using dims = dnnl::memory::dims;
-  const dt in = k.bf16 ? dt::bf16 : dt::f32;
+  const dt in = dnnl_type(k.in);
   dnnl::memory::desc a({k.M, k.K}, in, k.ta ? dims{1, k.M} : dims{k.K, 1});
   dnnl::memory::desc b({k.K, k.N}, in, k.tb ? dims{1, k.K} : dims{k.N, 1});
-  dnnl::memory::desc c({k.M, k.N}, k.c_bf16 ? dt::bf16 : dt::f32, dims{k.N, 1});
+  dnnl::memory::desc c({k.M, k.N}, dnnl_type(k.c), dims{k.N, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (k.acc) {
@@ -93,10 +100,10 @@ const MatmulPrim& matmul_prim(const PrimKey& k) {
 }
 
 // C = A B (beta 0) or C += A B (beta 1) through a cached matmul primitive.
-void gemm_matmul(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
-                 float beta, const Tensor& C) {
+void gemm_matmul(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B, float beta,
+                 const Tensor& C) {
   MT_CHECK(beta == 0.0f || beta == 1.0f, "gemm (matmul primitive): beta must be 0 or 1");
-  const MatmulPrim& p = matmul_prim(PrimKey{bf16, ta, tb, beta == 1.0f, M, N, K, C.dtype() == DType::kBF16});
+  const MatmulPrim& p = matmul_prim(PrimKey{A.dtype(), ta, tb, beta == 1.0f, M, N, K, C.dtype()});
   thread_local dnnl::stream stream(engine());
   thread_local std::vector<char> scratch;
   if (scratch.size() < p.scratch_bytes) scratch.resize(p.scratch_bytes);
@@ -109,56 +116,58 @@ void gemm_matmul(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, c
   stream.wait();
 }
 
-// Whether this CPU's oneDNN can build bf16 matmul primitives: oneDNN 2.6
-// has bf16 kernels from AVX-512 up; on an AVX2-only CPU the primitive
-// descriptor cannot be created. Probed once.
-bool bf16_matmul_available() {
-  static const bool ok = [] {
+// Whether this CPU's oneDNN can build 16-bit matmul primitives: oneDNN 2.6
+// has bf16 kernels from AVX-512 up and fp16 ones only with AVX512-FP16; where
+// it has none the primitive descriptor cannot be created. Probed once per type.
+bool half_matmul_available(DType t) {
+  auto probe = [](DType h) {
     try {
-      matmul_prim(PrimKey{true, false, true, false, 16, 16, 16, false});
+      matmul_prim(PrimKey{h, false, true, false, 16, 16, 16, DType::kF32});
       return true;
     } catch (const dnnl::error&) {
       return false;
     }
-  }();
-  return ok;
+  };
+  static const bool bf16_ok = probe(DType::kBF16), f16_ok = probe(DType::kF16);
+  return t == DType::kBF16 ? bf16_ok : f16_ok;
 }
 
-// The bf16 GEMM without bf16 kernels: the operands widened to fp32
-// (exactly) and one fp32 sgemm, whose products are the bf16 products
-// exactly (8-bit significands multiply exactly in fp32); a bf16 C is read
-// as fp32 for beta 1 and the sum rounded to bf16 once, as the matmul
+// The 16-bit GEMM without 16-bit kernels: the operands widened to fp32
+// (exactly) and one fp32 sgemm, whose products are the bf16 or fp16 products
+// exactly (8- and 11-bit significands multiply exactly in fp32); a 16-bit C
+// is read as fp32 for beta 1 and the sum rounded once, as the matmul
 // primitive's sum post-op rounds. The same values as the primitive's up to
 // the order of the fp32 accumulation.
-void gemm_bf16_widened(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
+template <typename H>
+void gemm_half_widened(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B,
                        float beta, const Tensor& C) {
-  // Per call (freed on return): a bf16 GEMM on such a CPU briefly holds
+  // Per call (freed on return): a 16-bit GEMM on such a CPU briefly holds
   // fp32 copies of its operands, outside the memory plan.
   std::vector<float> a, b, c;
   auto widen = [](const Tensor& t, int64_t n, std::vector<float>& out) {
     out.resize(static_cast<size_t>(n));
-    const bf16* p = t.ptr<bf16>();
+    const H* p = t.ptr<H>();
     float* o = out.data();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_float(p[i]);
+    for (int64_t i = 0; i < n; ++i) o[i] = ld<float>(p[i]);
   };
   widen(A, M * K, a);
   widen(B, K * N, b);
-  const bool c_bf16 = C.dtype() == DType::kBF16;
-  float* cp = c_bf16 ? nullptr : C.ptr<float>();
-  if (c_bf16) {
+  const bool c_half = C.dtype() == dtype_of<H>();
+  float* cp = c_half ? nullptr : C.ptr<float>();
+  if (c_half) {
     if (beta == 1.0f) widen(C, M * N, c);
     else c.assign(static_cast<size_t>(M * N), 0.0f);
     cp = c.data();
   }
   dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, a.data(), ta ? M : K, b.data(),
                                 tb ? K : N, beta, cp, N);
-  MT_CHECK(st == dnnl_success, "gemm: dnnl_sgemm failed (bf16 widened to fp32)");
-  if (c_bf16) {
-    bf16* out = C.ptr<bf16>();
+  MT_CHECK(st == dnnl_success, "gemm: dnnl_sgemm failed (16-bit operands widened to fp32)");
+  if (c_half) {
+    H* out = C.ptr<H>();
     const float* sum = c.data();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < M * N; ++i) out[i] = float_to_bf16(sum[i]);
+    for (int64_t i = 0; i < M * N; ++i) out[i] = to_out<H>(sum[i]);
   }
 }
 
@@ -174,7 +183,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
     case DType::kF32: {
       MT_CHECK(B.dtype() == DType::kF32 && C.dtype() == DType::kF32, "gemm: fp32 A needs fp32 B and C");
       if (!ta && tb && K >= 2 * N && K >= 1024 && M >= 256 && alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
-        gemm_matmul(false, ta, tb, M, N, K, A, B, beta, C);
+        gemm_matmul(ta, tb, M, N, K, A, B, beta, C);
         return;
       }
       dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A.ptr<float>(),
@@ -183,14 +192,18 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
       return;
     }
     case DType::kBF16:
-      MT_CHECK(B.dtype() == DType::kBF16 && (C.dtype() == DType::kF32 || C.dtype() == DType::kBF16),
-               fmt::format("gemm: bf16 A needs bf16 B and an fp32 or bf16 C (got B {}, C {})", dtype_name(B.dtype()),
-                           dtype_name(C.dtype())));
-      MT_CHECK(alpha == 1.0f, "gemm bf16: alpha must be 1");
-      MT_CHECK(beta == 0.0f || beta == 1.0f, "gemm bf16: beta must be 0 or 1");
-      if (bf16_matmul_available()) gemm_matmul(true, ta, tb, M, N, K, A, B, beta, C);
-      else gemm_bf16_widened(ta, tb, M, N, K, A, B, beta, C);
+    case DType::kF16: {
+      const DType h = A.dtype();
+      MT_CHECK(B.dtype() == h && (C.dtype() == DType::kF32 || C.dtype() == h),
+               fmt::format("gemm: {0} A needs {0} B and an fp32 or {0} C (got B {1}, C {2})", dtype_name(h),
+                           dtype_name(B.dtype()), dtype_name(C.dtype())));
+      MT_CHECK(alpha == 1.0f, fmt::format("gemm {}: alpha must be 1", dtype_name(h)));
+      MT_CHECK(beta == 0.0f || beta == 1.0f, fmt::format("gemm {}: beta must be 0 or 1", dtype_name(h)));
+      if (half_matmul_available(h)) gemm_matmul(ta, tb, M, N, K, A, B, beta, C);
+      else if (h == DType::kBF16) gemm_half_widened<bf16>(ta, tb, M, N, K, A, B, beta, C);
+      else gemm_half_widened<f16>(ta, tb, M, N, K, A, B, beta, C);
       return;
+    }
     case DType::kF64:
       MT_CHECK(B.dtype() == DType::kF64 && C.dtype() == DType::kF64, "gemm: fp64 A needs fp64 B and C");
       gemm_ref<double>(ta, tb, M, N, K, alpha, A.ptr<double>(), B.ptr<double>(), beta, C.ptr<double>());
@@ -202,9 +215,9 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 
 void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& A, const Tensor& B, const Tensor& R,
               const Tensor& D) {
-  if (D.dtype() == DType::kBF16) {
+  if (D.dtype() == DType::kBF16 || D.dtype() == DType::kF16) {
     // D = R, then D += A B by the matmul's sum post-op: the fp32 product
-    // plus R, rounded to bf16 once (as cuBLASLt's epilogue does).
+    // plus R, rounded to 16 bits once (as cuBLASLt's epilogue does).
     if (M == 0 || N == 0) return;
     const Tensor d = D.view(Shape{D.numel()}).slice(0, M * N);
     copy_tensor(R.view(Shape{R.numel()}).slice(0, M * N), d);

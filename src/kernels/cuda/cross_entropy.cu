@@ -16,7 +16,7 @@
 //   d[j] = (g * exp(l[j] - max)) * (1 / sum), minus g at the target, where
 //   g = dloss[i] (0 for an ignored row). Each element is read and written by
 //   the same thread, so dlogits may alias logits.
-// xent_backward_bf16: the same float value through the same device function,
+// xent_backward_half: the same float value through the same device function,
 //   rounded to bf16 as written, so it is bitwise xent_backward + cast here.
 // exp is expf for fp32 and exp for fp64, as the CPU twin's precision (its
 // fp32 exp is a 1-ulp polynomial, so fp32 agrees to a few ulp, not bitwise).
@@ -85,7 +85,7 @@ __global__ void loss_k(int64_t n, const T* __restrict__ mx, const T* __restrict_
     loss[i] = tg[i] < 0 ? T(0) : log_t(se[i]) + mx[i] - tl[i];
 }
 
-// One block per row; Out is T (xent_backward) or bf16 (xent_backward_bf16, T = float).
+// One block per row; Out is T (xent_backward) or bf16 (xent_backward_half, T = float).
 template <typename T, typename Out, typename Tok>
 __global__ void backward_k(int64_t V, const T* lg, const Tok* __restrict__ tg, int64_t v0, const T* __restrict__ mx,
                            const T* __restrict__ se, const T* __restrict__ dl, Out* dlg) {
@@ -182,13 +182,13 @@ void xent_backward(const Tensor& logits, const Tensor& targets, int64_t v0, cons
   });
 }
 
-void xent_backward_bf16(const Tensor& logits, const Tensor& targets, int64_t v0, const Tensor& max,
+void xent_backward_half(const Tensor& logits, const Tensor& targets, int64_t v0, const Tensor& max,
                         const Tensor& sumexp, const Tensor& dloss, const Tensor& dlogits) {
   int64_t V = logits.dim(-1), N = V == 0 ? 0 : logits.numel() / V;
   check_targets(targets, N);
   MT_CHECK(logits.dtype() == DType::kF32 && dlogits.dtype() == DType::kBF16 && dlogits.numel() == logits.numel(),
-           "xent_backward_bf16: fp32 logits [N, V] and bf16 dlogits [N, V]");
-  check_on_gpu({&logits, &targets, &max, &sumexp, &dloss, &dlogits}, "xent_backward_bf16");
+           "xent_backward_half: fp32 logits [N, V] and bf16 dlogits [N, V]");
+  check_on_gpu({&logits, &targets, &max, &sumexp, &dloss, &dlogits}, "xent_backward_half");
   const float *lg = logits.ptr<float>(), *mx = max.ptr<float>(), *se = sumexp.ptr<float>(), *dl = dloss.ptr<float>();
   bf16* d = dlogits.ptr<bf16>();
   if (N == 0) return;
