@@ -216,8 +216,10 @@ int main(int argc, char** argv) {
   std::printf("  ours     fwd %8.2f ms (%6.1f GFLOP/s)  bwd %8.2f ms (%6.1f GFLOP/s)  fwd+bwd %8.2f ms\n", fwd,
               f_fwd / fwd * 1e-6, bwd, f_bwd / bwd * 1e-6, fwd + bwd);
   if (torch && G == H) {
-    const std::string cmd = std::string("OPENBLAS_CORETYPE=SkylakeX LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp "
-                                        "/usr/bin/python3 ") + MT_SOURCE_DIR + "/bench/attention_torch_bench.py --threads " +
+    // OpenBLAS's AVX-512 kernels only where the CPU has AVX-512 (else AVX2's).
+    const std::string cmd = std::string("OPENBLAS_CORETYPE=") +
+                            (__builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell") +
+                            " LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp /usr/bin/python3 " + MT_SOURCE_DIR + "/bench/attention_torch_bench.py --threads " +
                             std::to_string(threads) + " --seq " + std::to_string(T) + " --batch " + std::to_string(B) +
                             " --heads " + std::to_string(H) + " --head-dim " + std::to_string(D) + " --reps " +
                             std::to_string(reps);

@@ -3,7 +3,12 @@
 //   ./build/bench/gpt_bench --threads 2 --steps 5
 //
 // options: --threads N (2)  --steps N timed steps (5)  --warmup N untimed steps (3)
-//          --layers N (12)  --no-torch  --no-bf16  --no-fp32  --torch-foreach auto|on|off
+//          --layers N (12)  --no-torch  --no-bf16  --no-fp32  --fp16  --torch-foreach auto|on|off
+//
+// --fp16 adds our --fp16 step (IEEE half storage, fp32 master weights; the
+// loss scale does not change the work). Its GEMMs run on fp32 units here
+// (oneDNN has fp16 kernels only with AVX512-FP16), so its MFU is over the
+// fp32 peak and it has no target: the figure says what fp16 costs beside bf16.
 //
 // Shapes: 12 layers, hidden 768, 12 heads, vocabulary 50257 padded to 50304,
 // 1024 learned positions, B=4, T=256, GELU, LayerNorm, tied embeddings,
@@ -194,11 +199,12 @@ struct StepTimes {
   std::string load_before, load_after, note;
 };
 
-StepTimes run_ours(const model::ModelConfig& cfg, bool bf16, int64_t B, const Tensor& tokens, const Tensor& labels,
+StepTimes run_ours(const model::ModelConfig& cfg, DType compute, int64_t B, const Tensor& tokens, const Tensor& labels,
                 int warmup, int steps, double* flops) {
   StepTimes r;
   model::GPTOptions o;
-  o.micro_batch = B, o.half_compute = bf16;
+  const bool bf16 = compute != DType::kF32;  // 16-bit compute: bf16 or fp16
+  o.micro_batch = B, o.half_compute = bf16, o.half = compute == DType::kF16 ? DType::kF16 : DType::kBF16;
   auto m = model::GPTModel::create(cfg, o);
   if (!m.is_ok()) {
     r.note = m.status().message();
@@ -231,7 +237,7 @@ StepTimes run_ours(const model::ModelConfig& cfg, bool bf16, int64_t B, const Te
     if (it >= warmup) {
       step.push_back(t5 - t0), zero.push_back(t1 - t0), fwd.push_back(t2 - t1), bwd.push_back(t3 - t2);
       clip.push_back(t4 - t3), ostep.push_back(t5 - t4), fb.push_back(t3 - t1);
-      std::fprintf(stderr, "  ours %s step %d: %.3f s, loss %.4f, %ld page faults\n", bf16 ? "bf16" : "fp32", it - warmup,
+      std::fprintf(stderr, "  ours %s step %d: %.3f s, loss %.4f, %ld page faults\n", dtype_name(compute), it - warmup,
                    t5 - t0, loss, minor_faults() - f0);
     }
   }
@@ -259,7 +265,10 @@ StepTimes run_torch(int layers, int64_t V, int64_t maxpos, int64_t B, int64_t T,
   const char* omp_blas = "/usr/lib/x86_64-linux-gnu/openblas-openmp";
   if (!std::ifstream(std::string(omp_blas) + "/libblas.so.3").good())
     r.note = "WARNING: libopenblas0-openmp is missing (setup.sh installs it): PyTorch runs UNTUNED. ";
-  const std::string cmd = std::string("OPENBLAS_CORETYPE=SkylakeX LD_LIBRARY_PATH=") + omp_blas +
+  // OpenBLAS's AVX-512 kernels where the CPU has AVX-512, else its AVX2 ones
+  // (SkylakeX on an AVX2-only host dies with an illegal instruction).
+  const char* coretype = __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell";
+  const std::string cmd = std::string("OPENBLAS_CORETYPE=") + coretype + " LD_LIBRARY_PATH=" + omp_blas +
                           " /usr/bin/python3 " + MT_SOURCE_DIR + "/bench/gpt_torch_bench.py --layers " +
                           std::to_string(layers) + " --hidden 768 --heads 12 --vocab " + std::to_string(V) +
                           " --max-pos " + std::to_string(maxpos) + " --batch " + std::to_string(B) + " --seq " +
@@ -292,7 +301,7 @@ StepTimes run_torch(int layers, int64_t V, int64_t maxpos, int64_t B, int64_t T,
 void print_phases(const char* name, const StepTimes& r) {
   std::printf("  %-13s step %7.3f s = zero %6.3f + fwd %6.3f + bwd %6.3f + clip %6.3f + adamw %6.3f", name, r.step,
               r.zero, r.fwd, r.bwd, r.clip, r.opt);
-  if (r.sync > 0) std::printf(" (of which bf16 sync %.3f)", r.sync);
+  if (r.sync > 0) std::printf(" (of which 16-bit copy sync %.3f)", r.sync);
   std::printf("\n    own cpu %.2f cores, other processes %.2f cores, load average %s -> %s\n", r.cpu_util, r.others,
               r.load_before.c_str(), r.load_after.c_str());
 }
@@ -301,7 +310,7 @@ void print_phases(const char* name, const StepTimes& r) {
 
 int main(int argc, char** argv) {
   int threads = 2, steps = 5, warmup = 3, layers = 12;
-  bool torch = true, do_bf16 = true, do_fp32 = true;
+  bool torch = true, do_bf16 = true, do_fp32 = true, do_fp16 = false;
   std::string foreach = "auto";
   for (int i = 1; i < argc; ++i) {
     auto arg = [&](const char* s) { return !std::strcmp(argv[i], s) && i + 1 < argc; };
@@ -313,9 +322,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--no-torch")) torch = false;
     else if (!std::strcmp(argv[i], "--no-bf16")) do_bf16 = false;
     else if (!std::strcmp(argv[i], "--no-fp32")) do_fp32 = false;
+    else if (!std::strcmp(argv[i], "--fp16")) do_fp16 = true;
     else {
       std::fprintf(stderr, "gpt_bench: unknown argument %s\nusage: gpt_bench [--threads 2] [--steps 5] [--warmup 3] "
-                           "[--layers 12] [--no-torch] [--no-bf16] [--no-fp32] [--torch-foreach auto|on|off]\n", argv[i]);
+                           "[--layers 12] [--no-torch] [--no-bf16] [--no-fp32] [--fp16] [--torch-foreach auto|on|off]\n", argv[i]);
       return 2;
     }
   }
@@ -349,11 +359,12 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   double flops = 0;
-  StepTimes ours[2];
-  for (int bf = 0; bf < 2; ++bf) {
-    if ((bf == 0 && !do_fp32) || (bf == 1 && !do_bf16)) continue;
-    ours[bf] = run_ours(cfg, bf == 1, B, tt, lt, warmup, steps, &flops);
-    if (!ours[bf].ok) std::fprintf(stderr, "ours %s failed: %s\n", bf ? "bf16" : "fp32", ours[bf].note.c_str());
+  StepTimes ours[3];  // fp32, bf16, fp16
+  const DType modes[3] = {DType::kF32, DType::kBF16, DType::kF16};
+  for (int k = 0; k < 3; ++k) {
+    if ((k == 0 && !do_fp32) || (k == 1 && !do_bf16) || (k == 2 && !do_fp16)) continue;
+    ours[k] = run_ours(cfg, modes[k], B, tt, lt, warmup, steps, &flops);
+    if (!ours[k].ok) std::fprintf(stderr, "ours %s failed: %s\n", dtype_name(modes[k]), ours[k].note.c_str());
   }
   if (flops == 0) {  // only PyTorch ran: the FLOP count still comes from our model's formula
     model::GPTOptions o;
@@ -371,6 +382,7 @@ int main(int argc, char** argv) {
   std::printf("phase medians:\n");
   if (ours[0].ok) print_phases("ours fp32", ours[0]);
   if (ours[1].ok) print_phases("ours bf16", ours[1]);
+  if (ours[2].ok) print_phases("ours fp16", ours[2]);
   if (pt.ok) print_phases("PyTorch fp32", pt);
   if (pt.ok) std::printf("  (%s)\n", pt.note.c_str());
 
@@ -387,6 +399,7 @@ int main(int argc, char** argv) {
   };
   row("ours fp32", ours[0], false, ">=1.5x");
   row("ours bf16", ours[1], true, ">=2.5x");
+  row("ours fp16", ours[2], false, "");
   row("PyTorch fp32", pt, false, "");
   // Forward + backward alone (the model issue's measure: no optimizer, no clip).
   std::printf("\n%-13s %10s %9s %9s %8s %8s %12s\n", "fwd+bwd", "tokens/s", "GFLOP/s", "vs PT32", "target", "MFU",
@@ -401,6 +414,7 @@ int main(int argc, char** argv) {
   };
   fb_row("ours fp32", ours[0], false, ">=1.5x");
   fb_row("ours bf16", ours[1], true, ">=2.5x");
+  fb_row("ours fp16", ours[2], false, "");
   fb_row("PyTorch fp32", pt, false, "");
   std::printf("(MFU: over the register-loop peak measured above, fp32 or bf16 by the compute dtype; of TC: over "
               "TOOLCHAIN.md's 527 / 1054 GFLOP/s; of GEMM best: over the fastest oneDNN GEMM on the model's shapes)\n");

@@ -53,7 +53,10 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
     auto with_lowp = [&](auto scale_on) {
       if constexpr (std::is_same_v<T, float>) {
         if (lowp.defined() && lowp.dtype() == DType::kBF16) return body(scale_on, bf16{});
-        if (lowp.defined()) return body(scale_on, f16{});
+        if (lowp.defined()) {  // fp16: the updated parameters rounded in one vectorised pass after
+          body(scale_on, no{});
+          return f16_round_n(param.ptr<float>(), lowp.ptr<f16>(), param.numel());
+        }
       }
       body(scale_on, no{});
     };

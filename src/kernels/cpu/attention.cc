@@ -19,7 +19,7 @@ constexpr int64_t BQ = kAttnTileQ, BK = kAttnTileK;
 template <typename A> inline A load(float v) { return static_cast<A>(v); }
 template <typename A> inline A load(double v) { return static_cast<A>(v); }
 template <typename A> inline A load(bf16 v) { return static_cast<A>(bf16_to_float(v)); }
-template <typename A> inline A load(f16 v) { return static_cast<A>(f16_to_float(v)); }
+template <typename A> inline A load(f16 v) { return static_cast<A>(f16_widen(v)); }
 
 // Dropout keep decision and the element's global index.
 inline bool keep(const AttentionOptions& o, int64_t b, int64_t head, int64_t T, int64_t i, int64_t j) {

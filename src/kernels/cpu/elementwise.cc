@@ -81,6 +81,8 @@ void add_inplace(const Tensor& y, const Tensor& x) { add(y, x, y); }
 namespace {
 template <typename S, typename D>
 void cast_loop(const S* s, D* d, int64_t n) {
+  if constexpr (std::is_same_v<S, float> && std::is_same_v<D, f16>) return f16_round_n(s, d, n);
+  if constexpr (std::is_same_v<S, f16> && std::is_same_v<D, float>) return f16_widen_n(s, d, n);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     if constexpr (std::is_same_v<S, D>) {

@@ -148,8 +148,12 @@ void gemm_half_widened(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const 
     out.resize(static_cast<size_t>(n));
     const H* p = t.ptr<H>();
     float* o = out.data();
+    if constexpr (std::is_same_v<H, f16>) {
+      f16_widen_n(p, o, n);
+    } else {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] = ld<float>(p[i]);
+      for (int64_t i = 0; i < n; ++i) o[i] = ld<float>(p[i]);
+    }
   };
   widen(A, M * K, a);
   widen(B, K * N, b);
@@ -166,8 +170,12 @@ void gemm_half_widened(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const 
   if (c_half) {
     H* out = C.ptr<H>();
     const float* sum = c.data();
+    if constexpr (std::is_same_v<H, f16>) {
+      f16_round_n(sum, out, M * N);
+    } else {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < M * N; ++i) out[i] = to_out<H>(sum[i]);
+      for (int64_t i = 0; i < M * N; ++i) out[i] = to_out<H>(sum[i]);
+    }
   }
 }
 
