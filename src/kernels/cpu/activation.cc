@@ -34,7 +34,7 @@ void gelu_fwd(GeluKind k, int64_t n, const S* xs, Y* y) {
     for (int64_t i = 0; i < n; ++i) {
       const T x = ld<T>(xs[i]);
       T u = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
-      y[i] = to_out<Y>(T(0.5) * x * (T(1) + std::tanh(u)));
+      y[i] = to_out<Y>(T(0.5) * x * (T(1) + vtanh(u)));
     }
   }
 }
@@ -62,7 +62,7 @@ void gelu_bwd(GeluKind k, int64_t n, const S* xs, const S* dys, S* dx) {
       const T x = ld<T>(xs[i]);
       T x2 = x * x;
       T u = T(kSqrt2OverPi) * (x + T(0.044715) * x2 * x);
-      T th = std::tanh(u);
+      T th = vtanh(u);
       T du = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x2);
       dx[i] = to_out<S>(ld<T>(dys[i]) * (T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du));
     }

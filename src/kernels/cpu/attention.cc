@@ -271,9 +271,25 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
 // path above (which fp64 and other head sizes use); results differ from it
 // only by rounding.
 
+#if defined(__AVX512F__) || !defined(__GNUC__)
 using v16 = float __attribute__((vector_size(64)));
+#else
+// Without AVX-512, two 8-float halves: GCC lowers a 64-byte vector type
+// through memory there (the kernels ran at 6 GFLOP/s on an AVX2 Zen 3,
+// 5x slower than PyTorch's attention), while each half is one ymm register.
+using v8 = float __attribute__((vector_size(32)));
+struct v16 {
+  v8 lo, hi;
+};
+inline v16& operator+=(v16& a, const v16& b) {
+  a.lo += b.lo, a.hi += b.hi;
+  return a;
+}
+inline v16 operator*(float x, const v16& y) { return {x * y.lo, x * y.hi}; }
+#endif
 constexpr int64_t kW = 16;  // floats per v16
 static_assert(BQ == 4 * kW && BK == BQ, "the fast path's score tile is 4 vectors of queries wide");
+static_assert(sizeof(v16) == kW * sizeof(float), "a v16 is 16 packed floats");
 
 // Unaligned load / store (by reference: a v16 by value changes the ABI without AVX-512).
 inline void vld(v16& v, const float* p) { std::memcpy(&v, p, sizeof v); }

@@ -1,5 +1,5 @@
 #pragma once
-// exp and erf for the fp32 kernels, written so that `omp simd` loops
+// exp, erf and tanh for the fp32 kernels, written so that `omp simd` loops
 // vectorise them (the libm calls do not, without -ffast-math): plain
 // arithmetic, min/max selects and bit casts, no branches, no tables.
 //   exp_simd: Cephes' expf (x = n ln2 + r, degree-6 polynomial in r, 2^n
@@ -10,7 +10,7 @@
 //   erf_simd: two minimax pieces split at |x| = 0.927734375 (odd polynomial
 //             below, 1 - exp(poly) above; N. Juffa's erff), within 1 ulp of
 //             erf (checked on a 1e-4 grid over [-12, 12]).
-// vexp<T>/verf<T>: these for float; std::exp/std::erf for double, so the fp64
+// vexp<T>/verf<T>/vtanh<T>: these for float; std::exp/erf/tanh for double, so the fp64
 // reference path of the tests keeps libm's results.
 
 #include <algorithm>
@@ -60,6 +60,23 @@ inline float erf_simd(float a) {
   return t > 0.927734375f ? big : q;
 }
 
+// tanh: Cephes' tanhf, an odd polynomial below |x| = 0.625 and
+// 1 - 2 / (exp(2|x|) + 1) above it (with the sign), both computed and one
+// selected so that `omp simd` loops vectorise it; within a few ulp of tanh
+// (tests/kernels: GELU's tanh form against fp64).
+inline float tanh_simd(float x) {
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * x + x;
+  const float e = exp_simd(2.0f * std::fabs(x));
+  const float big = std::copysign(1.0f - 2.0f / (e + 1.0f), x);
+  return std::fabs(x) < 0.625f ? small : big;
+}
+
 template <typename T>
 inline T vexp(T x) {
   if constexpr (std::is_same_v<T, float>) return exp_simd(x);
@@ -70,6 +87,12 @@ template <typename T>
 inline T verf(T x) {
   if constexpr (std::is_same_v<T, float>) return erf_simd(x);
   else return std::erf(x);
+}
+
+template <typename T>
+inline T vtanh(T x) {
+  if constexpr (std::is_same_v<T, float>) return tanh_simd(x);
+  else return std::tanh(x);
 }
 
 }  // namespace mt::kernels::cpu
