@@ -28,6 +28,8 @@ struct LossScaleConfig {
   double min_loss_scale = 1.0;         // --min-loss-scale
   double loss_scale_window = 1000;     // --loss-scale-window (a float in Megatron)
   int64_t hysteresis = 2;              // --hysteresis
+  // A constant scale (Megatron takes --loss-scale 0, falsy, as unset).
+  bool constant() const { return loss_scale && *loss_scale > 0; }
 };
 
 // The configuration problems (each naming its flag), empty when valid.
@@ -37,6 +39,8 @@ class GradScaler {
  public:
   static GradScaler constant(double scale);
   static GradScaler dynamic(const LossScaleConfig& c);
+  // constant(--loss-scale) when given, else dynamic (Megatron's choice).
+  static GradScaler from(const LossScaleConfig& c) { return c.constant() ? constant(*c.loss_scale) : dynamic(c); }
 
   bool is_dynamic() const { return dynamic_; }
   float scale() const { return scale_; }

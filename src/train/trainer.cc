@@ -84,8 +84,8 @@ optim::ScheduleFlags schedule_flags(const TrainConfig& cfg, int64_t gbs) {
 // Megatron's grad scaler: --loss-scale gives a constant one with --fp16,
 // --bf16 or the distributed optimizer; --fp16 alone a dynamic one.
 bool uses_grad_scaler(const TrainConfig& cfg, const plan::JobConfig& job) {
-  const bool constant = cfg.loss_scale.loss_scale && *cfg.loss_scale.loss_scale > 0;
-  return job.precision.fp16 || (constant && (job.precision.bf16 || job.parallel.use_distributed_optimizer));
+  return job.precision.fp16 ||
+         (cfg.loss_scale.constant() && (job.precision.bf16 || job.parallel.use_distributed_optimizer));
 }
 
 std::string join_lines(const std::vector<std::string>& v) {
@@ -237,7 +237,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   if (job.precision.fp16 && cfg.device == "cuda" && !simdev::enabled())
     problems.push_back("[--fp16] the CUDA backend has no fp16 kernels yet (fp16 trains on the CPU backend) "
                        "(fix: --bf16, the usual choice on A100/H100/H200, or --device cpu)");
-  if (job.precision.fp16 && !job.precision.bf16)
+  if (job.precision.fp16)
     job.compat.no_effect.push_back(
         "--fp16: gradients are accumulated and reduced in fp32 (Megatron's --accumulate-allreduce-grads-in-fp32); "
         "Megatron's default fp16 gradient buffer is not offered");
@@ -246,7 +246,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
                                    "(as in Megatron)");
   // Megatron turns the NaN checks off under dynamic loss scaling: inf and NaN
   // gradients are the scaler's signal.
-  if (job.precision.fp16 && !cfg.loss_scale.loss_scale && cfg.check_for_nan_in_loss_and_grad) {
+  if (job.precision.fp16 && !cfg.loss_scale.constant() && cfg.check_for_nan_in_loss_and_grad) {
     cfg.check_for_nan_in_loss_and_grad = false;
     job.compat.no_effect.push_back("--check-for-nan-in-loss-and-grad: off under dynamic loss scaling (--fp16 without "
                                    "--loss-scale), whose signal inf and NaN gradients are (as in Megatron)");
@@ -437,10 +437,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   po.expert_dist_buckets = dist_opt ? buckets.expert.get() : nullptr;
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
   std::optional<optim::GradScaler> scaler;
-  if (uses_grad_scaler(cfg, job))
-    scaler = cfg.loss_scale.loss_scale && *cfg.loss_scale.loss_scale > 0
-                 ? optim::GradScaler::constant(*cfg.loss_scale.loss_scale)
-                 : optim::GradScaler::dynamic(cfg.loss_scale);
+  if (uses_grad_scaler(cfg, job)) scaler = optim::GradScaler::from(cfg.loss_scale);
   optim::AdamWOptimizer opt(
       model,
       optim::AdamWConfig{.beta1 = cfg.adam_beta1,
