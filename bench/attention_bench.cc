@@ -14,7 +14,8 @@
 // PyTorch's fused scaled_dot_product_attention in bf16 (flash attention,
 // is_causal, GQA) from the `python3` on PATH (bench/attention_torch_bench.py
 // --device cuda; --torch-cmd replaces "python3 <source>/bench/attention_torch_bench.py",
-// e.g. where the source tree has moved). The benchmark model's shape, for example:
+// e.g. where the source tree has moved; --variant bf16 runs that variant
+// alone, for a profiler). The benchmark model's shape, for example:
 //   attention_bench --device cuda --seq 2048 --batch 4 --heads 16 --groups 4 --head-dim 128
 #include <omp.h>
 
@@ -77,9 +78,10 @@ Flops causal_flops(int64_t T, int64_t B, int64_t H, int64_t D) {
   return {2 * 2 * tri * static_cast<double>(D), 5 * 2 * tri * static_cast<double>(D)};
 }
 
-int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bool torch, const std::string& torch_cmd) {
+int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bool torch, const std::string& torch_cmd,
+             bool bf16_only) {
 #ifndef MT_HAVE_CUDA
-  (void)T, (void)B, (void)H, (void)G, (void)D, (void)reps, (void)torch, (void)torch_cmd;
+  (void)T, (void)B, (void)H, (void)G, (void)D, (void)reps, (void)torch, (void)torch_cmd, (void)bf16_only;
   std::fprintf(stderr, "attention_bench: --device cuda needs a CUDA build (this one has no CUDA backend)\n");
   return 2;
 #else
@@ -128,6 +130,7 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
                               {"bf16 TC, bf16 io", true, hq, ho, hdo, hdq}};
   double ours_fwd = 0, ours_bwd = 0;
   for (const Variant& v : variants) {
+    if (bf16_only && &v != &variants[2]) continue;  // --variant bf16 (e.g. under a profiler)
     kernels::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(D))};
     o.bf16_matmul = v.tc;
     const bool used = kernels::cuda::attention_uses_tensor_cores(v.q, L, o);
@@ -142,7 +145,7 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
     std::printf("  ours %-16s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms%s\n",
                 v.name, fwd, f.fwd / fwd * 1e-9, bwd, f.bwd / bwd * 1e-9, fwd + bwd,
                 used == v.tc ? "" : "  (tensor cores NOT used)");
-    ours_fwd = fwd, ours_bwd = bwd;  // the last (the model's bf16 path) is compared with PyTorch
+    if (&v == &variants[2]) ours_fwd = fwd, ours_bwd = bwd;  // the model's bf16 path: compared with PyTorch
   }
   if (!torch) return 0;
   const std::string base =
@@ -166,7 +169,7 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
 int main(int argc, char** argv) {
   int threads = 2, reps = 20;
   int64_t T = 256, B = 4, H = 12, G = 12, D = 64;
-  bool torch = true;
+  bool torch = true, bf16_only = false;
   std::string device = "cpu", torch_cmd;
   for (int i = 1; i < argc; ++i) {
     auto arg = [&](const char* n) { return !std::strcmp(argv[i], n) && i + 1 < argc; };
@@ -179,13 +182,22 @@ int main(int argc, char** argv) {
     else if (arg("--reps")) reps = std::atoi(argv[++i]);
     else if (arg("--device")) device = argv[++i];
     else if (arg("--torch-cmd")) torch_cmd = argv[++i];
+    else if (arg("--variant")) {
+      const std::string v = argv[++i];
+      if (v != "all" && v != "bf16") {
+        std::fprintf(stderr, "attention_bench: --variant must be all or bf16 (the model's --bf16 path alone), not %s\n",
+                     v.c_str());
+        return 2;
+      }
+      bf16_only = v == "bf16";
+    }
     else if (!std::strcmp(argv[i], "--no-torch")) torch = false;
     else {
       std::fprintf(stderr, "attention_bench: unknown argument %s\n", argv[i]);
       return 2;
     }
   }
-  if (device == "cuda") return run_cuda(T, B, H, G, D, reps, torch, torch_cmd);
+  if (device == "cuda") return run_cuda(T, B, H, G, D, reps, torch, torch_cmd, bf16_only);
   if (device != "cpu") {
     std::fprintf(stderr, "attention_bench: --device must be cpu or cuda, not %s\n", device.c_str());
     return 2;

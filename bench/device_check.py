@@ -217,6 +217,40 @@ def cmd_profile(a):
     return 0
 
 
+def cmd_ncu(a):
+    """Per kernel, the headline metrics of an Nsight Compute `--csv --page details` file."""
+    import csv
+    try:
+        lines = open(a.file, errors="replace").read().splitlines()
+    except OSError as e:
+        print(f"missing ncu output: {e}")
+        return 1
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    if start is None:
+        print(f"no ncu table in {a.file} ({len(lines)} lines)")
+        return 1
+    rows = list(csv.DictReader(lines[start:]))
+    kernels = {}  # ID -> (name, {metric: (value, unit)})
+    for r in rows:
+        if not r.get("ID") or not r.get("Metric Name"):
+            continue
+        name = r.get("Kernel Name", "?").replace("(anonymous namespace)", "anon").split("(")[0].split("<")[0].split("::")[-1].split()[-1]
+        kernels.setdefault(r["ID"], (name, {}))[1][r["Metric Name"]] = (r.get("Metric Value", ""), r.get("Metric Unit", ""))
+    want = [("Duration", "dur"), ("Compute (SM) Throughput", "sm%"), ("Memory Throughput", "mem%"),
+            ("Achieved Occupancy", "occ%"), ("Registers Per Thread", "regs"),
+            ("Dynamic Shared Memory Per Block", "dsmem"), ("Block Limit Registers", "blk/reg"),
+            ("Block Limit Shared Mem", "blk/smem"), ("Warp Cycles Per Issued Instruction", "cyc/issue"),
+            ("Issue Slots Busy", "issue%")]
+    out = []
+    for kid, (name, m) in kernels.items():
+        parts = [f"{label} {m[k][0]}{(' ' + m[k][1]) if m[k][1] and label == 'dur' else ''}" for k, label in want if k in m]
+        out.append(f"{name}: " + ", ".join(parts))
+    for l in out:
+        print(l)
+    print(" | ".join(out) if out else "no kernels in the ncu table")
+    return 0 if out else 1
+
+
 def cmd_bench_report(a):
     def load(name):
         try:
@@ -312,12 +346,13 @@ def main(argv):
     s.add_argument("--out", required=True)
     s = sub.add_parser("torch-fig"); s.add_argument("file")
     s = sub.add_parser("profile"); s.add_argument("metrics")
+    s = sub.add_parser("ncu"); s.add_argument("file")
     s = sub.add_parser("bench-report"); s.add_argument("--dir", required=True)
     s = sub.add_parser("summary"); s.add_argument("--results", required=True); s.add_argument("--kv", required=True)
     s.add_argument("--md", required=True); s.add_argument("--json", required=True)
     s.add_argument("--bench-dir", default=""); s.add_argument("--header", default=""); s.add_argument("--notes", default="")
     a = p.parse_args(argv)
-    return {"cmp": cmd_cmp, "ms": cmd_ms, "gtest": cmd_gtest, "gemm": cmd_gemm, "ours": cmd_ours, "torch-fig": cmd_torch_fig, "profile": cmd_profile,
+    return {"cmp": cmd_cmp, "ms": cmd_ms, "gtest": cmd_gtest, "gemm": cmd_gemm, "ours": cmd_ours, "torch-fig": cmd_torch_fig, "profile": cmd_profile, "ncu": cmd_ncu,
             "bench-report": cmd_bench_report, "summary": cmd_summary}[a.cmd](a)
 
 

@@ -49,6 +49,10 @@
 #   profile_ours     the benchmark model for 4 iterations with MT_PROFILE_OPS=1: GPU milliseconds
 #                    per op per iteration (core/op_profile.h), where the time goes; TFLOP/s of
 #                    the GEMMs (per shape and together) and of attention forward and backward
+#   ncu_attention    Nsight Compute (--clock-control none) on one forward and one backward of
+#                    attention_bench --variant bf16: per kernel the duration, SM and memory
+#                    throughput, occupancy, registers, shared memory and warp stall reasons
+#                    (runs/ncu_attention.csv in the artifacts; the headline row per kernel here)
 #   cli_device       the repo's tests/train/device_cli_test.sh in "gpu" mode, if it exists, with
 #                    whatever time is left (its min is 0: it never takes time from the others)
 #
@@ -113,7 +117,8 @@ bench_ours          100  45  megatron train --device cuda, ~1B LLaMA bf16
 bench_torch_eager    60  30  PyTorch eager, same model
 bench_torch_compile 150  60  PyTorch torch.compile, same model
 bench_report         15   5  tokens/s, MFU, ratios
-profile_ours         45   0  MT_PROFILE_OPS=1, 4 iterations of the benchmark: GPU ms per op (time to spare)
+profile_ours         90   0  MT_PROFILE_OPS=1, 4 iterations of the benchmark: GPU ms per op (time to spare)
+ncu_attention        60   0  Nsight Compute on our bf16 attention kernels (time to spare)
 cli_device           90   0  tests/train/device_cli_test.sh gpu (only with time to spare)
 "
 mapfile -t STEP_LINES < <(grep -v '^[[:space:]]*$' <<<"$STEP_TABLE")
@@ -296,7 +301,9 @@ step_kernels_cuda() {
 step_kernels_all() {
   have_kit || return 1
   local rc=0 out
-  kitbin kernels_test --gtest_output="json:$OUT/gtest_kernels_all.json" >"$RUNS/kernels_all.log" 2>&1 || rc=$?
+  # Rope.TablesMatchMegatronsFormulas runs /usr/bin/python3 on our source tree's path: not there on the device.
+  kitbin kernels_test --gtest_filter='-Rope.TablesMatchMegatronsFormulas' \
+    --gtest_output="json:$OUT/gtest_kernels_all.json" >"$RUNS/kernels_all.log" 2>&1 || rc=$?
   grep -E '^\[  (FAILED|PASSED|SKIPPED) ' "$RUNS/kernels_all.log" | head -40
   [ $rc = 0 ] || tail -20 "$RUNS/kernels_all.log"  # a crash: where it stopped
   out=$($HELPER gtest "$OUT/gtest_kernels_all.json") || { [ $rc = 0 ] && rc=1; }
@@ -458,6 +465,24 @@ step_profile_ours() {
   sed -n '/^op profile/,$p' "$RUNS/profile_ours.log" | head -60
   fig "$($HELPER profile "$RUNS/profile_ours.jsonl")"
   fig "$(grep -A6 '^op profile' "$RUNS/profile_ours.log" | sed -E 's/ +/ /g' | paste -sd ';' | cut -c1-500)"
+  return $rc
+}
+
+step_ncu_attention() {
+  have_kit || return 1
+  [ "$GPU_DEVICE" = cuda ] || { fig "GPU_DEVICE=$GPU_DEVICE: a GPU-only profile"; return 77; }
+  local ncu rc=0
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] || { fig "no ncu on this machine"; return 77; }
+  # time_ms runs each pass once untimed, then --reps 1: skip the first forward,
+  # profile the second forward and the backward after it (D, dK/dV, dQ).
+  t env LD_LIBRARY_PATH="$KLD" "$ncu" --clock-control none --kernel-name regex:attn_ --launch-skip 1 --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --csv --page details \
+    "$KIT/bin/attention_bench" --device cuda --variant bf16 --no-torch --reps 1 --seq $B_S --batch 4 \
+    --heads $B_A --groups $B_G --head-dim $((B_H / B_A)) >"$RUNS/ncu_attention.csv" 2>"$RUNS/ncu_attention.err" || rc=$?
+  tail -3 "$RUNS/ncu_attention.err"
+  fig "$(t $HELPER ncu "$RUNS/ncu_attention.csv" 2>&1 | tail -1)"
   return $rc
 }
 

@@ -1201,20 +1201,25 @@ void GPTModel::init_parameters(uint64_t seed) {
       const int64_t cols = piece.shape.ndim >= 2 ? piece.shape.numel() / piece.shape[0] : piece.shape[0];
       const int64_t grow0 = piece.shape.ndim >= 2 ? piece.offsets[0] : 0;
       const int64_t gcol0 = piece.shape.ndim >= 2 ? piece.offsets[1] : piece.offsets[0];
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) {
-          const int64_t e = (piece.local_row + r) * lcols + c;
-          const uint64_t ge = static_cast<uint64_t>((grow0 + r) * gcols + gcol0 + c);
-          double v = 0;
-          switch (s.init) {
-            case InitKind::kNormal: v = std0 * philox_normal(seed, stream, ge); break;
-            case InitKind::kScaledNormal: v = std_out * philox_normal(seed, stream, ge); break;
-            case InitKind::kOnes: v = 1; break;
-            case InitKind::kZeros: v = 0; break;
-          }
-          if (p.dtype() == DType::kF32) p.ptr<float>()[e] = static_cast<float>(v);
-          else p.ptr<double>()[e] = v;
+      // Every element is a function of its global index alone, so the
+      // threads (OMP_NUM_THREADS) split the piece without changing a bit: a
+      // 1B model's 852M draws take ~40 s on one thread.
+      const int64_t count = rows * cols;
+#pragma omp parallel for schedule(static)
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t r = k / cols, c = k % cols;
+        const int64_t e = (piece.local_row + r) * lcols + c;
+        const uint64_t ge = static_cast<uint64_t>((grow0 + r) * gcols + gcol0 + c);
+        double v = 0;
+        switch (s.init) {
+          case InitKind::kNormal: v = std0 * philox_normal(seed, stream, ge); break;
+          case InitKind::kScaledNormal: v = std_out * philox_normal(seed, stream, ge); break;
+          case InitKind::kOnes: v = 1; break;
+          case InitKind::kZeros: v = 0; break;
         }
+        if (p.dtype() == DType::kF32) p.ptr<float>()[e] = static_cast<float>(v);
+        else p.ptr<double>()[e] = v;
+      }
     }
     if (p.data() != params_[i].data()) copy_tensor(p, params_[i]);
   }

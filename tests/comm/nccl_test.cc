@@ -73,9 +73,9 @@ Arena gpu_arena() { return Arena(size_t{32} << 20, "nccl test", Device::kCuda); 
 
 // A device copy of v, shaped [rows, v.size() / rows].
 template <typename T>
-Tensor to_dev(Arena& a, std::vector<T>& v, int64_t rows = 1) {
+Tensor to_dev(Arena& a, std::vector<T>& v, int64_t rows = 0) {  // rows 0: one dimension; else [rows, n / rows]
   const int64_t n = static_cast<int64_t>(v.size());
-  Tensor d = a.alloc(rows == 1 ? Shape{n} : Shape{rows, n / rows}, dtype_of<T>());
+  Tensor d = a.alloc(rows == 0 ? Shape{n} : Shape{rows, n / rows}, dtype_of<T>());
   copy_tensor(host_view(v).view(d.shape()), d);
   return d;
 }

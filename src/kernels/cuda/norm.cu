@@ -214,22 +214,24 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 && NC <= 8 ? 2 : 1)
     const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
     aw[k] = T(0), ab[k] = T(0), wc[k] = c < Ci ? w[c] : T(0);
   }
-  // Row i's dy and x are loaded while row i - 1 is reduced (its loads are in
-  // flight across that row's barriers): next_d / next_x hold the row ahead.
-  T next_d[NC] = {}, next_x[NC] = {};
+  // Row i's dy, x and dx are loaded while row i - 1 is reduced (its loads
+  // are in flight across that row's barriers): next_d / next_x / next_o hold
+  // the row ahead. (Row i + 1 of dx is written only in its own turn, so its
+  // early read sees what the caller passed, dy's values where dx aliases dy.)
+  T next_d[NC] = {}, next_x[NC] = {}, next_o[NC] = {};
   auto load_row = [&](int64_t i) {
 #pragma unroll
     for (int k = 0; k < NC; ++k) {
       const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
-      if (c < Ci) next_d[k] = ld<T>(dy[i * C + c]), next_x[k] = ld<T>(x[i * C + c]);
+      if (c < Ci) next_d[k] = ld<T>(dy[i * C + c]), next_x[k] = ld<T>(x[i * C + c]), next_o[k] = ld<T>(dx[i * C + c]);
     }
   };
   if (r0 < r1) load_row(r0);
   for (int64_t i = r0; i < r1; ++i) {
     const T mu = rms ? T(0) : mean[i], r = rstd[i];
-    T d[NC], xh[NC];
+    T d[NC], xh[NC], o[NC];
 #pragma unroll
-    for (int k = 0; k < NC; ++k) d[k] = next_d[k], xh[k] = next_x[k];
+    for (int k = 0; k < NC; ++k) d[k] = next_d[k], xh[k] = next_x[k], o[k] = next_o[k];
     if (i + 1 < r1) load_row(i + 1);  // (rows i + 1 of dy are not rows i of dx: dx may alias dy)
     T sg = 0, sgx = 0;
 #pragma unroll
@@ -244,14 +246,14 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 && NC <= 8 ? 2 : 1)
         ab[k] += d[k];
       }
     }
-    sg = block_sum(sg);
+    if (!rms) sg = block_sum(sg);  // RMSNorm has no mean term: one reduction a row, not two
     sgx = block_sum(sgx);
     const T mg = rms ? T(0) : sg / static_cast<T>(C), mgx = sgx / static_cast<T>(C);
     X* dxi = dx + i * C;
 #pragma unroll
     for (int k = 0; k < NC; ++k) {
       const int c = static_cast<int>(threadIdx.x + k * blockDim.x);
-      if (c < Ci) dxi[c] = to_out<X>(ld<T>(dxi[c]) + r * (d[k] * wc[k] - mg - xh[k] * mgx));
+      if (c < Ci) dxi[c] = to_out<X>(o[k] + r * (d[k] * wc[k] - mg - xh[k] * mgx));
     }
   }
 #pragma unroll
