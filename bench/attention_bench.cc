@@ -15,7 +15,8 @@
 // is_causal, GQA) from the `python3` on PATH (bench/attention_torch_bench.py
 // --device cuda; --torch-cmd replaces "python3 <source>/bench/attention_torch_bench.py",
 // e.g. where the source tree has moved; --variant bf16 runs that variant
-// alone, for a profiler). The benchmark model's shape, for example:
+// alone, for a profiler). A fourth row times the bf16 one with the dK/dV
+// kernel's other build (kernels::cuda::set_dkv_stats_ahead). The benchmark model's shape, for example:
 //   attention_bench --device cuda --seq 2048 --batch 4 --heads 16 --groups 4 --head-dim 128
 #include <omp.h>
 
@@ -124,13 +125,16 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
     const char* name;
     bool tc;
     Tensor q, o, dout, dq;
+    bool stats_ahead;  // kernels::cuda::set_dkv_stats_ahead
   };
-  const Variant variants[] = {{"fp32 SIMT", false, tq, to, tdo, tdq},
-                              {"bf16 TC, fp32 io", true, tq, to, tdo, tdq},
-                              {"bf16 TC, bf16 io", true, hq, ho, hdo, hdq}};
+  const Variant variants[] = {{"fp32 SIMT", false, tq, to, tdo, tdq, false},
+                              {"bf16 TC, fp32 io", true, tq, to, tdo, tdq, false},
+                              {"bf16 TC, bf16 io", true, hq, ho, hdo, hdq, false},
+                              {"bf16, lse/D ahead", true, hq, ho, hdo, hdq, true}};
   double ours_fwd = 0, ours_bwd = 0;
   for (const Variant& v : variants) {
     if (bf16_only && &v != &variants[2]) continue;  // --variant bf16 (e.g. under a profiler)
+    kernels::cuda::set_dkv_stats_ahead(v.stats_ahead);
     kernels::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(D))};
     o.bf16_matmul = v.tc;
     const bool used = kernels::cuda::attention_uses_tensor_cores(v.q, L, o);
@@ -142,11 +146,12 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
       kernels::attention_backward(v.q, v.o, v.dout, tl, L, o, v.dq);
       cuda::synchronize();
     });
-    std::printf("  ours %-16s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms%s\n",
+    std::printf("  ours %-17s fwd %8.3f ms (%6.1f TFLOP/s)  bwd %8.3f ms (%6.1f TFLOP/s)  fwd+bwd %8.3f ms%s\n",
                 v.name, fwd, f.fwd / fwd * 1e-9, bwd, f.bwd / bwd * 1e-9, fwd + bwd,
                 used == v.tc ? "" : "  (tensor cores NOT used)");
     if (&v == &variants[2]) ours_fwd = fwd, ours_bwd = bwd;  // the model's bf16 path: compared with PyTorch
   }
+  kernels::cuda::set_dkv_stats_ahead(false);
   if (!torch) return 0;
   const std::string base =
       torch_cmd.empty() ? std::string("python3 ") + MT_SOURCE_DIR + "/bench/attention_torch_bench.py" : torch_cmd;

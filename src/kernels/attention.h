@@ -144,6 +144,11 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout
 // Whether calls with this qkv (and 16-byte aligned out, dout, dqkv) run the
 // bf16 tensor-core kernels rather than the fp32 SIMT ones.
 bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt);
+// A benchmark's switch between two builds of the tensor-core dK/dV kernel
+// (same results, bit for bit): off (the default, the faster one measured so
+// far), each step's lse and D are read as the step begins; on, a step ahead.
+// attention_bench times both; process-wide, not for concurrent calls.
+void set_dkv_stats_ahead(bool on);
 }  // namespace cuda
 #endif
 

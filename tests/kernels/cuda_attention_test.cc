@@ -338,6 +338,60 @@ TEST(CudaTwin, AttentionDocumentMaskMatchesCpu) {
   }
 }
 
+// The tensor-core dK/dV kernel's two builds (kernels::cuda::set_dkv_stats_ahead,
+// which attention_bench times against each other) store the same bits; the
+// default one is checked against the CPU twin above. fp32 and bf16 dout/dqkv,
+// GQA and MHA, partial tiles, dropout, documents and a context-parallel rank.
+template <typename Io>
+void expect_dkv_builds_agree(const k::QkvLayout& L, double dropout, int64_t cp, int64_t cp_rank, bool docs) {
+  const std::string what = describe(L, dtype_name(dtype_of<Io>()), dropout, 3) + " dK/dV builds" +
+                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "") + (docs ? " documents" : "");
+  k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 4321, 19, 3};
+  o.bf16_matmul = true;
+  o.cp_size = cp, o.cp_rank = cp_rank;
+  Arena g = gpu_arena();
+  std::vector<int32_t> doc = doc_starts(L);
+  if (docs) o.doc_start = to_device(g, Tensor(doc.data(), {L.batch, L.seq}, DType::kI32));
+  const int64_t Tq = L.seq / cp;
+  const Shape qs{L.tokens(), L.row()}, os{Tq * L.batch, L.heads * L.head_dim}, ls{L.batch, L.heads, Tq};
+  std::vector<double> qkv_d(static_cast<size_t>(qs.numel())), dout_d(static_cast<size_t>(os.numel()));
+  fill_normal(qkv_d, 700 + static_cast<uint64_t>(L.seq), 1.0);
+  fill_normal(dout_d, 800 + static_cast<uint64_t>(L.heads), 1.0);
+  std::vector<bf16> qkv = convert<bf16>(qkv_d);
+  std::vector<Io> dout = convert<Io>(dout_d);
+  const Tensor d_qkv = to_device(g, Tensor(qkv.data(), qs, DType::kBF16)),
+               d_dout = to_device(g, Tensor(dout.data(), os, dtype_of<Io>()));
+  const Tensor d_out = nan_device<Io>(g, os), d_lse = nan_device<float>(g, ls);
+  ASSERT_TRUE(uses_tensor_cores(d_qkv, L, o)) << what;
+  k::attention_forward(d_qkv, L, o, d_out, d_lse);
+  std::vector<Io> got[2];
+  for (int ahead = 0; ahead < 2; ++ahead) {
+    const Tensor d_dqkv = nan_device<Io>(g, qs);
+#ifdef MT_HAVE_CUDA
+    k::cuda::set_dkv_stats_ahead(ahead == 1);
+#endif
+    k::attention_backward(d_qkv, d_out, d_dout, d_lse, L, o, d_dqkv);
+    got[ahead] = to_host<Io>(d_dqkv);
+  }
+#ifdef MT_HAVE_CUDA
+  k::cuda::set_dkv_stats_ahead(false);
+#endif
+  ASSERT_EQ(got[0].size(), got[1].size());
+  size_t differ = 0;
+  for (size_t i = 0; i < got[0].size(); ++i)
+    differ += std::memcmp(&got[0][i], &got[1][i], sizeof(Io)) != 0;
+  EXPECT_EQ(differ, 0u) << what << ": elements of dqkv that differ";
+}
+
+TEST(CudaTwin, AttentionDkvKernelBuildsAgreeBitwise) {
+  MT_REQUIRE_GPU();
+  expect_dkv_builds_agree<float>({130, 2, 4, 2, 64}, 0.0, 1, 0, false);
+  expect_dkv_builds_agree<bf16>({77, 2, 4, 4, 64}, 0.0, 1, 0, false);
+  expect_dkv_builds_agree<bf16>({200, 1, 4, 1, 128}, 0.1, 1, 0, false);
+  expect_dkv_builds_agree<float>({140, 2, 4, 2, 64}, 0.0, 1, 0, true);
+  expect_dkv_builds_agree<bf16>({70 * 2 * 2, 1, 4, 2, 128}, 0.2, 2, 1, false);
+}
+
 TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {
   MT_REQUIRE_GPU();
   // Without the permission, at another head size, for fp64 or with a scale

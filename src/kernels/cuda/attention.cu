@@ -64,6 +64,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -888,7 +889,7 @@ __global__ void __launch_bounds__(kTcThreads)
 // Backward 2 on tensor cores: dK, dV. Grid (ceil(T / 64), G, B), 128 threads,
 // dkv_tc_smem<D>() bytes of dynamic shared memory; dout read as Yd, dqkv
 // stored as Yg (each fp32 or bf16).
-template <typename Tin, typename Yd, typename Yg, int D>
+template <typename Tin, typename Yd, typename Yg, int D, bool kStatsAhead>
 __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restrict__ qkv, const Yd* __restrict__ dout,
                                                               const float* __restrict__ lse, Yg* dqkv,
                                                               const Params<float> p) {
@@ -921,7 +922,29 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
     ++first;
   }
   const int per_head = static_cast<int>(ntile - first), steps = static_cast<int>(p.qpg) * per_head;
-  // Step `it` (its Q, dO, lse and D) into stage it % 2; Q and dO as one cp.async group.
+  // Step `it`'s lse and D (threads below BQ, one query row each): read from
+  // global memory, then stored into stage it % 2.
+  float ahead_li = 0.f, ahead_di = 0.f;
+  auto fetch_stats = [&](int it) {
+    const QueryChunks::Tile tile = p.qc.tile(first + it % per_head, BQ);
+    const int64_t h = grp * p.qpg + it / per_head;
+    const int r = threadIdx.x;
+    ahead_li = ahead_di = 0.f;
+    if (r < BQ && r < tile.rows) {
+      ahead_li = lse[(b * p.H + h) * p.Tq + tile.local + r];
+      ahead_di = parked_di(dqkv_b + (tile.pos + r) * ldq + q_col(p, h));  // parked by attn_bwd_di
+    }
+  };
+  auto store_stats = [&](int it) {
+    if (threadIdx.x < BQ) {
+      sstat[(it & 1) * 2 * BQ + threadIdx.x] = ahead_li * tc::kLog2e;
+      sstat[(it & 1) * 2 * BQ + BQ + threadIdx.x] = ahead_di;
+    }
+  };
+  // Step `it`'s Q and dO into stage it % 2 as one cp.async group; without
+  // kStatsAhead its lse and D too (read and stored now: warp 0 waits for
+  // the reads, and the others for warp 0 at the next barrier). With it the
+  // caller reads them a step ahead and stores them after the step's products.
   auto load_step = [&](int it) {
     const QueryChunks::Tile tile = p.qc.tile(first + it % per_head, BQ);
     const int64_t h = grp * p.qpg + it / per_head, i0 = tile.pos, q0 = tile.local;
@@ -930,21 +953,24 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
     tc_load<BQ, D>(qkv_b + q_col(p, h), ldq, i0, nq, st);
     tc_load<BQ, D>(dout + b * p.H * p.D + h * p.D, ldo, q0, nq, st + QTILE);
     tc::cp_async_commit();
-    if (threadIdx.x < BQ) {
-      const int r = threadIdx.x;
-      float li = 0.f, di = 0.f;
-      if (r < nq) {
-        li = lse[(b * p.H + h) * p.Tq + q0 + r];
-        di = parked_di(dqkv_b + (i0 + r) * ldq + q_col(p, h));  // parked by attn_bwd_di
+    if constexpr (!kStatsAhead) {  // (written out as before the other build existed: the timed code)
+      if (threadIdx.x < BQ) {
+        const int r = threadIdx.x;
+        float li = 0.f, di = 0.f;
+        if (r < nq) {
+          li = lse[(b * p.H + h) * p.Tq + q0 + r];
+          di = parked_di(dqkv_b + (i0 + r) * ldq + q_col(p, h));  // parked by attn_bwd_di
+        }
+        sstat[(it & 1) * 2 * BQ + r] = li * tc::kLog2e;
+        sstat[(it & 1) * 2 * BQ + BQ + r] = di;
       }
-      sstat[(it & 1) * 2 * BQ + r] = li * tc::kLog2e;
-      sstat[(it & 1) * 2 * BQ + BQ + r] = di;
     }
   };
   if (steps > 0) {  // else no local query sees these keys (context parallelism): zeros
     tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk);
     tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, sv);
     load_step(0);  // one group with K and V
+    if constexpr (kStatsAhead) fetch_stats(0), store_stats(0);
   }
   float dk[DN][4], dv[DN][4];
 #pragma unroll
@@ -958,6 +984,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
     const int nq = static_cast<int>(tile.rows);
     if (it + 1 < steps) {
       load_step(it + 1);
+      if constexpr (kStatsAhead) fetch_stats(it + 1);  // in flight across this step's products
       tc::cp_async_wait<1>();
     } else {
       tc::cp_async_wait<0>();
@@ -1012,6 +1039,8 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
       tc_accumulate<LD, DN>(dv, st[2 * qb], st[2 * qb + 1], sdo, qb * 16);
       tc_accumulate<LD, DN>(dk, dpt[2 * qb], dpt[2 * qb + 1], sq, qb * 16);
     }
+    // Stage (it + 1) % 2's stats were last read in step it - 1.
+    if constexpr (kStatsAhead) if (it + 1 < steps) store_stats(it + 1);
     __syncthreads();  // every reader of this stage is done before load_step(it + 2) refills it
   }
   if (k0 < nk) {
@@ -1190,15 +1219,25 @@ void launch_fwd_tc(const Tin* qkv, Y* out, float* lse, const Params<float>& p) {
 }
 
 // Backward 2 and 3 on tensor cores (after attn_bwd_di).
-template <typename Tin, typename Yd, typename Yg, int D>
-void launch_bwd_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, const Params<float>& p) {
-  constexpr size_t kv_smem = dkv_tc_smem<D>(), q_smem = dq_tc_smem<D>();
-  allow_dynamic_shared<attn_bwd_dkv_tc<Tin, Yd, Yg, D>>(kv_smem);
-  allow_dynamic_shared<attn_bwd_dq_tc<Tin, Yd, Yg, D>>(q_smem);
+std::atomic<bool> g_dkv_stats_ahead{false};
+
+template <typename Tin, typename Yd, typename Yg, int D, bool kStatsAhead>
+void launch_dkv_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, const Params<float>& p) {
+  constexpr size_t kv_smem = dkv_tc_smem<D>();
+  allow_dynamic_shared<attn_bwd_dkv_tc<Tin, Yd, Yg, D, kStatsAhead>>(kv_smem);
   const unsigned G = static_cast<unsigned>(p.H / p.qpg);
   const dim3 gkv(tiles(p.T, kTcDkvBK), G, static_cast<unsigned>(p.B));
-  attn_bwd_dkv_tc<Tin, Yd, Yg, D><<<gkv, kTcThreads, kv_smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
+  attn_bwd_dkv_tc<Tin, Yd, Yg, D, kStatsAhead><<<gkv, kTcThreads, kv_smem, ::mt::cuda::stream()>>>(qkv, dout, lse,
+                                                                                                  dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename Tin, typename Yd, typename Yg, int D>
+void launch_bwd_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, const Params<float>& p) {
+  constexpr size_t q_smem = dq_tc_smem<D>();
+  allow_dynamic_shared<attn_bwd_dq_tc<Tin, Yd, Yg, D>>(q_smem);
+  if (g_dkv_stats_ahead.load(std::memory_order_relaxed)) launch_dkv_tc<Tin, Yd, Yg, D, true>(qkv, dout, lse, dqkv, p);
+  else launch_dkv_tc<Tin, Yd, Yg, D, false>(qkv, dout, lse, dqkv, p);
   const dim3 gq(static_cast<unsigned>(p.qc.tiles(kTcDqBQ)), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
   attn_bwd_dq_tc<Tin, Yd, Yg, D><<<gq, kTcThreads, q_smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
@@ -1270,6 +1309,8 @@ void attention_forward(const Tensor& qkv, const QkvLayout& L, const AttentionOpt
     });
   });
 }
+
+void set_dkv_stats_ahead(bool on) { g_dkv_stats_ahead.store(on, std::memory_order_relaxed); }
 
 bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o) {
   const void* p = qkv.data();
