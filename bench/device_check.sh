@@ -414,7 +414,7 @@ step_bench_attention() {
   out=$(kitbin attention_bench --device cuda --seq 2048 --batch 4 --heads 16 --groups 4 --head-dim 128 --reps 10 \
           --torch-cmd "env -u LD_LIBRARY_PATH python3 $ROOT/bench/attention_torch_bench.py" 2>&1); rc=$?
   echo "$out" | tail -6
-  fig "$(echo "$out" | grep -E 'ours|sdpa|ratio' | sed -E 's/ +/ /g' | paste -sd ';' | cut -c1-400)"
+  fig "$(echo "$out" | grep -E 'ours|sdpa|ratio' | sed -E 's/ +/ /g' | paste -sd ';' | cut -c1-700)"
   return $rc
 }
 
