@@ -16,7 +16,7 @@
 // --device cuda; --torch-cmd replaces "python3 <source>/bench/attention_torch_bench.py",
 // e.g. where the source tree has moved; --variant bf16 runs that variant
 // alone, for a profiler). A fourth row times the bf16 one with the dK/dV
-// kernel's other build (kernels::cuda::set_dkv_stats_ahead). The benchmark model's shape, for example:
+// kernel's lean build (kernels::cuda::set_dkv_lean; --variant lean alone). The benchmark model's shape, for example:
 //   attention_bench --device cuda --seq 2048 --batch 4 --heads 16 --groups 4 --head-dim 128
 #include <omp.h>
 
@@ -80,9 +80,9 @@ Flops causal_flops(int64_t T, int64_t B, int64_t H, int64_t D) {
 }
 
 int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bool torch, const std::string& torch_cmd,
-             bool bf16_only) {
+             int only) {
 #ifndef MT_HAVE_CUDA
-  (void)T, (void)B, (void)H, (void)G, (void)D, (void)reps, (void)torch, (void)torch_cmd, (void)bf16_only;
+  (void)T, (void)B, (void)H, (void)G, (void)D, (void)reps, (void)torch, (void)torch_cmd, (void)only;
   std::fprintf(stderr, "attention_bench: --device cuda needs a CUDA build (this one has no CUDA backend)\n");
   return 2;
 #else
@@ -125,16 +125,16 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
     const char* name;
     bool tc;
     Tensor q, o, dout, dq;
-    bool stats_ahead;  // kernels::cuda::set_dkv_stats_ahead
+    bool lean;  // kernels::cuda::set_dkv_lean
   };
   const Variant variants[] = {{"fp32 SIMT", false, tq, to, tdo, tdq, false},
                               {"bf16 TC, fp32 io", true, tq, to, tdo, tdq, false},
                               {"bf16 TC, bf16 io", true, hq, ho, hdo, hdq, false},
-                              {"bf16, lse/D ahead", true, hq, ho, hdo, hdq, true}};
+                              {"bf16, lean dK/dV", true, hq, ho, hdo, hdq, true}};
   double ours_fwd = 0, ours_bwd = 0;
   for (const Variant& v : variants) {
-    if (bf16_only && &v != &variants[2]) continue;  // --variant bf16 (e.g. under a profiler)
-    kernels::cuda::set_dkv_stats_ahead(v.stats_ahead);
+    if (only >= 0 && &v != &variants[only]) continue;  // --variant bf16|lean (e.g. under a profiler)
+    kernels::cuda::set_dkv_lean(v.lean);
     kernels::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(D))};
     o.bf16_matmul = v.tc;
     const bool used = kernels::cuda::attention_uses_tensor_cores(v.q, L, o);
@@ -151,7 +151,7 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
                 used == v.tc ? "" : "  (tensor cores NOT used)");
     if (&v == &variants[2]) ours_fwd = fwd, ours_bwd = bwd;  // the model's bf16 path: compared with PyTorch
   }
-  kernels::cuda::set_dkv_stats_ahead(false);
+  kernels::cuda::set_dkv_lean(false);
   if (!torch) return 0;
   const std::string base =
       torch_cmd.empty() ? std::string("python3 ") + MT_SOURCE_DIR + "/bench/attention_torch_bench.py" : torch_cmd;
@@ -174,7 +174,8 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
 int main(int argc, char** argv) {
   int threads = 2, reps = 20;
   int64_t T = 256, B = 4, H = 12, G = 12, D = 64;
-  bool torch = true, bf16_only = false;
+  bool torch = true;
+  int only = -1;  // --variant: the one variant to run (index into run_cuda's list), or all
   std::string device = "cpu", torch_cmd;
   for (int i = 1; i < argc; ++i) {
     auto arg = [&](const char* n) { return !std::strcmp(argv[i], n) && i + 1 < argc; };
@@ -189,12 +190,14 @@ int main(int argc, char** argv) {
     else if (arg("--torch-cmd")) torch_cmd = argv[++i];
     else if (arg("--variant")) {
       const std::string v = argv[++i];
-      if (v != "all" && v != "bf16") {
-        std::fprintf(stderr, "attention_bench: --variant must be all or bf16 (the model's --bf16 path alone), not %s\n",
+      if (v != "all" && v != "bf16" && v != "lean") {
+        std::fprintf(stderr,
+                     "attention_bench: --variant must be all, bf16 (the model's --bf16 path alone) or lean (the same "
+                     "with the lean dK/dV build), not %s\n",
                      v.c_str());
         return 2;
       }
-      bf16_only = v == "bf16";
+      only = v == "bf16" ? 2 : v == "lean" ? 3 : -1;
     }
     else if (!std::strcmp(argv[i], "--no-torch")) torch = false;
     else {
@@ -202,7 +205,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (device == "cuda") return run_cuda(T, B, H, G, D, reps, torch, torch_cmd, bf16_only);
+  if (device == "cuda") return run_cuda(T, B, H, G, D, reps, torch, torch_cmd, only);
   if (device != "cpu") {
     std::fprintf(stderr, "attention_bench: --device must be cpu or cuda, not %s\n", device.c_str());
     return 2;

@@ -50,9 +50,10 @@
 #                    per op per iteration (core/op_profile.h), where the time goes; TFLOP/s of
 #                    the GEMMs (per shape and together) and of attention forward and backward
 #   ncu_attention    Nsight Compute (--clock-control none) on one forward and one backward of
-#                    attention_bench --variant bf16: per kernel the duration, SM and memory
-#                    throughput, occupancy, registers, shared memory and warp stall reasons
-#                    (runs/ncu_attention.csv in the artifacts; the headline row per kernel here)
+#                    attention_bench --variant bf16, then --variant lean (the lean dK/dV
+#                    build): per kernel the duration, SM and memory throughput, occupancy,
+#                    registers, shared memory and warp stall reasons (runs/ncu_attention_bf16.csv
+#                    and runs/ncu_attention_lean.csv in the artifacts; the headline row per kernel here)
 #   cli_device       the repo's tests/train/device_cli_test.sh in "gpu" mode, if it exists, with
 #                    whatever time is left (its min is 0: it never takes time from the others)
 #
@@ -118,7 +119,7 @@ bench_torch_eager    60  30  PyTorch eager, same model
 bench_torch_compile 150  60  PyTorch torch.compile, same model
 bench_report         15   5  tokens/s, MFU, ratios
 profile_ours         90   0  MT_PROFILE_OPS=1, 4 iterations of the benchmark: GPU ms per op (time to spare)
-ncu_attention        60   0  Nsight Compute on our bf16 attention kernels (time to spare)
+ncu_attention        90   0  Nsight Compute on our bf16 attention kernels, both dK/dV builds (time to spare)
 cli_device           90   0  tests/train/device_cli_test.sh gpu (only with time to spare)
 "
 mapfile -t STEP_LINES < <(grep -v '^[[:space:]]*$' <<<"$STEP_TABLE")
@@ -475,14 +476,19 @@ step_ncu_attention() {
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   [ -n "$ncu" ] || { fig "no ncu on this machine"; return 77; }
   # time_ms runs each pass once untimed, then --reps 1: skip the first forward,
-  # profile the second forward and the backward after it (D, dK/dV, dQ).
-  t env LD_LIBRARY_PATH="$KLD" "$ncu" --clock-control none --kernel-name regex:attn_ --launch-skip 1 --launch-count 4 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --csv --page details \
-    "$KIT/bin/attention_bench" --device cuda --variant bf16 --no-torch --reps 1 --seq $B_S --batch 4 \
-    --heads $B_A --groups $B_G --head-dim $((B_H / B_A)) >"$RUNS/ncu_attention.csv" 2>"$RUNS/ncu_attention.err" || rc=$?
-  tail -3 "$RUNS/ncu_attention.err"
-  fig "$(t $HELPER ncu "$RUNS/ncu_attention.csv" 2>&1 | tail -1)"
+  # profile the second forward and the backward after it (D, dK/dV, dQ); the
+  # model's bf16 path, then the same with the lean dK/dV build.
+  local v
+  for v in bf16 lean; do
+    t env LD_LIBRARY_PATH="$KLD" "$ncu" --clock-control none --kernel-name regex:attn_ --launch-skip 1 --launch-count 4 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --csv --page details \
+      "$KIT/bin/attention_bench" --device cuda --variant $v --no-torch --reps 1 --seq $B_S --batch 4 \
+      --heads $B_A --groups $B_G --head-dim $((B_H / B_A)) >"$RUNS/ncu_attention_$v.csv" 2>"$RUNS/ncu_attention_$v.err" \
+      || rc=$?
+    tail -3 "$RUNS/ncu_attention_$v.err"
+    fig "$v: $(t $HELPER ncu "$RUNS/ncu_attention_$v.csv" 2>&1 | tail -1)"
+  done
   return $rc
 }
 

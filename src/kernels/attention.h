@@ -93,10 +93,25 @@ struct QueryChunks {
   struct Tile {
     int64_t local, pos, rows;
   };
-  MT_HOST_DEVICE Tile tile(int64_t qt, int64_t tile) const {
-    const int64_t per = tiles_per_chunk(tile), c = qt / per, off = (qt % per) * tile;
-    const int64_t left = len - off;
-    return Tile{c * len + off, start[c] + off, left < tile ? left : tile};
+  MT_HOST_DEVICE Tile tile(int64_t qt, int64_t tile) const { return tile_at(place(qt, tile), tile); }
+  // Tile qt as its chunk and its first row within the chunk; next() is the
+  // place of tile qt + 1 without a division (a kernel that walks the tiles,
+  // as the CUDA dK/dV kernel does, steps with it).
+  struct Place {
+    int64_t chunk, off;
+  };
+  MT_HOST_DEVICE Place place(int64_t qt, int64_t tile) const {
+    const int64_t per = tiles_per_chunk(tile);
+    return Place{qt / per, (qt % per) * tile};
+  }
+  MT_HOST_DEVICE Place next(Place at, int64_t tile) const {
+    at.off += tile;
+    if (at.off >= len) ++at.chunk, at.off = 0;
+    return at;
+  }
+  MT_HOST_DEVICE Tile tile_at(Place at, int64_t tile) const {
+    const int64_t left = len - at.off;
+    return Tile{at.chunk * len + at.off, (at.chunk == 0 ? start[0] : start[1]) + at.off, left < tile ? left : tile};
   }
 };
 
@@ -145,10 +160,12 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& dout
 // bf16 tensor-core kernels rather than the fp32 SIMT ones.
 bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& layout, const AttentionOptions& opt);
 // A benchmark's switch between two builds of the tensor-core dK/dV kernel
-// (same results, bit for bit): off (the default, the faster one measured so
-// far), each step's lse and D are read as the step begins; on, a step ahead.
-// attention_bench times both; process-wide, not for concurrent calls.
-void set_dkv_stats_ahead(bool on);
+// (same results, bit for bit): off, the default (the build measured on the
+// H200); on, the lean build (the next step's lse and D read a step ahead, no
+// division in the step loop, no mask tests on wholly visible steps; see
+// attn_bwd_dkv_tc). attention_bench times both; process-wide, not for
+// concurrent calls.
+void set_dkv_lean(bool on);
 }  // namespace cuda
 #endif
 

@@ -320,6 +320,10 @@ TEST(CudaTwin, AttentionContextParallelMatchesCpu) {
       run_tc_case<float>({70 * 2 * cp, 1, 4, 2, 64}, 0.0, 0, cp, r);
       run_tc_case<bf16>({8 * 2 * cp, 2, 2, 1, 128}, 0.1, 2, cp, r);
     }
+  // Chunks of 62: rank 1's first query tile starts at position 62, so a key
+  // tile's last key lies just past a tile's (or a warp's) first query: the
+  // boundary of the tensor-core kernels' unmasked steps.
+  run_tc_case<bf16>({62 * 2 * 2, 1, 4, 2, 64}, 0.0, 0, 2, 1);
 }
 
 // Document masking (--reset-attention-mask): each query sees its own
@@ -338,7 +342,7 @@ TEST(CudaTwin, AttentionDocumentMaskMatchesCpu) {
   }
 }
 
-// The tensor-core dK/dV kernel's two builds (kernels::cuda::set_dkv_stats_ahead,
+// The tensor-core dK/dV kernel's two builds (kernels::cuda::set_dkv_lean,
 // which attention_bench times against each other) store the same bits; the
 // default one is checked against the CPU twin above. fp32 and bf16 dout/dqkv,
 // GQA and MHA, partial tiles, dropout, documents and a context-parallel rank.
@@ -365,16 +369,16 @@ void expect_dkv_builds_agree(const k::QkvLayout& L, double dropout, int64_t cp, 
   ASSERT_TRUE(uses_tensor_cores(d_qkv, L, o)) << what;
   k::attention_forward(d_qkv, L, o, d_out, d_lse);
   std::vector<Io> got[2];
-  for (int ahead = 0; ahead < 2; ++ahead) {
+  for (int lean = 0; lean < 2; ++lean) {
     const Tensor d_dqkv = nan_device<Io>(g, qs);
 #ifdef MT_HAVE_CUDA
-    k::cuda::set_dkv_stats_ahead(ahead == 1);
+    k::cuda::set_dkv_lean(lean == 1);
 #endif
     k::attention_backward(d_qkv, d_out, d_dout, d_lse, L, o, d_dqkv);
-    got[ahead] = to_host<Io>(d_dqkv);
+    got[lean] = to_host<Io>(d_dqkv);
   }
 #ifdef MT_HAVE_CUDA
-  k::cuda::set_dkv_stats_ahead(false);
+  k::cuda::set_dkv_lean(false);
 #endif
   ASSERT_EQ(got[0].size(), got[1].size());
   size_t differ = 0;
@@ -390,6 +394,7 @@ TEST(CudaTwin, AttentionDkvKernelBuildsAgreeBitwise) {
   expect_dkv_builds_agree<bf16>({200, 1, 4, 1, 128}, 0.1, 1, 0, false);
   expect_dkv_builds_agree<float>({140, 2, 4, 2, 64}, 0.0, 1, 0, true);
   expect_dkv_builds_agree<bf16>({70 * 2 * 2, 1, 4, 2, 128}, 0.2, 2, 1, false);
+  expect_dkv_builds_agree<bf16>({62 * 2 * 2, 1, 4, 2, 64}, 0.0, 2, 1, false);  // a key tile ends just past a query tile's start
 }
 
 TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {

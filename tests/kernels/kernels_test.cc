@@ -826,6 +826,44 @@ void check_cp_attention(const k::QkvLayout& L, int64_t cp, double dropout, doubl
   EXPECT_LT(std::sqrt(num / den), tol) << "cp " << cp << " T " << L.seq << " d " << L.head_dim << " dropout " << dropout;
 }
 
+// QueryChunks' tiles, by index and by the division-free walk (place, next,
+// tile_at; the CUDA dK/dV kernel's lean build walks this way), against the
+// tiles written out from the definition: each chunk cut into tiles from its
+// first row, the last one shorter. Chunks shorter than a tile, a multiple of
+// it and not, one chunk (no CP) and two.
+TEST(Attention, QueryTileWalkMatchesTheTileIndex) {
+  for (int64_t cp : {1, 2, 3})
+    for (int64_t seq : {int64_t{6}, int64_t{64}, int64_t{140}, int64_t{420}})
+      for (int64_t r = 0; r < cp; ++r)
+        for (int64_t size : {1, 7, 32, 64}) {
+          if (seq % (2 * cp) != 0) continue;
+          const k::QueryChunks q = k::query_chunks(seq, cp, r);
+          std::vector<k::QueryChunks::Tile> want;
+          for (int64_t c = 0; c < q.n; ++c) {
+            const int64_t start = cp == 1 ? 0 : (c == 0 ? r : 2 * cp - 1 - r) * (seq / (2 * cp));
+            for (int64_t off = 0; off < q.len; off += size)
+              want.push_back({c * q.len + off, start + off, std::min(size, q.len - off)});
+          }
+          const std::string what = fmt::format("seq {} cp {} rank {} tile {}", seq, cp, r, size);
+          ASSERT_EQ(q.tiles(size), static_cast<int64_t>(want.size())) << what;
+          k::QueryChunks::Place at = q.place(0, size);
+          for (int64_t qt = 0; qt < q.tiles(size); ++qt) {
+            const k::QueryChunks::Tile& w = want[static_cast<size_t>(qt)];
+            const k::QueryChunks::Tile byindex = q.tile(qt, size), walked = q.tile_at(at, size);
+            EXPECT_EQ(byindex.local, w.local) << what << " tile " << qt;
+            EXPECT_EQ(byindex.pos, w.pos) << what << " tile " << qt;
+            EXPECT_EQ(byindex.rows, w.rows) << what << " tile " << qt;
+            EXPECT_EQ(walked.local, w.local) << what << " walk at tile " << qt;
+            EXPECT_EQ(walked.pos, w.pos) << what << " walk at tile " << qt;
+            EXPECT_EQ(walked.rows, w.rows) << what << " walk at tile " << qt;
+            EXPECT_EQ(q.position(w.local + w.rows - 1), w.pos + w.rows - 1) << what << " tile " << qt;
+            at = q.next(at, size);
+          }
+          EXPECT_EQ(at.chunk, q.n) << what << ": the walk ends past the last chunk";
+          EXPECT_EQ(at.off, 0) << what;
+        }
+}
+
 TEST(Attention, ContextParallelChunksMatchTheFullCall) {
   for (int64_t cp : {2, 3}) {
     for (double dropout : {0.0, 0.25}) {

@@ -588,19 +588,28 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
 // copied by cp.async, double-buffered: the copy of the next tile runs while
 // the current one is multiplied (fp32 sources are rounded and stored by the
 // threads themselves, in the same layout).
-//   forward  grid (query tile of 64, head, batch): Q fragments in registers,
+//   forward  grid (head, batch, query tile of 64): Q fragments in registers,
 //            two stages of K and V tiles of 64 keys; S, P and the output
 //            accumulator in registers (P feeds the P V product straight
 //            from the S accumulators). 70 KB of shared memory at head_dim
 //            128.
-//   dK/dV    grid (key tile of 64, group, batch): K and V of the tile in
+//   dK/dV    grid (group, batch, key tile of 64): K and V of the tile in
 //            shared memory, dK, dV accumulators in registers; two stages of
 //            Q and dO tiles of 32 queries (with their lse and D), taken per
 //            head of the group and query tile from the key tile on. 70 KB.
-//   dQ       grid (query tile of 64, head, batch): Q and dO fragments, lse
+//   dQ       grid (head, batch, query tile of 64): Q and dO fragments, lse
 //            and D in registers; two stages of K and V tiles of 32 keys;
 //            dQ += dS K. 35 KB.
-// Query-tile grids run the last (longest, causal) tiles first.
+// The tile is the grid's slowest dimension, and blocks start in the order
+// of their linear index, so the longest blocks of every head and sequence
+// start first: the query-tile grids run the last tiles (the most keys) first,
+// the key-tile grid the first key tiles (the most queries). With the tile
+// fastest, one head's and sequence's tiles after another's, the last long
+// blocks start when most of the work is done and run on alone: a model of
+// the benchmark's shape (bench/attention_launch_order.py: 2 blocks an SM of
+// 132, block time by its steps) puts the dK/dV kernel's span at 1.6x the
+// balanced one that way and the forward's and dQ's at 1.15x; longest first,
+// within 1% of it.
 
 constexpr int kTcThreads = 128;  // 4 warps of 16 rows
 constexpr int kTcPad = 8;        // bf16 elements of padding per shared row
@@ -768,7 +777,7 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullWarp, v, 2);
 }
 
-// Forward. Grid (QueryChunks::tiles(64), H, B), 128 threads, fwd_tc_smem<D>() bytes of
+// Forward. Grid (H, B, QueryChunks::tiles(64)), 128 threads, fwd_tc_smem<D>() bytes of
 // dynamic shared memory; out stored as Y (fp32 or bf16).
 template <typename Tin, typename Y, int D>
 __global__ void __launch_bounds__(kTcThreads)
@@ -778,8 +787,8 @@ __global__ void __launch_bounds__(kTcThreads)
   uint16_t* const stages = reinterpret_cast<uint16_t*>(tc_smem);  // stage s: K at 2 s TILE, V at (2 s + 1) TILE
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // The last tiles (the most keys) first; i0: first position, q0: first local row.
-  const QueryChunks::Tile tile = p.qc.tile(gridDim.x - 1 - blockIdx.x, BQ);
-  const int64_t i0 = tile.pos, q0 = tile.local, h = blockIdx.y, b = blockIdx.z;
+  const QueryChunks::Tile tile = p.qc.tile(gridDim.z - 1 - blockIdx.z, BQ);
+  const int64_t i0 = tile.pos, q0 = tile.local, h = blockIdx.x, b = blockIdx.y;
   const int nq = static_cast<int>(tile.rows);
   const int64_t ldq = p.B * p.row;
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
@@ -886,10 +895,23 @@ __global__ void __launch_bounds__(kTcThreads)
   }
 }
 
-// Backward 2 on tensor cores: dK, dV. Grid (ceil(T / 64), G, B), 128 threads,
+// Backward 2 on tensor cores: dK, dV. Grid (G, B, ceil(T / 64)), 128 threads,
 // dkv_tc_smem<D>() bytes of dynamic shared memory; dout read as Yd, dqkv
 // stored as Yg (each fp32 or bf16).
-template <typename Tin, typename Yd, typename Yg, int D, bool kStatsAhead>
+//
+// Two builds, the same bits (CudaTwin.AttentionDkvKernelBuildsAgreeBitwise);
+// kernels::cuda::set_dkv_lean picks one and attention_bench times both:
+//   default  the build measured on the H200 (bench/cuda_h200_notes.md): each
+//            step's lse and D are read by warp 0 as the step's tiles are
+//            requested (the other warps wait for those reads at the next
+//            barrier), its query tile comes from p.qc.tile (two 64-bit
+//            divisions) and every score is tested against the masks;
+//   kLean    the next step's lse and D are read into registers with its tiles
+//            and stored after this step's products; the steps are walked
+//            with QueryChunks::next (no division in the loop); and a step
+//            whose 64 keys x 32 queries are all visible (below the diagonal,
+//            whole tiles, one document) skips the mask tests.
+template <typename Tin, typename Yd, typename Yg, int D, bool kLean>
 __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restrict__ qkv, const Yd* __restrict__ dout,
                                                               const float* __restrict__ lse, Yg* dqkv,
                                                               const Params<float> p) {
@@ -902,7 +924,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   float* sstat = reinterpret_cast<float*>(stages + 4 * QTILE);  // stage s: lse log2(e) at 2 s BQ, D at (2 s + 1) BQ
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * BK, grp = blockIdx.y, b = blockIdx.z;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.z) * BK, grp = blockIdx.x, b = blockIdx.y;
   const int nk = static_cast<int>(min(static_cast<int64_t>(BK), p.T - j0));
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t kc = k_col(p, grp), vc = kc + p.D;
@@ -916,18 +938,19 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   // queries, the tiles from the key tile on).
   const int64_t ntile = p.qc.tiles(BQ);
   int64_t first = 0;
+  QueryChunks::Place first_at{0, 0};  // kLean: tile `first`'s place
   while (first < ntile) {
-    const QueryChunks::Tile f = p.qc.tile(first, BQ);
+    const QueryChunks::Tile f = kLean ? p.qc.tile_at(first_at, BQ) : p.qc.tile(first, BQ);
     if (f.pos + f.rows > j0) break;
     ++first;
+    if constexpr (kLean) first_at = p.qc.next(first_at, BQ);
   }
   const int per_head = static_cast<int>(ntile - first), steps = static_cast<int>(p.qpg) * per_head;
-  // Step `it`'s lse and D (threads below BQ, one query row each): read from
-  // global memory, then stored into stage it % 2.
+  // kLean: a step's lse and D (threads below BQ, one query row each) are
+  // read from global memory as its tiles are requested, and stored into its
+  // stage when the previous step's products are done.
   float ahead_li = 0.f, ahead_di = 0.f;
-  auto fetch_stats = [&](int it) {
-    const QueryChunks::Tile tile = p.qc.tile(first + it % per_head, BQ);
-    const int64_t h = grp * p.qpg + it / per_head;
+  auto fetch_stats = [&](const QueryChunks::Tile& tile, int64_t h) {
     const int r = threadIdx.x;
     ahead_li = ahead_di = 0.f;
     if (r < BQ && r < tile.rows) {
@@ -935,42 +958,58 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
       ahead_di = parked_di(dqkv_b + (tile.pos + r) * ldq + q_col(p, h));  // parked by attn_bwd_di
     }
   };
-  auto store_stats = [&](int it) {
+  auto store_stats = [&](int stage) {
     if (threadIdx.x < BQ) {
-      sstat[(it & 1) * 2 * BQ + threadIdx.x] = ahead_li * tc::kLog2e;
-      sstat[(it & 1) * 2 * BQ + BQ + threadIdx.x] = ahead_di;
+      sstat[stage * 2 * BQ + threadIdx.x] = ahead_li * tc::kLog2e;
+      sstat[stage * 2 * BQ + BQ + threadIdx.x] = ahead_di;
     }
   };
-  // Step `it`'s Q and dO into stage it % 2 as one cp.async group; without
-  // kStatsAhead its lse and D too (read and stored now: warp 0 waits for
-  // the reads, and the others for warp 0 at the next barrier). With it the
-  // caller reads them a step ahead and stores them after the step's products.
+  // A step's Q and dO (query tile `tile` of head h) into `stage` as one cp.async group.
+  auto load_tiles = [&](const QueryChunks::Tile& tile, int64_t h, int stage) {
+    uint16_t* st = stages + stage * 2 * QTILE;
+    const int nq = static_cast<int>(tile.rows);
+    tc_load<BQ, D>(qkv_b + q_col(p, h), ldq, tile.pos, nq, st);
+    tc_load<BQ, D>(dout + b * p.H * p.D + h * p.D, ldo, tile.local, nq, st + QTILE);
+    tc::cp_async_commit();
+  };
+  // The default build's step `it`: its tiles, then its lse and D, read and
+  // stored now (warp 0 waits for the reads, and the others for warp 0 at the
+  // next barrier).
   auto load_step = [&](int it) {
     const QueryChunks::Tile tile = p.qc.tile(first + it % per_head, BQ);
     const int64_t h = grp * p.qpg + it / per_head, i0 = tile.pos, q0 = tile.local;
     const int nq = static_cast<int>(tile.rows);
-    uint16_t* st = stages + (it & 1) * 2 * QTILE;
-    tc_load<BQ, D>(qkv_b + q_col(p, h), ldq, i0, nq, st);
-    tc_load<BQ, D>(dout + b * p.H * p.D + h * p.D, ldo, q0, nq, st + QTILE);
-    tc::cp_async_commit();
-    if constexpr (!kStatsAhead) {  // (written out as before the other build existed: the timed code)
-      if (threadIdx.x < BQ) {
-        const int r = threadIdx.x;
-        float li = 0.f, di = 0.f;
-        if (r < nq) {
-          li = lse[(b * p.H + h) * p.Tq + q0 + r];
-          di = parked_di(dqkv_b + (i0 + r) * ldq + q_col(p, h));  // parked by attn_bwd_di
-        }
-        sstat[(it & 1) * 2 * BQ + r] = li * tc::kLog2e;
-        sstat[(it & 1) * 2 * BQ + BQ + r] = di;
+    load_tiles(tile, h, it & 1);
+    if (threadIdx.x < BQ) {
+      const int r = threadIdx.x;
+      float li = 0.f, di = 0.f;
+      if (r < nq) {
+        li = lse[(b * p.H + h) * p.Tq + q0 + r];
+        di = parked_di(dqkv_b + (i0 + r) * ldq + q_col(p, h));  // parked by attn_bwd_di
       }
+      sstat[(it & 1) * 2 * BQ + r] = li * tc::kLog2e;
+      sstat[(it & 1) * 2 * BQ + BQ + r] = di;
     }
+  };
+  // kLean: the walk. (at, ah) is the next step to load; (cur, ch) the step
+  // loaded last. After a head's last tile the walk returns to `first` with
+  // the next head.
+  QueryChunks::Place at = first_at;
+  int64_t ah = grp * p.qpg;
+  QueryChunks::Tile cur{0, 0, 0};
+  int64_t ch = 0;
+  auto load_next = [&](int stage) {
+    cur = p.qc.tile_at(at, BQ), ch = ah;
+    load_tiles(cur, ch, stage);
+    fetch_stats(cur, ch);  // in flight across this step's products
+    at = p.qc.next(at, BQ);
+    if (at.chunk == p.qc.n) at = first_at, ++ah;
   };
   if (steps > 0) {  // else no local query sees these keys (context parallelism): zeros
     tc_load<BK, D>(qkv_b + kc, ldq, j0, nk, sk);
     tc_load<BK, D>(qkv_b + vc, ldq, j0, nk, sv);
-    load_step(0);  // one group with K and V
-    if constexpr (kStatsAhead) fetch_stats(0), store_stats(0);
+    if constexpr (kLean) load_next(0), store_stats(0);  // one group with K and V
+    else load_step(0);
   }
   float dk[DN][4], dv[DN][4];
 #pragma unroll
@@ -979,12 +1018,19 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
     for (int e = 0; e < 4; ++e) dk[dn][e] = 0.f, dv[dn][e] = 0.f;
 
   for (int it = 0; it < steps; ++it) {
-    const QueryChunks::Tile tile = p.qc.tile(first + it % per_head, BQ);
-    const int64_t h = grp * p.qpg + it / per_head, i0 = tile.pos;
+    QueryChunks::Tile tile;
+    int64_t h;
+    if constexpr (kLean) {
+      tile = cur, h = ch;
+    } else {
+      tile = p.qc.tile(first + it % per_head, BQ);
+      h = grp * p.qpg + it / per_head;
+    }
+    const int64_t i0 = tile.pos;
     const int nq = static_cast<int>(tile.rows);
     if (it + 1 < steps) {
-      load_step(it + 1);
-      if constexpr (kStatsAhead) fetch_stats(it + 1);  // in flight across this step's products
+      if constexpr (kLean) load_next((it + 1) & 1);
+      else load_step(it + 1);
       tc::cp_async_wait<1>();
     } else {
       tc::cp_async_wait<0>();
@@ -1016,23 +1062,38 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
         tc::mma_bf16(dpt[nb + 1], va, bo1);
       }
     }
-    // P (dropped, for dV) into st, dS into dpt; rows are keys, columns queries.
+    // P (dropped, for dV) into st, dS into dpt; rows are keys, columns
+    // queries. `masked` false: every score of the step is visible.
+    auto p_and_ds = [&](auto masked) {
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
+      for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int kl = e < 2 ? k0 : k1, il = nb * 8 + 2 * t + (e & 1);
-        const bool vis = il < nq && kl < nk && j0 + kl <= i0 + il && j0 + kl >= doc_first(p, b, i0 + il);
-        const float pr = vis ? tc::exp2_approx(fmaf(st[nb][e], sl2, -slse[il])) : 0.f;
-        float pd = pr, dp = dpt[nb][e];
-        if (p.drop && vis) {
-          const bool kp = keep(p, b, h, i0 + il, j0 + kl);
-          pd = kp ? pr * p.inv_keep : 0.f;
-          dp = kp ? dp * p.inv_keep : 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const int kl = e < 2 ? k0 : k1, il = nb * 8 + 2 * t + (e & 1);
+          bool vis = true;
+          if constexpr (decltype(masked)::value)
+            vis = il < nq && kl < nk && j0 + kl <= i0 + il && j0 + kl >= doc_first(p, b, i0 + il);
+          const float pr = vis ? tc::exp2_approx(fmaf(st[nb][e], sl2, -slse[il])) : 0.f;
+          float pd = pr, dp = dpt[nb][e];
+          if (p.drop && vis) {
+            const bool kp = keep(p, b, h, i0 + il, j0 + kl);
+            pd = kp ? pr * p.inv_keep : 0.f;
+            dp = kp ? dp * p.inv_keep : 0.f;
+          }
+          st[nb][e] = pd;
+          dpt[nb][e] = pr * (dp - sdi[il]) * p.scale;
         }
-        st[nb][e] = pd;
-        dpt[nb][e] = pr * (dp - sdi[il]) * p.scale;
-      }
+    };
+    if constexpr (kLean) {
+      // All visible: whole tiles, the last key at or before the first query,
+      // and (documents start nondecreasing) the last query's document
+      // starting at or before the first key.
+      const bool all = nq == BQ && nk == BK && j0 + BK - 1 <= i0 && (!p.doc || doc_first(p, b, i0 + BQ - 1) <= j0);
+      if (all) p_and_ds(std::false_type{});
+      else p_and_ds(std::true_type{});
+    } else {
+      p_and_ds(std::true_type{});
+    }
     // dV += P^T dO, dK += dS^T Q.
 #pragma unroll
     for (int qb = 0; qb < BQ / 16; ++qb) {
@@ -1040,8 +1101,9 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
       tc_accumulate<LD, DN>(dk, dpt[2 * qb], dpt[2 * qb + 1], sq, qb * 16);
     }
     // Stage (it + 1) % 2's stats were last read in step it - 1.
-    if constexpr (kStatsAhead) if (it + 1 < steps) store_stats(it + 1);
-    __syncthreads();  // every reader of this stage is done before load_step(it + 2) refills it
+    if constexpr (kLean)
+      if (it + 1 < steps) store_stats((it + 1) & 1);
+    __syncthreads();  // every reader of this stage is done before the load of step it + 2 refills it
   }
   if (k0 < nk) {
     Yg* r = dqkv_b + (j0 + k0) * ldq + kc;
@@ -1061,7 +1123,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   }
 }
 
-// Backward 3 on tensor cores: dQ. Grid (QueryChunks::tiles(64), H, B), 128 threads,
+// Backward 3 on tensor cores: dQ. Grid (H, B, QueryChunks::tiles(64)), 128 threads,
 // dq_tc_smem<D>() bytes of dynamic shared memory; dout read as Yd, dqkv
 // stored as Yg.
 template <typename Tin, typename Yd, typename Yg, int D>
@@ -1072,8 +1134,8 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   extern __shared__ SmemWord tc_smem[];
   uint16_t* const stages = reinterpret_cast<uint16_t*>(tc_smem);  // stage s: K at 2 s TILE, V at (2 s + 1) TILE
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const QueryChunks::Tile tile = p.qc.tile(gridDim.x - 1 - blockIdx.x, BQ);  // the most keys first
-  const int64_t i0 = tile.pos, q0 = tile.local, h = blockIdx.y, b = blockIdx.z;  // first position, first local row
+  const QueryChunks::Tile tile = p.qc.tile(gridDim.z - 1 - blockIdx.z, BQ);  // the most keys first
+  const int64_t i0 = tile.pos, q0 = tile.local, h = blockIdx.x, b = blockIdx.y;  // first position, first local row
   const int nq = static_cast<int>(tile.rows);
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
@@ -1083,6 +1145,10 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   const int64_t last = i0 + nq - 1;
   const int ntiles = static_cast<int>(last / BK) + 1, jt0 = static_cast<int>(first_key_tile(p, b, i0, BK) / BK);
   const int64_t d0 = r0 < nq ? doc_first(p, b, i0 + r0) : 0, d1 = r1 < nq ? doc_first(p, b, i0 + r1) : 0;
+  // The warp's last row and its document's first position: a key tile whose
+  // scores are all visible to the warp's 16 rows skips the mask tests.
+  const int wl = warp * 16 + 15;
+  const int64_t dw = wl < nq ? doc_first(p, b, i0 + wl) : 0;
   auto load_tile = [&](int jt) { tc_load_kv_stage<BK, D>(qkv_b + kc, qkv_b + vc, ldq, last, jt, stages); };
   load_tile(jt0);
 
@@ -1119,18 +1185,27 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
       for (int e = 0; e < 4; ++e) s[nb][e] = 0.f, dp[nb][e] = 0.f;
     tc_scores<LD, KB, NB>(s, qa, sk);
     tc_scores<LD, KB, NB>(dp, da, sv);
-    // dS into s.
+    // dS into s; `masked` false: all the warp's scores of the tile are
+    // visible (whole tiles, the last key at or before the warp's first row,
+    // and the warp's last row's document starting at or before the first key:
+    // document starts are nondecreasing).
+    auto ds = [&](auto masked) {
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
+      for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
-        const bool vis = r < nq && j < nk && j0 + j <= i0 + r && j0 + j >= (e < 2 ? d0 : d1);
-        const float pr = vis ? tc::exp2_approx(fmaf(s[nb][e], sl2, -(e < 2 ? lse0 : lse1))) : 0.f;
-        float d = dp[nb][e];
-        if (p.drop && vis) d = keep(p, b, h, i0 + r, j0 + j) ? d * p.inv_keep : 0.f;
-        s[nb][e] = pr * (d - (e < 2 ? di0 : di1)) * p.scale;
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int r = e < 2 ? r0 : r1, j = nb * 8 + 2 * t + (e & 1);
+          bool vis = true;
+          if constexpr (decltype(masked)::value)
+            vis = r < nq && j < nk && j0 + j <= i0 + r && j0 + j >= (e < 2 ? d0 : d1);
+          const float pr = vis ? tc::exp2_approx(fmaf(s[nb][e], sl2, -(e < 2 ? lse0 : lse1))) : 0.f;
+          float d = dp[nb][e];
+          if (p.drop && vis) d = keep(p, b, h, i0 + r, j0 + j) ? d * p.inv_keep : 0.f;
+          s[nb][e] = pr * (d - (e < 2 ? di0 : di1)) * p.scale;
+        }
+    };
+    if (wl < nq && nk == BK && j0 + BK - 1 <= i0 + warp * 16 && j0 >= dw) ds(std::false_type{});
+    else ds(std::true_type{});
 #pragma unroll
     for (int jb = 0; jb < BK / 16; ++jb) tc_accumulate<LD, DN>(dq, s[2 * jb], s[2 * jb + 1], sk, jb * 16);
     __syncthreads();  // every reader of this stage is done before load_tile(jt + 2) refills it
@@ -1209,25 +1284,34 @@ void allow_dynamic_shared(size_t bytes) {
   allowed.push_back(device);
 }
 
+// The tensor-core grids' z extent: their tiles (at most 65535, a sequence of
+// about 4M positions).
+unsigned tc_tiles_z(int64_t n) {
+  MT_CHECK(n <= 65535, fmt::format("attention (CUDA): {} tiles of 64 rows exceed the grid's z limit of 65535 "
+                                   "(sequence above 4,194,240 positions); shorten the sequence or use context "
+                                   "parallelism", n));
+  return static_cast<unsigned>(n);
+}
+
 template <typename Tin, typename Y, int D>
 void launch_fwd_tc(const Tin* qkv, Y* out, float* lse, const Params<float>& p) {
   constexpr size_t smem = fwd_tc_smem<D>();
   allow_dynamic_shared<attn_fwd_tc<Tin, Y, D>>(smem);
-  const dim3 grid(static_cast<unsigned>(p.qc.tiles(kTcFwdBQ)), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  const dim3 grid(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B), tc_tiles_z(p.qc.tiles(kTcFwdBQ)));
   attn_fwd_tc<Tin, Y, D><<<grid, kTcThreads, smem, ::mt::cuda::stream()>>>(qkv, out, lse, p);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 // Backward 2 and 3 on tensor cores (after attn_bwd_di).
-std::atomic<bool> g_dkv_stats_ahead{false};
+std::atomic<bool> g_dkv_lean{false};
 
-template <typename Tin, typename Yd, typename Yg, int D, bool kStatsAhead>
+template <typename Tin, typename Yd, typename Yg, int D, bool kLean>
 void launch_dkv_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, const Params<float>& p) {
   constexpr size_t kv_smem = dkv_tc_smem<D>();
-  allow_dynamic_shared<attn_bwd_dkv_tc<Tin, Yd, Yg, D, kStatsAhead>>(kv_smem);
+  allow_dynamic_shared<attn_bwd_dkv_tc<Tin, Yd, Yg, D, kLean>>(kv_smem);
   const unsigned G = static_cast<unsigned>(p.H / p.qpg);
-  const dim3 gkv(tiles(p.T, kTcDkvBK), G, static_cast<unsigned>(p.B));
-  attn_bwd_dkv_tc<Tin, Yd, Yg, D, kStatsAhead><<<gkv, kTcThreads, kv_smem, ::mt::cuda::stream()>>>(qkv, dout, lse,
+  const dim3 gkv(G, static_cast<unsigned>(p.B), tc_tiles_z(tiles(p.T, kTcDkvBK)));
+  attn_bwd_dkv_tc<Tin, Yd, Yg, D, kLean><<<gkv, kTcThreads, kv_smem, ::mt::cuda::stream()>>>(qkv, dout, lse,
                                                                                                   dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -1236,9 +1320,9 @@ template <typename Tin, typename Yd, typename Yg, int D>
 void launch_bwd_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, const Params<float>& p) {
   constexpr size_t q_smem = dq_tc_smem<D>();
   allow_dynamic_shared<attn_bwd_dq_tc<Tin, Yd, Yg, D>>(q_smem);
-  if (g_dkv_stats_ahead.load(std::memory_order_relaxed)) launch_dkv_tc<Tin, Yd, Yg, D, true>(qkv, dout, lse, dqkv, p);
+  if (g_dkv_lean.load(std::memory_order_relaxed)) launch_dkv_tc<Tin, Yd, Yg, D, true>(qkv, dout, lse, dqkv, p);
   else launch_dkv_tc<Tin, Yd, Yg, D, false>(qkv, dout, lse, dqkv, p);
-  const dim3 gq(static_cast<unsigned>(p.qc.tiles(kTcDqBQ)), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  const dim3 gq(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B), tc_tiles_z(p.qc.tiles(kTcDqBQ)));
   attn_bwd_dq_tc<Tin, Yd, Yg, D><<<gq, kTcThreads, q_smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -1262,12 +1346,14 @@ template <typename Tin, typename A, typename Yo, typename Yd, typename Yg>
 void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvLayout& L, const AttentionOptions& o,
          Yg* dqkv) {
   const Params<A> p = make_params<A>(L, o);
+  const bool tc = use_tc<Tin, A>(L, o, {qkv, dout, dqkv});
+  if (tc) tc_tiles_z(tiles(p.T, kTcDkvBK)), tc_tiles_z(p.qc.tiles(kTcDqBQ));  // the grids' limit, before any launch
   const int64_t rows = p.Tq * p.B * p.H;
   attn_bwd_di<A, Yo, Yd, Yg><<<::mt::cuda::blocks_for(rows, kDiThreads / 32), kDiThreads, 0, ::mt::cuda::stream()>>>(
       out, dout, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
   if constexpr (std::is_same_v<A, float>) {
-    if (use_tc<Tin, A>(L, o, {qkv, dout, dqkv})) {
+    if (tc) {
       if (p.D == 64) launch_bwd_tc<Tin, Yd, Yg, 64>(qkv, dout, lse, dqkv, p);
       else launch_bwd_tc<Tin, Yd, Yg, 128>(qkv, dout, lse, dqkv, p);
       return;
@@ -1310,7 +1396,7 @@ void attention_forward(const Tensor& qkv, const QkvLayout& L, const AttentionOpt
   });
 }
 
-void set_dkv_stats_ahead(bool on) { g_dkv_stats_ahead.store(on, std::memory_order_relaxed); }
+void set_dkv_lean(bool on) { g_dkv_lean.store(on, std::memory_order_relaxed); }
 
 bool attention_uses_tensor_cores(const Tensor& qkv, const QkvLayout& L, const AttentionOptions& o) {
   const void* p = qkv.data();
