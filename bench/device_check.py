@@ -235,15 +235,27 @@ def cmd_ncu(a):
         if not r.get("ID") or not r.get("Metric Name"):
             continue
         name = r.get("Kernel Name", "?").replace("(anonymous namespace)", "anon").split("(")[0].split("<")[0].split("::")[-1].split()[-1]
-        kernels.setdefault(r["ID"], (name, {}))[1][r["Metric Name"]] = (r.get("Metric Value", ""), r.get("Metric Unit", ""))
+        # The first of two same-named metrics is kept: "Memory Throughput" is a
+        # percentage in SpeedOfLight, then bytes/s in MemoryWorkloadAnalysis.
+        kernels.setdefault(r["ID"], (name, {}))[1].setdefault(r["Metric Name"],
+                                                             (r.get("Metric Value", ""), r.get("Metric Unit", "")))
     want = [("Duration", "dur"), ("Compute (SM) Throughput", "sm%"), ("Memory Throughput", "mem%"),
-            ("Achieved Occupancy", "occ%"), ("Registers Per Thread", "regs"),
+            ("DRAM Throughput", "dram%"), ("Achieved Occupancy", "occ%"), ("Registers Per Thread", "regs"),
             ("Dynamic Shared Memory Per Block", "dsmem"), ("Block Limit Registers", "blk/reg"),
             ("Block Limit Shared Mem", "blk/smem"), ("Warp Cycles Per Issued Instruction", "cyc/issue"),
             ("Issue Slots Busy", "issue%")]
     out = []
     for kid, (name, m) in kernels.items():
         parts = [f"{label} {m[k][0]}{(' ' + m[k][1]) if m[k][1] and label == 'dur' else ''}" for k, label in want if k in m]
+        # The share of the kernel's span in which the SMs had work: below 100%
+        # for a tail of late, long blocks (or a grid smaller than the card).
+        try:
+            active = float(m["SM Active Cycles"][0].replace(",", ""))
+            elapsed = float(m["Elapsed Cycles"][0].replace(",", ""))
+            if elapsed > 0:
+                parts.append(f"sm-active {100 * active / elapsed:.0f}%")
+        except (KeyError, ValueError):
+            pass
         out.append(f"{name}: " + ", ".join(parts))
     for l in out:
         print(l)

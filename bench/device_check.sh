@@ -54,6 +54,9 @@
 #                    build): per kernel the duration, SM and memory throughput, occupancy,
 #                    registers, shared memory and warp stall reasons (runs/ncu_attention_bf16.csv
 #                    and runs/ncu_attention_lean.csv in the artifacts; the headline row per kernel here)
+#   ncu_norm         Nsight Compute on the RMSNorm kernels of one benchmark iteration: the
+#                    first micro-batch's last forward norm, then the backward's first fused
+#                    kernel and column sum, twice (runs/ncu_norm.csv and .ncu-rep; headline per kernel)
 #   cli_device       the repo's tests/train/device_cli_test.sh in "gpu" mode, if it exists, with
 #                    whatever time is left (its min is 0: it never takes time from the others)
 #
@@ -120,6 +123,7 @@ bench_torch_compile 150  60  PyTorch torch.compile, same model
 bench_report         15   5  tokens/s, MFU, ratios
 profile_ours         90   0  MT_PROFILE_OPS=1, 4 iterations of the benchmark: GPU ms per op (time to spare)
 ncu_attention        90   0  Nsight Compute on our bf16 attention kernels, both dK/dV builds (time to spare)
+ncu_norm             60   0  Nsight Compute on the RMSNorm kernels in the benchmark model (time to spare)
 cli_device           90   0  tests/train/device_cli_test.sh gpu (only with time to spare)
 "
 mapfile -t STEP_LINES < <(grep -v '^[[:space:]]*$' <<<"$STEP_TABLE")
@@ -489,6 +493,28 @@ step_ncu_attention() {
     tail -3 "$RUNS/ncu_attention_$v.err"
     fig "$v: $(t $HELPER ncu "$RUNS/ncu_attention_$v.csv" 2>&1 | tail -1)"
   done
+  return $rc
+}
+
+step_ncu_norm() {
+  have_kit || return 1
+  [ "$GPU_DEVICE" = cuda ] || { fig "GPU_DEVICE=$GPU_DEVICE: a GPU-only profile"; return 77; }
+  local ncu rc=0
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] || { fig "no ncu on this machine"; return 77; }
+  # One iteration; a micro-batch's forward runs 2 L + 1 norms (norm_fwd),
+  # then its backward starts with the final norm's (norm_bwd_fused and
+  # norm_bwd_chunk_sum): skip all but the forward's last, profile five.
+  # (A report file, then its table: the training's own output shares stdout.)
+  rm -f "$RUNS/ncu_norm.ncu-rep"
+  t env LD_LIBRARY_PATH="$KLD" "$ncu" --clock-control none --kernel-name regex:norm_ --launch-skip $((2 * B_L)) \
+    --launch-count 5 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --export "$RUNS/ncu_norm" \
+    "$KIT/bin/megatron" train $(bench_model) $(bench_train 1) --device cuda \
+    >"$RUNS/ncu_norm.log" 2>&1 || rc=$?
+  tail -3 "$RUNS/ncu_norm.log"
+  t "$ncu" --import "$RUNS/ncu_norm.ncu-rep" --csv --page details >"$RUNS/ncu_norm.csv" 2>>"$RUNS/ncu_norm.log" || rc=1
+  fig "$(t $HELPER ncu "$RUNS/ncu_norm.csv" 2>&1 | tail -1)"
   return $rc
 }
 

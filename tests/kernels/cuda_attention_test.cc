@@ -78,12 +78,19 @@ struct Tol {
 // and output type A) and compares out, lse and dqkv. Backward on the GPU gets
 // the CPU's out and lse, so it is compared on exactly the CPU's inputs.
 // --reset-attention-mask's doc_start [B, T] for documents ending at EOD
-// positions that differ per sequence: 3, 4 (a one-token document), 70,
-// 127 for even b; 0 and 64 for odd b (those past T are ignored).
-std::vector<int32_t> doc_starts(const k::QkvLayout& L) {
+// positions that differ per sequence (those past T are ignored). Layout 1:
+// 3, 4 (a one-token document), 70, 127 for even b; 0 and 64 for odd b.
+// Layout 2, for the tensor-core kernels' unmasked steps: 63 and 140 for even
+// b, 63 for odd b. For odd b the keys from 64 on are wholly visible to the
+// queries from 128 on, across the document mask; for even b the document
+// starting at 141 begins inside the query tile (and the dQ warp) at 128, so
+// a test of its first query alone would wrongly skip the mask.
+std::vector<int32_t> doc_starts(const k::QkvLayout& L, int layout = 1) {
   std::vector<int32_t> d(static_cast<size_t>(L.batch * L.seq));
   for (int64_t b = 0; b < L.batch; ++b) {
-    const std::vector<int64_t> eods = b % 2 == 0 ? std::vector<int64_t>{3, 4, 70, 127} : std::vector<int64_t>{0, 64};
+    const std::vector<int64_t> eods =
+        layout == 2 ? (b % 2 == 0 ? std::vector<int64_t>{63, 140} : std::vector<int64_t>{63})
+                    : (b % 2 == 0 ? std::vector<int64_t>{3, 4, 70, 127} : std::vector<int64_t>{0, 64});
     int32_t start = 0;
     for (int64_t t = 0; t < L.seq; ++t) {
       d[static_cast<size_t>(b * L.seq + t)] = start;
@@ -247,13 +254,14 @@ double max_abs(const std::vector<float>& v) {
 
 template <typename In>
 void run_tc_case(const k::QkvLayout& L, double dropout, int64_t head_offset, int64_t cp = 1, int64_t cp_rank = 0,
-                 bool docs = false) {
+                 int docs = 0) {  // docs: 0 none, else doc_starts' layout
   const std::string what = describe(L, dtype_name(dtype_of<In>()), dropout, head_offset) + " (tensor cores)" +
-                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "") + (docs ? " documents" : "");
+                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "") +
+                           (docs ? fmt::format(" documents {}", docs) : "");
   k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 4321, 19, head_offset};
   o.bf16_matmul = true;
   o.cp_size = cp, o.cp_rank = cp_rank;
-  std::vector<int32_t> doc = doc_starts(L);
+  std::vector<int32_t> doc = doc_starts(L, docs);
   if (docs) o.doc_start = Tensor(doc.data(), {L.batch, L.seq}, DType::kI32);
   const int64_t Tq = L.seq / cp;
   const Shape qs{L.tokens(), L.row()}, os{Tq * L.batch, L.heads * L.head_dim}, ls{L.batch, L.heads, Tq};
@@ -334,11 +342,12 @@ TEST(CudaTwin, AttentionDocumentMaskMatchesCpu) {
   run_case<float, float>(k::QkvLayout{140, 2, 4, 2, 64}, 0.0, 0, kFp32, 1, 0, true);
   run_case<float, float>(k::QkvLayout{77, 2, 2, 1, 40}, 0.2, 3, kFp32, 1, 0, true);
   run_case<double, double>(k::QkvLayout{130, 2, 2, 2, 128}, 0.0, 0, kFp64, 1, 0, true);
-  run_tc_case<float>({140, 2, 4, 2, 64}, 0.0, 0, 1, 0, true);
-  run_tc_case<bf16>({130, 2, 2, 1, 128}, 0.1, 2, 1, 0, true);
+  run_tc_case<float>({140, 2, 4, 2, 64}, 0.0, 0, 1, 0, 1);
+  run_tc_case<bf16>({130, 2, 2, 1, 128}, 0.1, 2, 1, 0, 1);
+  run_tc_case<bf16>({200, 2, 4, 2, 64}, 0.0, 0, 1, 0, 2);  // unmasked steps across documents, and not
   for (int64_t r = 0; r < 2; ++r) {
     run_case<float, float>(k::QkvLayout{140, 2, 4, 2, 64}, 0.0, 0, kFp32, 2, r, true);
-    run_tc_case<float>({140, 2, 4, 2, 64}, 0.1, 1, 2, r, true);
+    run_tc_case<float>({140, 2, 4, 2, 64}, 0.1, 1, 2, r, 1);
   }
 }
 
@@ -347,14 +356,15 @@ TEST(CudaTwin, AttentionDocumentMaskMatchesCpu) {
 // default one is checked against the CPU twin above. fp32 and bf16 dout/dqkv,
 // GQA and MHA, partial tiles, dropout, documents and a context-parallel rank.
 template <typename Io>
-void expect_dkv_builds_agree(const k::QkvLayout& L, double dropout, int64_t cp, int64_t cp_rank, bool docs) {
+void expect_dkv_builds_agree(const k::QkvLayout& L, double dropout, int64_t cp, int64_t cp_rank, int docs) {
   const std::string what = describe(L, dtype_name(dtype_of<Io>()), dropout, 3) + " dK/dV builds" +
-                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "") + (docs ? " documents" : "");
+                           (cp > 1 ? fmt::format(" cp {} rank {}", cp, cp_rank) : "") +
+                           (docs ? fmt::format(" documents {}", docs) : "");
   k::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(L.head_dim)), dropout, 4321, 19, 3};
   o.bf16_matmul = true;
   o.cp_size = cp, o.cp_rank = cp_rank;
   Arena g = gpu_arena();
-  std::vector<int32_t> doc = doc_starts(L);
+  std::vector<int32_t> doc = doc_starts(L, docs);
   if (docs) o.doc_start = to_device(g, Tensor(doc.data(), {L.batch, L.seq}, DType::kI32));
   const int64_t Tq = L.seq / cp;
   const Shape qs{L.tokens(), L.row()}, os{Tq * L.batch, L.heads * L.head_dim}, ls{L.batch, L.heads, Tq};
@@ -389,12 +399,14 @@ void expect_dkv_builds_agree(const k::QkvLayout& L, double dropout, int64_t cp, 
 
 TEST(CudaTwin, AttentionDkvKernelBuildsAgreeBitwise) {
   MT_REQUIRE_GPU();
-  expect_dkv_builds_agree<float>({130, 2, 4, 2, 64}, 0.0, 1, 0, false);
-  expect_dkv_builds_agree<bf16>({77, 2, 4, 4, 64}, 0.0, 1, 0, false);
-  expect_dkv_builds_agree<bf16>({200, 1, 4, 1, 128}, 0.1, 1, 0, false);
-  expect_dkv_builds_agree<float>({140, 2, 4, 2, 64}, 0.0, 1, 0, true);
-  expect_dkv_builds_agree<bf16>({70 * 2 * 2, 1, 4, 2, 128}, 0.2, 2, 1, false);
-  expect_dkv_builds_agree<bf16>({62 * 2 * 2, 1, 4, 2, 64}, 0.0, 2, 1, false);  // a key tile ends just past a query tile's start
+  expect_dkv_builds_agree<float>({130, 2, 4, 2, 64}, 0.0, 1, 0, 0);
+  expect_dkv_builds_agree<bf16>({77, 2, 4, 4, 64}, 0.0, 1, 0, 0);
+  expect_dkv_builds_agree<bf16>({200, 1, 4, 1, 128}, 0.1, 1, 0, 0);
+  expect_dkv_builds_agree<float>({140, 2, 4, 2, 64}, 0.0, 1, 0, 1);
+  expect_dkv_builds_agree<bf16>({200, 2, 4, 2, 64}, 0.0, 1, 0, 2);  // unmasked steps across documents, and not
+  expect_dkv_builds_agree<bf16>({70 * 2 * 2, 1, 4, 2, 128}, 0.2, 2, 1, 0);
+  expect_dkv_builds_agree<bf16>({70 * 2 * 2, 2, 4, 2, 64}, 0.0, 2, 0, 2);  // documents under CP
+  expect_dkv_builds_agree<bf16>({62 * 2 * 2, 1, 4, 2, 64}, 0.0, 2, 1, 0);  // a key tile ends just past a query tile's start
 }
 
 TEST(CudaTwin, AttentionTensorCoresOnlyWhereBuilt) {

@@ -588,28 +588,29 @@ __global__ void __launch_bounds__(NT) attn_bwd_dq(const Tin* __restrict__ qkv, c
 // copied by cp.async, double-buffered: the copy of the next tile runs while
 // the current one is multiplied (fp32 sources are rounded and stored by the
 // threads themselves, in the same layout).
-//   forward  grid (head, batch, query tile of 64): Q fragments in registers,
+//   forward  per (head, sequence, query tile of 64): Q fragments in registers,
 //            two stages of K and V tiles of 64 keys; S, P and the output
 //            accumulator in registers (P feeds the P V product straight
 //            from the S accumulators). 70 KB of shared memory at head_dim
 //            128.
-//   dK/dV    grid (group, batch, key tile of 64): K and V of the tile in
+//   dK/dV    per (group, sequence, key tile of 64): K and V of the tile in
 //            shared memory, dK, dV accumulators in registers; two stages of
 //            Q and dO tiles of 32 queries (with their lse and D), taken per
 //            head of the group and query tile from the key tile on. 70 KB.
-//   dQ       grid (head, batch, query tile of 64): Q and dO fragments, lse
+//   dQ       per (head, sequence, query tile of 64): Q and dO fragments, lse
 //            and D in registers; two stages of K and V tiles of 32 keys;
 //            dQ += dS K. 35 KB.
-// The tile is the grid's slowest dimension, and blocks start in the order
-// of their linear index, so the longest blocks of every head and sequence
-// start first: the query-tile grids run the last tiles (the most keys) first,
-// the key-tile grid the first key tiles (the most queries). With the tile
-// fastest, one head's and sequence's tiles after another's, the last long
-// blocks start when most of the work is done and run on alone: a model of
-// the benchmark's shape (bench/attention_launch_order.py: 2 blocks an SM of
-// 132, block time by its steps) puts the dK/dV kernel's span at 1.6x the
-// balanced one that way and the forward's and dQ's at 1.15x; longest first,
-// within 1% of it.
+// The grids are one-dimensional, in the order blocks start (their index):
+// block rank * pairs + pair (tc_block), pair = head + heads x sequence, and
+// rank 0 the longest tile (the query-tile kernels' last tile, the dK/dV
+// kernel's first), so the longest blocks of every head and sequence start
+// first. With the tile fastest (grid (tile, head, batch), as before
+// 2026-12-04) one head's and sequence's tiles went after another's, and the
+// last long blocks started when most of the work was done and ran on alone:
+// a model of the benchmark's shape (bench/attention_launch_order.py: 2
+// blocks an SM of 132, block time by its steps) puts the dK/dV kernel's span
+// at 1.6x the balanced one that way and the forward's and dQ's at 1.15x;
+// longest first, within 1% of it.
 
 constexpr int kTcThreads = 128;  // 4 warps of 16 rows
 constexpr int kTcPad = 8;        // bf16 elements of padding per shared row
@@ -619,6 +620,18 @@ constexpr int kTcDqBQ = 64, kTcDqBK = 32;
 constexpr unsigned kFullWarp = 0xffffffffu;
 
 using SmemWord = tc::F4;  // dynamic shared memory in 16-byte units
+
+// A tensor-core block's tile rank (0: the longest), head (or group) and
+// sequence: block index rank * pairs + head + heads * sequence (pairs =
+// heads x batch). One 32-bit division a block; tc_grid sizes the grid.
+struct TcBlock {
+  int64_t rank, head, b;
+};
+__device__ __forceinline__ TcBlock tc_block(int64_t heads, int64_t batch) {
+  const unsigned h = static_cast<unsigned>(heads), pairs = static_cast<unsigned>(heads * batch), id = blockIdx.x;
+  const unsigned rank = id / pairs, pair = id - rank * pairs;
+  return TcBlock{rank, pair % h, pair / h};
+}
 
 // Shared memory bytes of each kernel (two stages of two tiles, plus the dK/dV
 // kernel's K and V and its two stages of lse and D).
@@ -777,7 +790,7 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullWarp, v, 2);
 }
 
-// Forward. Grid (H, B, QueryChunks::tiles(64)), 128 threads, fwd_tc_smem<D>() bytes of
+// Forward. Grid tc_grid(QueryChunks::tiles(64), H, B), 128 threads, fwd_tc_smem<D>() bytes of
 // dynamic shared memory; out stored as Y (fp32 or bf16).
 template <typename Tin, typename Y, int D>
 __global__ void __launch_bounds__(kTcThreads)
@@ -787,8 +800,9 @@ __global__ void __launch_bounds__(kTcThreads)
   uint16_t* const stages = reinterpret_cast<uint16_t*>(tc_smem);  // stage s: K at 2 s TILE, V at (2 s + 1) TILE
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // The last tiles (the most keys) first; i0: first position, q0: first local row.
-  const QueryChunks::Tile tile = p.qc.tile(gridDim.z - 1 - blockIdx.z, BQ);
-  const int64_t i0 = tile.pos, q0 = tile.local, h = blockIdx.x, b = blockIdx.y;
+  const TcBlock blk = tc_block(p.H, p.B);
+  const QueryChunks::Tile tile = p.qc.tile(p.qc.tiles(BQ) - 1 - blk.rank, BQ);
+  const int64_t i0 = tile.pos, q0 = tile.local, h = blk.head, b = blk.b;
   const int nq = static_cast<int>(tile.rows);
   const int64_t ldq = p.B * p.row;
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
@@ -895,7 +909,7 @@ __global__ void __launch_bounds__(kTcThreads)
   }
 }
 
-// Backward 2 on tensor cores: dK, dV. Grid (G, B, ceil(T / 64)), 128 threads,
+// Backward 2 on tensor cores: dK, dV. Grid tc_grid(ceil(T / 64), G, B), 128 threads,
 // dkv_tc_smem<D>() bytes of dynamic shared memory; dout read as Yd, dqkv
 // stored as Yg (each fp32 or bf16).
 //
@@ -924,7 +938,8 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   float* sstat = reinterpret_cast<float*>(stages + 4 * QTILE);  // stage s: lse log2(e) at 2 s BQ, D at (2 s + 1) BQ
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.z) * BK, grp = blockIdx.x, b = blockIdx.y;
+  const TcBlock blk = tc_block(p.H / p.qpg, p.B);
+  const int64_t j0 = blk.rank * BK, grp = blk.head, b = blk.b;
   const int nk = static_cast<int>(min(static_cast<int64_t>(BK), p.T - j0));
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t kc = k_col(p, grp), vc = kc + p.D;
@@ -1123,7 +1138,7 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dkv_tc(const Tin* __restr
   }
 }
 
-// Backward 3 on tensor cores: dQ. Grid (H, B, QueryChunks::tiles(64)), 128 threads,
+// Backward 3 on tensor cores: dQ. Grid tc_grid(QueryChunks::tiles(64), H, B), 128 threads,
 // dq_tc_smem<D>() bytes of dynamic shared memory; dout read as Yd, dqkv
 // stored as Yg.
 template <typename Tin, typename Yd, typename Yg, int D>
@@ -1134,8 +1149,9 @@ __global__ void __launch_bounds__(kTcThreads) attn_bwd_dq_tc(const Tin* __restri
   extern __shared__ SmemWord tc_smem[];
   uint16_t* const stages = reinterpret_cast<uint16_t*>(tc_smem);  // stage s: K at 2 s TILE, V at (2 s + 1) TILE
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const QueryChunks::Tile tile = p.qc.tile(gridDim.z - 1 - blockIdx.z, BQ);  // the most keys first
-  const int64_t i0 = tile.pos, q0 = tile.local, h = blockIdx.x, b = blockIdx.y;  // first position, first local row
+  const TcBlock blk = tc_block(p.H, p.B);
+  const QueryChunks::Tile tile = p.qc.tile(p.qc.tiles(BQ) - 1 - blk.rank, BQ);  // the most keys first
+  const int64_t i0 = tile.pos, q0 = tile.local, h = blk.head, b = blk.b;  // first position, first local row
   const int nq = static_cast<int>(tile.rows);
   const int64_t ldq = p.B * p.row, ldo = p.B * p.H * p.D;
   const int64_t qc = q_col(p, h), kc = k_col(p, h / p.qpg), vc = kc + p.D;
@@ -1284,12 +1300,14 @@ void allow_dynamic_shared(size_t bytes) {
   allowed.push_back(device);
 }
 
-// The tensor-core grids' z extent: their tiles (at most 65535, a sequence of
-// about 4M positions).
-unsigned tc_tiles_z(int64_t n) {
-  MT_CHECK(n <= 65535, fmt::format("attention (CUDA): {} tiles of 64 rows exceed the grid's z limit of 65535 "
-                                   "(sequence above 4,194,240 positions); shorten the sequence or use context "
-                                   "parallelism", n));
+// A tensor-core grid (see tc_block): ntiles x heads x batch blocks, at most
+// 2^31 - 1.
+unsigned tc_grid(int64_t ntiles, int64_t heads, int64_t batch) {
+  const int64_t n = ntiles * heads * batch;
+  MT_CHECK(n <= 0x7fffffff, fmt::format("attention (CUDA): {} tiles of 64 x {} heads x {} sequences = {} blocks, "
+                                        "above a grid's 2^31 - 1; use a smaller micro-batch or more tensor "
+                                        "parallelism",
+                                        ntiles, heads, batch, n));
   return static_cast<unsigned>(n);
 }
 
@@ -1297,7 +1315,7 @@ template <typename Tin, typename Y, int D>
 void launch_fwd_tc(const Tin* qkv, Y* out, float* lse, const Params<float>& p) {
   constexpr size_t smem = fwd_tc_smem<D>();
   allow_dynamic_shared<attn_fwd_tc<Tin, Y, D>>(smem);
-  const dim3 grid(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B), tc_tiles_z(p.qc.tiles(kTcFwdBQ)));
+  const unsigned grid = tc_grid(p.qc.tiles(kTcFwdBQ), p.H, p.B);
   attn_fwd_tc<Tin, Y, D><<<grid, kTcThreads, smem, ::mt::cuda::stream()>>>(qkv, out, lse, p);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -1309,8 +1327,7 @@ template <typename Tin, typename Yd, typename Yg, int D, bool kLean>
 void launch_dkv_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, const Params<float>& p) {
   constexpr size_t kv_smem = dkv_tc_smem<D>();
   allow_dynamic_shared<attn_bwd_dkv_tc<Tin, Yd, Yg, D, kLean>>(kv_smem);
-  const unsigned G = static_cast<unsigned>(p.H / p.qpg);
-  const dim3 gkv(G, static_cast<unsigned>(p.B), tc_tiles_z(tiles(p.T, kTcDkvBK)));
+  const unsigned gkv = tc_grid(tiles(p.T, kTcDkvBK), p.H / p.qpg, p.B);
   attn_bwd_dkv_tc<Tin, Yd, Yg, D, kLean><<<gkv, kTcThreads, kv_smem, ::mt::cuda::stream()>>>(qkv, dout, lse,
                                                                                                   dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
@@ -1322,7 +1339,7 @@ void launch_bwd_tc(const Tin* qkv, const Yd* dout, const float* lse, Yg* dqkv, c
   allow_dynamic_shared<attn_bwd_dq_tc<Tin, Yd, Yg, D>>(q_smem);
   if (g_dkv_lean.load(std::memory_order_relaxed)) launch_dkv_tc<Tin, Yd, Yg, D, true>(qkv, dout, lse, dqkv, p);
   else launch_dkv_tc<Tin, Yd, Yg, D, false>(qkv, dout, lse, dqkv, p);
-  const dim3 gq(static_cast<unsigned>(p.H), static_cast<unsigned>(p.B), tc_tiles_z(p.qc.tiles(kTcDqBQ)));
+  const unsigned gq = tc_grid(p.qc.tiles(kTcDqBQ), p.H, p.B);
   attn_bwd_dq_tc<Tin, Yd, Yg, D><<<gq, kTcThreads, q_smem, ::mt::cuda::stream()>>>(qkv, dout, lse, dqkv, p);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -1347,7 +1364,7 @@ void bwd(const Tin* qkv, const Yo* out, const Yd* dout, const A* lse, const QkvL
          Yg* dqkv) {
   const Params<A> p = make_params<A>(L, o);
   const bool tc = use_tc<Tin, A>(L, o, {qkv, dout, dqkv});
-  if (tc) tc_tiles_z(tiles(p.T, kTcDkvBK)), tc_tiles_z(p.qc.tiles(kTcDqBQ));  // the grids' limit, before any launch
+  if (tc) tc_grid(tiles(p.T, kTcDkvBK), p.H / p.qpg, p.B), tc_grid(p.qc.tiles(kTcDqBQ), p.H, p.B);  // before any launch
   const int64_t rows = p.Tq * p.B * p.H;
   attn_bwd_di<A, Yo, Yd, Yg><<<::mt::cuda::blocks_for(rows, kDiThreads / 32), kDiThreads, 0, ::mt::cuda::stream()>>>(
       out, dout, dqkv, p);
