@@ -473,20 +473,29 @@ step_profile_ours() {
   return $rc
 }
 
-step_ncu_attention() {
+# ncu_ready: a kit, a GPU and Nsight Compute (NCU); else records why (77: skipped).
+ncu_ready() {
   have_kit || return 1
   [ "$GPU_DEVICE" = cuda ] || { fig "GPU_DEVICE=$GPU_DEVICE: a GPU-only profile"; return 77; }
-  local ncu rc=0
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  [ -n "$ncu" ] || { fig "no ncu on this machine"; return 77; }
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] || { fig "no ncu on this machine"; return 77; }
+}
+# ncu_profile ARGS...: ncu with the kit's libraries, the clocks left as they
+# are, and the sections `device_check.py ncu` summarises.
+ncu_profile() {
+  t env LD_LIBRARY_PATH="$KLD" "$NCU" --clock-control none --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis "$@"
+}
+
+step_ncu_attention() {
+  ncu_ready || return $?
+  local rc=0
   # time_ms runs each pass once untimed, then --reps 1: skip the first forward,
   # profile the second forward and the backward after it (D, dK/dV, dQ); the
   # model's bf16 path, then the same with the lean dK/dV build.
   local v
   for v in bf16 lean; do
-    t env LD_LIBRARY_PATH="$KLD" "$ncu" --clock-control none --kernel-name regex:attn_ --launch-skip 1 --launch-count 4 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --csv --page details \
+    ncu_profile --kernel-name regex:attn_ --launch-skip 1 --launch-count 4 --csv --page details \
       "$KIT/bin/attention_bench" --device cuda --variant $v --no-torch --reps 1 --seq $B_S --batch 4 \
       --heads $B_A --groups $B_G --head-dim $((B_H / B_A)) >"$RUNS/ncu_attention_$v.csv" 2>"$RUNS/ncu_attention_$v.err" \
       || rc=$?
@@ -497,23 +506,18 @@ step_ncu_attention() {
 }
 
 step_ncu_norm() {
-  have_kit || return 1
-  [ "$GPU_DEVICE" = cuda ] || { fig "GPU_DEVICE=$GPU_DEVICE: a GPU-only profile"; return 77; }
-  local ncu rc=0
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-  [ -n "$ncu" ] || { fig "no ncu on this machine"; return 77; }
+  ncu_ready || return $?
+  local rc=0
   # One iteration; a micro-batch's forward runs 2 L + 1 norms (norm_fwd),
   # then its backward starts with the final norm's (norm_bwd_fused and
   # norm_bwd_chunk_sum): skip all but the forward's last, profile five.
   # (A report file, then its table: the training's own output shares stdout.)
   rm -f "$RUNS/ncu_norm.ncu-rep"
-  t env LD_LIBRARY_PATH="$KLD" "$ncu" --clock-control none --kernel-name regex:norm_ --launch-skip $((2 * B_L)) \
-    --launch-count 5 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --export "$RUNS/ncu_norm" \
+  ncu_profile --kernel-name regex:norm_ --launch-skip $((2 * B_L)) --launch-count 5 --export "$RUNS/ncu_norm" \
     "$KIT/bin/megatron" train $(bench_model) $(bench_train 1) --device cuda \
     >"$RUNS/ncu_norm.log" 2>&1 || rc=$?
   tail -3 "$RUNS/ncu_norm.log"
-  t "$ncu" --import "$RUNS/ncu_norm.ncu-rep" --csv --page details >"$RUNS/ncu_norm.csv" 2>>"$RUNS/ncu_norm.log" || rc=1
+  t "$NCU" --import "$RUNS/ncu_norm.ncu-rep" --csv --page details >"$RUNS/ncu_norm.csv" 2>>"$RUNS/ncu_norm.log" || rc=1
   fig "$(t $HELPER ncu "$RUNS/ncu_norm.csv" 2>&1 | tail -1)"
   return $rc
 }
