@@ -39,6 +39,9 @@
 #   bench_attention  attention_bench --device cuda on the benchmark model's attention (B4 T2048
 #                    a16 g4 d128): our fp32 SIMT and bf16 tensor-core kernels, fwd and bwd
 #                    TFLOP/s, vs PyTorch's bf16 scaled_dot_product_attention
+#   bench_norm       norm_bench --device cuda on the benchmark model's RMSNorm (8192 x 2048, bf16):
+#                    the packed kernels (the default) and the column-a-thread ones, forward and
+#                    backward ms and GB/s, vs PyTorch's F.rms_norm + autograd in bf16
 #   bench_ours       `megatron train --device cuda`, ~1B LLaMA-style (L16 h2048 a16 g4 F5632
 #                    SwiGLU, s2048, V32000, bf16, micro-batch BENCH_MBS=4, global batch
 #                    BENCH_GBS=32: 8 accumulated micro-batches per step), BENCH_WARMUP=3 +
@@ -117,6 +120,7 @@ resume_llama_bf16    45  15  LLaMA bf16: GPU ckpt@5 -> CPU to 10, and CPU -> GPU
 resume_gpt_fp32      45  15  GPT fp32 (dropout: RNG state): GPU ckpt@5 -> CPU, CPU -> GPU
 bench_gemm           30  15  torch bf16 8192^3 GEMM ceiling
 bench_attention      25  10  attention_bench: our SIMT and tensor-core kernels vs torch sdpa
+bench_norm           20   5  norm_bench: our two RMSNorm kernel builds vs torch rms_norm, benchmark shape
 bench_ours          100  45  megatron train --device cuda, ~1B LLaMA bf16
 bench_torch_eager    60  30  PyTorch eager, same model
 bench_torch_compile 150  60  PyTorch torch.compile, same model
@@ -423,6 +427,18 @@ step_bench_attention() {
   return $rc
 }
 
+step_bench_norm() {
+  have_kit || return 1
+  [ -x "$KIT/bin/norm_bench" ] || { fig "no norm_bench in the kit"; return 77; }
+  [ "$GPU_DEVICE" = cuda ] || { fig "GPU_DEVICE=$GPU_DEVICE: a GPU-only benchmark"; return 77; }
+  local out rc
+  out=$(kitbin norm_bench --device cuda --rows $((BENCH_MBS * B_S)) --cols $B_H --reps 10 \
+          --torch-cmd "env -u LD_LIBRARY_PATH python3 $ROOT/bench/norm_torch_bench.py" 2>&1); rc=$?
+  echo "$out" | tail -5
+  fig "$(echo "$out" | grep -E 'ours|PyTorch|ratio' | sed -E 's/ +/ /g' | paste -sd ';' | cut -c1-600)"
+  return $rc
+}
+
 step_bench_ours() {
   have_kit || return 1
   local rc=0
@@ -508,9 +524,10 @@ step_ncu_attention() {
 step_ncu_norm() {
   ncu_ready || return $?
   local rc=0
-  # One iteration; a micro-batch's forward runs 2 L + 1 norms (norm_fwd),
-  # then its backward starts with the final norm's (norm_bwd_fused and
-  # norm_bwd_chunk_sum): skip all but the forward's last, profile five.
+  # One iteration; a micro-batch's forward runs 2 L + 1 norms (one kernel
+  # each, norm_fwd_packed), then its backward starts with the final norm's
+  # (norm_bwd_packed and norm_bwd_chunk_sum): skip all but the forward's
+  # last, profile five.
   # (A report file, then its table: the training's own output shares stdout.)
   rm -f "$RUNS/ncu_norm.ncu-rep"
   ncu_profile --kernel-name regex:norm_ --launch-skip $((2 * B_L)) --launch-count 5 --export "$RUNS/ncu_norm" \

@@ -43,7 +43,7 @@ JOBS=2
 MAX_MIB=48
 # The binaries the device check runs, by CMake target name. Add new ones here
 # (a target that does not exist in this tree is skipped with a note).
-KIT_TARGETS=(megatron kernels_test model_test comm_test nccl_test comm_nccl_test attention_bench)
+KIT_TARGETS=(megatron kernels_test model_test comm_test nccl_test comm_nccl_test attention_bench norm_bench)
 
 usage() {
   sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'

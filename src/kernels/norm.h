@@ -39,6 +39,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& y, const Tensor& rstd);
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                       const Tensor& dx, const Tensor& dw);
+// A benchmark's switch between two sets of kernels (same contract, results
+// within the tests' tolerances): on, the default, the packed forward and
+// backward wherever C is a multiple of 8 up to 4096 and the tensors are
+// 16-byte aligned; off, the column-a-thread kernels (the ones timed on the
+// H200 before). norm_bench times both; process-wide, not for concurrent calls.
+void set_norm_packed(bool on);
 }  // namespace cuda
 #endif
 

@@ -534,6 +534,12 @@ void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], con
   d[3] = D[g + 8][2 * t + 1];
 }
 
+void check_vector_access(const void* p, size_t bytes, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+    fail("%s: a %zu-byte access at %p, which is not %zu-byte aligned (the GPU faults: misaligned address)", what, bytes,
+         p, bytes);
+}
+
 void ldmatrix(unsigned* r, int count, bool trans, const void* row) {
   if (!g_current) fail("ldmatrix called outside a kernel");
   if (count != 1 && count != 2 && count != 4) fail("ldmatrix.x%d: only .x1, .x2 and .x4 exist", count);

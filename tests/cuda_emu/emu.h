@@ -74,6 +74,8 @@
 //    slowest GPU would; where it is odd a copy lands as it is issued, so a
 //    refill of a buffer that other threads have not finished reading (a
 //    missing __syncthreads before it) overwrites what they read.
+//  - vector memory accesses (pointwise::ld_pack / st_pack): the address
+//    must be aligned to the access's size, as on the GPU;
 // Not emulated: atomics, warp votes, __syncwarp, other mma shapes and types,
 // other inline PTX, cooperative groups, textures, device-side printf (no
 // kernel uses them; a kernel that does fails to compile or to launch here
@@ -237,6 +239,11 @@ T shuffle_as(unsigned mask, T v, Shuffle kind, int arg) {
 // then c added. The hardware's order is unspecified; tests allow for that.
 // d may alias c.
 void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]);
+
+// A vector load or store of `bytes` at p (kernels' Pack accesses): the GPU
+// faults with a misaligned address unless p is aligned to `bytes`; here the
+// kernel stops with the address and the access named.
+void check_vector_access(const void* p, size_t bytes, const char* what);
 
 // PTX ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16 {r[0..count)},
 // [row]: `count` (1, 2 or 4) 8 x 8 matrices of 16-bit elements; row i of

@@ -4,7 +4,8 @@
 // shared memory, the scheduling order exposing a missing barrier, deadlocks,
 // divergent barriers, host pointers, launch configurations,
 // __launch_bounds__, the 48 KiB of static shared memory, the dynamic shared
-// memory limits and cudaFuncSetAttribute, whole-warp mmas, memcpy kinds);
+// memory limits and cudaFuncSetAttribute, whole-warp mmas, memcpy kinds,
+// aligned vector accesses);
 // ldmatrix gives PTX's fragments and cp.async lands as late as PTX allows.
 // Compiled only through translate.py, like the kernels it vouches for; never
 // by nvcc.
@@ -212,6 +213,12 @@ __global__ void mma_twice(const uint16_t* A, const uint16_t* B, const float* C, 
   S[lane] = __shfl_xor_sync(0xffffffffu, d[0], 1);
   emu::mma_m16n8k16_bf16(d, a, b, d);
   for (int i = 0; i < 4; ++i) D2[at[i]] = d[i];
+}
+
+// A 16-byte vector access (what pointwise::ld_pack checks) 4 bytes off.
+__global__ void vector_access_misaligned(float* y) {
+  emu::check_vector_access(y + 1, 16, "ld_pack");
+  y[threadIdx.x] = 0;
 }
 
 __global__ void mma_in_half_warp(float* y) {
@@ -667,6 +674,7 @@ TEST(CudaEmuDeathTest, ChecksAbortWithTheReason) {
   EXPECT_DEATH(mma_in_half_warp<<<1, 16>>>(y), "which has 16 lanes: it needs a whole 32-lane warp");
   EXPECT_DEATH(mma_in_half_warp<<<1, 48>>>(y), "warp 1, which has 16 lanes");
   EXPECT_DEATH(mma_beside_shuffle<<<1, 32>>>(y), "while its lane 0 shuffles");
+  EXPECT_DEATH(vector_access_misaligned<<<1, 32>>>(y), "ld_pack: a 16-byte access at .*, which is not 16-byte aligned");
   unsigned* u = reinterpret_cast<unsigned*>(y);
   EXPECT_DEATH(ldmatrix_misaligned<<<1, 32, 256>>>(u), "ldmatrix row address .* \\(lane 3\\) is not 16-byte aligned");
   EXPECT_DEATH(ldmatrix_from_global<<<1, 32>>>(u), "\\(lane 0\\) is not 16 bytes inside the block's shared memory");

@@ -99,16 +99,18 @@ std::vector<bf16> bf16_randn(int64_t n, uint64_t seed, double scale) {
 
 // ---------------------------------------------------------------- norms
 
+// off: x (both passes) and the backward's dy and dx start that many
+// elements into their allocations (1: rows not 16-byte aligned).
 template <typename T>
-void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms) {
+void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms, int64_t off = 0) {
   const DType dt = dtype_of<T>();
-  const std::string what = fmt::format("{} {} N={} C={}{}", rms ? "rmsnorm" : "layernorm", tname(dt), N, C,
-                                       with_bias ? " bias" : "");
+  const std::string what = fmt::format("{} {} N={} C={}{}{}", rms ? "rmsnorm" : "layernorm", tname(dt), N, C,
+                                       with_bias ? " bias" : "", off ? fmt::format(" offset {}", off) : "");
   auto x = randn<T>(N * C, 11 + N, 1.0, 0.3), w = randn<T>(C, 12, 0.5, 1.0), b = randn<T>(C, 13, 0.2);
   std::vector<T> y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
   Arena g = gpu_arena(std::max(kArenaBytes, static_cast<size_t>(8 * N * C) * sizeof(T)));
   Tensor X = view(x, {N, C}), W = view(w, {C}), B = with_bias ? view(b, {C}) : Tensor();
-  Tensor gX = to_device(g, X), gW = to_device(g, W), gB = with_bias ? to_device(g, B) : Tensor();
+  Tensor gX = to_device_at(g, X, off), gW = to_device(g, W), gB = with_bias ? to_device(g, B) : Tensor();
   Tensor gY = g.alloc({N, C}, dt), gMean = g.alloc({N}, dt), gRstd = g.alloc({N}, dt);
   const double eps = 1e-5;
   if (rms) {
@@ -125,10 +127,10 @@ void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms) {
   // Backward ACCUMULATES into dx, dw, db: start them non-zero. Both twins get
   // the CPU's mean/rstd, so only the kernels differ.
   auto dy = randn<T>(N * C, 14 + C), dx = randn<T>(N * C, 15), dw = randn<T>(C, 16), db = randn<T>(C, 17);
-  Tensor gDy = to_device(g, view(dy, {N, C})), gMean2 = to_device(g, view(mean, {N})),
+  Tensor gDy = to_device_at(g, view(dy, {N, C}), off), gMean2 = to_device(g, view(mean, {N})),
          gRstd2 = to_device(g, view(rstd, {N}));
   auto run_gpu = [&](std::vector<T>& odx, std::vector<T>& odw, std::vector<T>& odb) {
-    Tensor gDx = to_device(g, view(dx, {N, C})), gDw = to_device(g, view(dw, {C})),
+    Tensor gDx = to_device_at(g, view(dx, {N, C}), off), gDw = to_device(g, view(dw, {C})),
            gDb = with_bias ? to_device(g, view(db, {C})) : Tensor();
     if (rms) k::rmsnorm_backward(gDy, gX, gW, gRstd2, gDx, gDw);
     else k::layernorm_backward(gDy, gX, gW, gMean2, gRstd2, gDx, gDw, gDb);
@@ -155,34 +157,58 @@ void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms) {
   if (with_bias) expect_bitwise(gdb2, gdb, what + " db, second run");
 }
 
+// kernels::cuda::set_norm_packed where the CUDA backend is compiled (the
+// no-CUDA compile check builds these tests without it).
+void set_norm_packed(bool on) {
+#ifdef MT_HAVE_CUDA
+  k::cuda::set_norm_packed(on);
+#else
+  (void)on;
+#endif
+}
+
+// The norms' shapes (norm.cu). With fp32 parameters, C a multiple of 8 up
+// to 4096 and aligned rows: the packed kernels (set_norm_packed, the
+// default). C = 8, 1000 and 2048 are one pack a thread, 2056 and 4096 two
+// (2056's second only in thread 0). Forward blocks hold 4 rows; backward
+// blocks 32 rows in groups of 4 (2 with two packs a thread): 37 rows end in
+// a 5-row chunk, 45 in a 13-row one, and 600 rows are 19 chunks, more than
+// the column sum's 16 lanes. Otherwise (and always for fp64): the
+// column-a-thread kernels. Their backward blocks hold 16 rows: 1100 rows
+// are 69 chunks, the last one short; columns per thread 1, 2, 4, 8 and 16
+// for C = 70, 300, 1000, 2048 and 4096, the last one partly past the row at
+// 1000. 4500 wide: the three-kernel path (600 rows: 2 chunks of its column
+// sums). The packed kernels' shapes run again with them off, and with
+// offset rows (which cannot take packs).
+template <typename F>
+void for_norm_cases(F&& run) {
+  const std::pair<int64_t, int64_t> packable[] = {{300, 1000}, {33, 2048}, {17, 4096}, {37, 1000}, {45, 2056}, {600, 8}};
+  const std::pair<int64_t, int64_t> others[] = {{37, 129}, {1100, 70}, {1, 3}, {0, 64}, {20, 300}, {45, 4500}, {600, 4500}};
+  for (auto [N, C] : packable) run(N, C, int64_t{0});
+  for (auto [N, C] : others) run(N, C, int64_t{0});
+  set_norm_packed(false);
+  for (auto [N, C] : packable) run(N, C, int64_t{0});
+  set_norm_packed(true);
+  run(37, 1000, 1);
+  run(20, 2048, 1);
+}
+
 TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
-  // Backward (norm.cu): rows up to 4096 wide in one pass, blocks of 16 rows
-  // (1100 rows: 69 chunks, the last one short; columns per thread 1, 2, 4,
-  // 8 and 16 for C = 70, 300, 1000, 2048 and 4096, the last one partly past
-  // the row at 1000); 4500 wide: the three-kernel path (600 rows: 2 chunks
-  // of its column sums).
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}, {20, 300},
-                      {33, 2048}, {17, 4096}, {45, 4500}, {600, 4500}}) {
-    layernorm_case<float>(N, C, true, false);
-    layernorm_case<float>(N, C, false, false);
-    layernorm_case<double>(N, C, true, false);
-    layernorm_case<double>(N, C, false, false);
-  }
+  for_norm_cases([](int64_t N, int64_t C, int64_t off) {
+    layernorm_case<float>(N, C, true, false, off);
+    layernorm_case<float>(N, C, false, false, off);
+    layernorm_case<double>(N, C, true, false, off);
+    layernorm_case<double>(N, C, false, false, off);
+  });
 }
 
 TEST(CudaTwin, RmsNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
-  // Backward (norm.cu): rows up to 4096 wide in one pass, blocks of 16 rows
-  // (1100 rows: 69 chunks, the last one short; columns per thread 1, 2, 4,
-  // 8 and 16 for C = 70, 300, 1000, 2048 and 4096, the last one partly past
-  // the row at 1000); 4500 wide: the three-kernel path (600 rows: 2 chunks
-  // of its column sums).
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{37, 129}, {300, 1000}, {1100, 70}, {1, 3}, {0, 64}, {20, 300},
-                      {33, 2048}, {17, 4096}, {45, 4500}, {600, 4500}}) {
-    layernorm_case<float>(N, C, false, true);
-    layernorm_case<double>(N, C, false, true);
-  }
+  for_norm_cases([](int64_t N, int64_t C, int64_t off) {
+    layernorm_case<float>(N, C, false, true, off);
+    layernorm_case<double>(N, C, false, true, off);
+  });
 }
 
 // bf16 outputs (the GEMM inputs under --bf16): the GPU's value rounded once,
@@ -517,12 +543,17 @@ TEST(CudaTwin, Bf16ResidualStreamOpsMatchCpu) {
     k::dropout_forward(gX, gY, 0.25, 5, 6, 77);
     expect_bitwise(to_host<bf16>(gY), y, "dropout bf16");
   }
-  for (const int64_t C : {int64_t{40}, int64_t{1000}, int64_t{4100}}) {  // fused backward, and the wide path
+  // The backward's packed kernel (40, 1000, 2056; then with it off, the
+  // column-a-thread kernel), and the wide path (4100).
+  for (const auto& [C, packed] : {std::pair<int64_t, bool>{40, true}, {1000, true}, {2056, true}, {40, false},
+                                 {1000, false}, {4100, true}}) {
+    set_norm_packed(packed);
     const int64_t N = 37;
     auto xh = bf16_randn(N * C, 104 + C, 1.3);
     auto w = randn<float>(C, 105, 0.3, 1.0), b = randn<float>(C, 106, 0.2);
     for (bool rms : {false, true}) {
-      const std::string what = fmt::format("{} bf16 x C={}", rms ? "rmsnorm" : "layernorm", C);
+      const std::string what =
+          fmt::format("{} bf16 x C={}{}", rms ? "rmsnorm" : "layernorm", C, packed ? "" : ", packed kernel off");
       std::vector<bf16> y(static_cast<size_t>(N * C));
       std::vector<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
       Tensor X = view(xh, {N, C}), gX = to_device(g, X), gW = to_device(g, view(w, {C})), gB = to_device(g, view(b, {C}));

@@ -38,6 +38,15 @@ inline Tensor to_device(Arena& a, const Tensor& host) {
   return d;
 }
 
+// A device copy of a host tensor that starts `offset` elements into its
+// allocation (offset 1 of a 2- or 4-byte dtype: rows not 16-byte aligned,
+// the case where vectorised kernels must fall back).
+inline Tensor to_device_at(Arena& a, const Tensor& host, int64_t offset) {
+  Tensor d = a.alloc({host.numel() + offset}, host.dtype()).slice(offset, offset + host.numel()).view(host.shape());
+  copy_tensor(host, d);
+  return d;
+}
+
 // The device tensor's elements on the host (waits for the stream).
 template <typename T>
 std::vector<T> to_host(const Tensor& dev) {

@@ -3,6 +3,14 @@
 // parameters (kernels/norm.h has the contract; bf16 values are widened as
 // loaded and a bf16 dx rounded once as stored, as in the CPU twin).
 //
+// Rows whose length C is a multiple of 8 up to 4096, with 16-byte aligned
+// tensors (every training shape here), take the packed kernels
+// (norm_fwd_packed, norm_bwd_packed: each thread moves 8 consecutive columns
+// as one 16-byte bf16 load, 4 rows a block share their barriers; see
+// packed_fits). Other rows, and every row when a benchmark turns the packed
+// kernels off (set_norm_packed(false)), take the column-a-thread kernels
+// below (the ones timed on the H200: bench/cuda_h200_notes.md).
+//
 // Forward: one block of kThreads per row. The mean and the variance are
 // accumulated in double for fp32 too (as the CPU twin does): each thread sums
 // a strided subset of the row, then block_sum (fixed-shape tree). The row is
@@ -33,6 +41,7 @@
 // dw/db run first, so dx may even alias dy (each dx element is read and
 // written by one thread after the row's sums are complete).
 #include <algorithm>
+#include <atomic>
 
 #include "core/cuda/check.cuh"
 #include "kernels/cuda/pointwise_common.cuh"
@@ -173,10 +182,149 @@ __global__ void norm_bwd_dx(int64_t C, const D* dy, const X* __restrict__ x, con
   }
 }
 
+// ---- the packed kernels' layout (forward and backward): C a multiple of
+// kPackW up to kThreads * kPackW * kMaxPacks, every pointer 16-byte aligned
+// (so every row is). Thread t owns the packs of kPackW consecutive columns
+// starting at kPackW * (t + kThreads * j): a bf16 row moves as one 16-byte
+// load or store per thread and pack, 8 times fewer memory instructions than
+// a column a thread. kGroupRows rows go together: their loads are in flight
+// together and their sums share the barriers.
+constexpr int kPackW = 8;      // columns per pack: 16 bytes of bf16
+constexpr int kMaxPacks = 2;   // packs per thread: C up to 4096
+constexpr int kGroupRows = 4;  // rows per group
+
+// The packed kernels serve fp32 parameters (fp32 or bf16 rows); fp64, a
+// reference dtype whose speed does not matter, keeps to the column kernels.
+template <typename T>
+inline constexpr bool kPackedTypes = sizeof(T) == 4;
+
+// Whether a row length and these pointers (null ones aside) take the packed kernels.
+inline bool packed_fits(int64_t C, std::initializer_list<const void*> ps) {
+  return C % kPackW == 0 && C <= int64_t{kThreads} * kPackW * kMaxPacks && packs_fit(16, ps);
+}
+
+// The forward of kGroupRows rows a block (rows past N are skipped): the rows
+// are read once into registers (norm_fwd reads a row three times), and the
+// sums of a group take one barrier each. Same arithmetic as norm_fwd: sums
+// in double, then mu and rstd rounded to T, y from T values. y may alias x
+// (each thread writes only the elements it holds).
+template <typename T, typename X, typename Y, int NP>
+__global__ void __launch_bounds__(kThreads)
+    norm_fwd_packed(int64_t N, int64_t C, const X* x, const T* __restrict__ w, const T* __restrict__ b, double eps,
+                    Y* y, T* mean, T* rstd, bool rms) {
+  constexpr int W = kPackW, G = kGroupRows, kWarps = kThreads / 32;
+  __shared__ double part_m[kWarps][G], part_v[kWarps][G];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * G;
+  const int Ci = static_cast<int>(C);
+  int col[NP];
+  bool on[NP];
+#pragma unroll
+  for (int j = 0; j < NP; ++j) {
+    col[j] = W * (static_cast<int>(threadIdx.x) + kThreads * j);
+    on[j] = col[j] < Ci;
+  }
+  Pack<X, W> xv[G][NP];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    if (i0 + g < N) {
+#pragma unroll
+      for (int j = 0; j < NP; ++j)
+        if (on[j]) xv[g][j] = ld_pack<W>(x + (i0 + g) * C + col[j]);
+    }
+  // Each thread's share of a row's sum, then the block's total in every
+  // thread: warp trees to lane 0, the warps' partials added in warp order.
+  auto row_sums = [&](double (&s)[G], double (&part)[kWarps][G]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const double v = warp_sum_to_lane0(s[g]);
+      if (lane == 0) part[warp][g] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      double t = 0;
+      for (int q = 0; q < kWarps; ++q) t += part[q][g];
+      s[g] = t;
+    }
+  };
+  double m[G] = {};
+  if (!rms) {
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (i0 + g < N) {
+#pragma unroll
+        for (int j = 0; j < NP; ++j)
+          if (on[j]) {
+#pragma unroll
+            for (int e = 0; e < W; ++e) m[g] += static_cast<double>(ld<T>(xv[g][j].v[e]));
+          }
+      }
+    row_sums(m, part_m);
+#pragma unroll
+    for (int g = 0; g < G; ++g) m[g] /= static_cast<double>(C);
+  }
+  double v[G] = {};
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    if (i0 + g < N) {
+#pragma unroll
+      for (int j = 0; j < NP; ++j)
+        if (on[j]) {
+#pragma unroll
+          for (int e = 0; e < W; ++e) {
+            const double d = static_cast<double>(ld<T>(xv[g][j].v[e])) - m[g];
+            v[g] += d * d;
+          }
+        }
+    }
+  row_sums(v, part_v);
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int64_t i = i0 + g;
+    if (i >= N) continue;
+    const T mu = static_cast<T>(m[g]), r = static_cast<T>(1.0 / sqrt(v[g] / static_cast<double>(C) + eps));
+#pragma unroll
+    for (int j = 0; j < NP; ++j)
+      if (on[j]) {
+        const Pack<T, W> wp = ld_pack<W>(w + col[j]);
+        Pack<T, W> bp{};
+        if (b) bp = ld_pack<W>(b + col[j]);
+        Pack<Y, W> out;
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          const T o = (ld<T>(xv[g][j].v[e]) - mu) * r * wp.v[e];
+          out.v[e] = to_out<Y>(b ? o + bp.v[e] : o);
+        }
+        st_pack<W>(y + i * C + col[j], out);
+      }
+    if (threadIdx.x == 0) {
+      if (mean) mean[i] = mu;
+      rstd[i] = r;
+    }
+  }
+}
+
+// set_norm_packed: the packed kernels where they fit (the default).
+std::atomic<bool> g_norm_packed{true};
+
 template <typename T, typename X, typename Y>
 void launch_fwd(int64_t N, int64_t C, const X* x, const T* w, const T* b, T eps, Y* y, T* mean, T* rstd, bool rms) {
   if (N == 0) return;
   // eps goes through T first, as in the CPU twin (static_cast<T>(eps) then back to double).
+  if constexpr (kPackedTypes<T>) {
+    if (g_norm_packed.load(std::memory_order_relaxed) && packed_fits(C, {x, y, w, b})) {
+      const unsigned blocks = row_grid((N + kGroupRows - 1) / kGroupRows);
+      if (C <= int64_t{kThreads} * kPackW)
+        norm_fwd_packed<T, X, Y, 1><<<blocks, kThreads, 0, ::mt::cuda::stream()>>>(
+            N, C, x, w, b, static_cast<double>(eps), y, mean, rstd, rms);
+      else
+        norm_fwd_packed<T, X, Y, 2><<<blocks, kThreads, 0, ::mt::cuda::stream()>>>(
+            N, C, x, w, b, static_cast<double>(eps), y, mean, rstd, rms);
+      MT_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   norm_fwd<T, X, Y><<<row_grid(N), kThreads, 0, ::mt::cuda::stream()>>>(
       C, x, w, b, static_cast<double>(eps), y, mean, rstd, rms);
   MT_CUDA_CHECK_LAUNCH();
@@ -277,6 +425,7 @@ __global__ void norm_bwd_chunk_sum(int64_t C, int64_t R, const T* __restrict__ p
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + tx;
   T sw = 0, sb = 0;
   if (c < C) {
+#pragma unroll 4  // (the loads of four chunks in flight at once; the adds stay in order)
     for (int64_t r = ty; r < R; r += kRowLanes) {
       sw += pw[r * C + c];
       if (pb) sb += pb[r * C + c];
@@ -305,10 +454,175 @@ void launch_bwd_fused(int64_t N, int64_t C, const D* dy, const X* x, const T* w,
   MT_CUDA_CHECK_LAUNCH();
 }
 
+// ---- the packed backward (packed_fits): norm_bwd_fused's arithmetic in
+// the packed layout (a bf16 row's dy, x and dx as one 16-byte load per
+// thread and pack), a group of rows at a time (their loads in flight
+// together, their sums reduced in one pass: one barrier per group instead of
+// two per row), and every thread adds the warps' partial sums itself from a
+// double-buffered shared table (no second barrier to broadcast a total).
+// Column partials as in norm_bwd_fused (rows in order per column), then
+// norm_bwd_chunk_sum. Deterministic: fixed shapes, no atomics.
+// Rows per block: at least 32, and at most 256 chunks whatever N is (training's
+// 8192 rows: 256 blocks, about one wave at two blocks an SM; the column
+// partials then take 2 x 256 x C values).
+constexpr int64_t kMaxPackedChunks = 256;
+inline int64_t packed_rows(int64_t N) {
+  return std::max<int64_t>(32, (N + kMaxPackedChunks - 1) / kMaxPackedChunks);
+}
+
+// kRms: RMSNorm (no mean term, no column sums of dy). (Two blocks an SM:
+// at most 128 registers; ptxas sm_90a: bf16 rows do not spill, fp32 rows up
+// to 208 bytes. Two packs a thread take half the rows a group.)
+template <typename T, typename X, typename D, int NP, bool kRms>
+__global__ void __launch_bounds__(kThreads, 2)
+    norm_bwd_packed(int64_t N, int64_t C, int64_t rows, const D* dy, const X* __restrict__ x,
+                    const T* __restrict__ w, const T* __restrict__ mean, const T* __restrict__ rstd, X* dx,
+                    T* __restrict__ pw, T* __restrict__ pb) {
+  constexpr int W = kPackW, G = kGroupRows / NP, kWarps = kThreads / 32;
+  // part[buffer][warp][k]: k < G the rows' sum(g), k >= G their sum(g xhat).
+  // Group n uses buffer n % 2: a thread writes buffer b again two groups
+  // later, after a barrier that every thread reaches only once it has read
+  // buffer b's totals.
+  __shared__ T part[2][kWarps][2 * G];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t chunk = blockIdx.x, r0 = chunk * rows, r1 = min(N, r0 + rows);
+  const int Ci = static_cast<int>(C);
+  int col[NP];  // first column of each pack (C <= 4096: int)
+  bool on[NP];
+  T aw[NP][W], ab[NP][W], wc[NP][W];
+#pragma unroll
+  for (int j = 0; j < NP; ++j) {
+    col[j] = W * (static_cast<int>(threadIdx.x) + kThreads * j);
+    on[j] = col[j] < Ci;  // C is a multiple of W: a pack is wholly in the row or wholly past it
+    const Pack<T, W> wp = on[j] ? ld_pack<W>(w + col[j]) : Pack<T, W>{};
+#pragma unroll
+    for (int e = 0; e < W; ++e) aw[j][e] = T(0), ab[j][e] = T(0), wc[j][e] = wp.v[e];
+  }
+  int buf = 0;
+  for (int64_t i0 = r0; i0 < r1; i0 += G, buf ^= 1) {
+    // The group's dy and x, all loads issued before any is used (dx's are
+    // issued after the barrier, before its first use: registers for two
+    // blocks an SM). Rows past r1 load nothing and add nothing. (dx may alias
+    // dy: each thread reads its packs of both before it writes them.)
+    Pack<D, W> d[G][NP];
+    Pack<X, W> xv[G][NP], o[G][NP];
+    T mu[G], r[G], s[2 * G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int64_t i = i0 + g;
+      mu[g] = T(0), r[g] = T(0), s[g] = T(0), s[G + g] = T(0);
+      if (i < r1) {
+        if constexpr (!kRms) mu[g] = mean[i];
+        r[g] = rstd[i];
+#pragma unroll
+        for (int j = 0; j < NP; ++j)
+          if (on[j]) {
+            d[g][j] = ld_pack<W>(dy + i * C + col[j]);
+            xv[g][j] = ld_pack<W>(x + i * C + col[j]);
+          }
+      }
+    }
+    // Rows in order, so each column's partials add rows in order.
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (i0 + g < r1) {
+#pragma unroll
+        for (int j = 0; j < NP; ++j)
+          if (on[j]) {
+#pragma unroll
+            for (int e = 0; e < W; ++e) {
+              const T dd = ld<T>(d[g][j].v[e]), xh = (ld<T>(xv[g][j].v[e]) - mu[g]) * r[g];
+              const T gv = dd * wc[j][e];
+              if constexpr (!kRms) s[g] += gv;
+              s[G + g] += gv * xh;
+              aw[j][e] += dd * xh;
+              if constexpr (!kRms) ab[j][e] += dd;
+            }
+          }
+      }
+    // The group's sums over the block: warp trees to lane 0, the warps'
+    // partials through shared memory, then each thread adds them in warp
+    // order (the same bits in every thread). RMSNorm needs only sum(g xhat).
+#pragma unroll
+    for (int k = 0; k < 2 * G; ++k) {
+      if (k < G && kRms) continue;
+      const T v = warp_sum_to_lane0(s[k]);
+      if (lane == 0) part[buf][warp][k] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (i0 + g < r1) {
+#pragma unroll
+        for (int j = 0; j < NP; ++j)
+          if (on[j]) o[g][j] = ld_pack<W>(dx + (i0 + g) * C + col[j]);
+      }
+#pragma unroll
+    for (int k = 0; k < 2 * G; ++k) {
+      T t = 0;
+      if (!(k < G && kRms))
+        for (int q = 0; q < kWarps; ++q) t += part[buf][q][k];
+      s[k] = t;
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int64_t i = i0 + g;
+      if (i >= r1) continue;
+      const T mg = kRms ? T(0) : s[g] / static_cast<T>(C), mgx = s[G + g] / static_cast<T>(C);
+#pragma unroll
+      for (int j = 0; j < NP; ++j)
+        if (on[j]) {
+          Pack<X, W> out;
+#pragma unroll
+          for (int e = 0; e < W; ++e) {
+            const T xh = (ld<T>(xv[g][j].v[e]) - mu[g]) * r[g];
+            out.v[e] = to_out<X>(ld<T>(o[g][j].v[e]) + r[g] * (ld<T>(d[g][j].v[e]) * wc[j][e] - mg - xh * mgx));
+          }
+          st_pack<W>(dx + i * C + col[j], out);
+        }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NP; ++j)
+    if (on[j]) {
+      Pack<T, W> a, b;
+#pragma unroll
+      for (int e = 0; e < W; ++e) a.v[e] = aw[j][e], b.v[e] = ab[j][e];
+      st_pack<W>(pw + chunk * C + col[j], a);
+      if (!kRms && pb) st_pack<W>(pb + chunk * C + col[j], b);
+    }
+}
+
+template <typename T, typename X, typename D, int NP>
+void launch_bwd_packed(int64_t N, int64_t C, const D* dy, const X* x, const T* w, const T* mean, const T* rstd,
+                       X* dx, T* dw, T* db, bool rms) {
+  const int64_t rows = packed_rows(N), R = (N + rows - 1) / rows;
+  T* pw = static_cast<T*>(::mt::cuda::op_scratch("norm backward column partials",
+                                                  static_cast<size_t>(2 * R * C) * sizeof(T)));
+  T* pb = db ? pw + R * C : nullptr;
+  if (rms)
+    norm_bwd_packed<T, X, D, NP, true><<<static_cast<unsigned>(R), kThreads, 0, ::mt::cuda::stream()>>>(
+        N, C, rows, dy, x, w, mean, rstd, dx, pw, nullptr);
+  else
+    norm_bwd_packed<T, X, D, NP, false><<<static_cast<unsigned>(R), kThreads, 0, ::mt::cuda::stream()>>>(
+        N, C, rows, dy, x, w, mean, rstd, dx, pw, pb);
+  MT_CUDA_CHECK_LAUNCH();
+  const dim3 block(kColTile, kRowLanes), grid(::mt::cuda::blocks_for(C, kColTile));
+  norm_bwd_chunk_sum<T><<<grid, block, 0, ::mt::cuda::stream()>>>(C, R, pw, pb, dw, db);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, typename X, typename D>
 void launch_bwd(int64_t N, int64_t C, const D* dy, const X* x, const T* w, const T* mean, const T* rstd, X* dx,
                 T* dw, T* db, bool rms) {
   if (N == 0 || C == 0) return;  // nothing to add (the CPU twin adds zeros)
+  if constexpr (kPackedTypes<T>) {
+    if (g_norm_packed.load(std::memory_order_relaxed) && packed_fits(C, {dy, x, dx, w})) {
+      if (C <= int64_t{kThreads} * kPackW)
+        return launch_bwd_packed<T, X, D, 1>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+      return launch_bwd_packed<T, X, D, 2>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
+    }
+  }
   const int64_t cols = (C + kThreads - 1) / kThreads;  // per thread
   if (cols <= 1) return launch_bwd_fused<T, X, D, 1>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
   if (cols <= 2) return launch_bwd_fused<T, X, D, 2>(N, C, dy, x, w, mean, rstd, dx, dw, db, rms);
@@ -330,6 +644,8 @@ void launch_bwd(int64_t N, int64_t C, const D* dy, const X* x, const T* w, const
 }
 
 }  // namespace
+
+void set_norm_packed(bool on) { g_norm_packed.store(on, std::memory_order_relaxed); }
 
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
                        const Tensor& mean, const Tensor& rstd) {

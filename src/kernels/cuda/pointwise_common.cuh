@@ -128,10 +128,16 @@ inline constexpr int kVec = static_cast<int>(16 / sizeof(S));
 
 template <int W, typename S>
 __device__ __forceinline__ Pack<S, W> ld_pack(const S* p) {
+#if defined(MT_CUDA_EMULATOR)
+  emu::check_vector_access(p, alignof(Pack<S, W>), "ld_pack");
+#endif
   return *reinterpret_cast<const Pack<S, W>*>(p);
 }
 template <int W, typename S>
 __device__ __forceinline__ void st_pack(S* p, const Pack<S, W>& v) {
+#if defined(MT_CUDA_EMULATOR)
+  emu::check_vector_access(p, alignof(Pack<S, W>), "st_pack");
+#endif
   *reinterpret_cast<Pack<S, W>*>(p) = v;
 }
 
