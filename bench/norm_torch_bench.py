@@ -2,11 +2,13 @@
 dimension of x [rows, cols], forward and autograd backward (dx, and the
 weight's gradient). --device cuda: bf16 x and dy with the weight cast to
 bf16 as bench/llama_torch_train.py does, F.rms_norm where PyTorch has it
-(2.4 and later: one fused kernel each way), timed with synchronisation.
---device cpu: fp32 (Debian's PyTorch 1.13 has no F.rms_norm: the explicit
-x * rsqrt(mean(x^2) + eps) * w). Prints the median forward and backward
-times in ms per call on one line."""
+(2.4 and later; whether it runs as fused CUDA kernels or as composed ones
+depends on the version, so the version goes to stderr), timed with
+synchronisation. --device cpu: fp32 (Debian's PyTorch 1.13 has no
+F.rms_norm: the explicit x * rsqrt(mean(x^2) + eps) * w). Prints the median
+forward and backward times in ms per call on one line (stdout)."""
 import argparse
+import sys
 import time
 
 import torch
@@ -20,6 +22,8 @@ p.add_argument("--threads", type=int, default=2)
 p.add_argument("--layernorm", action="store_true")
 p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
 a = p.parse_args()
+print(f"norm_torch_bench: torch {torch.__version__}, F.rms_norm {'yes' if hasattr(F, 'rms_norm') else 'no'}",
+      file=sys.stderr)
 
 torch.manual_seed(0)
 dev = a.device

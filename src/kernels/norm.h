@@ -41,9 +41,10 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
                       const Tensor& dx, const Tensor& dw);
 // A benchmark's switch between two sets of kernels (same contract, results
 // within the tests' tolerances): on, the default, the packed forward and
-// backward wherever C is a multiple of 8 up to 4096 and the tensors are
-// 16-byte aligned; off, the column-a-thread kernels (the ones timed on the
-// H200 before). norm_bench times both; process-wide, not for concurrent calls.
+// backward wherever the parameters are fp32, C is a multiple of 8 from 1024
+// to 4096 and the tensors are 16-byte aligned; off, the column-a-thread
+// kernels (the ones timed on the H200 before). norm_bench times both;
+// process-wide, not for concurrent calls.
 void set_norm_packed(bool on);
 }  // namespace cuda
 #endif

@@ -75,7 +75,8 @@
 //    refill of a buffer that other threads have not finished reading (a
 //    missing __syncthreads before it) overwrites what they read.
 //  - vector memory accesses (pointwise::ld_pack / st_pack): the address
-//    must be aligned to the access's size, as on the GPU;
+//    must be aligned to the access's size, or to 16 bytes for a larger
+//    access (two or more 16-byte instructions), as on the GPU;
 // Not emulated: atomics, warp votes, __syncwarp, other mma shapes and types,
 // other inline PTX, cooperative groups, textures, device-side printf (no
 // kernel uses them; a kernel that does fails to compile or to launch here
@@ -240,7 +241,8 @@ T shuffle_as(unsigned mask, T v, Shuffle kind, int arg) {
 // d may alias c.
 void mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4]);
 
-// A vector load or store of `bytes` at p (kernels' Pack accesses): the GPU
+// A vector load or store at p that the GPU issues as `bytes`-wide
+// instructions (kernels' Pack accesses: their size, at most 16): the GPU
 // faults with a misaligned address unless p is aligned to `bytes`; here the
 // kernel stops with the address and the access named.
 void check_vector_access(const void* p, size_t bytes, const char* what);

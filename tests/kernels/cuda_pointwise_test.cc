@@ -99,19 +99,23 @@ std::vector<bf16> bf16_randn(int64_t n, uint64_t seed, double scale) {
 
 // ---------------------------------------------------------------- norms
 
-// off: x (both passes) and the backward's dy and dx start that many
-// elements into their allocations (1: rows not 16-byte aligned).
+// Tensors a case places one element past 16-byte alignment (rows that cannot
+// take packs), as a mask: one at a time, so that the packed kernels must
+// check each.
+enum Offset : int { kOffX = 1, kOffY = 2, kOffDy = 4, kOffDx = 8 };
 template <typename T>
-void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms, int64_t off = 0) {
+void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms, int off = 0) {
   const DType dt = dtype_of<T>();
   const std::string what = fmt::format("{} {} N={} C={}{}{}", rms ? "rmsnorm" : "layernorm", tname(dt), N, C,
-                                       with_bias ? " bias" : "", off ? fmt::format(" offset {}", off) : "");
+                                       with_bias ? " bias" : "", off ? fmt::format(" offsets {}", off) : "");
+  const auto at = [off](int which) { return int64_t{(off & which) ? 1 : 0}; };
   auto x = randn<T>(N * C, 11 + N, 1.0, 0.3), w = randn<T>(C, 12, 0.5, 1.0), b = randn<T>(C, 13, 0.2);
   std::vector<T> y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
   Arena g = gpu_arena(std::max(kArenaBytes, static_cast<size_t>(8 * N * C) * sizeof(T)));
   Tensor X = view(x, {N, C}), W = view(w, {C}), B = with_bias ? view(b, {C}) : Tensor();
-  Tensor gX = to_device_at(g, X, off), gW = to_device(g, W), gB = with_bias ? to_device(g, B) : Tensor();
-  Tensor gY = g.alloc({N, C}, dt), gMean = g.alloc({N}, dt), gRstd = g.alloc({N}, dt);
+  Tensor gX = to_device_at(g, X, at(kOffX)), gW = to_device(g, W), gB = with_bias ? to_device(g, B) : Tensor();
+  Tensor gY = g.alloc({N * C + at(kOffY)}, dt).slice(at(kOffY), at(kOffY) + N * C).view({N, C}), gMean = g.alloc({N}, dt),
+         gRstd = g.alloc({N}, dt);
   const double eps = 1e-5;
   if (rms) {
     k::rmsnorm_forward(X, W, eps, view(y, {N, C}), view(rstd, {N}));
@@ -127,10 +131,10 @@ void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms, int64_t off 
   // Backward ACCUMULATES into dx, dw, db: start them non-zero. Both twins get
   // the CPU's mean/rstd, so only the kernels differ.
   auto dy = randn<T>(N * C, 14 + C), dx = randn<T>(N * C, 15), dw = randn<T>(C, 16), db = randn<T>(C, 17);
-  Tensor gDy = to_device_at(g, view(dy, {N, C}), off), gMean2 = to_device(g, view(mean, {N})),
+  Tensor gDy = to_device_at(g, view(dy, {N, C}), at(kOffDy)), gMean2 = to_device(g, view(mean, {N})),
          gRstd2 = to_device(g, view(rstd, {N}));
   auto run_gpu = [&](std::vector<T>& odx, std::vector<T>& odw, std::vector<T>& odb) {
-    Tensor gDx = to_device_at(g, view(dx, {N, C}), off), gDw = to_device(g, view(dw, {C})),
+    Tensor gDx = to_device_at(g, view(dx, {N, C}), at(kOffDx)), gDw = to_device(g, view(dw, {C})),
            gDb = with_bias ? to_device(g, view(db, {C})) : Tensor();
     if (rms) k::rmsnorm_backward(gDy, gX, gW, gRstd2, gDx, gDw);
     else k::layernorm_backward(gDy, gX, gW, gMean2, gRstd2, gDx, gDw, gDb);
@@ -167,35 +171,40 @@ void set_norm_packed(bool on) {
 #endif
 }
 
-// The norms' shapes (norm.cu). With fp32 parameters, C a multiple of 8 up
-// to 4096 and aligned rows: the packed kernels (set_norm_packed, the
-// default). C = 8, 1000 and 2048 are one pack a thread, 2056 and 4096 two
+// The norms' shapes (norm.cu). With fp32 parameters, C a multiple of 8
+// from 1024 to 4096 and aligned rows: the packed kernels (set_norm_packed,
+// the default). C = 1024 and 2048 are one pack a thread, 2056 and 4096 two
 // (2056's second only in thread 0). Forward blocks hold 4 rows; backward
-// blocks 32 rows in groups of 4 (2 with two packs a thread): 37 rows end in
-// a 5-row chunk, 45 in a 13-row one, and 600 rows are 19 chunks, more than
-// the column sum's 16 lanes. Otherwise (and always for fp64): the
-// column-a-thread kernels. Their backward blocks hold 16 rows: 1100 rows
-// are 69 chunks, the last one short; columns per thread 1, 2, 4, 8 and 16
-// for C = 70, 300, 1000, 2048 and 4096, the last one partly past the row at
-// 1000. 4500 wide: the three-kernel path (600 rows: 2 chunks of its column
-// sums). The packed kernels' shapes run again with them off, and with
-// offset rows (which cannot take packs).
+// blocks N / 256 rows rounded up in groups of 4 (2 with two packs a
+// thread): 37 rows are 37 one-row chunks, 300 are 150 of 2, 1203 are 241 of
+// 5 (a one-row group closes each, and the last chunk holds 3), 520 with two
+// packs 174 of 3 (a one-row group closes each). Otherwise (narrower or
+// unaligned rows, and always fp64): the column-a-thread kernels. Their
+// backward blocks hold 16 rows: 1100 rows are 69 chunks, the last one
+// short; columns per thread 1, 2, 4, 8 and 16 for C = 70, 300, 1000, 2048
+// and 4096, the last one partly past the row at 1000 (and 128: a
+// --qk-layernorm head). 4500 wide: the three-kernel path (600 rows: 2
+// chunks of its column sums). The packed kernels' shapes run again with
+// them off; then x, y, dy and dx offset in turn (rows that cannot take
+// packs), and all four together.
 template <typename F>
 void for_norm_cases(F&& run) {
-  const std::pair<int64_t, int64_t> packable[] = {{300, 1000}, {33, 2048}, {17, 4096}, {37, 1000}, {45, 2056}, {600, 8}};
-  const std::pair<int64_t, int64_t> others[] = {{37, 129}, {1100, 70}, {1, 3}, {0, 64}, {20, 300}, {45, 4500}, {600, 4500}};
-  for (auto [N, C] : packable) run(N, C, int64_t{0});
-  for (auto [N, C] : others) run(N, C, int64_t{0});
+  const std::pair<int64_t, int64_t> packable[] = {{300, 1024}, {33, 2048}, {17, 4096},
+                                                  {37, 1024},  {1203, 1024}, {520, 2056}};
+  const std::pair<int64_t, int64_t> others[] = {{37, 129}, {1100, 70}, {1, 3},     {0, 64},    {20, 300},
+                                                {45, 4500}, {600, 4500}, {300, 1000}, {64, 128}};
+  for (auto [N, C] : packable) run(N, C, 0);
+  for (auto [N, C] : others) run(N, C, 0);
   set_norm_packed(false);
-  for (auto [N, C] : packable) run(N, C, int64_t{0});
+  for (auto [N, C] : packable) run(N, C, 0);
   set_norm_packed(true);
-  run(37, 1000, 1);
-  run(20, 2048, 1);
+  for (int off : {kOffX, kOffY, kOffDy, kOffDx}) run(37, 1024, off);
+  run(20, 2048, kOffX | kOffY | kOffDy | kOffDx);
 }
 
 TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
-  for_norm_cases([](int64_t N, int64_t C, int64_t off) {
+  for_norm_cases([](int64_t N, int64_t C, int off) {
     layernorm_case<float>(N, C, true, false, off);
     layernorm_case<float>(N, C, false, false, off);
     layernorm_case<double>(N, C, true, false, off);
@@ -205,10 +214,81 @@ TEST(CudaTwin, LayerNormForwardBackwardMatchCpu) {
 
 TEST(CudaTwin, RmsNormForwardBackwardMatchCpu) {
   MT_REQUIRE_GPU();
-  for_norm_cases([](int64_t N, int64_t C, int64_t off) {
+  for_norm_cases([](int64_t N, int64_t C, int off) {
     layernorm_case<float>(N, C, false, true, off);
     layernorm_case<double>(N, C, false, true, off);
   });
+}
+
+// In place, as the CUDA twins allow: the forward's y over x and the
+// backward's dx over dy (the packed kernels at 1024 wide, the column
+// kernels at 70), against the CPU twin on separate buffers.
+TEST(CudaTwin, NormsInPlaceMatchCpu) {
+  MT_REQUIRE_GPU();
+  Arena g = gpu_arena(kArenaBytes);
+  const int64_t N = 45;
+  for (const int64_t C : {int64_t{1024}, int64_t{70}})
+    for (bool rms : {false, true}) {
+      const std::string what = fmt::format("{} C={} in place", rms ? "rmsnorm" : "layernorm", C);
+      auto x = randn<float>(N * C, 120 + C, 1.0, 0.3), w = randn<float>(C, 121, 0.5, 1.0), b = randn<float>(C, 122, 0.2);
+      std::vector<float> y(static_cast<size_t>(N * C)), mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+      const Tensor X = view(x, {N, C}), W = view(w, {C}), B = rms ? Tensor() : view(b, {C});
+      const Tensor gXY = to_device(g, X), gW = to_device(g, W), gB = rms ? Tensor() : to_device(g, B),
+                   gMean = g.alloc({N}, DType::kF32), gRstd = g.alloc({N}, DType::kF32);
+      if (rms) {
+        k::rmsnorm_forward(X, W, 1e-5, view(y, {N, C}), view(rstd, {N}));
+        k::rmsnorm_forward(gXY, gW, 1e-5, gXY, gRstd);
+      } else {
+        k::layernorm_forward(X, W, B, 1e-5, view(y, {N, C}), view(mean, {N}), view(rstd, {N}));
+        k::layernorm_forward(gXY, gW, gB, 1e-5, gXY, gMean, gRstd);
+      }
+      expect_close(to_host<float>(gXY), y, Tol<float>::sum, Tol<float>::sum, what + " y");
+      // dx starts as dy (one buffer on the GPU, a copy on the CPU).
+      auto dy = randn<float>(N * C, 123), dw = randn<float>(C, 124), db = randn<float>(C, 125);
+      std::vector<float> dx = dy;
+      const Tensor gX = to_device(g, X), gD = to_device(g, view(dy, {N, C})), gDw = to_device(g, view(dw, {C})),
+                   gDb = rms ? Tensor() : to_device(g, view(db, {C})), gMean2 = to_device(g, view(mean, {N})),
+                   gRstd2 = to_device(g, view(rstd, {N}));
+      if (rms) {
+        k::rmsnorm_backward(gD, gX, gW, gRstd2, gD, gDw);
+        k::rmsnorm_backward(view(dy, {N, C}), X, W, view(rstd, {N}), view(dx, {N, C}), view(dw, {C}));
+      } else {
+        k::layernorm_backward(gD, gX, gW, gMean2, gRstd2, gD, gDw, gDb);
+        k::layernorm_backward(view(dy, {N, C}), X, W, view(mean, {N}), view(rstd, {N}), view(dx, {N, C}),
+                              view(dw, {C}), view(db, {C}));
+        expect_close(to_host<float>(gDb), db, Tol<float>::sum, Tol<float>::sum, what + " db");
+      }
+      expect_close(to_host<float>(gD), dx, Tol<float>::wide, Tol<float>::sum, what + " dx");
+      expect_close(to_host<float>(gDw), dw, Tol<float>::sum, Tol<float>::sum, what + " dw");
+    }
+}
+
+// set_norm_packed switches kernels: the same backward with the packed
+// kernels and without gives dw within rounding of each other but not bit for
+// bit (5-row against 16-row column partials: another summation order), so
+// the default runs above took the packed kernels.
+TEST(CudaTwin, NormPackedSwitchChangesTheKernel) {
+  MT_REQUIRE_GPU();
+  const int64_t N = 1203, C = 1024;
+  auto x = randn<float>(N * C, 130, 1.0, 0.3), w = randn<float>(C, 131, 0.5, 1.0), dy = randn<float>(N * C, 132);
+  auto dx = randn<float>(N * C, 133);
+  std::vector<float> y(static_cast<size_t>(N * C)), rstd(static_cast<size_t>(N)), zeros(static_cast<size_t>(C));
+  k::rmsnorm_forward(view(x, {N, C}), view(w, {C}), 1e-5, view(y, {N, C}), view(rstd, {N}));
+  Arena g = gpu_arena(std::max(kArenaBytes, static_cast<size_t>(4 * N * C) * sizeof(float)));
+  const Tensor gX = to_device(g, view(x, {N, C})), gW = to_device(g, view(w, {C})),
+               gDy = to_device(g, view(dy, {N, C})), gRstd = to_device(g, view(rstd, {N}));
+  std::vector<float> dw[2];
+  for (int packed = 0; packed < 2; ++packed) {
+    set_norm_packed(packed == 1);
+    const Tensor gDx = to_device(g, view(dx, {N, C})), gDw = to_device(g, view(zeros, {C}));
+    k::rmsnorm_backward(gDy, gX, gW, gRstd, gDx, gDw);
+    dw[packed] = to_host<float>(gDw);
+  }
+  set_norm_packed(true);
+  size_t differ = 0;
+  for (int64_t c = 0; c < C; ++c) differ += dw[0][static_cast<size_t>(c)] != dw[1][static_cast<size_t>(c)];
+  EXPECT_GT(differ, 0u) << "the packed and column kernels' dw are bit for bit the same: was a packed kernel run?";
+  expect_close(dw[1], dw[0], Tol<float>::sum, Tol<float>::sum * static_cast<double>(N) / 256.0, "dw packed vs column");
 }
 
 // bf16 outputs (the GEMM inputs under --bf16): the GPU's value rounded once,
@@ -225,22 +305,31 @@ void expect_bf16_close(const std::vector<bf16>& got, const std::vector<bf16>& wa
 TEST(CudaTwin, NormAndActivationBf16OutputsMatchCpu) {
   MT_REQUIRE_GPU();
   const int64_t N = 37, C = 129, F = 64;
-  auto x = randn<float>(N * C, 81, 1.0, 0.2), w = randn<float>(C, 82, 0.5, 1.0), b = randn<float>(C, 83, 0.2);
+  auto x = randn<float>(N * C, 81, 1.0, 0.2);
   Arena g = gpu_arena(kArenaBytes);
-  const Tensor X = view(x, {N, C}), W = view(w, {C}), B = view(b, {C});
-  const Tensor gX = to_device(g, X), gW = to_device(g, W), gB = to_device(g, B);
-  for (bool rms : {false, true}) {
-    std::vector<bf16> y(static_cast<size_t>(N * C));
-    std::vector<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
-    Tensor gY = g.alloc({N, C}, DType::kBF16), gMean = g.alloc({N}, DType::kF32), gRstd = g.alloc({N}, DType::kF32);
-    if (rms) {
-      k::rmsnorm_forward(X, W, 1e-5, view(y, {N, C}), view(rstd, {N}));
-      k::rmsnorm_forward(gX, gW, 1e-5, gY, gRstd);
-    } else {
-      k::layernorm_forward(X, W, B, 1e-5, view(y, {N, C}), view(mean, {N}), view(rstd, {N}));
-      k::layernorm_forward(gX, gW, gB, 1e-5, gY, gMean, gRstd);
+  const Tensor X = view(x, {N, C}), gX = to_device(g, X);
+  // Norms of fp32 rows into bf16 y: the column kernels (129 wide), the
+  // packed ones (1024 wide), and the column ones again for a y one element
+  // off 16-byte alignment (x aligned).
+  for (const auto& [Cn, yoff] : {std::pair<int64_t, int64_t>{C, 0}, {1024, 0}, {1024, 1}}) {
+    auto xn = randn<float>(N * Cn, 85 + Cn, 1.0, 0.2), wn = randn<float>(Cn, 86, 0.5, 1.0), bn = randn<float>(Cn, 87, 0.2);
+    const Tensor Xn = view(xn, {N, Cn}), Wn = view(wn, {Cn}), Bn = view(bn, {Cn});
+    const Tensor gXn = to_device(g, Xn), gWn = to_device(g, Wn), gBn = to_device(g, Bn);
+    for (bool rms : {false, true}) {
+      std::vector<bf16> y(static_cast<size_t>(N * Cn));
+      std::vector<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
+      Tensor gY = g.alloc({N * Cn + yoff}, DType::kBF16).slice(yoff, yoff + N * Cn).view({N, Cn}),
+             gMean = g.alloc({N}, DType::kF32), gRstd = g.alloc({N}, DType::kF32);
+      if (rms) {
+        k::rmsnorm_forward(Xn, Wn, 1e-5, view(y, {N, Cn}), view(rstd, {N}));
+        k::rmsnorm_forward(gXn, gWn, 1e-5, gY, gRstd);
+      } else {
+        k::layernorm_forward(Xn, Wn, Bn, 1e-5, view(y, {N, Cn}), view(mean, {N}), view(rstd, {N}));
+        k::layernorm_forward(gXn, gWn, gBn, 1e-5, gY, gMean, gRstd);
+      }
+      expect_bf16_close(to_host<bf16>(gY), y,
+                        fmt::format("{} bf16 y C={}{}", rms ? "rmsnorm" : "layernorm", Cn, yoff ? ", offset y" : ""));
     }
-    expect_bf16_close(to_host<bf16>(gY), y, rms ? "rmsnorm bf16 y" : "layernorm bf16 y");
   }
   for (k::GeluKind kind : {k::GeluKind::kExact, k::GeluKind::kTanh, k::GeluKind::kSquaredRelu}) {
     std::vector<bf16> y(static_cast<size_t>(N * C));
@@ -543,10 +632,11 @@ TEST(CudaTwin, Bf16ResidualStreamOpsMatchCpu) {
     k::dropout_forward(gX, gY, 0.25, 5, 6, 77);
     expect_bitwise(to_host<bf16>(gY), y, "dropout bf16");
   }
-  // The backward's packed kernel (40, 1000, 2056; then with it off, the
-  // column-a-thread kernel), and the wide path (4100).
-  for (const auto& [C, packed] : {std::pair<int64_t, bool>{40, true}, {1000, true}, {2056, true}, {40, false},
-                                 {1000, false}, {4100, true}}) {
+  // The packed kernels (1024, 2056; then with them off, the column-a-thread
+  // kernels), the column kernels for narrow rows (40), and the backward's
+  // wide path (4100).
+  for (const auto& [C, packed] : {std::pair<int64_t, bool>{1024, true}, {2056, true}, {40, true}, {1024, false},
+                                 {2056, false}, {4100, true}}) {
     set_norm_packed(packed);
     const int64_t N = 37;
     auto xh = bf16_randn(N * C, 104 + C, 1.3);

@@ -3,13 +3,15 @@
 // parameters (kernels/norm.h has the contract; bf16 values are widened as
 // loaded and a bf16 dx rounded once as stored, as in the CPU twin).
 //
-// Rows whose length C is a multiple of 8 up to 4096, with 16-byte aligned
-// tensors (every training shape here), take the packed kernels
-// (norm_fwd_packed, norm_bwd_packed: each thread moves 8 consecutive columns
-// as one 16-byte bf16 load, 4 rows a block share their barriers; see
-// packed_fits). Other rows, and every row when a benchmark turns the packed
-// kernels off (set_norm_packed(false)), take the column-a-thread kernels
-// below (the ones timed on the H200: bench/cuda_h200_notes.md).
+// Rows whose length C is a multiple of 8 from 1024 to 4096 (the hidden
+// sizes of the models trained here), with fp32 parameters and 16-byte
+// aligned tensors, take the packed kernels (norm_fwd_packed,
+// norm_bwd_packed: each thread moves 8 consecutive columns as one 16-byte
+// bf16 load, 4 rows share their barriers; see packed_fits). Other rows
+// (--qk-layernorm's heads, narrower models, fp64), and every row when a
+// benchmark turns the packed kernels off (set_norm_packed(false)), take the
+// column-a-thread kernels below (the ones timed on the H200:
+// bench/cuda_h200_notes.md).
 //
 // Forward: one block of kThreads per row. The mean and the variance are
 // accumulated in double for fp32 too (as the CPU twin does): each thread sums
@@ -20,8 +22,8 @@
 // when it has x's dtype: each thread writes only the elements it read, after the
 // block's last barrier.
 //
-// Backward (dx += ..., dw += ..., db += ...) for rows up to 4096 wide (all
-// of training's hidden sizes here): norm_bwd_fused, one block per 16 rows or
+// Column-a-thread backward (dx += ..., dw += ..., db += ...) for rows up to
+// 4096 wide: norm_bwd_fused, one block per 16 rows or
 // more, does the dx arithmetic of kernel 2 below row by row while its threads
 // add dy * xhat and dy of their columns; the block stores those column
 // partials, and norm_bwd_chunk_sum adds the chunks' partials onto dw/db in a
@@ -183,8 +185,10 @@ __global__ void norm_bwd_dx(int64_t C, const D* dy, const X* __restrict__ x, con
 }
 
 // ---- the packed kernels' layout (forward and backward): C a multiple of
-// kPackW up to kThreads * kPackW * kMaxPacks, every pointer 16-byte aligned
-// (so every row is). Thread t owns the packs of kPackW consecutive columns
+// kPackW from kThreads * kPackW / 2 to kThreads * kPackW * kMaxPacks (at
+// least half the threads busy: narrower rows, such as --qk-layernorm's
+// heads of 128, would leave most of a block idle and stay with the column
+// kernels), every pointer 16-byte aligned (so every row is). Thread t owns the packs of kPackW consecutive columns
 // starting at kPackW * (t + kThreads * j): a bf16 row moves as one 16-byte
 // load or store per thread and pack, 8 times fewer memory instructions than
 // a column a thread. kGroupRows rows go together: their loads are in flight
@@ -200,14 +204,17 @@ inline constexpr bool kPackedTypes = sizeof(T) == 4;
 
 // Whether a row length and these pointers (null ones aside) take the packed kernels.
 inline bool packed_fits(int64_t C, std::initializer_list<const void*> ps) {
-  return C % kPackW == 0 && C <= int64_t{kThreads} * kPackW * kMaxPacks && packs_fit(16, ps);
+  return C % kPackW == 0 && C >= int64_t{kThreads} * kPackW / 2 && C <= int64_t{kThreads} * kPackW * kMaxPacks &&
+         packs_fit(16, ps);
 }
 
 // The forward of kGroupRows rows a block (rows past N are skipped): the rows
 // are read once into registers (norm_fwd reads a row three times), and the
-// sums of a group take one barrier each. Same arithmetic as norm_fwd: sums
-// in double, then mu and rstd rounded to T, y from T values. y may alias x
-// (each thread writes only the elements it holds).
+// sums of a group take one barrier each. norm_fwd's formulas (sums in
+// double, mu and rstd rounded to T, y from T values) in another summation
+// order (8 consecutive columns a thread, the warps added in order), so mu
+// and rstd may differ from norm_fwd's in the last bit. y may alias x (each
+// thread writes only the elements it holds).
 template <typename T, typename X, typename Y, int NP>
 __global__ void __launch_bounds__(kThreads)
     norm_fwd_packed(int64_t N, int64_t C, const X* x, const T* __restrict__ w, const T* __restrict__ b, double eps,
@@ -279,6 +286,9 @@ __global__ void __launch_bounds__(kThreads)
         }
     }
   row_sums(v, part_v);
+  // w and b are loaded again for each row of the group (L1 hits): held in
+  // registers for the whole group they take ptxas sm_90a from 78 registers
+  // to 100, three blocks an SM to two.
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     const int64_t i = i0 + g;
@@ -462,13 +472,12 @@ void launch_bwd_fused(int64_t N, int64_t C, const D* dy, const X* x, const T* w,
 // double-buffered shared table (no second barrier to broadcast a total).
 // Column partials as in norm_bwd_fused (rows in order per column), then
 // norm_bwd_chunk_sum. Deterministic: fixed shapes, no atomics.
-// Rows per block: at least 32, and at most 256 chunks whatever N is (training's
-// 8192 rows: 256 blocks, about one wave at two blocks an SM; the column
-// partials then take 2 x 256 x C values).
+// Rows per block: N / 256 rounded up, so at most 256 chunks whatever N is
+// (training's 8192 rows: 256 blocks of 32, about one wave at two blocks an
+// SM; the column partials then take 2 x 256 x C values). A chunk need not
+// hold whole groups: its last group stops at the chunk's end.
 constexpr int64_t kMaxPackedChunks = 256;
-inline int64_t packed_rows(int64_t N) {
-  return std::max<int64_t>(32, (N + kMaxPackedChunks - 1) / kMaxPackedChunks);
-}
+inline int64_t packed_rows(int64_t N) { return std::max<int64_t>(1, (N + kMaxPackedChunks - 1) / kMaxPackedChunks); }
 
 // kRms: RMSNorm (no mean term, no column sums of dy). (Two blocks an SM:
 // at most 128 registers; ptxas sm_90a: bf16 rows do not spill, fp32 rows up
