@@ -21,7 +21,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -37,37 +36,13 @@
 #endif
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
+#include "peer_timing.h"
 
 using namespace mt;
+using mt::bench::run_peer;
+using mt::bench::time_ms;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-template <typename F>
-double time_ms(int reps, F&& f) {
-  f();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return median(t);
-}
-
-// Runs the PyTorch side (attention_torch_bench.py): its one output line holds
-// the median forward and backward milliseconds.
-bool run_peer(const std::string& cmd, double& fwd_ms, double& bwd_ms) {
-  FILE* p = popen(cmd.c_str(), "r");
-  const bool ok = p && std::fscanf(p, "%lf %lf", &fwd_ms, &bwd_ms) == 2;
-  if (p) pclose(p);
-  if (!ok) std::printf("  PyTorch: failed to run %s\n", cmd.c_str());
-  return ok;
-}
 
 // Causal FLOPs: each of the GEMM-like products over the T(T+1)/2 lower
 // triangle; forward 2 products, backward 5 (S and dP recomputed, dV, dK, dQ).
@@ -138,11 +113,11 @@ int run_cuda(int64_t T, int64_t B, int64_t H, int64_t G, int64_t D, int reps, bo
     kernels::AttentionOptions o{1.0 / std::sqrt(static_cast<double>(D))};
     o.bf16_matmul = v.tc;
     const bool used = kernels::cuda::attention_uses_tensor_cores(v.q, L, o);
-    const double fwd = time_ms(reps, [&] {
+    const double fwd = time_ms(reps, 1, [&] {
       kernels::attention_forward(v.q, L, o, v.o, tl);
       cuda::synchronize();
     });
-    const double bwd = time_ms(reps, [&] {
+    const double bwd = time_ms(reps, 1, [&] {
       kernels::attention_backward(v.q, v.o, v.dout, tl, L, o, v.dq);
       cuda::synchronize();
     });
@@ -226,8 +201,8 @@ int main(int argc, char** argv) {
   Tensor tq(qkv.data(), {N, L.row()}, DType::kF32), to(out.data(), {N, H * D}, DType::kF32),
       tdo(dout.data(), {N, H * D}, DType::kF32), tl(lse.data(), {B, H, T}, DType::kF32),
       tdq(dqkv.data(), {N, L.row()}, DType::kF32);
-  const double fwd = time_ms(reps, [&] { kernels::attention_forward(tq, L, o, to, tl); });
-  const double bwd = time_ms(reps, [&] { kernels::attention_backward(tq, to, tdo, tl, L, o, tdq); });
+  const double fwd = time_ms(reps, 1, [&] { kernels::attention_forward(tq, L, o, to, tl); });
+  const double bwd = time_ms(reps, 1, [&] { kernels::attention_backward(tq, to, tdo, tl, L, o, tdq); });
   const Flops f = causal_flops(T, B, H, D);
   const double f_fwd = f.fwd, f_bwd = f.bwd;
   std::printf("causal attention B=%lld T=%lld heads=%lld groups=%lld d=%lld fp32, %d threads, median of %d\n",

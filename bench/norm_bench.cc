@@ -23,8 +23,6 @@
 // both rows, and the output says so.
 // The benchmark model's shape (micro-batch 4 x sequence 2048, hidden 2048):
 //   norm_bench --device cuda --rows 8192 --cols 2048
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,38 +37,13 @@
 #endif
 #include "kernels/elementwise.h"
 #include "kernels/norm.h"
+#include "peer_timing.h"
 
 using namespace mt;
+using mt::bench::run_peer;
+using mt::bench::time_ms;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median over `reps` samples (after one warm-up) of f's time divided by
-// `calls`; f makes `calls` calls and waits for them.
-template <typename F>
-double time_ms(int reps, int calls, F&& f) {
-  f();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / calls);
-  }
-  return median(t);
-}
-
-// The PyTorch side's one output line: median forward and backward ms per call.
-bool run_peer(const std::string& cmd, double& fwd_ms, double& bwd_ms) {
-  FILE* p = popen(cmd.c_str(), "r");
-  const bool ok = p && std::fscanf(p, "%lf %lf", &fwd_ms, &bwd_ms) == 2;
-  if (p) pclose(p);
-  if (!ok) std::printf("  PyTorch: failed to run %s\n", cmd.c_str());
-  return ok;
-}
 
 struct Problem {
   int64_t rows, cols;
