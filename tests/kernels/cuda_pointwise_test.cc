@@ -161,6 +161,13 @@ void layernorm_case(int64_t N, int64_t C, bool with_bias, bool rms, int off = 0)
   if (with_bias) expect_bitwise(gdb2, gdb, what + " db, second run");
 }
 
+// RMSNorm (b and mean unused) or LayerNorm forward, eps 1e-5.
+void norm_forward(bool rms, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y, const Tensor& mean,
+                  const Tensor& rstd) {
+  if (rms) k::rmsnorm_forward(x, w, 1e-5, y, rstd);
+  else k::layernorm_forward(x, w, b, 1e-5, y, mean, rstd);
+}
+
 // kernels::cuda::set_norm_packed where the CUDA backend is compiled (the
 // no-CUDA compile check builds these tests without it).
 void set_norm_packed(bool on) {
@@ -235,13 +242,8 @@ TEST(CudaTwin, NormsInPlaceMatchCpu) {
       const Tensor X = view(x, {N, C}), W = view(w, {C}), B = rms ? Tensor() : view(b, {C});
       const Tensor gXY = to_device(g, X), gW = to_device(g, W), gB = rms ? Tensor() : to_device(g, B),
                    gMean = g.alloc({N}, DType::kF32), gRstd = g.alloc({N}, DType::kF32);
-      if (rms) {
-        k::rmsnorm_forward(X, W, 1e-5, view(y, {N, C}), view(rstd, {N}));
-        k::rmsnorm_forward(gXY, gW, 1e-5, gXY, gRstd);
-      } else {
-        k::layernorm_forward(X, W, B, 1e-5, view(y, {N, C}), view(mean, {N}), view(rstd, {N}));
-        k::layernorm_forward(gXY, gW, gB, 1e-5, gXY, gMean, gRstd);
-      }
+      norm_forward(rms, X, W, B, view(y, {N, C}), view(mean, {N}), view(rstd, {N}));
+      norm_forward(rms, gXY, gW, gB, gXY, gMean, gRstd);
       expect_close(to_host<float>(gXY), y, Tol<float>::sum, Tol<float>::sum, what + " y");
       // dx starts as dy (one buffer on the GPU, a copy on the CPU).
       auto dy = randn<float>(N * C, 123), dw = randn<float>(C, 124), db = randn<float>(C, 125);
@@ -320,13 +322,8 @@ TEST(CudaTwin, NormAndActivationBf16OutputsMatchCpu) {
       std::vector<float> mean(static_cast<size_t>(N)), rstd(static_cast<size_t>(N));
       Tensor gY = g.alloc({N * Cn + yoff}, DType::kBF16).slice(yoff, yoff + N * Cn).view({N, Cn}),
              gMean = g.alloc({N}, DType::kF32), gRstd = g.alloc({N}, DType::kF32);
-      if (rms) {
-        k::rmsnorm_forward(Xn, Wn, 1e-5, view(y, {N, Cn}), view(rstd, {N}));
-        k::rmsnorm_forward(gXn, gWn, 1e-5, gY, gRstd);
-      } else {
-        k::layernorm_forward(Xn, Wn, Bn, 1e-5, view(y, {N, Cn}), view(mean, {N}), view(rstd, {N}));
-        k::layernorm_forward(gXn, gWn, gBn, 1e-5, gY, gMean, gRstd);
-      }
+      norm_forward(rms, Xn, Wn, Bn, view(y, {N, Cn}), view(mean, {N}), view(rstd, {N}));
+      norm_forward(rms, gXn, gWn, gBn, gY, gMean, gRstd);
       expect_bf16_close(to_host<bf16>(gY), y,
                         fmt::format("{} bf16 y C={}{}", rms ? "rmsnorm" : "layernorm", Cn, yoff ? ", offset y" : ""));
     }

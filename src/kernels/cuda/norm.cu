@@ -208,6 +208,59 @@ inline bool packed_fits(int64_t C, std::initializer_list<const void*> ps) {
          packs_fit(16, ps);
 }
 
+// The packs a thread owns: pack j starts at column col[j] and lies in the
+// row when on[j] (C a multiple of kPackW: wholly in it or wholly past it;
+// C <= 4096: int columns).
+template <int NP>
+struct ThreadPacks {
+  int col[NP];
+  bool on[NP];
+  __device__ __forceinline__ explicit ThreadPacks(int64_t C) {
+#pragma unroll
+    for (int j = 0; j < NP; ++j) {
+      col[j] = kPackW * (static_cast<int>(threadIdx.x) + kThreads * j);
+      on[j] = col[j] < static_cast<int>(C);
+    }
+  }
+};
+
+// f(g, j) for the first `rows` rows g of a group of G (the others lie past
+// the rows' end) and the packs j of the row, rows in order, unrolled.
+template <int G, int NP, typename F>
+__device__ __forceinline__ void each_pack(const ThreadPacks<NP>& tp, int64_t rows, F&& f) {
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    if (g < rows) {
+#pragma unroll
+      for (int j = 0; j < NP; ++j)
+        if (tp.on[j]) f(g, j);
+    }
+}
+
+// s[k], first <= k < K, summed over the block into every thread's s[k]: warp
+// trees to lane 0, lane 0 into part, one barrier, then each thread adds the
+// warps' values in warp order (the same bits in every thread). The caller
+// sees to it that no thread still reads part from an earlier call (separate
+// tables, or a barrier between).
+template <int K, typename T>
+__device__ __forceinline__ void block_sums(T (&s)[K], T (&part)[kThreads / 32][K], int first = 0) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (k < first) continue;
+    const T v = warp_sum_to_lane0(s[k]);
+    if (lane == 0) part[warp][k] = v;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (k < first) continue;
+    T t = 0;
+    for (int q = 0; q < kThreads / 32; ++q) t += part[q][k];
+    s[k] = t;
+  }
+}
+
 // The forward of kGroupRows rows a block (rows past N are skipped): the rows
 // are read once into registers (norm_fwd reads a row three times), and the
 // sums of a group take one barrier each. norm_fwd's formulas (sums in
@@ -221,98 +274,55 @@ __global__ void __launch_bounds__(kThreads)
                     Y* y, T* mean, T* rstd, bool rms) {
   constexpr int W = kPackW, G = kGroupRows, kWarps = kThreads / 32;
   __shared__ double part_m[kWarps][G], part_v[kWarps][G];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * G;
-  const int Ci = static_cast<int>(C);
-  int col[NP];
-  bool on[NP];
-#pragma unroll
-  for (int j = 0; j < NP; ++j) {
-    col[j] = W * (static_cast<int>(threadIdx.x) + kThreads * j);
-    on[j] = col[j] < Ci;
-  }
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * G, rows = N - i0;
+  const ThreadPacks<NP> tp(C);
   Pack<X, W> xv[G][NP];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-    if (i0 + g < N) {
-#pragma unroll
-      for (int j = 0; j < NP; ++j)
-        if (on[j]) xv[g][j] = ld_pack<W>(x + (i0 + g) * C + col[j]);
-    }
-  // Each thread's share of a row's sum, then the block's total in every
-  // thread: warp trees to lane 0, the warps' partials added in warp order.
-  auto row_sums = [&](double (&s)[G], double (&part)[kWarps][G]) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const double v = warp_sum_to_lane0(s[g]);
-      if (lane == 0) part[warp][g] = v;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      double t = 0;
-      for (int q = 0; q < kWarps; ++q) t += part[q][g];
-      s[g] = t;
-    }
-  };
+  each_pack<G>(tp, rows, [&](int g, int j) { xv[g][j] = ld_pack<W>(x + (i0 + g) * C + tp.col[j]); });
   double m[G] = {};
   if (!rms) {
+    each_pack<G>(tp, rows, [&](int g, int j) {
 #pragma unroll
-    for (int g = 0; g < G; ++g)
-      if (i0 + g < N) {
-#pragma unroll
-        for (int j = 0; j < NP; ++j)
-          if (on[j]) {
-#pragma unroll
-            for (int e = 0; e < W; ++e) m[g] += static_cast<double>(ld<T>(xv[g][j].v[e]));
-          }
-      }
-    row_sums(m, part_m);
+      for (int e = 0; e < W; ++e) m[g] += static_cast<double>(ld<T>(xv[g][j].v[e]));
+    });
+    block_sums(m, part_m);
 #pragma unroll
     for (int g = 0; g < G; ++g) m[g] /= static_cast<double>(C);
   }
   double v[G] = {};
+  each_pack<G>(tp, rows, [&](int g, int j) {
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      const double d = static_cast<double>(ld<T>(xv[g][j].v[e])) - m[g];
+      v[g] += d * d;
+    }
+  });
+  block_sums(v, part_v);
+  T mu[G], r[G];
 #pragma unroll
   for (int g = 0; g < G; ++g)
-    if (i0 + g < N) {
-#pragma unroll
-      for (int j = 0; j < NP; ++j)
-        if (on[j]) {
-#pragma unroll
-          for (int e = 0; e < W; ++e) {
-            const double d = static_cast<double>(ld<T>(xv[g][j].v[e])) - m[g];
-            v[g] += d * d;
-          }
-        }
-    }
-  row_sums(v, part_v);
+    mu[g] = static_cast<T>(m[g]), r[g] = static_cast<T>(1.0 / sqrt(v[g] / static_cast<double>(C) + eps));
   // w and b are loaded again for each row of the group (L1 hits): held in
   // registers for the whole group they take ptxas sm_90a from 78 registers
   // to 100, three blocks an SM to two.
+  each_pack<G>(tp, rows, [&](int g, int j) {
+    const Pack<T, W> wp = ld_pack<W>(w + tp.col[j]);
+    Pack<T, W> bp{};
+    if (b) bp = ld_pack<W>(b + tp.col[j]);
+    Pack<Y, W> out;
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const int64_t i = i0 + g;
-    if (i >= N) continue;
-    const T mu = static_cast<T>(m[g]), r = static_cast<T>(1.0 / sqrt(v[g] / static_cast<double>(C) + eps));
-#pragma unroll
-    for (int j = 0; j < NP; ++j)
-      if (on[j]) {
-        const Pack<T, W> wp = ld_pack<W>(w + col[j]);
-        Pack<T, W> bp{};
-        if (b) bp = ld_pack<W>(b + col[j]);
-        Pack<Y, W> out;
-#pragma unroll
-        for (int e = 0; e < W; ++e) {
-          const T o = (ld<T>(xv[g][j].v[e]) - mu) * r * wp.v[e];
-          out.v[e] = to_out<Y>(b ? o + bp.v[e] : o);
-        }
-        st_pack<W>(y + i * C + col[j], out);
-      }
-    if (threadIdx.x == 0) {
-      if (mean) mean[i] = mu;
-      rstd[i] = r;
+    for (int e = 0; e < W; ++e) {
+      const T o = (ld<T>(xv[g][j].v[e]) - mu[g]) * r[g] * wp.v[e];
+      out.v[e] = to_out<Y>(b ? o + bp.v[e] : o);
     }
-  }
+    st_pack<W>(y + (i0 + g) * C + tp.col[j], out);
+  });
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (g < rows) {
+        if (mean) mean[i0 + g] = mu[g];
+        rstd[i0 + g] = r[g];
+      }
 }
 
 // set_norm_packed: the packed kernels where they fit (the default).
@@ -493,112 +503,73 @@ __global__ void __launch_bounds__(kThreads, 2)
   // later, after a barrier that every thread reaches only once it has read
   // buffer b's totals.
   __shared__ T part[2][kWarps][2 * G];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t chunk = blockIdx.x, r0 = chunk * rows, r1 = min(N, r0 + rows);
-  const int Ci = static_cast<int>(C);
-  int col[NP];  // first column of each pack (C <= 4096: int)
-  bool on[NP];
+  const ThreadPacks<NP> tp(C);
   T aw[NP][W], ab[NP][W], wc[NP][W];
 #pragma unroll
   for (int j = 0; j < NP; ++j) {
-    col[j] = W * (static_cast<int>(threadIdx.x) + kThreads * j);
-    on[j] = col[j] < Ci;  // C is a multiple of W: a pack is wholly in the row or wholly past it
-    const Pack<T, W> wp = on[j] ? ld_pack<W>(w + col[j]) : Pack<T, W>{};
+    const Pack<T, W> wp = tp.on[j] ? ld_pack<W>(w + tp.col[j]) : Pack<T, W>{};
 #pragma unroll
     for (int e = 0; e < W; ++e) aw[j][e] = T(0), ab[j][e] = T(0), wc[j][e] = wp.v[e];
   }
   int buf = 0;
   for (int64_t i0 = r0; i0 < r1; i0 += G, buf ^= 1) {
+    const int64_t n = r1 - i0;  // the group's rows in the chunk: G, or fewer at its end
     // The group's dy and x, all loads issued before any is used (dx's are
     // issued after the barrier, before its first use: registers for two
-    // blocks an SM). Rows past r1 load nothing and add nothing. (dx may alias
-    // dy: each thread reads its packs of both before it writes them.)
+    // blocks an SM). Rows past the chunk load nothing and add nothing. (dx
+    // may alias dy: each thread reads its packs of both before it writes them.)
     Pack<D, W> d[G][NP];
     Pack<X, W> xv[G][NP], o[G][NP];
-    T mu[G], r[G], s[2 * G];
+    T mu[G], r[G], s[2 * G] = {};
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const int64_t i = i0 + g;
-      mu[g] = T(0), r[g] = T(0), s[g] = T(0), s[G + g] = T(0);
-      if (i < r1) {
-        if constexpr (!kRms) mu[g] = mean[i];
-        r[g] = rstd[i];
-#pragma unroll
-        for (int j = 0; j < NP; ++j)
-          if (on[j]) {
-            d[g][j] = ld_pack<W>(dy + i * C + col[j]);
-            xv[g][j] = ld_pack<W>(x + i * C + col[j]);
-          }
+      mu[g] = T(0), r[g] = T(0);
+      if (g < n) {
+        if constexpr (!kRms) mu[g] = mean[i0 + g];
+        r[g] = rstd[i0 + g];
       }
     }
+    each_pack<G>(tp, n, [&](int g, int j) {
+      d[g][j] = ld_pack<W>(dy + (i0 + g) * C + tp.col[j]);
+      xv[g][j] = ld_pack<W>(x + (i0 + g) * C + tp.col[j]);
+    });
     // Rows in order, so each column's partials add rows in order.
+    each_pack<G>(tp, n, [&](int g, int j) {
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const T dd = ld<T>(d[g][j].v[e]), xh = (ld<T>(xv[g][j].v[e]) - mu[g]) * r[g];
+        const T gv = dd * wc[j][e];
+        if constexpr (!kRms) s[g] += gv;
+        s[G + g] += gv * xh;
+        aw[j][e] += dd * xh;
+        if constexpr (!kRms) ab[j][e] += dd;
+      }
+    });
+    block_sums(s, part[buf], kRms ? G : 0);  // RMSNorm needs only sum(g xhat)
+    each_pack<G>(tp, n, [&](int g, int j) { o[g][j] = ld_pack<W>(dx + (i0 + g) * C + tp.col[j]); });
+    T mg[G], mgx[G];
 #pragma unroll
     for (int g = 0; g < G; ++g)
-      if (i0 + g < r1) {
+      mg[g] = kRms ? T(0) : s[g] / static_cast<T>(C), mgx[g] = s[G + g] / static_cast<T>(C);
+    each_pack<G>(tp, n, [&](int g, int j) {
+      Pack<X, W> out;
 #pragma unroll
-        for (int j = 0; j < NP; ++j)
-          if (on[j]) {
-#pragma unroll
-            for (int e = 0; e < W; ++e) {
-              const T dd = ld<T>(d[g][j].v[e]), xh = (ld<T>(xv[g][j].v[e]) - mu[g]) * r[g];
-              const T gv = dd * wc[j][e];
-              if constexpr (!kRms) s[g] += gv;
-              s[G + g] += gv * xh;
-              aw[j][e] += dd * xh;
-              if constexpr (!kRms) ab[j][e] += dd;
-            }
-          }
+      for (int e = 0; e < W; ++e) {
+        const T xh = (ld<T>(xv[g][j].v[e]) - mu[g]) * r[g];
+        out.v[e] = to_out<X>(ld<T>(o[g][j].v[e]) + r[g] * (ld<T>(d[g][j].v[e]) * wc[j][e] - mg[g] - xh * mgx[g]));
       }
-    // The group's sums over the block: warp trees to lane 0, the warps'
-    // partials through shared memory, then each thread adds them in warp
-    // order (the same bits in every thread). RMSNorm needs only sum(g xhat).
-#pragma unroll
-    for (int k = 0; k < 2 * G; ++k) {
-      if (k < G && kRms) continue;
-      const T v = warp_sum_to_lane0(s[k]);
-      if (lane == 0) part[buf][warp][k] = v;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-      if (i0 + g < r1) {
-#pragma unroll
-        for (int j = 0; j < NP; ++j)
-          if (on[j]) o[g][j] = ld_pack<W>(dx + (i0 + g) * C + col[j]);
-      }
-#pragma unroll
-    for (int k = 0; k < 2 * G; ++k) {
-      T t = 0;
-      if (!(k < G && kRms))
-        for (int q = 0; q < kWarps; ++q) t += part[buf][q][k];
-      s[k] = t;
-    }
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int64_t i = i0 + g;
-      if (i >= r1) continue;
-      const T mg = kRms ? T(0) : s[g] / static_cast<T>(C), mgx = s[G + g] / static_cast<T>(C);
-#pragma unroll
-      for (int j = 0; j < NP; ++j)
-        if (on[j]) {
-          Pack<X, W> out;
-#pragma unroll
-          for (int e = 0; e < W; ++e) {
-            const T xh = (ld<T>(xv[g][j].v[e]) - mu[g]) * r[g];
-            out.v[e] = to_out<X>(ld<T>(o[g][j].v[e]) + r[g] * (ld<T>(d[g][j].v[e]) * wc[j][e] - mg - xh * mgx));
-          }
-          st_pack<W>(dx + i * C + col[j], out);
-        }
-    }
+      st_pack<W>(dx + (i0 + g) * C + tp.col[j], out);
+    });
   }
 #pragma unroll
   for (int j = 0; j < NP; ++j)
-    if (on[j]) {
+    if (tp.on[j]) {
       Pack<T, W> a, b;
 #pragma unroll
       for (int e = 0; e < W; ++e) a.v[e] = aw[j][e], b.v[e] = ab[j][e];
-      st_pack<W>(pw + chunk * C + col[j], a);
-      if (!kRms && pb) st_pack<W>(pb + chunk * C + col[j], b);
+      st_pack<W>(pw + chunk * C + tp.col[j], a);
+      if (!kRms && pb) st_pack<W>(pb + chunk * C + tp.col[j], b);
     }
 }
 
