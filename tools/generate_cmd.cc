@@ -89,7 +89,13 @@ int generate_main(const std::vector<std::string>& args) {
   }
   const data::Tokenizer& tok = *loaded->tokenizer;
   std::vector<int32_t> ids;
-  tok.encode(prompt, &ids);
+  // As `megatron tokenize` does: a prompt Megatron's tokenizer refuses
+  // (invalid UTF-8; NullTokenizer: a word that is not an id of the
+  // vocabulary) is an error, not silently dropped ids.
+  if (Status st = tok.encode_checked(prompt, &ids); !st) {
+    std::fprintf(stderr, "megatron generate: error: --prompt: %s\n", st.message().c_str());
+    return 2;
+  }
   infer::GenerateOptions go;
   go.max_new_tokens = max_new_tokens;
   // Without --max-new-tokens, the default stops where the model's positions end.

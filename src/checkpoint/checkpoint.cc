@@ -442,14 +442,9 @@ Result<TensorInfo> LoadedCheckpoint::info(const std::string& name) const {
 
 namespace {
 
-bool read_small_file(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  *out = ss.str();
-  return true;
-}
+// The tracker and common.json: small text files (a FIFO or directory in
+// their place is refused rather than read).
+constexpr size_t kMaxTextFileBytes = size_t{64} << 20;
 
 // Shape from a JSON array of non-negative integers.
 bool parse_dims(const json& j, std::vector<int64_t>* v) {
@@ -472,12 +467,18 @@ Status open_rank_file(const std::string& path, int index, std::unique_ptr<Mapped
                       std::map<std::string, StoredTensor>* tensors) {
   auto f = std::make_unique<MappedFile>();
   f->path = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in place of the file must not block the open.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Status::not_found(fmt::format("checkpoint file '{}' cannot be opened: {}", path, errno_str()));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     return Status::io_error(fmt::format("cannot stat '{}': {}", path, errno_str()));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::invalid(
+        fmt::format("checkpoint file '{}' is not a regular file (a directory, FIFO or device stands in its place)", path));
   }
   f->size = static_cast<size_t>(st.st_size);
   if (f->size < 8) {
@@ -588,17 +589,17 @@ Result<std::optional<TrackerValue>> read_tracker_value(const std::string& dir) {
   std::error_code ec;
   const std::string path = fmt::format("{}/{}", dir, kTrackerFile);
   if (!fs::exists(path, ec)) return std::optional<TrackerValue>();
-  std::string text;
-  if (!read_small_file(path, &text)) return Status::io_error(fmt::format("cannot read '{}'", path));
-  std::string t = text;
+  auto text = read_regular_file(path, kMaxTextFileBytes);
+  if (!text) return text.status();
+  std::string t = *text;
   while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
   size_t b = 0;
   while (b < t.size() && std::isspace(static_cast<unsigned char>(t[b]))) ++b;
   t = t.substr(b);
   if (t == "release") return std::optional<TrackerValue>(TrackerValue{0, "release", t});
   if (t.empty() || t.size() > 18 || !std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return Status::corrupt(fmt::format("'{}' holds \"{}\"; expected an iteration number or \"release\"", path,
-                                       text.substr(0, 64)));
+    return Status::corrupt(fmt::format("'{}' holds {}; expected an iteration number or \"release\"", path,
+                                       json(text->substr(0, 64)).dump(-1, ' ', false, json::error_handler_t::replace)));
   const int64_t it = std::stoll(t);
   return std::optional<TrackerValue>(TrackerValue{it, iteration_dir_name(it), t});
 }
@@ -640,10 +641,12 @@ Result<LoadedCheckpoint> load_checkpoint(const std::string& load_dir, std::optio
                                        : fmt::format("'{}' names iteration {}, but '{}' does not exist", tracker,
                                                      impl->iteration, impl->dir));
   const std::string common_path = impl->dir + "/" + kCommonFile;
-  std::string text;
-  if (!read_small_file(common_path, &text))
-    return Status::corrupt(fmt::format("'{}' is missing or unreadable; the checkpoint is incomplete", common_path));
-  json c = json::parse(text, nullptr, false);
+  auto text = read_regular_file(common_path, kMaxTextFileBytes);
+  if (!text)
+    return text.status().code() == StatusCode::kNotFound
+               ? Status::corrupt(fmt::format("'{}' is missing; the checkpoint is incomplete", common_path))
+               : text.status();
+  json c = json::parse(*text, nullptr, false);
   if (c.is_discarded() || !c.is_object())
     return Status::corrupt(fmt::format("'{}' is not a JSON object", common_path));
   auto want_int = [&](const char* key) -> Result<int64_t> {

@@ -1,6 +1,7 @@
 #include "core/file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,6 +39,41 @@ Status write_file_atomic(const std::string& path, std::string_view data) {
     return Status::io_error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(err)));
   }
   return Status::ok();
+}
+
+Result<std::string> read_regular_file(const std::string& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string msg = fmt::format("cannot open '{}': {}", path, std::strerror(err));
+    return err == ENOENT ? Status::not_found(msg) : Status::io_error(msg);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::invalid(fmt::format("'{}' is not a regular file (a directory, FIFO or device stands in its place)", path));
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Status::corrupt(fmt::format("'{}' is {} bytes, more than the {} such a file can hold", path,
+                                       static_cast<long long>(st.st_size), max_bytes));
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::io_error(fmt::format("cannot read '{}': {}", path, std::strerror(err)));
+    }
+    if (n == 0) break;  // shrank while read
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
 }
 
 }  // namespace mt

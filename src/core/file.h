@@ -12,4 +12,11 @@ namespace mt {
 
 Status write_file_atomic(const std::string& path, std::string_view data);
 
+// The whole of a regular file of at most max_bytes. Anything else fails
+// with its path: kNotFound when it does not exist, kInvalid for a
+// directory, FIFO or device (opened without blocking, so a FIFO in place of
+// a file cannot hang the caller), kCorrupt past max_bytes, kIoError when a
+// read fails.
+Result<std::string> read_regular_file(const std::string& path, size_t max_bytes);
+
 }  // namespace mt

@@ -221,6 +221,7 @@ void FlagSet::add_list(const std::string& name, std::vector<std::string>* out,
     out->push_back(t);
     return Status::ok();
   };
+  f.clear = [=] { out->clear(); };
   add(std::move(f));
 }
 
@@ -319,6 +320,9 @@ void FlagSet::parse_tokens(const std::vector<std::string>& args,
       continue;
     }
     if (f.is_list) {
+      // As argparse's nargs lists: a flag given again replaces its values
+      // (the last --data-path wins, as the last --lr does), never appends.
+      f.clear();
       size_t n = 0;
       if (inline_value) {
         if (Status st = f.set(value); !st) error(current, st.message());

@@ -82,6 +82,7 @@ class FlagSet {
     bool is_list = false;
     std::function<Status(const std::string&)> set;  // for values
     std::function<void()> set_switch;               // for switches
+    std::function<void()> clear;                    // for lists: drop the values given so far
   };
   static Flag make_flag(const std::string& name, const std::string& help, const std::string& section,
                         const std::string& default_text);

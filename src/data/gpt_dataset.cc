@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -179,21 +180,32 @@ uint64_t fnv1a(const std::string& s) {
 }
 
 std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return {};
-  return std::string(std::istreambuf_iterator<char>(in), {});
+  auto text = read_regular_file(path, size_t{1} << 20);
+  return text ? *text : std::string();
 }
 
-Status check_indices(const GptIndices& r, int64_t num_sequences, const std::string& where) {
+// A cached index set that sample_tokens can read without leaving the
+// dataset: documents in range, sample rows (document position, token
+// offset) nondecreasing with each offset inside its sequence (an empty
+// sequence only at offset 0, and never both ends of a sample), shuffle
+// values in range.
+Status check_indices(const GptIndices& r, const Documents& ds, const std::string& where) {
   for (int32_t d : r.document_index)
-    if (d < 0 || d >= num_sequences) return Status::corrupt(fmt::format("{}: document index {} outside the dataset", where, d));
+    if (d < 0 || d >= ds.num_sequences())
+      return Status::corrupt(fmt::format("{}: document index {} outside the dataset", where, d));
   const int64_t n = r.num_samples(), docs = static_cast<int64_t>(r.document_index.size());
   if (static_cast<int64_t>(r.sample_index.size()) != 2 * (n + 1))
     return Status::corrupt(fmt::format("{}: sample index has {} entries, expected {}", where, r.sample_index.size(), 2 * (n + 1)));
-  for (int64_t j = 0; j <= n; ++j)
-    if (r.sample_index[2 * j] < 0 || r.sample_index[2 * j] >= docs || r.sample_index[2 * j + 1] < 0 ||
-        (j > 0 && r.sample_index[2 * j] < r.sample_index[2 * j - 2]))
-      return Status::corrupt(fmt::format("{}: sample index row {} out of range", where, j));
+  for (int64_t j = 0; j <= n; ++j) {
+    const int64_t pos = r.sample_index[2 * j], off = r.sample_index[2 * j + 1];
+    bool ok = pos >= 0 && pos < docs && off >= 0 && (j == 0 || pos >= r.sample_index[2 * j - 2]);
+    if (ok) {
+      const int64_t len = ds.sequence_length(r.document_index[pos]);
+      ok = off < len || off == 0;
+      if (ok && j > 0 && pos == r.sample_index[2 * j - 2]) ok = len > 0 && off >= r.sample_index[2 * j - 1];
+    }
+    if (!ok) return Status::corrupt(fmt::format("{}: sample index row {} out of range", where, j));
+  }
   for (int64_t v : r.shuffle_index)
     if (v < 0 || v >= n) return Status::corrupt(fmt::format("{}: shuffle index value {} out of range", where, v));
   return Status::ok();
@@ -207,6 +219,7 @@ Result<std::shared_ptr<GptDataset>> GptDataset::build(std::shared_ptr<const Docu
   auto out = std::make_shared<GptDataset>();
   out->ds_ = ds;
   out->seq_length_ = cfg.seq_length;
+  out->vocab_size_ = cfg.vocab_size;
   out->split_ = split;
   const bool drop_last = split != Split::kValid || cfg.drop_last_partial_validation;
 
@@ -235,7 +248,7 @@ Result<std::shared_ptr<GptDataset>> GptDataset::build(std::shared_ptr<const Docu
         out->idx_.document_index = std::move(*d);
         out->idx_.sample_index = std::move(*sm);
         out->idx_.shuffle_index = std::move(*sh);
-        Status ok = check_indices(out->idx_, ds->num_sequences(), base);
+        Status ok = check_indices(out->idx_, *ds, base);
         if (ok) {
           if (log) *log = fmt::format("loaded {} indices of {} from {}*: {} samples", split_name(split), ds->prefix(), base, out->size());
           return out;
@@ -267,18 +280,31 @@ Result<std::shared_ptr<GptDataset>> GptDataset::build(std::shared_ptr<const Docu
   return out;
 }
 
-void GptDataset::sample_tokens(int64_t k, int64_t* out) const {
+Status GptDataset::sample_tokens(int64_t k, int64_t* out) const {
   MT_CHECK(k >= 0 && k < size(), "sample index out of range");
   const int64_t j = idx_.shuffle_index[k];
   const int64_t d0 = idx_.sample_index[2 * j], o0 = idx_.sample_index[2 * j + 1];
   const int64_t d1 = idx_.sample_index[2 * j + 2], o1 = idx_.sample_index[2 * j + 3];
   const int64_t want = seq_length_ + 1;
   int64_t got = 0;
+  Status st;
   auto take = [&](int64_t pos, int64_t from, int64_t count) {
     const int64_t seq = idx_.document_index[pos];
     count = std::min(count, want - got);
-    if (count <= 0) return;
+    if (count <= 0 || !st) return;
     ds_->read(seq, from, count, out + got);
+    for (int64_t i = 0; i < count && vocab_size_ > 0; ++i) {
+      const int64_t v = out[got + i];
+      if (v >= 0 && v < vocab_size_) continue;
+      const std::string what = v == std::numeric_limits<int64_t>::lowest()
+                                   ? std::string("a value that is no integer token id")
+                                   : fmt::format("token id {}", v);
+      st = Status::corrupt(fmt::format(
+          "{} holds {}, outside the model's vocabulary [0, {}) (sample {} of {}): the dataset was made with "
+          "another tokenizer or --vocab-size than this run's, or the file is damaged",
+          ds_->token_place(seq, from + i), what, vocab_size_, k, describe()));
+      return;
+    }
     got += count;
   };
   if (d0 == d1) {
@@ -288,7 +314,9 @@ void GptDataset::sample_tokens(int64_t k, int64_t* out) const {
     for (int64_t d = d0 + 1; d < d1; ++d) take(d, 0, ds_->sequence_length(idx_.document_index[d]));
     take(d1, 0, o1 + 1);
   }
+  if (!st) return st;
   for (; got < want; ++got) out[got] = -1;  // padded last sample
+  return Status::ok();
 }
 
 std::string GptDataset::describe() const {
@@ -398,9 +426,9 @@ Result<std::shared_ptr<BlendedDataset>> BlendedDataset::create(std::vector<std::
   return b;
 }
 
-void BlendedDataset::sample_tokens(int64_t k, int64_t* out) const {
+Status BlendedDataset::sample_tokens(int64_t k, int64_t* out) const {
   MT_CHECK(k >= 0 && k < size(), "sample index out of range");
-  datasets_[dataset_index_[k]]->sample_tokens(dataset_sample_index_[k], out);
+  return datasets_[dataset_index_[k]]->sample_tokens(dataset_sample_index_[k], out);
 }
 
 std::string BlendedDataset::describe() const {

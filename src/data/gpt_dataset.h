@@ -77,8 +77,10 @@ class SampleSource {
   virtual int64_t size() const = 0;
   virtual int64_t seq_length() const = 0;
   // Writes seq_length + 1 tokens of sample k; positions past the data (only
-  // for a padded last validation sample) get -1.
-  virtual void sample_tokens(int64_t k, int64_t* out) const = 0;
+  // for a padded last validation sample) get -1. Fails (kCorrupt, naming the
+  // file, byte, sequence and token) on a stored value that is not an id of
+  // the vocabulary (GptDatasetConfig::vocab_size).
+  virtual Status sample_tokens(int64_t k, int64_t* out) const = 0;
   virtual std::string describe() const = 0;
 };
 
@@ -88,6 +90,9 @@ struct GptDatasetConfig {
   std::string cache_dir;       // --data-cache-path; empty: Megatron's <prefix>/cache/GPTDataset_indices
   bool no_cache = false;       // build in memory only (tests, mock data)
   bool drop_last_partial_validation = true;
+  // Every token read must be an id in [0, vocab_size): the model's (padded)
+  // vocabulary, which the embedding can look up. 0: not checked.
+  int64_t vocab_size = 0;
 };
 
 class GptDataset final : public SampleSource {
@@ -98,7 +103,7 @@ class GptDataset final : public SampleSource {
                                                    std::string* log = nullptr);
   int64_t size() const override { return idx_.num_samples(); }
   int64_t seq_length() const override { return seq_length_; }
-  void sample_tokens(int64_t k, int64_t* out) const override;
+  Status sample_tokens(int64_t k, int64_t* out) const override;
   std::string describe() const override;
   const GptIndices& indices() const { return idx_; }
 
@@ -106,6 +111,7 @@ class GptDataset final : public SampleSource {
   std::shared_ptr<const Documents> ds_;
   GptIndices idx_;
   int64_t seq_length_ = 0;
+  int64_t vocab_size_ = 0;
   Split split_ = Split::kTrain;
 };
 
@@ -130,7 +136,7 @@ class BlendedDataset final : public SampleSource {
                                                         std::vector<double> weights, std::optional<int64_t> size);
   int64_t size() const override { return static_cast<int64_t>(dataset_index_.size()); }
   int64_t seq_length() const override { return datasets_.front()->seq_length(); }
-  void sample_tokens(int64_t k, int64_t* out) const override;
+  Status sample_tokens(int64_t k, int64_t* out) const override;
   std::string describe() const override;
   const std::vector<int16_t>& dataset_index() const { return dataset_index_; }
   const std::vector<int64_t>& dataset_sample_index() const { return dataset_sample_index_; }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -58,7 +59,24 @@ void put(std::vector<uint8_t>& buf, T v) {
 }
 
 // Token conversion to and from the file's dtype. Integer dtypes only for
-// writing (tokens are ids); every dtype can be read.
+// writing (tokens are ids); every dtype can be read. A stored value that is
+// no integer of Out (a fraction, NaN or inf in a float file, an int64 past
+// int32) reads as Out's lowest value, kNotAnId: never a valid id, so the
+// vocabulary check that follows (GptDataset) reports it instead of a cast
+// quietly making some other id of it.
+template <typename Out>
+constexpr Out kNotAnId = std::numeric_limits<Out>::lowest();
+template <typename Out>
+Out id_of(int64_t v) {
+  return v < std::numeric_limits<Out>::lowest() || v > std::numeric_limits<Out>::max() ? kNotAnId<Out>
+                                                                                       : static_cast<Out>(v);
+}
+template <typename Out>
+Out id_of(double v) {
+  // 2^63 as a double; NaN fails every comparison.
+  if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0) || v != std::floor(v)) return kNotAnId<Out>;
+  return id_of<Out>(static_cast<int64_t>(v));
+}
 template <typename Out>
 void convert_in(DType d, const uint8_t* src, int64_t n, Out* out) {
   switch (d) {
@@ -67,9 +85,9 @@ void convert_in(DType d, const uint8_t* src, int64_t n, Out* out) {
     case DType::kInt16: for (int64_t i = 0; i < n; ++i) out[i] = static_cast<Out>(load<int16_t>(src + 2 * i)); break;
     case DType::kUInt16: for (int64_t i = 0; i < n; ++i) out[i] = static_cast<Out>(load<uint16_t>(src + 2 * i)); break;
     case DType::kInt32: for (int64_t i = 0; i < n; ++i) out[i] = static_cast<Out>(load<int32_t>(src + 4 * i)); break;
-    case DType::kInt64: for (int64_t i = 0; i < n; ++i) out[i] = static_cast<Out>(load<int64_t>(src + 8 * i)); break;
-    case DType::kFloat32: for (int64_t i = 0; i < n; ++i) out[i] = static_cast<Out>(load<float>(src + 4 * i)); break;
-    case DType::kFloat64: for (int64_t i = 0; i < n; ++i) out[i] = static_cast<Out>(load<double>(src + 8 * i)); break;
+    case DType::kInt64: for (int64_t i = 0; i < n; ++i) out[i] = id_of<Out>(load<int64_t>(src + 8 * i)); break;
+    case DType::kFloat32: for (int64_t i = 0; i < n; ++i) out[i] = id_of<Out>(static_cast<double>(load<float>(src + 4 * i))); break;
+    case DType::kFloat64: for (int64_t i = 0; i < n; ++i) out[i] = id_of<Out>(load<double>(src + 8 * i)); break;
   }
 }
 
@@ -343,6 +361,15 @@ std::vector<int32_t> IndexedDataset::sequence_lengths() const {
   std::vector<int32_t> v(static_cast<size_t>(S_));
   if (S_) std::memcpy(v.data(), idx_ + kIndexHeaderBytes, 4 * S_);
   return v;
+}
+
+std::string Documents::token_place(int64_t seq, int64_t token) const {
+  return fmt::format("{}: sequence {}, token {}", prefix(), seq, token);
+}
+
+std::string IndexedDataset::token_place(int64_t seq, int64_t token) const {
+  return fmt::format("{}.bin byte {} (sequence {}, token {})", prefix_,
+                     sequence_pointer(seq) + token * dtype_size(dtype_), seq, token);
 }
 
 void IndexedDataset::read(int64_t seq, int64_t offset, int64_t count, int32_t* out) const {

@@ -93,6 +93,8 @@ class Documents {
   // Copies tokens [offset, offset+count) of sequence `seq` into out.
   // REQUIRES: the range lies inside the sequence (MT_CHECK).
   virtual void read(int64_t seq, int64_t offset, int64_t count, int64_t* out) const = 0;
+  // Where token `token` of sequence `seq` lies, for error messages.
+  virtual std::string token_place(int64_t seq, int64_t token) const;
 };
 
 class IndexedDataset final : public Documents {
@@ -115,6 +117,7 @@ class IndexedDataset final : public Documents {
 
   void read(int64_t seq, int64_t offset, int64_t count, int32_t* out) const;
   void read(int64_t seq, int64_t offset, int64_t count, int64_t* out) const override;
+  std::string token_place(int64_t seq, int64_t token) const override;  // "<prefix>.bin byte B (sequence S, token T)"
   // Raw .bin bytes (for merging).
   std::span<const uint8_t> bin_bytes() const { return {bin_, bin_size_}; }
 

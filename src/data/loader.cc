@@ -105,7 +105,7 @@ Result<MicroBatch> DataLoader::next() {
   mb.tokens.resize(n), mb.labels.resize(n), mb.loss_mask.resize(n), mb.position_ids.resize(n), mb.segment_ids.resize(n);
   for (int64_t b = 0; b < mbs_; ++b) {
     const int64_t id = (*ids)[static_cast<size_t>(b)];
-    src_->sample_tokens(id, text_.data());
+    MT_RETURN_IF_ERROR(src_->sample_tokens(id, text_.data()));
     make_sample(text_.data(), b, opts_, &mb);
     mb.sample_ids.push_back(id);
   }

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -44,9 +45,9 @@ Status write_npy(const std::string& path, const std::vector<T>& data, std::vecto
 
 template <typename T>
 Result<std::vector<T>> read_npy(const std::string& path, std::vector<int64_t>* shape) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::not_found(fmt::format("{}: cannot open", path));
-  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  auto file = read_regular_file(path, std::numeric_limits<size_t>::max());
+  if (!file) return file.status();
+  const std::string& bytes = *file;
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0 || bytes[6] != 1)
     return Status::corrupt(fmt::format("{}: not a version-1 .npy file", path));
   uint16_t hl;
@@ -67,8 +68,14 @@ Result<std::vector<T>> read_npy(const std::string& path, std::vector<int64_t>* s
     if (pos >= dims.size()) break;
     size_t end = pos;
     while (end < dims.size() && std::isdigit(static_cast<unsigned char>(dims[end]))) ++end;
-    if (end == pos) return Status::corrupt(fmt::format("{}: bad shape '{}'", path, dims));
+    // At most 18 digits, and the element count and its bytes within the
+    // file: a damaged header must neither overflow nor wrap around to the
+    // file's size.
+    if (end == pos || end - pos > 18) return Status::corrupt(fmt::format("{}: bad shape '{}'", path, dims));
     shape->push_back(std::stoll(dims.substr(pos, end - pos)));
+    if (shape->back() != 0 && count > static_cast<int64_t>(bytes.size() / sizeof(T)) / shape->back())
+      return Status::corrupt(fmt::format("{}: shape ({}) holds more elements than the file's {} bytes", path, dims,
+                                         bytes.size()));
     count *= shape->back();
     pos = end;
   }

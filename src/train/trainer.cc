@@ -510,6 +510,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   dc.gpt.seed = static_cast<uint32_t>(cfg.seed);
   dc.mock_vocab_size = tokenizer->vocab_size();
   dc.mock_eod = tokenizer->eod();
+  dc.gpt.vocab_size = model.vocab();  // every token read must be an id the embedding holds
   const bool do_eval = cfg.eval_interval && cfg.eval_iters > 0;
   std::array<std::optional<int64_t>, 3> want{train_iters * gbs, std::nullopt, std::nullopt};
   if (cfg.train_samples) want[0] = *cfg.train_samples;
@@ -537,14 +538,14 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     std::vector<int64_t> text(static_cast<size_t>(seq + 1));
     const int64_t n = std::min<int64_t>((*sources)[0]->size(), std::max<int64_t>(1, 2000000 / seq));
     for (int64_t k = 0; k < n; ++k) {
-      (*sources)[0]->sample_tokens(k, text.data());
+      MT_RETURN_IF_ERROR((*sources)[0]->sample_tokens(k, text.data()));
       for (int64_t t = 1; t <= seq; ++t)
         if (text[t] >= 0 && text[t] < model.vocab()) counts[text[t]] += 1, total += 1;
     }
     double nll = 0, cnt = 0;
     const int64_t nv = std::min<int64_t>((*sources)[1]->size(), cfg.eval_iters * gbs);
     for (int64_t k = 0; k < nv; ++k) {
-      (*sources)[1]->sample_tokens(k, text.data());
+      MT_RETURN_IF_ERROR((*sources)[1]->sample_tokens(k, text.data()));
       for (int64_t t = 1; t <= seq; ++t)
         if (text[t] >= 0 && text[t] < model.vocab()) nll -= std::log(counts[text[t]] / total), cnt += 1;
     }

@@ -49,8 +49,9 @@ TEST(Flags, ParsesMegatronStyle) {
 
 TEST(Flags, LastOccurrenceWins) {
   Cfg c;
-  ASSERT_TRUE(parse(c, {"--num-layers", "2", "--num-layers", "4"}));
+  ASSERT_TRUE(parse(c, {"--num-layers", "2", "--data-path", "a", "b", "--num-layers", "4", "--data-path", "c"}));
   EXPECT_EQ(c.layers, 4);
+  EXPECT_EQ(c.paths, std::vector<std::string>{"c"}) << "a list given again is replaced, as argparse does";
 }
 
 TEST(Flags, ErrorsNameTheFlagAndStayOneLine) {

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -105,7 +107,7 @@ TEST(SampleIndex, SpecWorkedExampleAndReading) {
   // samples in sample-index order overlap by one token.
   const auto& I = (*g)->indices();
   std::vector<std::vector<int64_t>> by_row(2, std::vector<int64_t>(5));
-  for (int64_t k = 0; k < 2; ++k) (*g)->sample_tokens(k, by_row[I.shuffle_index[k]].data());
+  for (int64_t k = 0; k < 2; ++k) ASSERT_TRUE((*g)->sample_tokens(k, by_row[I.shuffle_index[k]].data()));
   EXPECT_EQ(by_row[0].back(), by_row[1].front());
   std::multiset<int64_t> all;
   for (auto& r : by_row)
@@ -197,6 +199,74 @@ TEST(GptDataset, CacheIsReusedAndRebuiltWhenInputsChange) {
   EXPECT_EQ(log.rfind("built", 0), 0u) << log;
 }
 
+// A stored value that is not an id of the model's vocabulary fails the read
+// of its sample with the file, byte, sequence and token, whatever the
+// dtype: ids past the padded vocabulary, negative ids (-1 is not taken for
+// padding), int64 ids past int32, and in float files NaN, inf, fractions
+// and values past int64 (which a cast would turn into some other id).
+TEST(GptDataset, TokensOutsideTheVocabularyFailTheirSample) {
+  Dir dir;
+  const std::string prefix = dir / "bad";
+  const int64_t kVocab = 512;
+  // Two sequences of 10 tokens, all 3 except sequence 1, token 4; one sample of 19 + 1 tokens reads both.
+  auto make = [&](bool as_float, int64_t ibad, double fbad) -> std::shared_ptr<const IndexedDataset> {
+    {
+      auto w = IndexedDatasetWriter::create(prefix, DType::kInt64);
+      EXPECT_TRUE(w.is_ok());
+      const std::vector<int32_t> t(10, 3), l = {10};
+      EXPECT_TRUE((*w)->add_document(t, l));
+      EXPECT_TRUE((*w)->add_document(t, l));
+      EXPECT_TRUE((*w)->finalize());
+    }
+    std::fstream bin(prefix + ".bin", std::ios::in | std::ios::out | std::ios::binary);
+    for (int i = 0; i < 20; ++i) {
+      char b[8];
+      const int64_t iv = i == 14 ? ibad : 3;
+      const double dv = i == 14 ? fbad : 3.0;
+      if (as_float) std::memcpy(b, &dv, 8);
+      else std::memcpy(b, &iv, 8);
+      bin.seekp(8 * i), bin.write(b, 8);
+    }
+    bin.close();
+    if (as_float) {  // the .idx dtype code (byte 17) from int64 (5) to float64 (6)
+      std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+      idx.seekp(17), idx.put(6);
+    }
+    auto ds = IndexedDataset::open(prefix);
+    EXPECT_TRUE(ds.is_ok()) << ds.status().message();
+    return std::make_shared<const IndexedDataset>(std::move(*ds));
+  };
+  auto sample = [&](std::shared_ptr<const IndexedDataset> ds, int64_t vocab) {
+    GptDatasetConfig cfg;
+    cfg.seq_length = 19, cfg.no_cache = true, cfg.vocab_size = vocab;
+    auto g = GptDataset::build(ds, Split::kTrain, IndexRange{0, 2}, std::nullopt, cfg);
+    EXPECT_TRUE(g.is_ok()) << g.status().message();
+    EXPECT_EQ((*g)->size(), 1);
+    std::vector<int64_t> text(20);
+    return (*g)->sample_tokens(0, text.data());
+  };
+  const std::string place = fmt::format("{}.bin byte {} (sequence 1, token 4)", prefix, 8 * 14);
+  for (const int64_t bad : {int64_t{512}, int64_t{600}, int64_t{-1}, int64_t{-7}, (int64_t{1} << 40) + 5}) {
+    const Status st = sample(make(false, bad, 0), kVocab);
+    ASSERT_FALSE(st) << bad;
+    EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+    EXPECT_NE(st.message().find(place + " holds token id " + std::to_string(bad) + ", outside the model's vocabulary [0, 512)"),
+              std::string::npos)
+        << st.message();
+    EXPECT_TRUE(sample(make(false, bad, 0), 0)) << "vocab_size 0 checks nothing";
+  }
+  EXPECT_TRUE(sample(make(false, 511, 0), kVocab));
+  for (const double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL, 2.5, 1e300, -1e300, 9.3e18}) {
+    const Status st = sample(make(true, 0, bad), kVocab);
+    ASSERT_FALSE(st) << bad;
+    EXPECT_NE(st.message().find(place + " holds a value that is no integer token id"), std::string::npos)
+        << st.message();
+  }
+  EXPECT_TRUE(sample(make(true, 0, 511.0), kVocab));
+  const Status neg = sample(make(true, 0, -2.0), kVocab);
+  EXPECT_NE(neg.message().find("holds token id -2,"), std::string::npos) << neg.message();
+}
+
 TEST(Blending, SpecSequenceAndSizes) {
   std::vector<int16_t> di;
   std::vector<int64_t> dsi;
@@ -236,7 +306,7 @@ TEST(Blending, SpecSequenceAndSizes) {
   EXPECT_EQ((*built)[1], nullptr);
   EXPECT_EQ(std::count(blend->dataset_index().begin(), blend->dataset_index().end(), 0), 300);
   std::vector<int64_t> text(33);
-  blend->sample_tokens(999, text.data());
+  ASSERT_TRUE(blend->sample_tokens(999, text.data()));
 
   // Errors name the flag.
   cfg.data_path = {"0.5", dir / "a", dir / "b"};
@@ -345,7 +415,10 @@ class IdSource : public SampleSource {
   explicit IdSource(int64_t n) : n_(n) {}
   int64_t size() const override { return n_; }
   int64_t seq_length() const override { return 2; }
-  void sample_tokens(int64_t k, int64_t* out) const override { out[0] = out[1] = out[2] = k; }
+  Status sample_tokens(int64_t k, int64_t* out) const override {
+    out[0] = out[1] = out[2] = k;
+    return Status::ok();
+  }
   std::string describe() const override { return "ids"; }
 
  private:

@@ -164,7 +164,7 @@ TEST_F(MockVsNumpy, MockSplitsAreOneThirdEachWithTheReferenceIndices) {
   EXPECT_EQ(train->indices().shuffle_index, load<int64_t>(out + "shuffle_index.npy"));
   // Sample tokens: consecutive within a document, EOD at each document end.
   std::vector<int64_t> t(257);
-  train->sample_tokens(0, t.data());
+  ASSERT_TRUE(train->sample_tokens(0, t.data()));
   const auto& idx = train->indices();
   const int64_t j = idx.shuffle_index[0];
   const int64_t d0 = idx.document_index[idx.sample_index[2 * j]], o0 = idx.sample_index[2 * j + 1];

@@ -674,6 +674,38 @@ PY
 [ $? = 2 ] && grep -q "2 problems" "$TMP/err" && grep -q "the list has 3 terms but --num-layers is 2" "$TMP/err" \
   && grep -q "padding each expert's input to its capacity" "$TMP/err" || { fail "MoE features not implemented, listed together"; cat "$TMP/err"; }
 
+# Malformed inputs: clear errors, no abort, no hang.
+# Ids up to 999 preprocessed for a 1024-token vocabulary, trained with 512:
+# the first sample holding an id past 511 fails with the file and byte.
+python3 - "$TMP/wide.jsonl" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    for i in range(50):
+        f.write('{"text": "%s"}\n' % " ".join(str((i * 37 + k * 11) % 1000) for k in range(40)))
+PY
+"$BIN" preprocess --input "$TMP/wide.jsonl" --output-prefix "$TMP/wide" --tokenizer-type NullTokenizer --vocab-size 1024 \
+  --quiet >/dev/null || fail "preprocess of the 1024-id dataset"
+"$BIN" train "${COMMON[@]}" --data-path "$TMP/wide_text_document" --split 100,0,0 --micro-batch-size 2 \
+  --global-batch-size 2 --train-iters 4 --lr-warmup-iters 1 2>"$TMP/err" >/dev/null
+rc=$?
+[ $rc = 1 ] && grep -q "wide_text_document.bin byte [0-9]* (sequence [0-9]*, token [0-9]*) holds token id [0-9]*, outside the model's vocabulary \[0, 512)" "$TMP/err" \
+  || { fail "token ids past the vocabulary (rc $rc)"; cat "$TMP/err"; }
+"$BIN" generate --load "$TMP/cka-b" --prompt "1 999 abc 2" --max-new-tokens 2 2>"$TMP/err" >/dev/null
+rc=$?
+[ $rc = 2 ] && grep -q -- "--prompt: NullTokenizer: id 999 at byte offset 2 is outside the vocabulary" "$TMP/err" \
+  || { fail "generate: a prompt id outside the vocabulary (rc $rc)"; cat "$TMP/err"; }
+# A FIFO in place of a checkpoint file is refused at once (a blocking read would hang).
+cp -r "$TMP/cka-b" "$TMP/fifo-ck"
+it_dir=$(ls -d "$TMP"/fifo-ck/iter_* | head -1)
+for f in common.json "$(cd "$it_dir" && ls *.safetensors | head -1)"; do
+  rm "$it_dir/$f" && mkfifo "$it_dir/$f"
+  timeout 60 "$BIN" generate --load "$TMP/fifo-ck" --prompt "1 2" --max-new-tokens 1 2>"$TMP/err" >/dev/null
+  rc=$?
+  [ $rc != 124 ] && [ $rc != 0 ] && grep -q "$f' is not a regular file" "$TMP/err" \
+    || { fail "a FIFO as $f (rc $rc)"; cat "$TMP/err"; }
+  cp "$TMP/cka-b/$(basename "$it_dir")/$f" "$it_dir/$f.ok" && rm "$it_dir/$f" && mv "$it_dir/$f.ok" "$it_dir/$f"
+done
+
 "$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"
 [ $? = 2 ] && grep -q "2 problems on the command line" "$TMP/err" && grep -q "unknown flag --mock-dat; did you mean --mock-data?" "$TMP/err" \
   || { fail "unknown flags listed at once"; cat "$TMP/err"; }
