@@ -253,6 +253,39 @@ TEST(RMSNorm, BackwardMatchesFiniteDifferences) {
   expect_fd_grad(w.v, loss, dw.v, "dw");
 }
 
+// Rows wider than the forward's 32 summation lanes, with a tail (1000 = 31 x
+// 32 + 8): mean and rstd against fp64 two-pass sums. The LayerNorm rows sit
+// at an offset of 1000 with unit spread, where a one-pass sum of squares in
+// fp32 would lose the variance.
+TEST(Norms, WideFp32RowsMatchFp64Statistics) {
+  const int64_t N = 3, C = 1000;
+  std::vector<double> xs(N * C);
+  fill_normal(xs, 11);
+  for (const bool rms : {false, true}) {
+    Buf<float> x({N, C}), w({C}), b({C}), y({N, C}), mean({N}), rstd({N});
+    for (int64_t i = 0; i < N * C; ++i) x[i] = static_cast<float>(xs[i] + (rms ? 0.0 : 1000.0));
+    for (int64_t c = 0; c < C; ++c) w[c] = 1.f + 0.001f * static_cast<float>(c), b[c] = 0.5f;
+    if (rms) k::rmsnorm_forward(x.t(), w.t(), 1e-6, y.t(), rstd.t());
+    else k::layernorm_forward(x.t(), w.t(), b.t(), 1e-5, y.t(), mean.t(), rstd.t());
+    for (int64_t i = 0; i < N; ++i) {
+      double m = 0, v = 0;
+      if (!rms) {
+        for (int64_t c = 0; c < C; ++c) m += x[i * C + c];
+        m /= C;
+      }
+      for (int64_t c = 0; c < C; ++c) v += (x[i * C + c] - m) * (x[i * C + c] - m);
+      v /= C;
+      const double r = 1 / std::sqrt(v + (rms ? 1e-6 : 1e-5));
+      if (!rms) EXPECT_NEAR(mean[i], m, 1e-6 * std::abs(m)) << "row " << i;
+      EXPECT_NEAR(rstd[i], r, 1e-6 * r) << (rms ? "RMSNorm" : "LayerNorm") << " row " << i;
+      for (int64_t c = 0; c < C; ++c) {
+        const double want = (x[i * C + c] - m) * r * w[c] + (rms ? 0.0 : 0.5);
+        ASSERT_NEAR(y[i * C + c], want, 2e-4) << (rms ? "RMSNorm" : "LayerNorm") << " y[" << i << "][" << c << "]";
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- activations
 
 TEST(Gelu, ExactTanhAndSquaredReluMatchClosedFormAndFiniteDifferences) {

@@ -10,6 +10,27 @@
 namespace mt::kernels::cpu {
 namespace {
 
+// sum_c f(c) for c < C in double, in a fixed order that vectorises: lane k
+// of kLanes adds the terms c = k mod kLanes in ascending c, and the lanes
+// are then added pairwise (k + w into k, w = kLanes / 2 .. 1). One serial
+// double sum waits on the add latency for every term; the lanes are
+// independent chains the compiler keeps in vector registers. The order
+// depends only on C, not on the vector width the build targets.
+constexpr int kLanes = 32;
+template <typename F>
+inline double lane_sum(int64_t C, F f) {
+  double acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= C; c += kLanes) {
+#pragma omp simd
+    for (int k = 0; k < kLanes; ++k) acc[k] += f(c + k);
+  }
+  for (int k = 0; c + k < C; ++k) acc[k] += f(c + k);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
 template <typename T, typename X, typename Y>
 void ln_fwd(int64_t N, int64_t C, const X* x, const T* w, const T* b, T eps, Y* y, T* mean, T* rstd,
             bool rms) {
@@ -17,18 +38,15 @@ void ln_fwd(int64_t N, int64_t C, const X* x, const T* w, const T* b, T eps, Y* 
   for (int64_t i = 0; i < N; ++i) {
     const X* xi = x + i * C;
     Y* yi = y + i * C;
-    // Accumulate in double for fp32 too: a cheap guard for wide rows.
+    // Accumulate in double for fp32 too: a cheap guard for wide rows. The
+    // row is read from cache by the second sum (and the output loop).
     double m = 0;
-    if (!rms) {
-      for (int64_t c = 0; c < C; ++c) m += ld<T>(xi[c]);
-      m /= static_cast<double>(C);
-    }
-    double v = 0;
-    for (int64_t c = 0; c < C; ++c) {
-      double d = ld<T>(xi[c]) - m;
-      v += d * d;
-    }
-    v /= static_cast<double>(C);
+    if (!rms) m = lane_sum(C, [&](int64_t c) { return static_cast<double>(ld<T>(xi[c])); }) / static_cast<double>(C);
+    const double v = lane_sum(C, [&](int64_t c) {
+                       const double d = static_cast<double>(ld<T>(xi[c])) - m;
+                       return d * d;
+                     }) /
+                     static_cast<double>(C);
     T mu = static_cast<T>(m), r = static_cast<T>(1.0 / std::sqrt(v + static_cast<double>(eps)));
     if (b) {
 #pragma omp simd
