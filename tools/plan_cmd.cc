@@ -69,10 +69,15 @@ bool is_nonzero_launcher_rank() {
   return false;
 }
 
-int plan_main(const std::vector<std::string>& args) {
+int plan_main(const std::vector<std::string>& argv) {
   PlanCli cli;
   auto flags = plan_flags(cli);
-  if (Status st = flags->parse(args); !st) {
+  auto args = train::expand_config_files(argv);  // --config: the YAML file's flags, as `megatron train` reads them
+  if (!args) {
+    std::fprintf(stderr, "megatron plan: error: %s\n", args.status().message().c_str());
+    return 2;
+  }
+  if (Status st = flags->parse(*args); !st) {
     std::fprintf(stderr, "megatron plan: error: %s\n", st.message().c_str());
     return 2;
   }

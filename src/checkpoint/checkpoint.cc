@@ -18,11 +18,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/device.h"
 #include "core/file.h"
@@ -685,17 +684,46 @@ Result<LoadedCheckpoint> load_checkpoint(const std::string& load_dir, std::optio
   return LoadedCheckpoint(std::move(impl));
 }
 
-Status LoadedCheckpoint::read(const std::string& name, const Tensor& out, bool allow_dtype_conversion) const {
-  return read_slice(name, out.shape(), {}, out, allow_dtype_conversion);
+namespace {
+
+// The first element of a host tensor that is NaN or infinite, or -1 (any
+// other dtype: -1).
+int64_t first_non_finite(const Tensor& t) {
+  const int64_t n = t.numel();
+  auto scan = [&](auto bad) {
+    for (int64_t i = 0; i < n; ++i)
+      if (bad(i)) return i;
+    return int64_t{-1};
+  };
+  switch (t.dtype()) {
+    case DType::kF32: return scan([&](int64_t i) { return !std::isfinite(t.ptr<float>()[i]); });
+    case DType::kF64: return scan([&](int64_t i) { return !std::isfinite(t.ptr<double>()[i]); });
+    case DType::kBF16: {  // exponent all ones
+      const auto* u = static_cast<const uint16_t*>(t.data());
+      return scan([&](int64_t i) { return (u[i] & 0x7f80) == 0x7f80; });
+    }
+    case DType::kF16: {
+      const auto* u = static_cast<const uint16_t*>(t.data());
+      return scan([&](int64_t i) { return (u[i] & 0x7c00) == 0x7c00; });
+    }
+    default: return -1;
+  }
+}
+
+}  // namespace
+
+Status LoadedCheckpoint::read(const std::string& name, const Tensor& out, bool allow_dtype_conversion,
+                              bool require_finite) const {
+  return read_slice(name, out.shape(), {}, out, allow_dtype_conversion, require_finite);
 }
 
 Status LoadedCheckpoint::read_slice(const std::string& name, const Shape& global_shape,
                                     const std::vector<int64_t>& offsets_in, const Tensor& out,
-                                    bool allow_dtype_conversion) const {
+                                    bool allow_dtype_conversion, bool require_finite) const {
   if (out.device() != Device::kCpu) {  // read on the host, then copy to the device
     std::vector<char> host(out.nbytes());
     Tensor h(host.data(), out.shape(), out.dtype());
-    MT_RETURN_IF_ERROR(read_slice(name, global_shape, offsets_in, h, allow_dtype_conversion));
+    MT_RETURN_IF_ERROR(read_slice(name, global_shape, offsets_in, h, allow_dtype_conversion, require_finite));
     copy_tensor(h, out);
     return Status::ok();
   }
@@ -785,6 +813,10 @@ Status LoadedCheckpoint::read_slice(const std::string& name, const Shape& global
                                        "missing slices",
                                        name, t.slices.size(), covered, out.numel(), vec_str(off), out.shape().str(),
                                        global_shape.str()));
+  if (const int64_t bad = require_finite ? first_non_finite(out) : -1; bad >= 0)
+    return Status::corrupt(fmt::format("tensor '{}' (from '{}'): element {} of the slice at offsets {} is not finite: the "
+                                       "run that saved it diverged, or the file is damaged; load an earlier iteration",
+                                       name, first_file, bad, vec_str(off)));
   return Status::ok();
 }
 

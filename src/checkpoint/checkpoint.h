@@ -134,10 +134,15 @@ class LoadedCheckpoint {
   // allow_dtype_conversion, which converts between fp32/fp64/bf16; request
   // outside the global shape), kCorrupt (the stored slices do not cover the
   // request), each message naming the tensor, the file(s) and both values.
+  // The bytes are returned as stored (NaN payloads, infinities); with
+  // require_finite a NaN or inf in the slice is kCorrupt, naming the tensor,
+  // file and element (model weights and optimizer state: a run that
+  // trained never stores one).
   Status read_slice(const std::string& name, const Shape& global_shape, const std::vector<int64_t>& offsets,
-                    const Tensor& out, bool allow_dtype_conversion = false) const;
+                    const Tensor& out, bool allow_dtype_conversion = false, bool require_finite = false) const;
   // The whole tensor: read_slice(name, out.shape(), {}, out, ...).
-  Status read(const std::string& name, const Tensor& out, bool allow_dtype_conversion = false) const;
+  Status read(const std::string& name, const Tensor& out, bool allow_dtype_conversion = false,
+              bool require_finite = false) const;
 
   struct Impl;
 

@@ -83,10 +83,10 @@ Status read_piece(const LoadedCheckpoint& ckpt, const model::ParamSpec& spec, co
       *clipped = true;
       const int64_t r0 = offsets[0], rows = out.dim(0), have = std::max<int64_t>(0, std::min(rows, g[0] - r0));
       if (have == 0) return Status::ok();
-      return ckpt.read_slice(name, g, offsets, out.slice(0, have), convert);
+      return ckpt.read_slice(name, g, offsets, out.slice(0, have), convert, /*require_finite=*/true);
     }
   }
-  return ckpt.read_slice(name, spec.global_shape, offsets, out, convert);
+  return ckpt.read_slice(name, spec.global_shape, offsets, out, convert, /*require_finite=*/true);
 }
 
 }  // namespace
@@ -137,7 +137,7 @@ Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model,
       ++missing_bias;
       continue;
     }
-    MT_RETURN_IF_ERROR(ckpt.read(name, t, /*allow_dtype_conversion=*/true));
+    MT_RETURN_IF_ERROR(ckpt.read(name, t, /*allow_dtype_conversion=*/true, /*require_finite=*/true));
   }
   if (missing_bias && notes)
     notes->push_back(fmt::format("the checkpoint has no expert bias for {} of this stage's MoE layers (trained without "

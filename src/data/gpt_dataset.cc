@@ -1,16 +1,16 @@
 #include "data/gpt_dataset.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <map>
+#include <new>
 
 #include <fmt/format.h>
 
@@ -125,11 +125,27 @@ Result<GptIndices> build_gpt_indices(std::span<const int32_t> lengths, IndexRang
   for (int64_t i = range.begin; i < range.end; ++i) r.tokens_per_epoch += lengths[i];
   const int64_t T = r.tokens_per_epoch;
   if (T <= 1) return Status::invalid(fmt::format("the split holds {} tokens; a sample needs at least 2", T));
+  const int64_t n_ids = range.size();
   if (num_samples) {
     if (*num_samples < 0) return Status::internal("negative sample count");
+    if (*num_samples > (std::numeric_limits<int64_t>::max() - T) / s)
+      return Status::invalid(fmt::format("{} samples of {} tokens overflow a 64-bit token count: lower --train-iters "
+                                         "(or --train-samples), --global-batch-size or --eval-iters", *num_samples, s));
     // Smallest E with E*T >= N*s + 1.
     const int64_t need = *num_samples * s + x;
     r.num_epochs = std::max<int64_t>(1, (need + T - 1) / T);
+    // The indices' bytes (document index: 4 per sequence and epoch; sample
+    // and shuffle index: 24 per sample), checked before any is built: a
+    // sample count no machine could index fails here, not as an allocation
+    // failure or an hour of filling.
+    const double bytes = 4.0 * static_cast<double>(r.num_epochs) * static_cast<double>(n_ids) +
+                         24.0 * (static_cast<double>(*num_samples) + 2);
+    const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+    if (ram > 0 && bytes > ram)
+      return Status::invalid(fmt::format(
+          "{} samples of {} tokens ({} epochs of {} tokens) need {:.1f} GiB of dataset indices, more than this "
+          "machine's {:.1f} GiB of memory: lower --train-iters (or --train-samples), --global-batch-size or --eval-iters",
+          *num_samples, s, r.num_epochs, T, bytes / (1 << 30), ram / (1 << 30)));
   }
   const int64_t E = r.num_epochs;
   int64_t sans_final = 0;
@@ -143,7 +159,6 @@ Result<GptIndices> build_gpt_indices(std::span<const int32_t> lengths, IndexRang
   NumpyRandomState rng(seed);
   // Document index: the split's ids tiled per epoch, shuffled (the last epoch
   // on its own when separate).
-  const int64_t n_ids = range.size();
   auto tiled = [&](int64_t epochs) {
     std::vector<int32_t> v(static_cast<size_t>(epochs * n_ids));
     for (int64_t e = 0; e < epochs; ++e)
@@ -258,7 +273,16 @@ Result<std::shared_ptr<GptDataset>> GptDataset::build(std::shared_ptr<const Docu
     }
   }
   const std::vector<int32_t> lengths = ds->sequence_lengths();
-  auto built = build_gpt_indices(lengths, range, num_samples, cfg.seq_length, cfg.seed, drop_last);
+  auto build = [&]() -> Result<GptIndices> {
+    try {
+      return build_gpt_indices(lengths, range, num_samples, cfg.seq_length, cfg.seed, drop_last);
+    } catch (const std::bad_alloc&) {
+      return Status::invalid(fmt::format("the indices of {} samples do not fit in the memory this process may use: lower "
+                                         "--train-iters (or --train-samples), --global-batch-size or --eval-iters",
+                                         num_samples ? std::to_string(*num_samples) : "one epoch's"));
+    }
+  };
+  auto built = build();
   if (!built) return Status(built.status().code(), fmt::format("{} ({} split): {}", ds->prefix(), split_name(split), built.status().message()));
   out->idx_ = std::move(*built);
   std::string where = "memory";

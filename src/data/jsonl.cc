@@ -105,6 +105,14 @@ class GzipReader final : public BlockReader {
       const char* msg = gzerror(f_, &err);
       return Status::corrupt(fmt::format("{}: gzip: {}", path_, msg ? msg : "read error"));
     }
+    if (got == 0) {  // the end: zlib reports a stream cut before its trailer as Z_BUF_ERROR
+      int err = 0;
+      gzerror(f_, &err);
+      if (err == Z_BUF_ERROR)
+        return Status::corrupt(fmt::format("{}: gzip: the compressed stream ends before its end marker at byte {} "
+                                           "(the file is truncated: were all its bytes copied?)",
+                                           path_, size_));
+    }
     return static_cast<size_t>(got);
   }
   gzFile f_;

@@ -1,8 +1,6 @@
 #include "data/npy.h"
 
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <limits>
 
 #include <fmt/format.h>

@@ -10,6 +10,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include <fmt/format.h>
@@ -86,7 +87,19 @@ void Pipeline::reader_loop() {
     }
     for (;;) {
       LineBatch b;
-      auto more = (*reader)->next(o_.batch_bytes, &b);
+      // A line is held whole: one too long for memory is an error naming
+      // the file and where it was, not an escaped std::bad_alloc that
+      // would end the process without removing the output's temporaries.
+      auto next = [&]() -> Result<bool> {
+        try {
+          return (*reader)->next(o_.batch_bytes, &b);
+        } catch (const std::bad_alloc&) {
+          return Status::invalid(fmt::format("{}: a line around byte {} does not fit in memory: split such documents "
+                                             "into several lines",
+                                             path, (*reader)->bytes_read()));
+        }
+      };
+      auto more = next();
       if (!more) {
         std::lock_guard<std::mutex> l(mu_);
         reader_error_ = more.status();
@@ -185,7 +198,13 @@ void Pipeline::worker_loop() {
       work_.pop_front();
     }
     BatchResult r;
-    process(b, r, json);
+    try {
+      process(b, r, json);
+    } catch (const std::bad_alloc&) {
+      r.error = Status::invalid(fmt::format("{}: lines {} to {}: tokenizing them does not fit in memory: split such "
+                                            "documents into several lines",
+                                            b.file, b.first_line, b.first_line + static_cast<int64_t>(b.lines.size()) - 1));
+    }
     std::lock_guard<std::mutex> l(mu_);
     done_.emplace(r.index, std::move(r));
     cv_.notify_all();

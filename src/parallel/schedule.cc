@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <new>
 #include <set>
 #include <tuple>
 
@@ -31,8 +32,29 @@ std::vector<std::pair<int32_t, int32_t>> interleaved_order(int64_t vpp, int64_t 
   return table;
 }
 
+namespace {
+Result<Schedule> build_schedule_lists(int64_t pp, int64_t vpp, int64_t m, int64_t n);
+}  // namespace
+
+// Checks the sizes the action lists can hold (int32 micro-batch and chunk
+// ids) and turns an allocation failure into an error naming the count.
 Result<Schedule> build_schedule(int64_t pp, int64_t vpp, int64_t m, int64_t n) {
   if (pp < 1 || vpp < 1 || m < 1) return Status::invalid("schedule: sizes must be at least 1");
+  if (m > std::numeric_limits<int32_t>::max() / vpp)
+    return Status::invalid(fmt::format("{} micro-batches a step (--global-batch-size / (--micro-batch-size x DP)) "
+                                       "are more than a schedule holds; lower --global-batch-size",
+                                       m));
+  try {
+    return build_schedule_lists(pp, vpp, m, n);
+  } catch (const std::bad_alloc&) {
+    return Status::invalid(fmt::format("the pipeline schedule of {} micro-batches a step does not fit in memory: "
+                                       "lower --global-batch-size (or raise --micro-batch-size)",
+                                       m));
+  }
+}
+
+namespace {
+Result<Schedule> build_schedule_lists(int64_t pp, int64_t vpp, int64_t m, int64_t n) {
   if (n == 0) n = pp;
   Schedule s;
   s.pp = pp, s.vpp = vpp, s.microbatches = m, s.group_size = n;
@@ -75,6 +97,7 @@ Result<Schedule> build_schedule(int64_t pp, int64_t vpp, int64_t m, int64_t n) {
   }
   return s;
 }
+}  // namespace
 
 Timeline simulate(const Schedule& s, double tf, double tb) {
   const int64_t P = s.pp, V = s.vpp, M = s.microbatches;

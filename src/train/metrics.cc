@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 
@@ -95,9 +98,15 @@ void ProgressBar::finish() {
 }
 
 void MetricsFile::append(const nlohmann::json& j) const {
-  if (path_.empty()) return;
+  if (path_.empty() || failed_) return;
   std::ofstream out(path_, std::ios::app);
   out << j.dump() << "\n";
+  out.flush();
+  if (!out) {
+    failed_ = true;
+    std::fprintf(stderr, "warning: --metrics-file: appending to %s failed (%s); no more metrics are written there\n",
+                 path_.c_str(), std::strerror(errno));
+  }
 }
 
 double peak_rss_bytes() {

@@ -65,6 +65,7 @@ class MetricsFile {
 
  private:
   std::string path_;
+  mutable bool failed_ = false;  // warned once that appending failed
 };
 
 // VmHWM of this process (bytes), or 0 where /proc is missing.

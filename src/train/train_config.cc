@@ -5,11 +5,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <fstream>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
+#include "core/file.h"
 #include "data/tokenizer_flags.h"
 
 namespace mt::train {
@@ -160,11 +161,12 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
 }
 
 Result<std::vector<std::string>> yaml_to_args(const std::string& path) {
+  if (path.empty()) return Status::invalid("--config needs the path of a YAML file");
+  auto text = read_regular_file(path, size_t{64} << 20);
+  if (!text) return Status(text.status().code(), "--config: " + text.status().message());
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    return Status::not_found(fmt::format("--config: cannot open '{}'", path));
+    root = YAML::Load(*text);
   } catch (const YAML::Exception& e) {
     return Status::invalid(fmt::format("--config: '{}' line {}: {}", path, e.mark.line + 1, e.msg));
   }
@@ -202,16 +204,13 @@ Result<std::vector<std::string>> yaml_to_args(const std::string& path) {
   return args;
 }
 
-namespace {
-
-// argv with every --config YAML file's flags put first, so that the command line wins.
 Result<std::vector<std::string>> expand_config_files(const std::vector<std::string>& argv) {
   std::vector<std::string> all;
   for (size_t i = 0; i < argv.size(); ++i) {
     std::string path;
     if (argv[i] == "--config" && i + 1 < argv.size()) path = argv[i + 1];
     else if (argv[i].rfind("--config=", 0) == 0) path = argv[i].substr(9);
-    if (path.empty()) continue;
+    else continue;
     auto extra = yaml_to_args(path);
     if (!extra) return extra.status();
     all.insert(all.end(), extra->begin(), extra->end());
@@ -219,6 +218,8 @@ Result<std::vector<std::string>> expand_config_files(const std::vector<std::stri
   for (const auto& a : argv) all.push_back(a);
   return all;
 }
+
+namespace {
 
 // Megatron's load_args_from_checkpoint (megatron/training/checkpointing.py),
 // in this program's flag names: (flag, forced). A forced flag is always the
@@ -377,9 +378,9 @@ Status parse_train_args(const std::vector<std::string>& argv, TrainConfig* cfg, 
 
 Status resolve_data_args_files(data::DataConfig* d) {
   auto read = [](const std::string& flag, const std::string& path) -> Result<std::string> {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return Status::invalid(fmt::format("{}: cannot open '{}'", flag, path));
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    auto text = read_regular_file(path, size_t{64} << 20);
+    if (!text) return Status::invalid(fmt::format("{}: {}", flag, text.status().message()));
+    return *text;
   };
   auto tokens = [](const std::string& text) {
     std::vector<std::string> out;
@@ -464,6 +465,13 @@ std::vector<std::string> validate_train(const TrainConfig& c) {
     err("--save needs --save-interval (Megatron asserts it)");
   if (c.save_interval && c.save.empty()) err("--save-interval needs --save DIR");
   if (c.exit_signal_handler && c.save.empty()) err("--exit-signal-handler saves before exiting: give --save DIR");
+  // Output paths that cannot work, found now rather than after training.
+  std::error_code ec;
+  if (!c.save.empty() && std::filesystem::exists(c.save, ec) && !std::filesystem::is_directory(c.save, ec))
+    err(fmt::format("--save {}: exists and is not a directory; name a directory (created when missing)", c.save));
+  if (!c.metrics_file.empty() && std::filesystem::is_directory(c.metrics_file, ec))
+    err(fmt::format("--metrics-file {}: is a directory; name a file in it, e.g. {}/metrics.jsonl", c.metrics_file,
+                    c.metrics_file));
   const bool per_split_flags = !c.data.train_data_path.empty() || !c.data.valid_data_path.empty() || !c.data.test_data_path.empty();
   const bool per_split = per_split_flags || !c.data.per_split_data_args_path.empty();
   const bool data_path = !c.data.data_path.empty() || !c.data.data_args_path.empty();

@@ -118,6 +118,9 @@ Status resolve_data_args_files(data::DataConfig* data);
 
 // Turns a YAML mapping of flag names (dashes or underscores) into argv tokens.
 Result<std::vector<std::string>> yaml_to_args(const std::string& path);
+// argv with every --config YAML file's flags put first, so that the command
+// line wins (train and plan).
+Result<std::vector<std::string>> expand_config_files(const std::vector<std::string>& argv);
 
 // Training rules beyond the planner's (iteration vs sample mode, LR bounds,
 // warm-up spec, saving, data source...): every violation, at once.

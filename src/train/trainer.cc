@@ -485,15 +485,34 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       MT_RETURN_IF_ERROR(checkpoint::load_training_state(*ck, model, with_optim ? &opt : nullptr, &notes));
       for (const auto& n : notes) std::fprintf(out, "note: %s\n", n.c_str());
       const auto& c = ck->common();
+      // A count the checkpoint stores: absent is 0; anything but a
+      // non-negative integer (or number, for the FLOPs) names its field.
+      auto check = [&](const nlohmann::json& o, const char* key, const std::string& name, bool integer) -> Status {
+        if (!o.contains(key)) return Status::ok();
+        const nlohmann::json& v = o[key];
+        if ((integer ? v.is_number_integer() : v.is_number()) && v.get<double>() >= 0 && std::isfinite(v.get<double>()))
+          return Status::ok();
+        return Status::corrupt(fmt::format("{}/common.json: {} is {}, expected a non-negative {}", ck->directory(),
+                                           name, v.dump(), integer ? "integer" : "number"));
+      };
       if (!cfg.finetune) {
         iteration = ck->iteration();
+        MT_RETURN_IF_ERROR(check(c, "consumed_train_samples", "consumed_train_samples", true));
+        MT_RETURN_IF_ERROR(check(c, "consumed_valid_samples", "consumed_valid_samples", true));
+        MT_RETURN_IF_ERROR(check(c, "num_floating_point_operations_so_far", "num_floating_point_operations_so_far", false));
         consumed_train = c.value("consumed_train_samples", int64_t{0});
         consumed_valid = c.value("consumed_valid_samples", int64_t{0});
         flops_so_far = c.value("num_floating_point_operations_so_far", 0.0);
         if (c.contains("opt_param_scheduler"))
           MT_RETURN_IF_ERROR(sched.load_state(c["opt_param_scheduler"], cfg.use_checkpoint_opt_param_scheduler,
                                               cfg.override_opt_param_scheduler));
-        if (with_optim && c.contains("optimizer")) opt.set_step_count(c["optimizer"].value("step", int64_t{0}));
+        if (with_optim && c.contains("optimizer")) {
+          if (!c["optimizer"].is_object())
+            return Status::corrupt(fmt::format("{}/common.json: optimizer is {}, expected an object", ck->directory(),
+                                               c["optimizer"].dump()));
+          MT_RETURN_IF_ERROR(check(c["optimizer"], "step", "optimizer.step", true));
+          opt.set_step_count(c["optimizer"].value("step", int64_t{0}));
+        }
         // The dynamic scaler's state (Megatron's optimizer grad_scaler); a
         // checkpoint without one (bf16, fp32) leaves the scaler fresh.
         if (with_optim && scaler && c.contains("optimizer") && c["optimizer"].contains("grad_scaler"))

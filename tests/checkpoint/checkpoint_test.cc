@@ -156,6 +156,36 @@ TEST(Checkpoint, StoresBf16WhenAskedAndConvertsOnRequest) {
   fs::remove_all(dir);
 }
 
+// With require_finite (how weights and optimizer state are loaded) a stored
+// NaN or inf (fp32, or bf16 as stored) fails the read with the tensor, its
+// file and the element, for a whole read and for a slice; without it the
+// bytes come back as stored (the round trip above).
+TEST(Checkpoint, NonFiniteValuesFailTheirRead) {
+  for (const DType stored : {DType::kF32, DType::kBF16}) {
+    for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+      const std::string dir = fresh_dir("nonfinite");
+      std::vector<float> v = {1, 2, 3, 4, 5, 6};
+      v[4] = bad;
+      Tensor t(v.data(), {2, 3}, DType::kF32);
+      ASSERT_TRUE(save_checkpoint(dir, 1, {{"w", {2, 3}, {}, t, stored}}, json::object(), 0, 1).is_ok());
+      auto ck = load_checkpoint(dir);
+      ASSERT_TRUE(ck.is_ok()) << ck.status().message();
+      std::vector<float> back(6);
+      ASSERT_TRUE(ck->read("w", Tensor(back.data(), {2, 3}, DType::kF32), true));
+      const Status st = ck->read("w", Tensor(back.data(), {2, 3}, DType::kF32), true, /*require_finite=*/true);
+      ASSERT_EQ(st.code(), StatusCode::kCorrupt) << bad;
+      EXPECT_NE(st.message().find("tensor 'w' (from '" + dir), std::string::npos) << st.message();
+      EXPECT_NE(st.message().find("element 4 of the slice at offsets [0, 0] is not finite"), std::string::npos)
+          << st.message();
+      // The row without it reads; the row with it fails at its own element 1.
+      EXPECT_TRUE(ck->read_slice("w", Shape{2, 3}, {0, 0}, Tensor(back.data(), {1, 3}, DType::kF32), true, true));
+      const Status row = ck->read_slice("w", Shape{2, 3}, {1, 0}, Tensor(back.data(), {1, 3}, DType::kF32), true, true);
+      EXPECT_NE(row.message().find("element 1 of the slice at offsets [1, 0]"), std::string::npos) << row.message();
+      fs::remove_all(dir);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- resharding
 
 // A [6, 8, 4] tensor saved by 2 ranks (split on dim 0) and a [6, 10] tensor

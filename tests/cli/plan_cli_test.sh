@@ -75,5 +75,15 @@ grep -q "x 4 = 16" "$TMP/out" || fail "world size from OMPI_COMM_WORLD_SIZE not 
 OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=8 "$BIN" plan $SMALL >"$TMP/out" || fail "rank 3 exit code"
 [ -s "$TMP/out" ] && fail "a non-zero MPI rank printed the plan"
 
+# --config: the YAML file's flags, as `megatron train` reads them (the command line wins).
+printf 'world_size: 8\ntensor-model-parallel-size: 2\npipeline-model-parallel-size: 2\nnum-layers: 4\nhidden-size: 256\nnum-attention-heads: 8\nseq-length: 512\nmax-position-embeddings: 512\nvocab-size: 50257\nmicro-batch-size: 1\nglobal-batch-size: 4\n' >"$TMP/plan.yaml"
+"$BIN" plan --config "$TMP/plan.yaml" --global-batch-size 8 --json >"$TMP/cfg.json" || fail "plan --config exit code"
+"$BIN" plan $SMALL --json >"$TMP/flags.json" || fail "plan exit code"
+cmp -s "$TMP/cfg.json" "$TMP/flags.json" || fail "plan --config differs from the same flags on the command line"
+for bad in "$TMP/none.yaml" "$TMP"; do
+  "$BIN" plan $SMALL --config "$bad" >/dev/null 2>"$TMP/err"
+  [ $? = 2 ] && grep -q -- "--config: " "$TMP/err" || { fail "plan --config $bad"; cat "$TMP/err"; }
+done
+
 if [ "$fails" -gt 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "plan CLI: all checks passed"

@@ -228,6 +228,32 @@ TEST(Preprocess, GzipInput) {
   }
   EXPECT_EQ(slurp(output_name(dir / "plain.jsonl", "text") + ".bin"), slurp(output_name(dir / "c.jsonl.gz", "text") + ".bin"));
   EXPECT_EQ(slurp(output_name(dir / "plain.jsonl", "text") + ".idx"), slurp(output_name(dir / "c.jsonl.gz", "text") + ".idx"));
+
+  // Cut at a flush point after half the lines (every line there complete),
+  // or only the 8-byte trailer missing: an error, not half a dataset.
+  gz = gzopen((dir / "half.jsonl.gz").c_str(), "wb");
+  gzwrite(gz, text.data(), static_cast<unsigned>(text.size() / 2));
+  gzflush(gz, Z_FULL_FLUSH);
+  gzwrite(gz, text.data() + text.size() / 2, static_cast<unsigned>(text.size() - text.size() / 2));
+  gzclose(gz);
+  const std::string whole = slurp(dir / "half.jsonl.gz");
+  const std::string full = slurp(dir / "c.jsonl.gz");
+  ASSERT_GT(full.size(), 8u);
+  dir.write("no_trailer.jsonl.gz", full.substr(0, full.size() - 8));
+  // The flush point: the empty stored block (00 00 ff ff) the full flush wrote.
+  const size_t flush = whole.find(std::string("\x00\x00\xff\xff", 4));
+  ASSERT_NE(flush, std::string::npos);
+  dir.write("cut.jsonl.gz", whole.substr(0, flush + 4));
+  for (const char* name : {"no_trailer.jsonl.gz", "cut.jsonl.gz"}) {
+    PreprocessOptions o;
+    o.inputs = {dir / name};
+    o.output_prefix = dir / name;
+    const auto st = preprocess(tok, o, nullptr);
+    ASSERT_FALSE(st.is_ok()) << name;
+    EXPECT_NE(st.status().message().find("ends before its end marker"), std::string::npos)
+        << name << ": " << st.status().message();
+    EXPECT_FALSE(fs::exists(output_name(dir / name, "text") + ".bin")) << name;
+  }
 }
 
 TEST(Preprocess, BadLinesStopWithFileAndLineOrAreSkipped) {

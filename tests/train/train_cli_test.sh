@@ -706,6 +706,66 @@ for f in common.json "$(cd "$it_dir" && ls *.safetensors | head -1)"; do
   cp "$TMP/cka-b/$(basename "$it_dir")/$f" "$it_dir/$f.ok" && rm "$it_dir/$f" && mv "$it_dir/$f.ok" "$it_dir/$f"
 done
 
+# A NaN in a stored weight: generate and a resume refuse it by tensor and element.
+rm -rf "$TMP/nan-ck" && cp -r "$TMP/cka-a" "$TMP/nan-ck"
+python3 - "$TMP/nan-ck/iter_0000010/model_rank00000.safetensors" <<'PY'
+import json, struct, sys
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+h = json.loads(data[8:8 + n])
+name = next(k for k in h if k.endswith("word_embeddings.weight"))
+assert h[name]["dtype"] == "F32", h[name]
+b = 8 + n + h[name]["data_offsets"][0] + 4 * 7
+data[b:b + 4] = struct.pack("<f", float("nan"))
+open(path, "wb").write(bytes(data))
+PY
+"$BIN" generate --load "$TMP/nan-ck" --prompt "1 2" --max-new-tokens 1 2>"$TMP/err" >/dev/null
+rc=$?
+[ $rc != 0 ] && grep -q "word_embeddings.weight' (from '.*model_rank00000.safetensors'): element 7 of the slice at offsets \[0, 0\] is not finite" "$TMP/err" \
+  || { fail "generate: NaN weight (rc $rc)"; cat "$TMP/err"; }
+
+# common.json counts that are not non-negative integers name their field.
+for edit in "consumed_train_samples=-100" "consumed_train_samples=4.5" "optimizer.step=-1" "optimizer.step=\"4\""; do
+  rm -rf "$TMP/bad-common" && cp -r "$TMP/cka-a" "$TMP/bad-common"
+  python3 - "$TMP/bad-common/iter_0000010/common.json" "$edit" <<'PY'
+import json, sys
+path, edit = sys.argv[1], sys.argv[2]
+key, val = edit.split("=", 1)
+c = json.load(open(path))
+o = c
+for k in key.split(".")[:-1]:
+    o = o[k]
+o[key.split(".")[-1]] = json.loads(val)
+json.dump(c, open(path, "w"))
+PY
+  "$BIN" train "${CKARGS_DATA[@]}" --use-checkpoint-args --load "$TMP/bad-common" --train-iters 11 \
+    --override-opt-param-scheduler >/dev/null 2>"$TMP/err"
+  rc=$?
+  [ $rc != 0 ] && grep -qF "bad-common/iter_0000010/common.json: ${edit%%=*} is ${edit#*=}, expected a non-negative integer" "$TMP/err" \
+    || { fail "common.json with $edit (rc $rc)"; cat "$TMP/err"; }
+done
+# A sample count no machine can index, or a step of 2^30 micro-batches:
+# refused with the flags to lower, before any index or schedule is built.
+timeout 60 "$BIN" train "${COMMON[@]}" --micro-batch-size 2 --global-batch-size 4 --train-iters 2147483648 2>"$TMP/err" >/dev/null
+rc=$?
+[ $rc = 2 ] && grep -q "train split): 8589934592 samples of 32 tokens .* GiB of dataset indices, more than this machine's .* GiB of memory: lower --train-iters" "$TMP/err" \
+  || { fail "huge --train-iters (rc $rc)"; cat "$TMP/err"; }
+timeout 60 "$BIN" train "${COMMON[@]}" --micro-batch-size 1 --global-batch-size 4294967296 --train-iters 10 2>"$TMP/err" >/dev/null
+rc=$?
+[ $rc = 2 ] && grep -q "4294967296 micro-batches a step .* are more than a schedule holds; lower --global-batch-size" "$TMP/err" \
+  || { fail "huge --global-batch-size (rc $rc)"; cat "$TMP/err"; }
+
+# Paths that cannot work are refused before training, all at once.
+: >"$TMP/afile"
+"$BIN" train "${MOCK[@]}" --train-iters 2 --save "$TMP/afile" --save-interval 1 --metrics-file "$TMP" 2>"$TMP/err" >/dev/null
+rc=$?
+[ $rc = 2 ] && grep -q -- "--save $TMP/afile: exists and is not a directory" "$TMP/err" \
+  && grep -q -- "--metrics-file $TMP: is a directory" "$TMP/err" || { fail "--save a file, --metrics-file a directory (rc $rc)"; cat "$TMP/err"; }
+"$BIN" train "${MOCK[@]}" --train-iters 2 --config "$TMP" 2>"$TMP/err" >/dev/null
+rc=$?
+[ $rc = 2 ] && grep -q -- "--config: '$TMP' is not a regular file" "$TMP/err" || { fail "--config a directory (rc $rc)"; cat "$TMP/err"; }
+
 "$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"
 [ $? = 2 ] && grep -q "2 problems on the command line" "$TMP/err" && grep -q "unknown flag --mock-dat; did you mean --mock-data?" "$TMP/err" \
   || { fail "unknown flags listed at once"; cat "$TMP/err"; }
