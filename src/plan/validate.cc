@@ -141,6 +141,31 @@ void validate(PlanReport& r) {
     c.error("moe-topk", {"--moe-router-topk", "--num-experts"},
             fmt::format("each token is routed to {} experts but there are only {}", m.moe_router_topk, m.num_experts),
             fmt::format("use --moe-router-topk {} or fewer", m.num_experts));
+  // Megatron's TransformerConfig asserts (spec §4.5).
+  if (m.num_experts > 0 && m.add_bias_linear && ETP != 1)
+    c.error("moe-bias-etp", {"--num-experts", "--disable-bias-linear", "--expert-tensor-parallel-size"},
+            fmt::format("MoE with linear biases needs an expert tensor-parallel size of 1, not {} (Megatron: \"Bias in "
+                        "Moe is only supported when ETP==1\")",
+                        ETP),
+            "add --disable-bias-linear, or --expert-tensor-parallel-size 1");
+  if (m.num_experts > 0 && m.moe_router_topk == 1 && !m.moe_router_pre_softmax && !m.sigmoid_router())
+    c.error("moe-top1-pre-softmax", {"--moe-router-topk", "--moe-router-pre-softmax"},
+            "a top-1 softmax router over the chosen logit alone always gives 1 (Megatron: \"Please use "
+            "--moe-router-pre-softmax when topk is 1\")",
+            "add --moe-router-pre-softmax, or raise --moe-router-topk");
+  if (m.num_experts > 0 && m.moe_router_group_topk > 0) {
+    const int64_t G = m.moe_router_num_groups, gk = m.moe_router_group_topk;
+    if (G < 1)
+      c.error("moe-group-routing", {"--moe-router-group-topk", "--moe-router-num-groups"},
+              fmt::format("--moe-router-group-topk {} needs --moe-router-num-groups", gk),
+              "give --moe-router-num-groups (a divisor of --num-experts), or drop --moe-router-group-topk");
+    else if (m.num_experts % G != 0 || gk > G)
+      c.error("moe-group-routing", {"--moe-router-num-groups", "--moe-router-group-topk", "--num-experts"},
+              fmt::format("{} experts in {} groups choosing {} groups: the groups must divide the experts and be at "
+                          "least the groups chosen",
+                          m.num_experts, G, gk),
+              fmt::format("use {}", list_or(nearby_multiples(G, m.num_experts), "--num-experts")));
+  }
   if (m.num_experts > 0 && m.num_layers > 0) {
     if (auto pat = model::moe_layer_pattern(m.moe_layer_freq, m.num_layers); !pat.is_ok())
       c.error("moe-layer-freq", {"--moe-layer-freq", "--num-layers"}, pat.status().message(),
@@ -273,6 +298,13 @@ void validate(PlanReport& r) {
               "it and this program does not take",
               "use p2p or allgather (the same attention)");
   }
+  // --tp-comm-overlap changes nothing here, but Megatron asserts it needs SP.
+  for (const std::string& n : j.compat.no_effect)
+    if (n.rfind("--tp-comm-overlap:", 0) == 0 && !par.sequence_parallel)
+      c.error("tp-comm-overlap-sp", {"--tp-comm-overlap", "--sequence-parallel"},
+              "--tp-comm-overlap needs sequence parallelism (Megatron: \"can happen only when sequence parallelism "
+              "is enabled\")",
+              "add --sequence-parallel, or drop --tp-comm-overlap");
   if (par.sequence_parallel && TP == 1)
     c.error("sp-needs-tp", {"--sequence-parallel", "--tensor-model-parallel-size"},
             "--sequence-parallel needs tensor parallelism (TP > 1); Megatron's launcher would silently switch it off",

@@ -75,6 +75,11 @@ grep -q "x 4 = 16" "$TMP/out" || fail "world size from OMPI_COMM_WORLD_SIZE not 
 OMPI_COMM_WORLD_RANK=3 OMPI_COMM_WORLD_SIZE=8 "$BIN" plan $SMALL >"$TMP/out" || fail "rank 3 exit code"
 [ -s "$TMP/out" ] && fail "a non-zero MPI rank printed the plan"
 
+# --tp-comm-overlap changes nothing here but needs --sequence-parallel, as Megatron asserts.
+"$BIN" plan $SMALL --tp-comm-overlap >"$TMP/out" 2>&1
+[ $? = 2 ] && grep -q "tp-comm-overlap needs sequence parallelism" "$TMP/out" || { fail "--tp-comm-overlap without SP"; cat "$TMP/out"; }
+"$BIN" plan $SMALL --tp-comm-overlap --sequence-parallel >/dev/null 2>&1 || fail "--tp-comm-overlap with SP"
+
 # --config: the YAML file's flags, as `megatron train` reads them (the command line wins).
 printf 'world_size: 8\ntensor-model-parallel-size: 2\npipeline-model-parallel-size: 2\nnum-layers: 4\nhidden-size: 256\nnum-attention-heads: 8\nseq-length: 512\nmax-position-embeddings: 512\nvocab-size: 50257\nmicro-batch-size: 1\nglobal-batch-size: 4\n' >"$TMP/plan.yaml"
 "$BIN" plan --config "$TMP/plan.yaml" --global-batch-size 8 --json >"$TMP/cfg.json" || fail "plan --config exit code"

@@ -85,12 +85,15 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--bf16 --fp16", "precision", "--fp16"},
         RuleCase{"--fp32-residual-connection", "fp32-residual-needs-half", "--fp32-residual-connection"},
         RuleCase{"--expert-model-parallel-size 2", "moe-experts-required", "--num-experts"},
-        RuleCase{"--num-experts 6 --expert-model-parallel-size 4", "moe-experts-divisible", "--num-experts"},
-        RuleCase{"--num-experts 4 --moe-router-topk 5", "moe-topk", "--moe-router-topk"},
-        RuleCase{"--num-experts 4 --moe-shared-expert-intermediate-size 1023", "moe-shared-expert-divisible", "--moe-shared-expert-intermediate-size"},
+        RuleCase{"--num-experts 6 --disable-bias-linear --expert-model-parallel-size 4", "moe-experts-divisible", "--num-experts"},
+        RuleCase{"--num-experts 4 --disable-bias-linear --moe-router-topk 5", "moe-topk", "--moe-router-topk"},
+        RuleCase{"--num-experts 4 --disable-bias-linear --moe-shared-expert-intermediate-size 1023", "moe-shared-expert-divisible", "--moe-shared-expert-intermediate-size"},
         RuleCase{"--moe-shared-expert-intermediate-size 1024", "moe-shared-expert-needs-experts", "--num-experts"},
-        RuleCase{"--num-experts 4 --moe-router-enable-expert-bias", "moe-expert-bias-sigmoid", "--moe-router-score-function"},
-        RuleCase{"--num-experts 4 --expert-model-parallel-size 4 --expert-tensor-parallel-size 4", "expert-grid-divisible", "--expert-model-parallel-size"},
+        RuleCase{"--num-experts 4 --disable-bias-linear --moe-router-enable-expert-bias", "moe-expert-bias-sigmoid", "--moe-router-score-function"},
+        RuleCase{"--num-experts 4 --disable-bias-linear --expert-model-parallel-size 4 --expert-tensor-parallel-size 4", "expert-grid-divisible", "--expert-model-parallel-size"},
+        RuleCase{"--num-experts 4", "moe-bias-etp", "--disable-bias-linear"},
+        RuleCase{"--num-experts 4 --disable-bias-linear --moe-router-topk 1", "moe-top1-pre-softmax", "--moe-router-pre-softmax"},
+        RuleCase{"--num-experts 4 --disable-bias-linear --moe-router-group-topk 1", "moe-group-routing", "--moe-router-num-groups"},
         RuleCase{"--overlap-param-gather", "overlap-param-gather", "--use-distributed-optimizer"},
         RuleCase{"--distribute-saved-activations", "distribute-saved-activations", "--distribute-saved-activations"},
         RuleCase{"--num-parameters 13e9", "num-parameters-with-architecture", "--num-parameters"}),
@@ -99,6 +102,15 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(n.begin(), n.end(), '-', '_');
       return n;
     });
+
+// Group-limited routing: the groups must divide the experts.
+TEST(Validate, MoeGroupsDivideTheExperts) {
+  PlanReport r = plan_from(kBase + "--num-experts 4 --disable-bias-linear --moe-router-num-groups 3 --moe-router-group-topk 1");
+  ASSERT_EQ(r.errors.size(), 1u) << rules_of(r);
+  EXPECT_EQ(r.errors[0].rule, "moe-group-routing");
+  EXPECT_NE(r.errors[0].message.find("4 experts in 3 groups"), std::string::npos) << r.errors[0].message;
+  EXPECT_TRUE(plan_from(kBase + "--num-experts 4 --disable-bias-linear --moe-router-num-groups 2 --moe-router-group-topk 1").valid());
+}
 
 TEST(Validate, RequiredFlagsEachNamed) {
   PlanReport r = plan_from("--world-size 8");

@@ -663,9 +663,12 @@ PY
   && grep -q "and a shared expert of width 96" "$TMP/moe-shared.log" \
   && grep -q -- "--moe-shared-expert-overlap: " "$TMP/moe-shared.log" \
   || { fail "shared expert: parameters, header or no-effect note"; head -3 "$TMP/moe-shared.log"; }
+# Megatron's rule first (the planner's), then this trainer's own limits.
 "$BIN" train "${MOCK[@]}" --num-experts 4 --moe-router-topk 1 --train-iters 2 2>"$TMP/err"
-[ $? = 2 ] && grep -q -- "add --disable-bias-linear" "$TMP/err" && grep -q -- "add --moe-router-pre-softmax" "$TMP/err" \
-  || { fail "MoE refusals"; cat "$TMP/err"; }
+[ $? = 2 ] && grep -q -- "Please use --moe-router-pre-softmax when topk is 1" "$TMP/err" \
+  || { fail "MoE refusals: top-1 softmax"; cat "$TMP/err"; }
+"$BIN" train "${MOCK[@]}" --num-experts 4 --moe-router-topk 1 --moe-router-pre-softmax --train-iters 2 2>"$TMP/err"
+[ $? = 2 ] && grep -q -- "add --disable-bias-linear" "$TMP/err" || { fail "MoE refusals: biases"; cat "$TMP/err"; }
 "$BIN" train "${MOCK[@]}" "${MOE[@]}" --expert-model-parallel-size 3 --train-iters 2 2>"$TMP/err"
 [ $? = 2 ] && grep -q "4 experts do not split over EP = 3" "$TMP/err" && grep -q "use --expert-model-parallel-size 4" "$TMP/err" \
   || { fail "EP that does not divide the experts"; cat "$TMP/err"; }
