@@ -86,7 +86,12 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_seen("no-weight-decay-cond-type", true,
              "Megatron's deprecated spelling of --apply-wd-to-qk-layernorm (its one choice)", {"apply_wd_to_qk_layernorm"},
              [&c](const std::string&) { c.apply_wd_to_qk_layernorm = true; });
-  f.add_switch("check-for-nan-in-loss-and-grad", &c.check_for_nan_in_loss_and_grad, "stop with the iteration when the loss or a gradient is NaN/inf (off under --fp16's dynamic loss scaling, whose signal they are)");
+  f.add_switch("no-check-for-nan-in-loss-and-grad", &c.check_for_nan_in_loss_and_grad,
+               "keep training when the loss or a gradient is NaN/inf (by default the run stops with the iteration, as "
+               "Megatron's does; the check is off under --fp16's dynamic loss scaling, whose signal they are)",
+               false);
+  f.add_switch("check-for-nan-in-loss-and-grad", &c.check_for_nan_asked,
+               "older Megatron's switch for what is now the default: stop on a NaN/inf loss or gradient");
   f.add_double("loss-scale", &c.loss_scale.loss_scale,
                "constant loss scale (with --fp16, --bf16 or --use-distributed-optimizer); unset: dynamic under --fp16",
                -1e308, 1e308);
@@ -459,6 +464,8 @@ std::vector<std::string> validate_train(const TrainConfig& c) {
     err("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
   if (c.weight_decay_incr_style != "constant" && (!c.start_weight_decay || !c.end_weight_decay))
     err(fmt::format("--weight-decay-incr-style {} needs both --start-weight-decay and --end-weight-decay", c.weight_decay_incr_style));
+  if (c.check_for_nan_asked && !c.check_for_nan_in_loss_and_grad)
+    err("--check-for-nan-in-loss-and-grad and --no-check-for-nan-in-loss-and-grad: give one");
   if (c.use_checkpoint_opt_param_scheduler && c.override_opt_param_scheduler)
     err("--use-checkpoint-opt-param-scheduler and --override-opt-param-scheduler are exclusive");
   if (!c.save.empty() && !c.save_interval && !c.exit_signal_handler && !c.exit_interval && !c.exit_duration_in_mins)

@@ -67,7 +67,9 @@ struct TrainConfig {
   std::optional<int64_t> exit_interval;
   std::optional<double> exit_duration_in_mins;
   bool exit_signal_handler = false;
-  bool check_for_nan_in_loss_and_grad = false;
+  // On by default, as in Megatron (--no-check-for-nan-in-loss-and-grad);
+  // check_for_nan_asked: older Megatron's --check-for-nan-in-loss-and-grad.
+  bool check_for_nan_in_loss_and_grad = true, check_for_nan_asked = false;
   // Loss scaling (--fp16's dynamic scaler, or --loss-scale; optim/grad_scaler.h).
   optim::LossScaleConfig loss_scale;
   bool log_params_norm = false;             // the fp32 parameters' L2 norm in the log line and metrics

@@ -248,8 +248,9 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   // gradients are the scaler's signal.
   if (job.precision.fp16 && !cfg.loss_scale.constant() && cfg.check_for_nan_in_loss_and_grad) {
     cfg.check_for_nan_in_loss_and_grad = false;
-    job.compat.no_effect.push_back("--check-for-nan-in-loss-and-grad: off under dynamic loss scaling (--fp16 without "
-                                   "--loss-scale), whose signal inf and NaN gradients are (as in Megatron)");
+    if (cfg.check_for_nan_asked)
+      job.compat.no_effect.push_back("--check-for-nan-in-loss-and-grad: off under dynamic loss scaling (--fp16 without "
+                                     "--loss-scale), whose signal inf and NaN gradients are (as in Megatron)");
   }
   const int processes = comm::world_size();
   if (plan.valid()) {
@@ -895,7 +896,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     // included; dynamic scaling has turned the check off above.)
     if (cfg.check_for_nan_in_loss_and_grad && (!std::isfinite(loss) || !grads_ok)) {
       bar.clear();
-      return Status::invalid(fmt::format("NaN or Inf found in the {} at iteration {} (--check-for-nan-in-loss-and-grad)",
+      return Status::invalid(fmt::format("NaN or Inf found in the {} at iteration {} (the run stops, as Megatron's "
+                                         "does; --no-check-for-nan-in-loss-and-grad keeps training)",
                                          std::isfinite(loss) ? "gradients" : "loss", it));
     }
     // With a grad scaler an inf or NaN gradient skips the step: no update,
