@@ -619,7 +619,11 @@ Result<LoadedCheckpoint> load_checkpoint(const std::string& load_dir, std::optio
   {
     std::error_code ec;
     if (!fs::is_directory(load_dir, ec))
-      return Status::not_found(fmt::format("--load: checkpoint directory '{}' does not exist", load_dir));
+      return Status::not_found(fs::exists(load_dir, ec)
+                                   ? fmt::format("--load: '{}' is not a directory (a checkpoint is the directory "
+                                                 "--save named)",
+                                                 load_dir)
+                                   : fmt::format("--load: checkpoint directory '{}' does not exist", load_dir));
   }
   if (iteration) {
     impl->iteration = *iteration;
@@ -634,11 +638,13 @@ Result<LoadedCheckpoint> load_checkpoint(const std::string& load_dir, std::optio
   }
   impl->dir = fmt::format("{}/{}", load_dir, dir_name);
   std::error_code ec;
-  if (!fs::is_directory(impl->dir, ec))
-    return Status::not_found(iteration ? fmt::format("no checkpoint for iteration {}: '{}' does not exist", *iteration,
-                                                     impl->dir)
-                                       : fmt::format("'{}' names iteration {}, but '{}' does not exist", tracker,
-                                                     impl->iteration, impl->dir));
+  if (!fs::is_directory(impl->dir, ec)) {
+    const char* what = fs::exists(impl->dir, ec) ? "is not a directory" : "does not exist";
+    return Status::not_found(iteration ? fmt::format("no checkpoint for iteration {}: '{}' {}", *iteration, impl->dir,
+                                                     what)
+                                       : fmt::format("'{}' names iteration {}, but '{}' {}", tracker, impl->iteration,
+                                                     impl->dir, what));
+  }
   const std::string common_path = impl->dir + "/" + kCommonFile;
   auto text = read_regular_file(common_path, kMaxTextFileBytes);
   if (!text)

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -92,6 +93,30 @@ std::string join_lines(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += "\n  - " + x;
   return s;
+}
+
+// Adds the items of a message listing problems ("header (N problems):" and
+// "  - item" lines; or one line) to `problems`, leaving out an item whose
+// leading flag an earlier problem already starts with: validate_train and
+// the scheduler state some rules in their own words.
+void add_problems(const std::string& message, std::vector<std::string>* problems) {
+  std::vector<std::string> items;
+  size_t at = 0;
+  while (at <= message.size()) {
+    const size_t end = std::min(message.find('\n', at), message.size());
+    const std::string line = message.substr(at, end - at);
+    if (line.rfind("  - ", 0) == 0) items.push_back(line.substr(4));
+    at = end + 1;
+  }
+  if (items.empty()) items.push_back(message);
+  auto first_word = [](const std::string& s) { return s.substr(0, s.find(' ')); };
+  for (const std::string& item : items) {
+    const std::string flag = first_word(item);
+    const bool dup = flag.rfind("--", 0) == 0 && std::any_of(problems->begin(), problems->end(), [&](const std::string& p) {
+                       return first_word(p) == flag;
+                     });
+    if (!dup) problems->push_back(item);
+  }
 }
 
 }  // namespace
@@ -265,7 +290,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     // The schedules and the model's own checks, here so that they too are
     // reported once, before any rank allocates.
     if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.global_batch)); !sc)
-      problems.push_back(sc.status().message());
+      add_problems(sc.status().message(), &problems);
     if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty())
       problems.push_back(plan.memory.trainer.why_not);
     // NCCL matches point-to-point messages in issue order per pair of ranks

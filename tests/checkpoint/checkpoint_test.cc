@@ -415,6 +415,13 @@ TEST_F(Errors, NoCheckpointAndBadTracker) {
   spit(dir_ + "/latest_checkpointed_iteration.txt", "9");
   expect_error(load_checkpoint(dir_).status(), StatusCode::kNotFound,
                {"latest_checkpointed_iteration.txt' names iteration 9", "iter_0000009' does not exist"});
+  spit(dir_ + "/iter_0000009", "a file");  // where the iteration's directory should be
+  expect_error(load_checkpoint(dir_).status(), StatusCode::kNotFound, {"iter_0000009' is not a directory"});
+  fs::remove(dir_ + "/iter_0000009");
+  expect_error(load_checkpoint(dir_ + "/latest_checkpointed_iteration.txt").status(), StatusCode::kNotFound,
+               {"--load: '", "latest_checkpointed_iteration.txt' is not a directory"});
+  spit(dir_ + "/latest_checkpointed_iteration.txt", std::string("\x00\xff\n", 3));  // bytes shown escaped
+  expect_error(load_checkpoint(dir_).status(), StatusCode::kCorrupt, {"holds \"\\u0000\ufffd\\n\""});
   spit(dir_ + "/latest_checkpointed_iteration.txt", "nine");
   expect_error(load_checkpoint(dir_).status(), StatusCode::kCorrupt, {"holds \"nine\"", "iteration number"});
   spit(dir_ + "/latest_checkpointed_iteration.txt", "7\n");  // whitespace is fine

@@ -775,6 +775,11 @@ rc=$?
 rc=$?
 [ $rc = 2 ] && grep -q -- "--config: '$TMP' is not a regular file" "$TMP/err" || { fail "--config a directory (rc $rc)"; cat "$TMP/err"; }
 
+# A rule both the flag checks and the LR scheduler state is listed once.
+"$BIN" train "${MOCK[@]}" --train-iters 3 --lr-decay-samples 100 2>"$TMP/err" >/dev/null
+[ $? = 2 ] && grep -q "^megatron train: error: 1 problem in the configuration:" "$TMP/err" \
+  && [ "$(grep -c -- "--lr-decay-samples" "$TMP/err")" = 1 ] || { fail "--lr-decay-samples listed once"; cat "$TMP/err"; }
+
 "$BIN" train --frobnicate 1 --mock-dat --use-flash-attn 2>"$TMP/err"
 [ $? = 2 ] && grep -q "2 problems on the command line" "$TMP/err" && grep -q "unknown flag --mock-dat; did you mean --mock-data?" "$TMP/err" \
   || { fail "unknown flags listed at once"; cat "$TMP/err"; }
