@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <tuple>
+
 #include "checkpoint/checkpoint.h"
 #include "train/train_config.h"
 
@@ -25,10 +27,20 @@ Result<RebuiltConfig> config_from_training_argv(const std::vector<std::string>& 
   data::TokenizerConfig tk = tc.tokenizer;
   tk.vocab_file = mc.vocab_file;
   if (tk.type == "NullTokenizer" || tk.type == "TikTokenizer") tk.vocab_size = mc.vocab_size;
+  if (tk.type.empty()) return Status::invalid(fmt::format("{}: the training arguments have no --tokenizer-type", where));
+  // A replacement file the checkpoint's tokenizer does not read is an error,
+  // not silently ignored.
+  const bool bpe = tk.type == "GPT2BPETokenizer";
+  for (const auto& [flag, given, used] : {std::tuple{"--vocab-file", !opt.vocab_file.empty(), bpe},
+                                          std::tuple{"--merge-file", !opt.merge_file.empty(), bpe},
+                                          std::tuple{"--tokenizer-model", !opt.tokenizer_model.empty(),
+                                                     !bpe && tk.type != "NullTokenizer"}})
+    if (given && !used)
+      return Status::invalid(fmt::format("{}: the checkpoint's tokenizer is {}, which reads no such file; drop the flag",
+                                         flag, tk.type));
   if (!opt.vocab_file.empty()) tk.vocab_file = opt.vocab_file;
   if (!opt.merge_file.empty()) tk.merge_file = opt.merge_file;
   if (!opt.tokenizer_model.empty()) tk.tokenizer_model = opt.tokenizer_model;
-  if (tk.type.empty()) return Status::invalid(fmt::format("{}: the training arguments have no --tokenizer-type", where));
   auto tok = data::make_tokenizer(tk);
   if (!tok)
     return Status::invalid(fmt::format("{}\n(the tokenizer files are the training run's; if they moved, pass "

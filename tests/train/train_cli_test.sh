@@ -703,6 +703,10 @@ rc=$?
 rc=$?
 [ $rc = 2 ] && grep -q -- "--prompt: NullTokenizer: id 999 at byte offset 2 is outside the vocabulary" "$TMP/err" \
   || { fail "generate: a prompt id outside the vocabulary (rc $rc)"; cat "$TMP/err"; }
+"$BIN" generate --load "$TMP/cka-b" --prompt "1 2" --max-new-tokens 1 --vocab-file "$TMP/none.json" 2>"$TMP/err" >/dev/null
+rc=$?
+[ $rc = 2 ] && grep -q -- "--vocab-file: the checkpoint's tokenizer is NullTokenizer, which reads no such file" "$TMP/err" \
+  || { fail "generate: a tokenizer file the checkpoint's tokenizer does not read (rc $rc)"; cat "$TMP/err"; }
 # A FIFO in place of a checkpoint file is refused at once (a blocking read would hang).
 cp -r "$TMP/cka-b" "$TMP/fifo-ck"
 it_dir=$(ls -d "$TMP"/fifo-ck/iter_* | head -1)
