@@ -74,6 +74,7 @@ class FlagSet {
   bool has(const std::string& name) const { return flags_.count(name) != 0; }
   std::string help() const;
   const std::string& program() const { return program_; }
+  const std::vector<std::string>& names() const { return order_; }  // every flag, in registration order
 
  private:
   struct Flag {

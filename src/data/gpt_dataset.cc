@@ -202,8 +202,9 @@ std::string read_text(const std::string& path) {
 // A cached index set that sample_tokens can read without leaving the
 // dataset: documents in range, sample rows (document position, token
 // offset) nondecreasing with each offset inside its sequence (an empty
-// sequence only at offset 0, and never both ends of a sample), shuffle
-// values in range.
+// sequence only at the first row's offset 0, or at the last row's -1, which
+// the builder writes for an empty last sequence when the partial last
+// sample is kept), shuffle values in range.
 Status check_indices(const GptIndices& r, const Documents& ds, const std::string& where) {
   for (int32_t d : r.document_index)
     if (d < 0 || d >= ds.num_sequences())
@@ -213,10 +214,10 @@ Status check_indices(const GptIndices& r, const Documents& ds, const std::string
     return Status::corrupt(fmt::format("{}: sample index has {} entries, expected {}", where, r.sample_index.size(), 2 * (n + 1)));
   for (int64_t j = 0; j <= n; ++j) {
     const int64_t pos = r.sample_index[2 * j], off = r.sample_index[2 * j + 1];
-    bool ok = pos >= 0 && pos < docs && off >= 0 && (j == 0 || pos >= r.sample_index[2 * j - 2]);
+    bool ok = pos >= 0 && pos < docs && off >= -1 && (j == 0 || pos >= r.sample_index[2 * j - 2]);
     if (ok) {
       const int64_t len = ds.sequence_length(r.document_index[pos]);
-      ok = off < len || off == 0;
+      ok = (off >= 0 && off < len) || (j == 0 && off == 0) || (j == n && len == 0 && off == -1);
       if (ok && j > 0 && pos == r.sample_index[2 * j - 2]) ok = len > 0 && off >= r.sample_index[2 * j - 1];
     }
     if (!ok) return Status::corrupt(fmt::format("{}: sample index row {} out of range", where, j));

@@ -1,5 +1,6 @@
 #include "data/npy.h"
 
+#include <cctype>
 #include <cstring>
 #include <limits>
 

@@ -304,7 +304,8 @@ void validate(PlanReport& r) {
       c.error("tp-comm-overlap-sp", {"--tp-comm-overlap", "--sequence-parallel"},
               "--tp-comm-overlap needs sequence parallelism (Megatron: \"can happen only when sequence parallelism "
               "is enabled\")",
-              "add --sequence-parallel, or drop --tp-comm-overlap");
+              TP > 1 ? "add --sequence-parallel, or drop --tp-comm-overlap"
+                     : "drop --tp-comm-overlap (with TP 1 there is no tensor-parallel communication to overlap)");
   if (par.sequence_parallel && TP == 1)
     c.error("sp-needs-tp", {"--sequence-parallel", "--tensor-model-parallel-size"},
             "--sequence-parallel needs tensor parallelism (TP > 1); Megatron's launcher would silently switch it off",

@@ -2,10 +2,8 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <fstream>
 
@@ -104,8 +102,8 @@ void MetricsFile::append(const nlohmann::json& j) const {
   out.flush();
   if (!out) {
     failed_ = true;
-    std::fprintf(stderr, "warning: --metrics-file: appending to %s failed (%s); no more metrics are written there\n",
-                 path_.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "warning: --metrics-file: appending to %s failed; no more metrics are written there\n",
+                 path_.c_str());
   }
 }
 

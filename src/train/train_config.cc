@@ -6,11 +6,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
-#include "core/file.h"
 #include "data/tokenizer_flags.h"
 
 namespace mt::train {
@@ -165,13 +166,32 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   plan::register_megatron_compat_flags(f, c.job);
 }
 
+namespace {
+// Switches whose Megatron form is --no-<name> (store_false, dest <name>).
+const std::set<std::string>& negated_switches() {
+  static const std::set<std::string> names = [] {
+    TrainConfig c;
+    FlagSet f("megatron train");
+    register_train_flags(f, c);
+    std::set<std::string> out;
+    for (const std::string& n : f.names())
+      if (n.rfind("no-", 0) == 0) out.insert(n.substr(3));
+    return out;
+  }();
+  return names;
+}
+}  // namespace
+
 Result<std::vector<std::string>> yaml_to_args(const std::string& path) {
   if (path.empty()) return Status::invalid("--config needs the path of a YAML file");
-  auto text = read_regular_file(path, size_t{64} << 20);
-  if (!text) return Status(text.status().code(), "--config: " + text.status().message());
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    return Status::invalid(fmt::format("--config: '{}' is a directory; name a YAML file", path));
   YAML::Node root;
   try {
-    root = YAML::Load(*text);
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    return Status::not_found(fmt::format("--config: cannot open '{}'", path));
   } catch (const YAML::Exception& e) {
     return Status::invalid(fmt::format("--config: '{}' line {}: {}", path, e.mark.line + 1, e.msg));
   }
@@ -194,7 +214,10 @@ Result<std::vector<std::string>> yaml_to_args(const std::string& path) {
     } else if (v.IsScalar()) {
       const std::string s = v.Scalar();
       if (s == "true" || s == "True") args.push_back(flag);
-      else if (s == "false" || s == "False") continue;  // a switch left off
+      else if (s == "false" || s == "False") {  // a switch left off, or Megatron's --no-<key> for a store_false one
+        if (negated_switches().count(key)) args.push_back("--no-" + key);
+        continue;
+      }
       else args.push_back(flag), args.push_back(s);
     } else if (v.IsSequence()) {
       args.push_back(flag);
@@ -383,9 +406,12 @@ Status parse_train_args(const std::vector<std::string>& argv, TrainConfig* cfg, 
 
 Status resolve_data_args_files(data::DataConfig* d) {
   auto read = [](const std::string& flag, const std::string& path) -> Result<std::string> {
-    auto text = read_regular_file(path, size_t{64} << 20);
-    if (!text) return Status::invalid(fmt::format("{}: {}", flag, text.status().message()));
-    return *text;
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      return Status::invalid(fmt::format("{}: '{}' is a directory; name a file", flag, path));
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Status::invalid(fmt::format("{}: cannot open '{}'", flag, path));
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   };
   auto tokens = [](const std::string& text) {
     std::vector<std::string> out;
@@ -464,8 +490,6 @@ std::vector<std::string> validate_train(const TrainConfig& c) {
     err("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
   if (c.weight_decay_incr_style != "constant" && (!c.start_weight_decay || !c.end_weight_decay))
     err(fmt::format("--weight-decay-incr-style {} needs both --start-weight-decay and --end-weight-decay", c.weight_decay_incr_style));
-  if (c.check_for_nan_asked && !c.check_for_nan_in_loss_and_grad)
-    err("--check-for-nan-in-loss-and-grad and --no-check-for-nan-in-loss-and-grad: give one");
   if (c.use_checkpoint_opt_param_scheduler && c.override_opt_param_scheduler)
     err("--use-checkpoint-opt-param-scheduler and --override-opt-param-scheduler are exclusive");
   if (!c.save.empty() && !c.save_interval && !c.exit_signal_handler && !c.exit_interval && !c.exit_duration_in_mins)

@@ -118,7 +118,11 @@ Status parse_train_args(const std::vector<std::string>& args, TrainConfig* cfg, 
 // get_blend_and_blend_per_split). Errors name the file and what was expected.
 Status resolve_data_args_files(data::DataConfig* data);
 
-// Turns a YAML mapping of flag names (dashes or underscores) into argv tokens.
+// Turns a YAML mapping of flag names (dashes or underscores) into argv
+// tokens: `key: true` is --key, `key: false` is --no-key where that flag
+// exists (Megatron's store_false switches, e.g.
+// check_for_nan_in_loss_and_grad: false), else nothing. The file may be a
+// FIFO (--config <(...)); a directory is refused.
 Result<std::vector<std::string>> yaml_to_args(const std::string& path);
 // argv with every --config YAML file's flags put first, so that the command
 // line wins (train and plan).

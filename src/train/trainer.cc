@@ -516,7 +516,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       auto check = [&](const nlohmann::json& o, const char* key, const std::string& name, bool integer) -> Status {
         if (!o.contains(key)) return Status::ok();
         const nlohmann::json& v = o[key];
-        if ((integer ? v.is_number_integer() : v.is_number()) && v.get<double>() >= 0 && std::isfinite(v.get<double>()))
+        const bool fits = !v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
+        if ((integer ? v.is_number_integer() : v.is_number()) && v.get<double>() >= 0 && std::isfinite(v.get<double>()) &&
+            (!integer || fits))
           return Status::ok();
         return Status::corrupt(fmt::format("{}/common.json: {} is {}, expected a non-negative {}", ck->directory(),
                                            name, v.dump(), integer ? "integer" : "number"));

@@ -36,6 +36,11 @@ struct Dir {
   std::string operator/(const std::string& n) const { return (path / n).string(); }
 };
 
+std::string slurp_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 // A dataset whose sequence i holds tokens 1000*i + 0, 1, 2, ...
 std::shared_ptr<const IndexedDataset> make_dataset(const std::string& prefix, const std::vector<int32_t>& lengths) {
   auto w = IndexedDatasetWriter::create(prefix, DType::kInt32);
@@ -196,6 +201,48 @@ TEST(GptDataset, CacheIsReusedAndRebuiltWhenInputsChange) {
   cfg.seed = 1234;
   auto d = GptDataset::build(ds2, Split::kTrain, {0, 50}, 100, cfg, &log);
   ASSERT_TRUE(d.is_ok());
+  EXPECT_EQ(log.rfind("built", 0), 0u) << log;
+}
+
+// A damaged cache is rebuilt, not trusted: a sample row whose offset lies
+// past its sequence (sample_tokens would read outside it), and a shape
+// whose element count exceeds the file.
+TEST(GptDataset, DamagedCacheIsRebuilt) {
+  Dir dir;
+  auto ds = make_dataset(dir / "d", std::vector<int32_t>(50, 20));
+  GptDatasetConfig cfg;
+  cfg.seq_length = 16;
+  cfg.cache_dir = dir / "cache";
+  std::string log;
+  auto a = GptDataset::build(ds, Split::kTrain, {0, 50}, 100, cfg, &log);
+  ASSERT_TRUE(a.is_ok()) << a.status().message();
+  std::string sample_file;
+  for (auto& e : fs::directory_iterator(dir / "cache"))
+    if (e.path().string().find("sample_index.npy") != std::string::npos) sample_file = e.path().string();
+  ASSERT_FALSE(sample_file.empty());
+  const GptIndices good = (*a)->indices();
+  auto damaged = good.sample_index;
+  damaged[2 * 3 + 1] = 20;  // row 3's offset: every sequence here has 20 tokens
+  ASSERT_TRUE(write_npy(sample_file, damaged, {static_cast<int64_t>(damaged.size() / 2), 2}));
+  auto b = GptDataset::build(ds, Split::kTrain, {0, 50}, 100, cfg, &log);
+  ASSERT_TRUE(b.is_ok()) << b.status().message();
+  EXPECT_EQ(log.rfind("built", 0), 0u) << log;
+  EXPECT_EQ((*b)->indices().sample_index, good.sample_index);
+  // The header claims more rows than the file holds (its row count's digits
+  // all 9s, the header length unchanged): an error, then a rebuild.
+  std::string bytes = slurp_file(sample_file);
+  const size_t at = bytes.find("'shape': (");
+  ASSERT_NE(at, std::string::npos);
+  const size_t comma = bytes.find(',', at);
+  for (size_t i = at + 10; i < comma; ++i) bytes[i] = '9';
+  std::ofstream(sample_file, std::ios::binary | std::ios::trunc) << bytes;
+  std::vector<int64_t> shape_read;
+  auto bad = read_npy<int64_t>(sample_file, &shape_read);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("holds more elements than the file's"), std::string::npos)
+      << bad.status().message();
+  auto c = GptDataset::build(ds, Split::kTrain, {0, 50}, 100, cfg, &log);
+  ASSERT_TRUE(c.is_ok()) << c.status().message();
   EXPECT_EQ(log.rfind("built", 0), 0u) << log;
 }
 

@@ -355,6 +355,10 @@ for nan_flag in "" --check-for-nan-in-loss-and-grad; do
 done
 MEGATRON_CPP_TEST_NAN_ITERATION=7 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 10 \
   --no-check-for-nan-in-loss-and-grad >"$TMP/nan.log" 2>&1 || fail "--no-check-for-nan-in-loss-and-grad: the run stopped"
+# The same from a YAML file in Megatron's dest name (a store_false switch), through a FIFO.
+MEGATRON_CPP_TEST_NAN_ITERATION=7 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --global-batch-size 4 --train-iters 10 \
+  --config <(printf 'check_for_nan_in_loss_and_grad: false\n') >"$TMP/nan.log" 2>&1 \
+  || { fail "YAML check_for_nan_in_loss_and_grad: false: the run stopped"; tail -3 "$TMP/nan.log"; }
 
 # Configuration errors: all at once, exit 2, nothing allocated.
 "$BIN" train --num-layers 3 --hidden-size 64 --num-attention-heads 5 --seq-length 64 --max-position-embeddings 32 \
@@ -760,9 +764,10 @@ PY
 done
 # A sample count no machine can index, or a step of 2^30 micro-batches:
 # refused with the flags to lower, before any index or schedule is built.
-timeout 60 "$BIN" train "${COMMON[@]}" --micro-batch-size 2 --global-batch-size 4 --train-iters 2147483648 2>"$TMP/err" >/dev/null
+# (2^42 samples: about 100 TiB of indices, more than any machine holds.)
+timeout 60 "$BIN" train "${COMMON[@]}" --micro-batch-size 2 --global-batch-size 4 --train-iters 1099511627776 2>"$TMP/err" >/dev/null
 rc=$?
-[ $rc = 2 ] && grep -q "train split): 8589934592 samples of 32 tokens .* GiB of dataset indices, more than this machine's .* GiB of memory: lower --train-iters" "$TMP/err" \
+[ $rc = 2 ] && grep -q "train split): 4398046511104 samples of 32 tokens .* GiB of dataset indices, more than this machine's .* GiB of memory: lower --train-iters" "$TMP/err" \
   || { fail "huge --train-iters (rc $rc)"; cat "$TMP/err"; }
 timeout 60 "$BIN" train "${COMMON[@]}" --micro-batch-size 1 --global-batch-size 4294967296 --train-iters 10 2>"$TMP/err" >/dev/null
 rc=$?
@@ -777,7 +782,7 @@ rc=$?
   && grep -q -- "--metrics-file $TMP: is a directory" "$TMP/err" || { fail "--save a file, --metrics-file a directory (rc $rc)"; cat "$TMP/err"; }
 "$BIN" train "${MOCK[@]}" --train-iters 2 --config "$TMP" 2>"$TMP/err" >/dev/null
 rc=$?
-[ $rc = 2 ] && grep -q -- "--config: '$TMP' is not a regular file" "$TMP/err" || { fail "--config a directory (rc $rc)"; cat "$TMP/err"; }
+[ $rc = 2 ] && grep -q -- "--config: '$TMP' is a directory" "$TMP/err" || { fail "--config a directory (rc $rc)"; cat "$TMP/err"; }
 
 # A rule both the flag checks and the LR scheduler state is listed once.
 "$BIN" train "${MOCK[@]}" --train-iters 3 --lr-decay-samples 100 2>"$TMP/err" >/dev/null
