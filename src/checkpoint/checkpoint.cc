@@ -466,20 +466,10 @@ Status open_rank_file(const std::string& path, int index, std::unique_ptr<Mapped
                       std::map<std::string, StoredTensor>* tensors) {
   auto f = std::make_unique<MappedFile>();
   f->path = path;
-  // O_NONBLOCK: a FIFO in place of the file must not block the open.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return Status::not_found(fmt::format("checkpoint file '{}' cannot be opened: {}", path, errno_str()));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return Status::io_error(fmt::format("cannot stat '{}': {}", path, errno_str()));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::invalid(
-        fmt::format("checkpoint file '{}' is not a regular file (a directory, FIFO or device stands in its place)", path));
-  }
-  f->size = static_cast<size_t>(st.st_size);
+  auto opened = open_regular_file(path);
+  if (!opened) return Status(opened.status().code(), "checkpoint file: " + opened.status().message());
+  const int fd = opened->fd;
+  f->size = opened->size;
   if (f->size < 8) {
     ::close(fd);
     return Status::corrupt(fmt::format("'{}': {} bytes; a safetensors file starts with an 8-byte header length", path,

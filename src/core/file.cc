@@ -41,7 +41,7 @@ Status write_file_atomic(const std::string& path, std::string_view data) {
   return Status::ok();
 }
 
-Result<std::string> read_regular_file(const std::string& path, size_t max_bytes) {
+Result<OpenedFile> open_regular_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
@@ -53,12 +53,19 @@ Result<std::string> read_regular_file(const std::string& path, size_t max_bytes)
     ::close(fd);
     return Status::invalid(fmt::format("'{}' is not a regular file (a directory, FIFO or device stands in its place)", path));
   }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+  return OpenedFile{fd, static_cast<size_t>(st.st_size)};
+}
+
+Result<std::string> read_regular_file(const std::string& path, size_t max_bytes) {
+  auto f = open_regular_file(path);
+  if (!f) return f.status();
+  const int fd = f->fd;
+  if (f->size > max_bytes) {
     ::close(fd);
-    return Status::corrupt(fmt::format("'{}' is {} bytes, more than the {} such a file can hold", path,
-                                       static_cast<long long>(st.st_size), max_bytes));
+    return Status::corrupt(fmt::format("'{}' is {} bytes, more than the {} such a file can hold", path, f->size,
+                                       max_bytes));
   }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
+  std::string out(f->size, '\0');
   size_t done = 0;
   while (done < out.size()) {
     const ssize_t n = ::read(fd, out.data() + done, out.size() - done);

@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <cmath>
 
+#include "core/file.h"
+
 namespace mt {
 
 const char* safetensors_dtype_name(DType t) {
@@ -151,18 +153,10 @@ MappedSafetensors::~MappedSafetensors() {
 Result<MappedSafetensors> MappedSafetensors::open(const std::string& path) {
   MappedSafetensors f;
   f.path_ = path;
-  // O_NONBLOCK: a FIFO in place of the file must not block the open.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const std::string msg = fmt::format("cannot open '{}': {}", path, std::strerror(errno));
-    return errno == ENOENT ? Status::not_found(msg) : Status::io_error(msg);
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::invalid(fmt::format("'{}' is not a regular file", path));
-  }
-  f.size_ = static_cast<size_t>(st.st_size);
+  auto opened = open_regular_file(path);
+  if (!opened) return opened.status();
+  const int fd = opened->fd;
+  f.size_ = opened->size;
   if (f.size_ < 8) {
     ::close(fd);
     return Status::corrupt(fmt::format("'{}': {} bytes; a safetensors file starts with an 8-byte header length", path,
