@@ -47,6 +47,19 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
   f.section("batch");
   f.add_int("micro-batch-size", &j.batch.micro_batch_size, "sequences per micro-batch per DP rank (required)", 1, int64_t{1} << 24);
   f.add_int("global-batch-size", &j.batch.global_batch_size, "sequences per iteration; default micro-batch * DP", 1, int64_t{1} << 32);
+  f.add_string("step-batch-size-schedule", &j.batch.step_batch_size_schedule,
+               "the global batch in steps of the tokens consumed: \"THRESHOLD:BATCH ...\" (tokens, suffixes K M B T; "
+               "first threshold 0), e.g. \"0:256 10B:512 20B:1024\"; instead of --global-batch-size");
+  f.add_list("rampup-batch-size", &j.batch.rampup_batch_size,
+             "START INCREMENT SAMPLES: deprecated, and ignored as by Megatron (a note gives the equivalent "
+             "--step-batch-size-schedule)");
+  f.add_switch("decrease-batch-size-if-needed", &j.batch.decrease_batch_size_if_needed,
+               "train on the global batch rounded down to a multiple of micro-batch x DP instead of refusing it");
+  f.add_int("eval-global-batch-size", &j.batch.eval_global_batch_size,
+            "sequences per validation iteration; default --global-batch-size (micro-batch x DP under a step schedule)",
+            1, int64_t{1} << 32);
+  f.add_int("eval-micro-batch-size", &j.batch.eval_micro_batch_size,
+            "micro-batch size of validation; only --micro-batch-size is supported here", 1, int64_t{1} << 24);
   f.add_switch("reset-position-ids", &j.batch.reset_position_ids,
                "restart position ids after each end-of-document token (learned position embeddings follow them; "
                "RoPE rotates by sequence index, as in Megatron)");

@@ -45,6 +45,20 @@ struct ParallelConfig {
 struct BatchConfig {
   int64_t micro_batch_size = 0;               // required
   std::optional<int64_t> global_batch_size;   // default micro * DP
+  // --step-batch-size-schedule "THRESHOLD:BATCH ..." (plan/batch_schedule.h):
+  // the global batch grows with the tokens consumed; excludes
+  // --global-batch-size, as in Megatron.
+  std::optional<std::string> step_batch_size_schedule;
+  // --rampup-batch-size START INCREMENT SAMPLES: deprecated and ignored by
+  // Megatron; accepted with a note giving the equivalent step schedule.
+  std::vector<std::string> rampup_batch_size;
+  // --decrease-batch-size-if-needed: train on the global batch rounded down
+  // to a multiple of micro-batch x DP (Megatron's running batch size).
+  bool decrease_batch_size_if_needed = false;
+  // --eval-global-batch-size (default: the global batch Megatron's args hold:
+  // --global-batch-size, or micro x DP under a step schedule) and
+  // --eval-micro-batch-size (here only the training micro-batch size).
+  std::optional<int64_t> eval_global_batch_size, eval_micro_batch_size;
   // --reset-position-ids / --reset-attention-mask: each micro-batch carries
   // position and document ids (restarting after every EOD token), which the
   // model follows (model::GPTOptions); the planner counts their buffers.

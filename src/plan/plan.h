@@ -14,6 +14,7 @@
 #include "model/gpt.h"
 #include "parallel/rank_grid.h"
 #include "parallel/schedule.h"
+#include "plan/batch_schedule.h"
 #include "plan/job.h"
 #include "plan/memory.h"
 
@@ -109,7 +110,20 @@ struct PlanReport {
 
   // Everything below is filled only when valid().
   int64_t world = 1, dp = 1, edp = 1, etp = 1, vpp = 1, group_size = 1;
+  // num_microbatches and global_batch: the largest batch the run trains on
+  // (the last step of --step-batch-size-schedule; rounded down under
+  // --decrease-batch-size-if-needed), what memory and throughput are planned for.
   int64_t num_microbatches = 1, global_batch = 1, padded_vocab = 0;
+  // --step-batch-size-schedule's steps (plan/batch_schedule.h); empty: the
+  // batch is global_batch throughout.
+  std::vector<BatchStep> batch_steps;
+  // The global batch Megatron's args hold: --global-batch-size as given, or
+  // micro-batch x DP (also under a step schedule). Iteration-based LR
+  // schedules and sample-based iteration counts use it.
+  int64_t requested_global_batch = 1;
+  int64_t eval_global_batch = 1, eval_microbatches = 1;  // --eval-global-batch-size
+  // Lines `megatron train` lists as accepted with no effect (--rampup-batch-size).
+  std::vector<std::string> no_effect;
   int64_t num_nodes = 1;
   int64_t ffn = 0, head_dim = 0, query_groups = 0;
   std::vector<ChunkLayers> chunks;  // [pp * vpp], pp-major

@@ -88,7 +88,13 @@ json to_json(const PlanReport& r) {
   j["batch"] = {{"micro_batch_size", r.job.batch.micro_batch_size},
                 {"num_microbatches", r.num_microbatches},
                 {"global_batch_size", r.global_batch},
-                {"tokens_per_iteration", r.tokens_per_iteration}};
+                {"tokens_per_iteration", r.tokens_per_iteration},
+                {"eval_global_batch_size", r.eval_global_batch}};
+  if (!r.batch_steps.empty()) {
+    json steps = json::array();
+    for (const BatchStep& st : r.batch_steps) steps.push_back({{"from_samples", st.threshold}, {"global_batch_size", st.batch}});
+    j["batch"]["step_schedule"] = steps;
+  }
   json model = {{"quick", r.quick}, {"seq_length", m.seq_length}, {"total_params", r.total_params}};
   if (!r.quick) {
     model.update({{"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"num_attention_heads", m.num_attention_heads},

@@ -71,6 +71,17 @@ std::string render_text(const PlanReport& r) {
                    r.num_microbatches, r.global_batch));
   line(fmt::format("  tokens per iteration {} (global batch {} x seq length {})", group_digits(r.tokens_per_iteration),
                    r.global_batch, m.seq_length));
+  if (!r.batch_steps.empty()) {
+    // --step-batch-size-schedule: the plan above is for its last (largest) step.
+    std::string steps;
+    for (const BatchStep& st : r.batch_steps)
+      steps += fmt::format("{}{} from {} samples ({} tokens)", steps.empty() ? "" : ", ", st.batch,
+                           group_digits(static_cast<double>(st.threshold)),
+                           group_digits(static_cast<double>(st.threshold) * static_cast<double>(m.seq_length)));
+    line("  step schedule       global batch " + steps + "; memory and throughput planned for the last");
+  }
+  if (r.eval_global_batch != r.global_batch)
+    line(fmt::format("  validation batch    {} ({} micro-batches)", r.eval_global_batch, r.eval_microbatches));
 
   line("\nModel");
   if (r.quick) {

@@ -1,12 +1,14 @@
 #include "plan/validate.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
 #include "core/checked.h"
+#include "core/flags.h"
 #include "model/gpt.h"
 #include "parallel/layer_split.h"
 
@@ -181,16 +183,122 @@ void validate(PlanReport& r) {
   // ---- batch
   if (j.batch.micro_batch_size <= 0)
     c.error("micro-batch-required", {"--micro-batch-size"}, "--micro-batch-size is required", "give --micro-batch-size, e.g. 1");
-  if (dp_known && j.batch.micro_batch_size > 0) {
-    const int64_t per_step = mul_sat(j.batch.micro_batch_size, r.dp);
-    r.global_batch = j.batch.global_batch_size.value_or(per_step);
-    if (r.global_batch % per_step != 0) {
+  const auto& bc = j.batch;
+  if (bc.step_batch_size_schedule && bc.global_batch_size)
+    c.error("step-schedule-global-batch", {"--step-batch-size-schedule", "--global-batch-size"},
+            "--step-batch-size-schedule sets the global batch: Megatron refuses --global-batch-size with it",
+            "drop --global-batch-size (the schedule's last step is the final batch)");
+  if (bc.step_batch_size_schedule && bc.decrease_batch_size_if_needed)
+    c.error("step-schedule-decrease", {"--step-batch-size-schedule", "--decrease-batch-size-if-needed"},
+            "Megatron's step schedules do not round batch sizes down: every step must divide by micro-batch x DP",
+            "drop --decrease-batch-size-if-needed");
+  if (bc.eval_micro_batch_size && *bc.eval_micro_batch_size != bc.micro_batch_size)
+    c.error("eval-micro-batch", {"--eval-micro-batch-size", "--micro-batch-size"},
+            fmt::format("--eval-micro-batch-size {} differs from --micro-batch-size {}: validation runs on the "
+                        "training micro-batch here (the model's buffers are planned for it)",
+                        *bc.eval_micro_batch_size, bc.micro_batch_size),
+            "drop --eval-micro-batch-size (set --eval-global-batch-size for the validation batch)");
+  if (dp_known && bc.micro_batch_size > 0) {
+    const int64_t per_step = mul_sat(bc.micro_batch_size, r.dp);
+    r.requested_global_batch = bc.global_batch_size.value_or(per_step);
+    r.global_batch = r.requested_global_batch;
+    if (bc.step_batch_size_schedule) {
+      auto steps = parse_step_batch_size_schedule(*bc.step_batch_size_schedule, m.seq_length);
+      if (!steps) {
+        c.error("step-schedule", {"--step-batch-size-schedule"}, steps.status().message(),
+                "write THRESHOLD:BATCH pairs, thresholds in tokens and the first 0, e.g. \"0:256 250B:512\"");
+      } else {
+        // Megatron asserts, as the run reaches each step, that its batch
+        // divides by micro-batch x DP and that the micro-batches never get
+        // fewer; here every step is checked before the run. (A step the run
+        // has passed still counts: raise it to a multiple, nothing changes.)
+        std::string not_multiple, shrinking;
+        for (size_t k = 0; k < steps->size(); ++k) {
+          const BatchStep& st = (*steps)[k];
+          if (st.batch % per_step) not_multiple += fmt::format("{}{} (at {} samples)", not_multiple.empty() ? "" : ", ", st.batch, st.threshold);
+          if (k > 0 && st.batch < (*steps)[k - 1].batch)
+            shrinking += fmt::format("{}{} after {}", shrinking.empty() ? "" : ", ", st.batch, (*steps)[k - 1].batch);
+        }
+        if (!not_multiple.empty())
+          c.error("step-schedule-divisible", {"--step-batch-size-schedule", "--micro-batch-size", "--data-parallel-size"},
+                  fmt::format("batch sizes {} are not multiples of micro-batch {} x DP {} = {}", not_multiple,
+                              bc.micro_batch_size, r.dp, per_step),
+                  fmt::format("use multiples of {}", per_step));
+        if (!shrinking.empty())
+          c.error("step-schedule-shrinks", {"--step-batch-size-schedule"},
+                  fmt::format("the batch size falls ({}): Megatron stops when the number of micro-batches decreases",
+                              shrinking),
+                  "make the batch sizes non-decreasing");
+        if (not_multiple.empty() && shrinking.empty()) {
+          r.batch_steps = *steps;
+          r.global_batch = steps->back().batch;
+        }
+      }
+    } else if (bc.decrease_batch_size_if_needed) {
+      // Megatron's running batch: rounded down, at least one micro-batch.
+      r.global_batch = r.requested_global_batch / per_step * per_step;
+      if (r.global_batch == 0)
+        c.error("global-batch-at-least-one", {"--global-batch-size", "--micro-batch-size", "--data-parallel-size"},
+                fmt::format("global batch {} rounds down to no micro-batch of micro-batch {} x DP {} = {}",
+                            r.requested_global_batch, bc.micro_batch_size, r.dp, per_step),
+                fmt::format("use --global-batch-size {} or more", per_step));
+      else if (r.global_batch != r.requested_global_batch)
+        c.warn(fmt::format("--decrease-batch-size-if-needed: training on a global batch of {} (the {} asked for, "
+                           "rounded down to a multiple of micro-batch x DP = {})",
+                           r.global_batch, r.requested_global_batch, per_step));
+    }
+    if (!bc.step_batch_size_schedule && !bc.decrease_batch_size_if_needed && r.global_batch % per_step != 0)
       c.error("global-batch-divisible", {"--global-batch-size", "--micro-batch-size", "--data-parallel-size"},
               fmt::format("global batch {} is not divisible by micro-batch {} x DP {} = {}", r.global_batch,
-                          j.batch.micro_batch_size, r.dp, per_step),
+                          bc.micro_batch_size, r.dp, per_step),
               fmt::format("use {}", list_or(nearby_multiples(per_step, r.global_batch), "--global-batch-size")));
-    } else {
+    else if (r.global_batch % per_step == 0 && r.global_batch > 0)
       r.num_microbatches = r.global_batch / per_step;
+    // Validation's batch (Megatron's eval_global_batch_size rule).
+    // (A default that fails with the training batch's own rule is not repeated.)
+    r.eval_global_batch = bc.eval_global_batch_size.value_or(r.requested_global_batch);
+    const bool same_fault = !bc.eval_global_batch_size && !bc.step_batch_size_schedule &&
+                            !bc.decrease_batch_size_if_needed && r.requested_global_batch % per_step != 0;
+    if (same_fault) {
+      // reported above
+    } else if (r.eval_global_batch % per_step != 0)
+      c.error("eval-global-batch-divisible", {"--eval-global-batch-size", "--micro-batch-size", "--data-parallel-size"},
+              fmt::format("the validation batch {}{} is not divisible by micro-batch {} x DP {} = {}", r.eval_global_batch,
+                          bc.eval_global_batch_size ? "" : " (Megatron's default: --global-batch-size as given)",
+                          bc.micro_batch_size, r.dp, per_step),
+              fmt::format("use {}", list_or(nearby_multiples(per_step, r.eval_global_batch), "--eval-global-batch-size")));
+    else
+      r.eval_microbatches = r.eval_global_batch / per_step;
+  }
+  if (!bc.rampup_batch_size.empty()) {
+    // Megatron warns and ignores it; the note says what to write instead.
+    std::vector<int64_t> v;
+    for (const std::string& t : bc.rampup_batch_size) {
+      int64_t x = 0;
+      if (!parse_int("--rampup-batch-size", t, INT64_MIN, INT64_MAX, &x)) break;
+      v.push_back(x);
+    }
+    if (v.size() != 3 || bc.rampup_batch_size.size() != 3) {
+      c.error("rampup-batch-size", {"--rampup-batch-size"},
+              fmt::format("--rampup-batch-size takes three integers (START INCREMENT SAMPLES), got '{}'",
+                          fmt::join(bc.rampup_batch_size, " ")),
+              "drop it (Megatron ignores it), or use --step-batch-size-schedule");
+    } else {
+      std::string note = "--rampup-batch-size: deprecated, and ignored as by Megatron (";
+      if (bc.step_batch_size_schedule) {
+        note += "--step-batch-size-schedule sets the batch)";
+      } else {
+        auto eq = rampup_as_step_schedule(v[0], v[1], v[2], r.requested_global_batch, m.seq_length);
+        note += fmt::format("the global batch stays {})", r.global_batch);
+        if (eq && m.seq_length > 0)
+          note += fmt::format("; the ramp it describes is --step-batch-size-schedule \"{}\" in place of "
+                              "--global-batch-size",
+                              *eq);
+        else if (!eq)
+          note += "; " + eq.status().message();
+      }
+      r.no_effect.push_back(note);
+      c.warn(note);
     }
   }
 
@@ -406,17 +514,29 @@ void validate(PlanReport& r) {
 
   // Interleaved schedule's micro-batch rule (checked at run time by Megatron).
   r.group_size = par.microbatch_group_size_per_vp_stage.value_or(PP);
-  if (r.vpp > 1 && r.num_microbatches >= 1 && j.batch.global_batch_size.value_or(1) > 0) {
-    const int64_t M = r.num_microbatches, N = r.group_size;
+  // Every micro-batch count the run trains with: each step's of a schedule.
+  std::vector<int64_t> counts{r.num_microbatches};
+  if (r.dp >= 1 && j.batch.micro_batch_size > 0)
+    for (const BatchStep& st : r.batch_steps)
+      if (const int64_t M = st.batch / (j.batch.micro_batch_size * r.dp);
+          std::find(counts.begin(), counts.end(), M) == counts.end())
+        counts.push_back(M);
+  const bool stepped = !r.batch_steps.empty();
+  for (const int64_t M : counts) {
+    const int64_t N = r.group_size;
+    if (!(r.vpp > 1 && M >= 1)) continue;
     if (N < PP || N > M || (M % N != 0 && M % N < PP)) {
       const int64_t per_mb = j.batch.micro_batch_size * r.dp;
       std::vector<int64_t> gbs;
       for (int64_t x : nearby_multiples(N, std::max(M, N))) gbs.push_back(x * per_mb);
-      c.error("interleaved-microbatches", {"--global-batch-size", "--micro-batch-size", "--microbatch-group-size-per-virtual-pipeline-stage"},
-              N < PP || N > M
-                  ? fmt::format("the interleaved schedule needs the micro-batch group size {} in [PP = {}, micro-batches = {}]", N, PP, M)
-                  : fmt::format("micro-batches {} mod group size {} = {} must be 0 or at least PP = {}", M, N, M % N, PP),
-              fmt::format("use {} ({} micro-batches)", list_or(gbs, "--global-batch-size"), std::max(M, N)));
+      const std::string batch_flag = stepped ? "--step-batch-size-schedule" : "--global-batch-size";
+      c.error("interleaved-microbatches", {batch_flag, "--micro-batch-size", "--microbatch-group-size-per-virtual-pipeline-stage"},
+              (stepped ? fmt::format("the schedule's batch {}: ", M * per_mb) : std::string()) +
+                  (N < PP || N > M
+                       ? fmt::format("the interleaved schedule needs the micro-batch group size {} in [PP = {}, micro-batches = {}]", N, PP, M)
+                       : fmt::format("micro-batches {} mod group size {} = {} must be 0 or at least PP = {}", M, N, M % N, PP)),
+              stepped ? fmt::format("use batch sizes of {} ({} micro-batches)", fmt::join(gbs, " or "), std::max(M, N))
+                      : fmt::format("use {} ({} micro-batches)", list_or(gbs, "--global-batch-size"), std::max(M, N)));
     }
   }
 

@@ -19,7 +19,7 @@ PipelineExecutor::PipelineExecutor(model::GPTModel& model, comm::Communicator& p
                                                  schedule.pp, pp.size()));
   MT_CHECK(schedule.vpp == model.num_chunks(),
            fmt::format("PipelineExecutor: schedule has {} chunks per rank, the model {}", schedule.vpp, model.num_chunks()));
-  steps_ = parallel::pipeline_steps(schedule)[static_cast<size_t>(pp_rank_)];
+  set_schedule(schedule);
   const int slots = static_cast<int>(model.options().slots);
   for (int s = slots - 1; s >= 0; --s) free_slots_.push_back(s);
   if (schedule.pp > 1) {  // the gradient from the next stage arrives here
@@ -27,6 +27,13 @@ PipelineExecutor::PipelineExecutor(model::GPTModel& model, comm::Communicator& p
     buffers_ = Arena(align_up(in.nbytes()), "pipeline-grad-recv", model.options().device);
     grad_in_ = buffers_.alloc(in.shape(), in.dtype());
   }
+}
+
+void PipelineExecutor::set_schedule(const parallel::Schedule& schedule) {
+  MT_CHECK(schedule.pp == schedule_.pp && schedule.vpp == schedule_.vpp,
+           "PipelineExecutor::set_schedule: the new schedule is for another pipeline");
+  schedule_ = schedule;
+  steps_ = parallel::pipeline_steps(schedule)[static_cast<size_t>(pp_rank_)];
 }
 
 int PipelineExecutor::take_slot() {

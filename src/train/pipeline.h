@@ -75,6 +75,12 @@ class PipelineExecutor {
   // in order.
   LossTotals run_forward(const std::vector<MicroBatchInput>& batches);
 
+  // Switches to another schedule of the same pipeline (another number of
+  // micro-batches: --step-batch-size-schedule), between iterations. The
+  // model's activation slots must suffice for it (take_slot checks).
+  void set_schedule(const parallel::Schedule& schedule);
+  int64_t microbatches() const { return schedule_.microbatches; }
+
   int max_slots_used() const { return max_used_; }
   // Bytes of the planned receive buffer (the d(input) send buffers grow on
   // demand and are not counted).

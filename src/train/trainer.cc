@@ -236,6 +236,13 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     for (const auto& f : v.flags) flags += (flags.empty() ? "" : ", ") + f;
     problems.push_back(fmt::format("[{}] {}{}", flags, v.message, v.suggestion.empty() ? "" : " (fix: " + v.suggestion + ")"));
   }
+  if (plan.valid() && !plan.batch_steps.empty() && cfg.train_iters)
+    problems.push_back(
+        "[--step-batch-size-schedule, --train-iters] a step batch schedule needs sample-based training: Megatron's "
+        "iteration-based LR schedule counts --lr-decay-iters x micro-batch x DP samples (the global batch its args "
+        "hold under a schedule) while every step consumes the schedule's batch, so the LR would decay early (fix: "
+        "--train-samples, with --lr-decay-samples and --lr-warmup-samples)");
+  for (const auto& n : plan.no_effect) job.compat.no_effect.push_back(n);
   // Megatron flags for what this trainer does not do: listed whatever else is wrong.
   for (const auto& [flag, why] : job.compat.refused) problems.push_back(fmt::format("[{}] {}", flag, why));
   if (cfg.dataloader_type == "external")
@@ -289,7 +296,7 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
                                            plan.world, plan::world_source_name(plan.world_source), processes, plan.world));
     // The schedules and the model's own checks, here so that they too are
     // reported once, before any rank allocates.
-    if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.global_batch)); !sc)
+    if (auto sc = optim::scheduler_from_flags(schedule_flags(cfg, plan.requested_global_batch)); !sc)
       add_problems(sc.status().message(), &problems);
     if (!plan.memory.trainer.available && !plan.memory.trainer.why_not.empty())
       problems.push_back(plan.memory.trainer.why_not);
@@ -299,17 +306,22 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     // order than the other receives them (parallel::P2PCheck), which NCCL
     // would pair wrongly, silently (the tensors have one shape).
     if (uses_nccl_groups(cfg.device, processes) && job.parallel.pp > 1) {
-      auto sched = parallel::build_schedule(job.parallel.pp, plan.vpp, plan.num_microbatches,
-                                            job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
-      if (sched) {
+      // Every number of micro-batches the run uses (each step of a schedule).
+      std::vector<int64_t> counts{plan.num_microbatches};
+      for (const plan::BatchStep& st : plan.batch_steps) counts.push_back(st.batch / (job.batch.micro_batch_size * plan.dp));
+      for (const int64_t M : counts) {
+        auto sched = parallel::build_schedule(job.parallel.pp, plan.vpp, M,
+                                              job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
+        if (!sched) continue;  // the planner has reported it
         const parallel::P2PCheck c = parallel::check_pipeline_steps(*sched, parallel::pipeline_steps(*sched));
-        if (!c.pair_fifo_compatible)
-          problems.push_back(fmt::format(
-              "[--pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage, "
-              "--microbatch-group-size-per-virtual-pipeline-stage] on NCCL groups this interleaved schedule mixes "
-              "the two directions between a pair of ranks: {}; NCCL pairs messages in issue order, not by tag "
-              "(fix: the default micro-batch group size (PP), a pipeline of 3 or more stages, or no virtual stages)",
-              c.pair_problem));
+        if (c.pair_fifo_compatible) continue;
+        problems.push_back(fmt::format(
+            "[--pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage, "
+            "--microbatch-group-size-per-virtual-pipeline-stage] on NCCL groups this interleaved schedule{} mixes "
+            "the two directions between a pair of ranks: {}; NCCL pairs messages in issue order, not by tag "
+            "(fix: the default micro-batch group size (PP), a pipeline of 3 or more stages, or no virtual stages)",
+            plan.batch_steps.empty() ? "" : fmt::format(" ({} micro-batches)", M), c.pair_problem));
+        break;
       }
     }
     // Every pipeline stage's model (the planner plans each): layer counts
@@ -406,9 +418,22 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const bool sp = job.parallel.sequence_parallel && tp > 1;
   const bool dist_opt = job.parallel.use_distributed_optimizer && plan.reduces_gradients();
 
-  const int64_t mbs = job.batch.micro_batch_size, M = plan.num_microbatches, gbs = plan.global_batch;
+  // The global batch: constant (gbs, M micro-batches of mbs per DP rank), or
+  // with --step-batch-size-schedule the batch in force at the samples
+  // consumed, up to gbs (the last step), for which the model is planned.
+  const int64_t mbs = job.batch.micro_batch_size, gbs = plan.global_batch;
   const int64_t seq = mc.seq_length;
-  const int64_t train_iters = cfg.train_iters ? *cfg.train_iters : *cfg.train_samples / gbs;
+  const bool stepped = !plan.batch_steps.empty();
+  auto batch_for = [&](int64_t consumed) { return stepped ? plan::batch_at(plan.batch_steps, consumed) : gbs; };
+  // Megatron's update_train_iters: a sample-based run takes train_samples /
+  // the global batch its args hold (as given, also under
+  // --decrease-batch-size-if-needed), or the schedule's steps until the
+  // samples are reached (the last may pass them).
+  const plan::ScheduledRun scheduled =
+      stepped ? plan::scheduled_run(plan.batch_steps, *cfg.train_samples) : plan::ScheduledRun{};
+  const int64_t train_iters = cfg.train_iters ? *cfg.train_iters
+                              : stepped       ? scheduled.iterations
+                                              : *cfg.train_samples / plan.requested_global_batch;
   // Default threads: the cores shared among the ranks of this machine.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   set_num_threads(static_cast<int>(cfg.threads.value_or(std::max<int64_t>(1, static_cast<int64_t>(cores) / world))));
@@ -423,7 +448,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (cp > 1) mo.cp_rank = groups.cp().rank(), mo.cp_comm = &groups.cp();
   if (ep > 1) mo.ep_rank = ep_comm.rank(), mo.ep_comm = &ep_comm;
   mo.device = cfg.device == "cuda" ? Device::kCuda : Device::kCpu;
-  auto schedule = parallel::build_schedule(pp, vpp, M, job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
+  auto schedule_for = [&](int64_t microbatches) {
+    return parallel::build_schedule(pp, vpp, microbatches, job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
+  };
+  auto schedule = schedule_for(plan.num_microbatches);
   if (!schedule) return schedule.status();
   auto model_r = model::GPTModel::create(mc, mo);
   if (!model_r) return model_r.status();
@@ -487,7 +515,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (job.precision.half()) model.sync_low_precision();
     gather_pending = false;
   };
-  auto sched_cfg = optim::scheduler_from_flags(schedule_flags(cfg, gbs));
+  auto sched_cfg = optim::scheduler_from_flags(schedule_flags(cfg, plan.requested_global_batch));
   if (!sched_cfg) return sched_cfg.status();
   optim::OptimizerParamScheduler sched(*sched_cfg);
 
@@ -559,9 +587,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   dc.mock_eod = tokenizer->eod();
   dc.gpt.vocab_size = model.vocab();  // every token read must be an id the embedding holds
   const bool do_eval = cfg.eval_interval && cfg.eval_iters > 0;
+  // Validation iterations take --eval-global-batch-size (default: the global
+  // batch Megatron's args hold), M_eval micro-batches per DP rank.
+  const int64_t eval_gbs = plan.eval_global_batch, M_eval = plan.eval_microbatches;
   std::array<std::optional<int64_t>, 3> want{train_iters * gbs, std::nullopt, std::nullopt};
-  if (cfg.train_samples) want[0] = *cfg.train_samples;
-  if (do_eval) want[1] = (train_iters / *cfg.eval_interval + 1) * cfg.eval_iters * gbs;
+  if (cfg.train_samples) want[0] = std::max(*cfg.train_samples, scheduled.samples);
+  if (do_eval) want[1] = (train_iters / *cfg.eval_interval + 1) * cfg.eval_iters * eval_gbs;
   std::vector<std::string> data_log;
   auto sources = data::build_train_valid_test(dc, want, &data_log, {true, do_eval, false});
   if (!sources) return sources.status();
@@ -590,7 +621,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         if (text[t] >= 0 && text[t] < model.vocab()) counts[text[t]] += 1, total += 1;
     }
     double nll = 0, cnt = 0;
-    const int64_t nv = std::min<int64_t>((*sources)[1]->size(), cfg.eval_iters * gbs);
+    const int64_t nv = std::min<int64_t>((*sources)[1]->size(), cfg.eval_iters * eval_gbs);
     for (int64_t k = 0; k < nv; ++k) {
       MT_RETURN_IF_ERROR((*sources)[1]->sample_tokens(k, text.data()));
       for (int64_t t = 1; t <= seq; ++t)
@@ -660,7 +691,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                world, world == 1 ? "" : "s",
                vpp > 1 ? fmt::format(", {} virtual stages per pipeline rank", vpp).c_str() : "",
                sp ? ", sequence parallel" : "", dist_opt ? ", distributed optimizer" : "", static_cast<long long>(mbs),
-               static_cast<long long>(M), static_cast<long long>(dp), static_cast<long long>(gbs),
+               static_cast<long long>(plan.num_microbatches), static_cast<long long>(dp), static_cast<long long>(gbs),
                static_cast<long long>(train_iters), static_cast<long long>(iteration),
                (job.precision.half() && job.precision.fp32_residual_connection
                     ? fmt::format("{} with an fp32 residual stream", job.precision.name())
@@ -698,6 +729,19 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     }
   }
   for (const auto& line : job.compat.no_effect) std::fprintf(out, "accepted with no effect here: %s\n", line.c_str());
+  if (stepped) {
+    std::string steps;
+    for (const plan::BatchStep& st : plan.batch_steps)
+      steps += fmt::format("{}{} ({} micro-batches) from {} samples", steps.empty() ? "" : ", ", st.batch,
+                           st.batch / (mbs * dp), st.threshold);
+    std::fprintf(out, "global batch by --step-batch-size-schedule: %s; %lld iterations reach --train-samples %lld "
+                      "(%lld samples)\n",
+                 steps.c_str(), static_cast<long long>(train_iters), static_cast<long long>(*cfg.train_samples),
+                 static_cast<long long>(scheduled.samples));
+  }
+  if (eval_gbs != gbs && do_eval)
+    std::fprintf(out, "validation batch %lld (%lld micro-batches per iteration)\n", static_cast<long long>(eval_gbs),
+                 static_cast<long long>(M_eval));
   if (unigram_ppl) std::fprintf(out, "unigram baseline on the validation batches: perplexity %.2f\n", *unigram_ppl);
   std::fflush(out);
 
@@ -759,9 +803,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     data::DataLoader vl((*sources)[1], mbs, dp_rank, dp, consumed_valid, so, sampler);
     LossTotals sum;
     for (int64_t e = 0; e < cfg.eval_iters; ++e) {
-      std::vector<Batch> batches(static_cast<size_t>(M));
-      std::vector<MicroBatchInput> inputs(static_cast<size_t>(M));
-      for (int64_t m = 0; m < M; ++m) {
+      std::vector<Batch> batches(static_cast<size_t>(M_eval));
+      std::vector<MicroBatchInput> inputs(static_cast<size_t>(M_eval));
+      for (int64_t m = 0; m < M_eval; ++m) {
         auto mb = vl.next();
         if (!mb) return mb.status();
         batches[static_cast<size_t>(m)] = to_model_batch(*mb, so);
@@ -798,7 +842,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const auto start = Clock::now();
   const int64_t first_iteration = iteration;
   auto interval_start = Clock::now();
-  double interval_loss = 0, interval_wait = 0, interval_lb = 0, interval_z = 0;
+  double interval_loss = 0, interval_wait = 0, interval_lb = 0, interval_z = 0, interval_flops = 0;
+  int64_t interval_samples = 0;
+  int64_t last_saved = -1;  // the iteration last saved (a batch change saves, as Megatron does)
   const bool moe_lb_active = mc.moe_aux_loss_active();
   const char* lb_name = mc.seq_aux_loss() ? "seq_load_balancing_loss" : "load_balancing_loss";  // Megatron's names
   int64_t interval_iters = 0, interval_advanced = 0, skipped = 0, nan_iters = 0;
@@ -842,6 +888,25 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         if (job.precision.half()) model.sync_low_precision(stage);
       });
     }
+    // This iteration's global batch (--step-batch-size-schedule: the step in
+    // force at the samples consumed so far). Megatron saves a checkpoint
+    // before the first iteration with another number of micro-batches.
+    const int64_t gbs_it = batch_for(consumed_train), M = gbs_it / (mbs * dp);
+    if (M != executor.microbatches()) {
+      if (it > first_iteration + 1 && !cfg.save.empty() && last_saved != iteration) {
+        MT_RETURN_IF_ERROR(save(iteration));
+        last_saved = iteration;
+      }
+      auto next = schedule_for(M);
+      if (!next) return next.status();
+      executor.set_schedule(*next);
+      if (stepped && it > first_iteration + 1) {
+        bar.clear();
+        std::fprintf(out, "global batch %lld from iteration %lld (%lld samples consumed): %lld micro-batches\n",
+                     static_cast<long long>(gbs_it), static_cast<long long>(it), static_cast<long long>(consumed_train),
+                     static_cast<long long>(M));
+      }
+    }
     // The iteration's micro-batches (every stage reads them: the first needs
     // the tokens, the last the labels).
     std::vector<Batch> batches(static_cast<size_t>(M));
@@ -851,9 +916,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       if (!mb) return mb.status();
       batches[static_cast<size_t>(m)] = to_model_batch(*mb, so);
       // The global micro-batch index: the same masks as a single rank running
-      // all M x DP micro-batches (data-parallel rank r's m-th is number m x DP + r).
-      inputs[static_cast<size_t>(m)] =
-          batches[static_cast<size_t>(m)].input(static_cast<uint64_t>(((it - 1) * M + m) * dp + dp_rank));
+      // all M x DP micro-batches (data-parallel rank r's m-th is number m x DP + r),
+      // counted from the micro-batches consumed before this iteration (whatever
+      // global batches they came in: --step-batch-size-schedule, a resume
+      // with another --global-batch-size).
+      inputs[static_cast<size_t>(m)] = batches[static_cast<size_t>(m)].input(
+          static_cast<uint64_t>(consumed_train / mbs + m * dp + dp_rank));
     }
     if (rank == fail_rank && it == fail_iteration)
       return Status::io_error(fmt::format("injected failure at iteration {} (MEGATRON_CPP_TEST_FAIL)", it));
@@ -943,14 +1011,18 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       if (cfg.log_num_zeros_in_grad) num_zeros = opt.grad_zeros();
       opt.step(sched);
       gather_pending = po.overlap_param_gather;
-      sched.step(gbs);
+      sched.step(gbs_it);
       interval_loss += loss;
       ++interval_advanced;
     }
     // Every iteration, skipped or not (Megatron's calc_params_l2_norm).
     if (cfg.log_params_norm) params_norm = opt.params_norm();
-    consumed_train += gbs;
-    flops_so_far += flops_per_iter;
+    consumed_train += gbs_it;
+    // Megatron's FLOPs formula is linear in the batch (plan: the last step's).
+    const double flops_it = flops_per_iter * static_cast<double>(gbs_it) / static_cast<double>(gbs);
+    flops_so_far += flops_it;
+    interval_flops += flops_it;
+    interval_samples += gbs_it;
     iteration = it;
     result.iteration = it;
     result.last_loss = loss;
@@ -1023,7 +1095,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     metrics.append(row);
     if (tb.is_open() && it % cfg.tensorboard_log_interval == 0) {  // Megatron's training_log scalars
       tb_pair("learning-rate", sched.lr(), it, consumed_train);
-      tb_pair("batch-size", static_cast<double>(gbs), it, consumed_train);
+      tb_pair("batch-size", static_cast<double>(gbs_it), it, consumed_train);
       tb_pair("lm loss", loss, it, consumed_train);
       if (cfg.log_loss_scale_to_tensorboard)
         tb_pair("loss-scale", scaler ? static_cast<double>(scaler->scale()) : 1.0, it, consumed_train);
@@ -1058,7 +1130,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       s.iteration = it, s.train_iters = train_iters, s.consumed_samples = consumed_train;
       s.ms_per_iteration = 1000 * secs / static_cast<double>(interval_iters);
       // Megatron's average: the advanced (not skipped) iterations' losses.
-      s.learning_rate = sched.lr(), s.global_batch_size = gbs,
+      s.learning_rate = sched.lr(), s.global_batch_size = gbs_it,
       s.loss = interval_loss / static_cast<double>(std::max<int64_t>(1, interval_advanced));
       s.loss_scale = scaler ? static_cast<double>(scaler->scale()) : 1.0;
       s.advanced_iterations = interval_advanced;
@@ -1066,8 +1138,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       s.load_balancing_name = lb_name;
       if (mc.moe_z_loss_coeff) s.z_loss = interval_z / static_cast<double>(interval_iters);
       s.grad_norm = last_norm, s.params_norm = params_norm, s.num_zeros = num_zeros, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
-      s.tokens_per_s = static_cast<double>(gbs * seq) / (s.ms_per_iteration / 1000);
-      s.tflops_per_device = flops_per_iter / (s.ms_per_iteration / 1000) / 1e12 / static_cast<double>(world);
+      s.tokens_per_s = static_cast<double>(interval_samples * seq) / secs;
+      s.tflops_per_device = interval_flops / secs / 1e12 / static_cast<double>(world);
       s.mfu = s.tflops_per_device / peak_tflops;
       s.planned_bytes = planned_bytes, s.measured_bytes = measured_bytes(), s.peak_rss_bytes = peak_rss_bytes();
       if (tb.is_open() && cfg.log_timers_to_tensorboard) {
@@ -1090,6 +1162,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       if (pp > 1) j["pipeline_idle_fraction"] = interval_wait / secs;
       metrics.append(j);
       interval_loss = 0, interval_iters = 0, interval_advanced = 0, skipped = 0, nan_iters = 0, interval_wait = 0, interval_lb = 0, interval_z = 0;
+      interval_samples = 0, interval_flops = 0;
       interval_start = Clock::now();
     }
     bar.update(it, train_iters, secs_since_start / static_cast<double>(it - first_iteration), loss);
@@ -1113,7 +1186,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     }
     const bool by_interval = cfg.exit_interval && it % *cfg.exit_interval == 0;
     const bool periodic = cfg.save_interval && it % *cfg.save_interval == 0;
-    if (!cfg.save.empty() && (periodic || signal || by_interval || by_time)) MT_RETURN_IF_ERROR(save(it));
+    if (!cfg.save.empty() && (periodic || signal || by_interval || by_time)) {
+      MT_RETURN_IF_ERROR(save(it));
+      last_saved = it;
+    }
     if (signal || by_interval || by_time) {
       result.exit_reason = signal ? "signal" : by_interval ? "exit-interval" : "duration";
       bar.finish();

@@ -459,6 +459,59 @@ against_reference("drop", ["--hidden-dropout", "0.1", "--attention-dropout", "0.
     ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel"]),
 ])
 
+# ---------------------------------------------------------------- step batch schedule
+# --step-batch-size-schedule: the global batch grows 4 -> 8 -> 16 sequences
+# (thresholds 256 and 768 tokens: 8 and 24 samples) over --train-samples
+# 120, 10 iterations, with dropout on. Every layout changes its number of
+# micro-batches (and its pipeline schedule, interleaved included) at the same
+# iterations, keys the dropout masks by the same global micro-batch index,
+# and equals one rank; the validation batch is given (Megatron's default
+# under a schedule is micro-batch x DP, which differs between layouts).
+STEP_ITERS = 10
+STEP_FLAGS = ["--step-batch-size-schedule", "0:4 256:8 768:16", "--train-samples", "120", "--lr-warmup-samples", "8",
+              "--eval-global-batch-size", "8", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
+
+
+def step_flags(model, name, tp, pp, extra):
+    base, skip = [], 0
+    for x in COMMON:  # no --global-batch-size (the schedule sets it), no iteration-based warm-up
+        if skip:
+            skip -= 1
+        elif x in ("--global-batch-size", "--lr-warmup-iters"):
+            skip = 1
+        else:
+            base.append(x)
+    return (MODELS[model] + base + STEP_FLAGS + ["--tensor-model-parallel-size", str(tp),
+                                                 "--pipeline-model-parallel-size", str(pp), "--save",
+                                                 os.path.join(TMP, name), "--save-interval", "100", "--metrics-file",
+                                                 os.path.join(TMP, name + ".jsonl")] + extra)
+
+
+for model in MODELS:
+    ref = f"{model}-step-ref"
+    rc, out, _ = run(ref, 1, step_flags(model, ref, 1, 1, []))
+    if rc != 0:
+        fail(f"{ref}: exit {rc}\n{out[-3000:]}")
+        continue
+    consumed = {j["iteration"]: j["consumed_samples"] for j in map(json.loads, open(os.path.join(TMP, ref + ".jsonl")))
+                if "lm_loss" in j and "kind" not in j}
+    sizes = [consumed[i] - consumed.get(i - 1, 0) for i in sorted(consumed)]
+    if sizes != [4, 4, 8, 8] + [16] * 6:
+        fail(f"{ref}: global batch sizes by iteration {sizes} (expected 4, 4, 8, 8, then 16 to iteration 10)")
+    # Megatron saves a checkpoint before the first iteration of a new batch size.
+    for it in (2, 4):
+        if not os.path.isdir(os.path.join(TMP, ref, f"iter_{it:07d}")):
+            fail(f"{ref}: no checkpoint at iteration {it}, where the number of micro-batches changes")
+    for name, tp, pp, dp, extra in [("pp2vpp2", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1"]),
+                                    ("dp2", 1, 1, 2, []),
+                                    ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"])]:
+        full = f"{model}-step-{name}"
+        rc, out, _ = run(full, tp * pp * dp, step_flags(model, full, tp, pp, extra))
+        if rc != 0:
+            fail(f"{full}: exit {rc}\n{out[-3000:]}")
+            continue
+        compare(full, ref, full, range(1, STEP_ITERS + 1))
+
 # ---------------------------------------------------------------- context parallelism
 # --context-parallel-size: each CP rank holds two of 2 x CP sequence chunks
 # (positions r and 2 CP - 1 - r), all-gathers the roped Q/K/V for attention

@@ -784,6 +784,29 @@ rc=$?
 rc=$?
 [ $rc = 2 ] && grep -q -- "--config: '$TMP' is a directory" "$TMP/err" || { fail "--config a directory (rc $rc)"; cat "$TMP/err"; }
 
+# --step-batch-size-schedule (dropout on, Megatron's default): a run whose
+# global batch grows from 4 to 8 sequences after 256 tokens (8 samples) gives
+# the losses of a run at 4 stopped at iteration 2 and resumed at 8: the same
+# samples, LR (sample-based) and dropout masks. Megatron saves before the
+# first iteration of a new batch size.
+STEP=(--micro-batch-size 4 --train-samples 64 --lr-warmup-iters 0 --lr-warmup-samples 8 --save-interval 100)
+run step-sched "${STEP[@]}" --step-batch-size-schedule "0:4 256:8" || { fail "step schedule run"; cat "$TMP/step-sched.log"; }
+grep -q "global batch by --step-batch-size-schedule: 4 (1 micro-batches) from 0 samples, 8 (2 micro-batches) from 8 samples; 9 iterations reach --train-samples 64 (64 samples)" "$TMP/step-sched.log" \
+  && grep -q "global batch 8 from iteration 3 (8 samples consumed): 2 micro-batches" "$TMP/step-sched.log" \
+  && [ -d "$TMP/step-sched/iter_0000002" ] || { fail "step schedule: start line, switch or its checkpoint"; cat "$TMP/step-sched.log"; }
+run step-const "${STEP[@]}" --global-batch-size 4 --exit-interval 2 || fail "step schedule: constant batch 4"
+run step-const "${STEP[@]}" --global-batch-size 8 --load "$TMP/step-const" || { fail "step schedule: resumed at 8"; cat "$TMP/step-const.log"; }
+diff <(losses "$TMP/step-sched.jsonl" | head -8) <(losses "$TMP/step-const.jsonl") >/dev/null \
+  && [ "$(losses "$TMP/step-const.jsonl" | wc -l)" = 8 ] || { fail "step schedule: losses differ from the piecewise-constant runs";
+  paste <(losses "$TMP/step-sched.jsonl") <(losses "$TMP/step-const.jsonl"); }
+# A schedule with iteration-based training is refused (Megatron's LR would decay early).
+"$BIN" train "${COMMON[@]}" --micro-batch-size 4 --train-iters 10 --step-batch-size-schedule "0:4 1K:8" 2>"$TMP/err" >/dev/null
+[ $? = 2 ] && grep -q "a step batch schedule needs sample-based training" "$TMP/err" || { fail "schedule with --train-iters"; cat "$TMP/err"; }
+# --rampup-batch-size: ignored as by Megatron, with the schedule it described.
+"$BIN" train "${MOCK[@]}" --train-iters 1 --rampup-batch-size 4 4 100 >"$TMP/out" 2>&1
+[ $? = 0 ] && grep -q -- 'accepted with no effect here: --rampup-batch-size: deprecated, and ignored as by Megatron (the global batch stays 8); the ramp it describes is --step-batch-size-schedule "0:4 3200:8"' "$TMP/out" \
+  || { fail "--rampup-batch-size note"; cat "$TMP/out"; }
+
 # A rule both the flag checks and the LR scheduler state is listed once.
 "$BIN" train "${MOCK[@]}" --train-iters 3 --lr-decay-samples 100 2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q "^megatron train: error: 1 problem in the configuration:" "$TMP/err" \
