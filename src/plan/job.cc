@@ -168,6 +168,30 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
        "inputs with fp32 accumulation, as every GEMM here; Megatron's fp64 router is not offered)"},
       {"moe-permute-fusion", {}, false, kFusion},
       {"moe-router-fusion", {}, false, kFusion},
+      {"empty-unused-memory-level", {"0", "1", "2"}, true,
+       "buffers are planned and allocated once: there is no allocator cache to empty"},
+      {"no-mmap-bin-files", {}, false, "the same tokens either way (the .bin files are memory-mapped here)"},
+      {"deterministic-mode", {}, false,
+       "the kernels and reductions here are deterministic: a rerun of the same layout gives the same losses bit for "
+       "bit"},
+      {"apply-query-key-layer-scaling", {}, false,
+       "attention scores and their softmax are fp32 here, where the layer-number scale and its inverse cancel (it "
+       "guards fp16 scores against overflow)"},
+      {"cuda-graph-impl", {"none", "local", "transformer_engine", "full_iteration"}, true,
+       "no CUDA graphs here: the same kernels run launched one by one"},
+      {"enable-cuda-graph", {}, false, "no CUDA graphs here: the same kernels run launched one by one"},
+      {"rerun-mode", {"disabled", "validate_results", "report_stats"}, true,
+       "a NaN or inf loss stops the run at once (--no-check-for-nan-in-loss-and-grad keeps going); the re-run that "
+       "tells a transient fault from a reproducible one is not done"},
+      {"use-persistent-ckpt-worker", {}, false,
+       "checkpoints are written synchronously (to a temporary name, then renamed)"},
+      {"auto-detect-ckpt-format", {}, false, "checkpoints here have one format"},
+      {"dist-ckpt-optim-fully-reshardable", {}, false,
+       "checkpoints here load under any other layout, optimizer state included"},
+      {"ckpt-fully-parallel-save", {}, false, "every rank writes its own slices"},
+      {"no-ckpt-fully-parallel-save", {}, false, "every rank writes its own slices"},
+      {"ckpt-fully-parallel-load", {}, false, "every rank reads only its own slices"},
+      {"ckpt-assume-constant-structure", {}, false, "a checkpoint's layout is read from its files each time"},
   };
   for (const NoEffect& e : no_effect) {
     const std::string line = fmt::format("--{}: {}", e.name, e.why);
@@ -203,6 +227,14 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"ckpt-format", true, kCk, kCkpt},
       {"use-dist-ckpt", false, kCk, kCkpt},
       {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
+      {"fp8-recipe", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
+      {"fp8-amax-history-len", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
+      {"fp8-amax-compute-algo", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
+      {"fp8-param-gather", false, "no fp8 training", "fp8 training is not implemented: use --bf16"},
+      {"grad-reduce-in-bf16", false, "gradients are reduced in fp32",
+       "gradients are accumulated and reduced in fp32 here (Megatron's default under --bf16); reducing them in bf16 "
+       "is not offered: drop the flag"},
+      {"dist-ckpt-strictness", true, kCk, kCkpt},
       {"fp16-lm-cross-entropy", false, "no fp16 cross entropy",
        "the cross entropy takes fp32 logits here (Megatron's default); computing it on fp16 logits is not "
        "offered: drop the flag"},

@@ -379,23 +379,30 @@ done
 # are all listed at once.
 MEGATRON_ONLY=(--use-mcore-models --transformer-impl transformer_engine --use-flash-attn --attention-softmax-in-fp32
   --no-masked-softmax-fusion --no-bias-dropout-fusion --distributed-backend nccl --num-workers 2 --log-throughput
-  --timing-log-level 2 --accumulate-allreduce-grads-in-fp32)
+  --timing-log-level 2 --accumulate-allreduce-grads-in-fp32 --empty-unused-memory-level 1 --no-mmap-bin-files
+  --deterministic-mode --apply-query-key-layer-scaling --cuda-graph-impl none --rerun-mode validate_results
+  --use-persistent-ckpt-worker --auto-detect-ckpt-format --dist-ckpt-optim-fully-reshardable --ckpt-fully-parallel-save
+  --ckpt-fully-parallel-load --ckpt-assume-constant-structure)
 run compat --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 "${MEGATRON_ONLY[@]}" \
   || { fail "Megatron no-effect flags"; cat "$TMP/compat.log"; }
 for needle in "accepted with no effect here: --use-flash-attn: attention is always flash-style" \
               "accepted with no effect here: --distributed-backend: the backend follows --device" \
-              "accepted with no effect here: --timing-log-level"; do
+              "accepted with no effect here: --timing-log-level" \
+              "accepted with no effect here: --empty-unused-memory-level: buffers are planned and allocated once" \
+              "accepted with no effect here: --rerun-mode: a NaN or inf loss stops the run at once"; do
   grep -qF -- "$needle" "$TMP/compat.log" || fail "Megatron no-effect flags: missing '$needle'"
 done
 diff <(losses "$TMP/compat.jsonl") <(losses "$TMP/fp32-full.jsonl" | sed -n 1,2p) >/dev/null \
   || fail "Megatron no-effect flags changed the losses"
 run refused --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 --wandb-project demo \
-  --ckpt-format torch_dist --fp8-format hybrid --fp16-lm-cross-entropy --dataloader-type external
+  --ckpt-format torch_dist --fp8-format hybrid --fp16-lm-cross-entropy --dataloader-type external --grad-reduce-in-bf16 \
+  --fp8-param-gather --fp8-amax-history-len 1024 --dist-ckpt-strictness log_all
 [ $? = 2 ] || fail "refused Megatron flags should exit 2"
 for needle in "[--wandb-project] Weights & Biases logs are not written here" \
               "[--ckpt-format] checkpoints are megatron-cpp's own" "[--fp8-format] fp8 training is not implemented" \
               "[--fp16-lm-cross-entropy] the cross entropy takes fp32 logits here" \
-              "[--dataloader-type] the external loader"; do
+              "[--dataloader-type] the external loader" "[--grad-reduce-in-bf16] gradients are accumulated and reduced in fp32" \
+              "[--fp8-param-gather] fp8 training" "[--fp8-amax-history-len] fp8 training" "[--dist-ckpt-strictness] checkpoints"; do
   grep -qF -- "$needle" "$TMP/refused.log" || { fail "refused Megatron flags: missing '$needle'"; cat "$TMP/refused.log"; }
 done
 # --tensorboard-dir: an event file that protobuf's own parser reads (Event,
