@@ -63,4 +63,13 @@ void copy_tensor(const Tensor& src, const Tensor& dst) {
 #endif
 }
 
+void device_profiler_capture(bool on) {
+  if (simdev::enabled()) return;
+#ifdef MT_HAVE_CUDA
+  cuda::profiler_capture(on);
+#else
+  (void)on;
+#endif
+}
+
 }  // namespace mt

@@ -22,4 +22,9 @@ BackendInfo backend_info();
 // of devices. Waits when dst is on the host, so the caller can read it.
 void copy_tensor(const Tensor& src, const Tensor& dst);
 
+// Opens (on) or closes the CUDA profiler's capture range (cudaProfilerStart /
+// cudaProfilerStop, what nsys --capture-range=cudaProfilerApi records) on a
+// real GPU; nothing on the CPU or the simulated device.
+void device_profiler_capture(bool on);
+
 }  // namespace mt

@@ -227,6 +227,9 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"ckpt-format", true, kCk, kCkpt},
       {"use-dist-ckpt", false, kCk, kCkpt},
       {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
+      {"use-pytorch-profiler", false, "no PyTorch profiler",
+       "there is no PyTorch profiler here: --profile prints the trainer's time per op for the profiled steps (and on "
+       "CUDA brackets them with cudaProfilerStart/Stop for nsys); drop the flag"},
       {"fp8-recipe", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
       {"fp8-amax-history-len", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
       {"fp8-amax-compute-algo", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},

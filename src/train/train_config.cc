@@ -113,6 +113,13 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_switch("moe-per-layer-logging", &c.moe_per_layer_logging,
                "with --num-experts: each MoE layer's load-balancing and z-losses in --metrics-file "
                "(load_balancing_loss_layer_{i}, z_loss_layer_{i}) and TensorBoard (moe/..._layer_{i})");
+  f.add_switch("profile", &c.profile,
+               "time every op of the steps from --profile-step-start to --profile-step-end and print the table (on "
+               "CUDA also cudaProfilerStart/Stop around them, for nsys --capture-range=cudaProfilerApi)");
+  f.add_int("profile-step-start", &c.profile_step_start, "completed iterations before the profiled steps", 0,
+            INT64_MAX / 4);
+  f.add_int("profile-step-end", &c.profile_step_end, "iteration after which profiling stops", 0, INT64_MAX / 4);
+  f.add_list("profile-ranks", &c.profile_ranks, "global ranks to profile (default: every rank)");
   f.add_switch("log-params-norm", &c.log_params_norm,
                "the L2 norm of the fp32 parameters after each step, in the log line and the metrics");
   f.add_switch("log-num-zeros-in-grad", &c.log_num_zeros_in_grad,
@@ -495,6 +502,13 @@ std::vector<std::string> validate_train(const TrainConfig& c) {
   if (!c.save.empty() && !c.save_interval && !c.exit_signal_handler && !c.exit_interval && !c.exit_duration_in_mins)
     err("--save needs --save-interval (Megatron asserts it)");
   if (c.save_interval && c.save.empty()) err("--save-interval needs --save DIR");
+  if (c.profile && c.profile_step_end <= c.profile_step_start)
+    err(fmt::format("--profile-step-end {} must be after --profile-step-start {}: no step would be profiled",
+                    c.profile_step_end, c.profile_step_start));
+  for (const std::string& r : c.profile_ranks) {
+    int64_t v = 0;
+    if (Status st = parse_int("--profile-ranks", r, 0, INT64_MAX, &v); !st) err(st.message());
+  }
   if (c.exit_signal_handler && c.save.empty()) err("--exit-signal-handler saves before exiting: give --save DIR");
   // Output paths that cannot work, found now rather than after training.
   std::error_code ec;

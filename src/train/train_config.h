@@ -78,6 +78,13 @@ struct TrainConfig {
   // iteration's micro-batches and DP) in --metrics-file and TensorBoard
   // (moe/{name}_layer_{i}, Megatron's tags), beside their mean over layers.
   bool moe_per_layer_logging = false;
+  // --profile: the per-op time table (core/op_profile.h) of the steps after
+  // --profile-step-start completed iterations up to --profile-step-end, on
+  // the ranks of --profile-ranks (none given: every rank), and on CUDA those
+  // steps bracketed by cudaProfilerStart/Stop (Megatron's nsys capture range).
+  bool profile = false;
+  int64_t profile_step_start = 10, profile_step_end = 12;
+  std::vector<std::string> profile_ranks;
   // TensorBoard scalars (Megatron's names and steps; train/tensorboard.h).
   std::string tensorboard_dir;
   int64_t tensorboard_log_interval = 1;

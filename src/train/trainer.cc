@@ -859,12 +859,51 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (fail_env) std::sscanf(fail_env, "%d:%lld", &fail_rank, reinterpret_cast<long long*>(&fail_iteration));
   const bool overlap_grads = static_cast<bool>(buckets) && job.parallel.overlap_grad_reduce;
   std::vector<char> gathered(static_cast<size_t>(mc.num_layers + 2), 0);  // stages -1..L waited this iteration
-  // MT_PROFILE_OPS: time per op from the end of the first iteration (core/op_profile.h).
-  const bool profiling = profile::enabled();
+  // Time per op (core/op_profile.h): with MT_PROFILE_OPS from the end of the
+  // first iteration to the end of the run; with --profile (which takes its
+  // place) the steps after --profile-step-start completed iterations up to
+  // iteration --profile-step-end, as Megatron's nsys range, on the ranks of
+  // --profile-ranks (default all). The table goes to the log (rank 0) or to
+  // stderr (other ranks), and to the metrics file.
+  bool profile_this_rank = cfg.profile && cfg.profile_ranks.empty();
+  for (const std::string& r : cfg.profile_ranks) profile_this_rank |= std::atoll(r.c_str()) == rank;
+  const bool profiling = profile::enabled() && !cfg.profile;
   int64_t profiled_from = -1;
   Clock::time_point profile_start;
+  auto report_profile = [&](int64_t first, int64_t n) {
+    const std::vector<profile::OpStat> stats = profile::collect();
+    const double wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - profile_start).count();
+    const std::string table = profile::table(stats, n, wall_ms);
+    bar.clear();
+    if (rank == 0) std::fprintf(out, "%s", table.c_str());
+    else if (cfg.profile)
+      std::fprintf(stderr, "rank %d, iterations %lld-%lld:\n%s", rank, static_cast<long long>(first),
+                   static_cast<long long>(first + n - 1), table.c_str());
+    nlohmann::json ops = nlohmann::json::array();
+    for (const profile::OpStat& st : stats)
+      ops.push_back({{"op", st.op}, {"device", st.device == Device::kCuda ? "cuda" : "cpu"}, {"calls", st.calls},
+                     {"ms", st.ms}, {"flops", st.flops}});
+    metrics.append({{"kind", "op_profile"}, {"iterations", n}, {"first_iteration", first}, {"wall_ms", wall_ms},
+                    {"ops", ops}});
+  };
+  bool profile_window = false;  // --profile: between its start and end step
+  auto close_profile_window = [&](int64_t last) {
+    if (!profile_window) return;
+    profile_window = false;
+    if (cfg.device == "cuda") device_profiler_capture(false);
+    report_profile(profiled_from, last - profiled_from + 1);
+    profile::set_enabled(false);
+  };
   while (iteration < train_iters) {
     const int64_t it = iteration + 1;
+    if (profile_this_rank && iteration == cfg.profile_step_start) {
+      profile::set_enabled(true);
+      profile::reset();
+      profile_window = true;
+      profile_start = Clock::now();
+      profiled_from = it;
+      if (cfg.device == "cuda") device_profiler_capture(true);
+    }
     if (it == nan_at) {
       float nan = std::nanf("");
       copy_tensor(Tensor(&nan, {1}, DType::kF32), model.params()[0].view({model.params()[0].numel()}).slice(0, 1));
@@ -1109,6 +1148,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       profile_start = Clock::now();
       profiled_from = it;
     }
+    if (it == cfg.profile_step_end) close_profile_window(it);
     if (it == first_iteration + 1 && world > 1) {
       bar.clear();
       std::fprintf(out, "communication per rank per iteration: TP %.2f MB (planned %.2f MB), %s %.2f MB (planned %.2f MB), "
@@ -1194,21 +1234,14 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       result.exit_reason = signal ? "signal" : by_interval ? "exit-interval" : "duration";
       bar.finish();
       std::fprintf(out, "exiting at iteration %lld (%s)\n", static_cast<long long>(it), result.exit_reason.c_str());
+      close_profile_window(it);
       return result;
     }
   }
   bar.finish();
-  if (profiling && profiled_from >= 0 && iteration > profiled_from) {
-    const std::vector<profile::OpStat> stats = profile::collect();
-    const double wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - profile_start).count();
-    const int64_t n = iteration - profiled_from;
-    std::fprintf(out, "%s", profile::table(stats, n, wall_ms).c_str());
-    nlohmann::json ops = nlohmann::json::array();
-    for (const profile::OpStat& st : stats)
-      ops.push_back({{"op", st.op}, {"device", st.device == Device::kCuda ? "cuda" : "cpu"}, {"calls", st.calls},
-                     {"ms", st.ms}, {"flops", st.flops}});
-    metrics.append({{"kind", "op_profile"}, {"iterations", n}, {"wall_ms", wall_ms}, {"ops", ops}});
-  }
+  if (profiling && profiled_from >= 0 && iteration > profiled_from)
+    report_profile(profiled_from + 1, iteration - profiled_from);
+  close_profile_window(iteration);  // --profile-step-end beyond the run
   if (!cfg.save.empty() && (!cfg.save_interval || iteration % *cfg.save_interval != 0) && iteration > 0)
     MT_RETURN_IF_ERROR(save(iteration));
   wait_params();

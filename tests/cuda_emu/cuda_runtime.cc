@@ -288,6 +288,9 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 
+cudaError_t cudaProfilerStart() { return cudaSuccess; }
+cudaError_t cudaProfilerStop() { return cudaSuccess; }
+
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
   if (!func) return emu::invalid("cudaFuncSetAttribute", "no kernel", func);
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)

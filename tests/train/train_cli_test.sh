@@ -814,6 +814,28 @@ diff <(losses "$TMP/step-sched.jsonl" | head -8) <(losses "$TMP/step-const.jsonl
 [ $? = 0 ] && grep -q -- 'accepted with no effect here: --rampup-batch-size: deprecated, and ignored as by Megatron (the global batch stays 8); the ramp it describes is --step-batch-size-schedule "0:4 3200:8"' "$TMP/out" \
   || { fail "--rampup-batch-size note"; cat "$TMP/out"; }
 
+# --profile (Megatron's nsys range): the op table of the steps after
+# --profile-step-start completed iterations up to --profile-step-end, in the
+# log and the metrics; on rank 1 only with --profile-ranks 1 (to stderr).
+"$BIN" train "${MOCK[@]}" --train-iters 8 --log-interval 100 --profile --profile-step-start 4 --profile-step-end 6 \
+  --metrics-file "$TMP/profwin.jsonl" >"$TMP/profwin.log" 2>&1 || { fail "--profile run"; cat "$TMP/profwin.log"; }
+python3 - "$TMP/profwin.jsonl" <<'PY' && grep -q "^  adamw_step " "$TMP/profwin.log" || { fail "--profile: table or metrics"; cat "$TMP/profwin.log"; }
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"op_profile"' in l]
+assert len(rows) == 1 and rows[0]["first_iteration"] == 5 and rows[0]["iterations"] == 2, rows
+ops = {o["op"]: o for o in rows[0]["ops"]}
+assert ops["xent_loss"]["calls"] == 4, ops["xent_loss"]  # 2 iterations of 2 micro-batches
+PY
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -n 2 --oversubscribe "$BIN" train "${MOCK[@]}" \
+  --train-iters 3 --log-interval 100 --profile --profile-step-start 1 \
+  --profile-step-end 2 --profile-ranks 1 --metrics-file "$TMP/prof2.jsonl" >"$TMP/prof2.log" 2>"$TMP/prof2.err" \
+  && grep -q "^rank 1, iterations 2-2:" "$TMP/prof2.err" && ! grep -q "op_profile" "$TMP/prof2.jsonl" \
+  || { fail "--profile-ranks 1"; cat "$TMP/prof2.log" "$TMP/prof2.err"; }
+"$BIN" train "${MOCK[@]}" --train-iters 3 --profile --profile-step-start 4 --profile-step-end 4 --use-pytorch-profiler \
+  2>"$TMP/err" >/dev/null
+[ $? = 2 ] && grep -q -- "--profile-step-end 4 must be after --profile-step-start 4" "$TMP/err" \
+  && grep -q -- "[--use-pytorch-profiler] there is no PyTorch profiler here" "$TMP/err" || { fail "--profile checks"; cat "$TMP/err"; }
+
 # A rule both the flag checks and the LR scheduler state is listed once.
 "$BIN" train "${MOCK[@]}" --train-iters 3 --lr-decay-samples 100 2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q "^megatron train: error: 1 problem in the configuration:" "$TMP/err" \

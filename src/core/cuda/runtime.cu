@@ -1,4 +1,5 @@
 // The CUDA side of core/cuda/runtime.h.
+#include <cuda_profiler_api.h>
 #include <fmt/format.h>
 
 #include <map>
@@ -91,6 +92,8 @@ float event_elapsed_ms(void* start, void* stop) {
   MT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)));
   return ms;
 }
+
+void profiler_capture(bool on) { MT_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop()); }
 
 void device_free(void* p) {
   if (p) MT_CUDA_CHECK(cudaFree(p));

@@ -46,5 +46,8 @@ void* op_scratch(const char* owner, size_t bytes);
 void* event_create();
 void event_record(void* event);
 float event_elapsed_ms(void* start, void* stop);
+// cudaProfilerStart (on) / cudaProfilerStop (off): the capture range of a
+// profiler started with nsys --capture-range=cudaProfilerApi.
+void profiler_capture(bool on);
 
 }  // namespace mt::cuda

@@ -98,6 +98,10 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
+// The profiler's capture range (cuda_profiler_api.h): nothing to capture here.
+cudaError_t cudaProfilerStart();
+cudaError_t cudaProfilerStop();
+
 // `func` is a kernel's address; any other attribute, a value out of range or
 // a null func is cudaErrorInvalidValue (with the reason on stderr).
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
