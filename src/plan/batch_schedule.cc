@@ -124,6 +124,27 @@ ScheduledRun scheduled_run(const std::vector<BatchStep>& steps, int64_t train_sa
   return r;
 }
 
+std::vector<BatchStep> steps_in_force(const std::vector<BatchStep>& steps, int64_t from, int64_t to) {
+  std::vector<BatchStep> used{{from, batch_at(steps, from)}};
+  __int128 consumed = from;
+  while (consumed < to) {
+    // Whole iterations at the batch in force, up to the next threshold.
+    const int64_t b = batch_at(steps, static_cast<int64_t>(consumed));
+    const BatchStep* next = nullptr;
+    for (const BatchStep& s : steps)
+      if (s.threshold > consumed) {
+        next = &s;
+        break;
+      }
+    if (!next || next->threshold >= to) break;  // this batch to the end
+    consumed += (next->threshold - consumed + b - 1) / b * b;
+    if (consumed >= to) break;
+    const int64_t nb = batch_at(steps, static_cast<int64_t>(consumed));
+    if (nb != used.back().batch) used.push_back({static_cast<int64_t>(consumed), nb});
+  }
+  return used;
+}
+
 Result<std::string> rampup_as_step_schedule(int64_t start, int64_t increment, int64_t samples, int64_t global_batch,
                                             int64_t seq_length) {
   const char* flag = "--rampup-batch-size";
@@ -142,6 +163,11 @@ Result<std::string> rampup_as_step_schedule(int64_t start, int64_t increment, in
                                        "increment {}",
                                        flag, global_batch, start, diff, increment));
   const int64_t n = diff / increment;
+  // Written out only while it stays a readable line (and in range in tokens).
+  if (n > 64 || samples >= INT64_MAX / std::max<int64_t>(seq_length, 1) - 1)
+    return Status::invalid(fmt::format("{}: the ramp has {} steps over {} samples; write the ones wanted as "
+                                       "--step-batch-size-schedule THRESHOLD:BATCH pairs (thresholds in tokens)",
+                                       flag, n, samples));
   const double per = static_cast<double>(samples) / static_cast<double>(n);  // samples per increment
   // Step k starts at the first consumed count c with int(c / per) >= k (as
   // the ramp computed it), or at samples + 1 where rounding leaves the last

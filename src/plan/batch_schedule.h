@@ -42,6 +42,14 @@ struct ScheduledRun {
 };
 ScheduledRun scheduled_run(const std::vector<BatchStep>& steps, int64_t train_samples);
 
+// The batches a run uses between `from` samples consumed (0, or a resumed
+// run's count) and `to` (its --train-samples), in order of use: each with
+// the samples consumed when it first applies. A step whose threshold the
+// run jumps over (a batch crossing two thresholds) is never in force.
+// Megatron checks each batch as the run reaches it; so does the planner,
+// on this list.
+std::vector<BatchStep> steps_in_force(const std::vector<BatchStep>& steps, int64_t from, int64_t to);
+
 // The step schedule equal to the classic ramp of --rampup-batch-size (start,
 // increment, samples) up to `global_batch` (Megatron's former
 // RampupBatchsizeNumMicroBatchesCalculator: start + floor(consumed /

@@ -44,6 +44,12 @@ struct PlanOptions {
   std::optional<double> step_time;         // measured or assumed seconds per iteration
   double assumed_efficiency = 0.5;         // share of peak while computing (prediction only)
   std::optional<double> num_parameters;    // quick estimate without an architecture
+  // The samples consumed when the run starts (a resumed run's) and when it
+  // ends (--train-samples): --step-batch-size-schedule's steps are checked
+  // (and the model sized) for the batches in force between them, as Megatron
+  // checks each batch when the run reaches it. Default: every step.
+  int64_t batch_from_samples = 0;
+  int64_t batch_to_samples = INT64_MAX;
 };
 
 void register_plan_option_flags(FlagSet& flags, PlanOptions& opts);
@@ -117,6 +123,9 @@ struct PlanReport {
   // --step-batch-size-schedule's steps (plan/batch_schedule.h); empty: the
   // batch is global_batch throughout.
   std::vector<BatchStep> batch_steps;
+  // Of those, the batches the run uses (PlanOptions::batch_from_samples to
+  // batch_to_samples), each from the samples consumed when it first applies.
+  std::vector<BatchStep> batch_steps_used;
   // The global batch Megatron's args hold: --global-batch-size as given, or
   // micro-batch x DP (also under a step schedule). Iteration-based LR
   // schedules and sample-based iteration counts use it.

@@ -204,20 +204,30 @@ void validate(PlanReport& r) {
     r.global_batch = r.requested_global_batch;
     if (bc.step_batch_size_schedule) {
       auto steps = parse_step_batch_size_schedule(*bc.step_batch_size_schedule, m.seq_length);
-      if (!steps) {
-        c.error("step-schedule", {"--step-batch-size-schedule"}, steps.status().message(),
+      std::string too_large;
+      if (steps)
+        for (const BatchStep& st : *steps)
+          if (st.batch > (int64_t{1} << 32)) too_large += fmt::format("{}{}", too_large.empty() ? "" : ", ", st.batch);
+      r.global_batch = 0;  // no micro-batch count to check until the schedule is valid
+      if (!steps || !too_large.empty()) {
+        c.error("step-schedule", {"--step-batch-size-schedule"},
+                steps ? fmt::format("--step-batch-size-schedule: batch sizes {} are above 2^32 sequences", too_large)
+                      : steps.status().message(),
                 "write THRESHOLD:BATCH pairs, thresholds in tokens and the first 0, e.g. \"0:256 250B:512\"");
       } else {
-        // Megatron asserts, as the run reaches each step, that its batch
-        // divides by micro-batch x DP and that the micro-batches never get
-        // fewer; here every step is checked before the run. (A step the run
-        // has passed still counts: raise it to a multiple, nothing changes.)
+        // Megatron asserts, as the run reaches each batch, that it divides
+        // by micro-batch x DP and that the micro-batches never get fewer:
+        // here before the run, for the batches it uses between the samples
+        // consumed at its start (a resumed run) and its end.
+        const std::vector<BatchStep> used =
+            steps_in_force(*steps, r.options.batch_from_samples, r.options.batch_to_samples);
         std::string not_multiple, shrinking;
-        for (size_t k = 0; k < steps->size(); ++k) {
-          const BatchStep& st = (*steps)[k];
-          if (st.batch % per_step) not_multiple += fmt::format("{}{} (at {} samples)", not_multiple.empty() ? "" : ", ", st.batch, st.threshold);
-          if (k > 0 && st.batch < (*steps)[k - 1].batch)
-            shrinking += fmt::format("{}{} after {}", shrinking.empty() ? "" : ", ", st.batch, (*steps)[k - 1].batch);
+        for (size_t k = 0; k < used.size(); ++k) {
+          const BatchStep& st = used[k];
+          if (st.batch % per_step)
+            not_multiple += fmt::format("{}{} (from {} samples)", not_multiple.empty() ? "" : ", ", st.batch, st.threshold);
+          if (k > 0 && st.batch < used[k - 1].batch)
+            shrinking += fmt::format("{}{} after {}", shrinking.empty() ? "" : ", ", st.batch, used[k - 1].batch);
         }
         if (!not_multiple.empty())
           c.error("step-schedule-divisible", {"--step-batch-size-schedule", "--micro-batch-size", "--data-parallel-size"},
@@ -231,7 +241,9 @@ void validate(PlanReport& r) {
                   "make the batch sizes non-decreasing");
         if (not_multiple.empty() && shrinking.empty()) {
           r.batch_steps = *steps;
-          r.global_batch = steps->back().batch;
+          r.batch_steps_used = used;
+          // The model is sized for the largest batch the run uses.
+          for (const BatchStep& st : used) r.global_batch = std::max(r.global_batch, st.batch);
         }
       }
     } else if (bc.decrease_batch_size_if_needed) {
@@ -254,6 +266,8 @@ void validate(PlanReport& r) {
               fmt::format("use {}", list_or(nearby_multiples(per_step, r.global_batch), "--global-batch-size")));
     else if (r.global_batch % per_step == 0 && r.global_batch > 0)
       r.num_microbatches = r.global_batch / per_step;
+    else if (r.global_batch == 0)
+      r.num_microbatches = 0;  // an invalid schedule: no count to check
     // Validation's batch (Megatron's eval_global_batch_size rule).
     // (A default that fails with the training batch's own rule is not repeated.)
     r.eval_global_batch = bc.eval_global_batch_size.value_or(r.requested_global_batch);
@@ -517,7 +531,7 @@ void validate(PlanReport& r) {
   // Every micro-batch count the run trains with: each step's of a schedule.
   std::vector<int64_t> counts{r.num_microbatches};
   if (r.dp >= 1 && j.batch.micro_batch_size > 0)
-    for (const BatchStep& st : r.batch_steps)
+    for (const BatchStep& st : r.batch_steps_used)
       if (const int64_t M = st.batch / (j.batch.micro_batch_size * r.dp);
           std::find(counts.begin(), counts.end(), M) == counts.end())
         counts.push_back(M);

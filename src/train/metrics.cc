@@ -28,11 +28,13 @@ std::string format_log_line(const IterationStats& s) {
   // Megatron's training_log layout (the grad norm left out when the last
   // iteration was skipped by the loss scaler), plus throughput and memory.
   return fmt::format(
-      " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
+      " [{}] iteration {:>8}/{:>8} | consumed samples: {:>12} |{} elapsed time per iteration (ms): {:.1f} | "
       "learning rate: {:.6E} | global batch size: {:>5} |{}{} loss scale: {:.1f} |{}{}{} "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | tokens/s: {:.0f} | "
       "throughput per device (TFLOP/s): {:.3f} | MFU: {:.1f}% | memory (MiB): {} measured, {} planned, peak RSS {}",
-      now_text(), s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iteration, s.learning_rate,
+      now_text(), s.iteration, s.train_iters, s.consumed_samples,
+      s.skipped_samples > 0 ? fmt::format(" skipped samples: {:>12} |", s.skipped_samples) : std::string(),
+      s.ms_per_iteration, s.learning_rate,
       s.global_batch_size, s.advanced_iterations > 0 ? fmt::format(" lm loss: {:.6E} |", s.loss) : std::string(),
       (s.load_balancing_loss ? fmt::format(" {}: {:.6E} |", s.load_balancing_name, *s.load_balancing_loss) : std::string()) +
           (s.z_loss ? fmt::format(" z_loss: {:.6E} |", *s.z_loss) : std::string()),
@@ -66,6 +68,7 @@ nlohmann::json to_json(const IterationStats& s) {
   if (s.num_zeros) j["num_zeros"] = *s.num_zeros;
   if (s.load_balancing_loss) j[s.load_balancing_name] = *s.load_balancing_loss;
   if (s.z_loss) j["z_loss"] = *s.z_loss;
+  if (s.skipped_samples > 0) j["skipped_samples"] = s.skipped_samples;
   return j;
 }
 

@@ -14,6 +14,7 @@ namespace mt::train {
 struct IterationStats {
   int64_t iteration = 0, train_iters = 0;
   int64_t consumed_samples = 0;
+  int64_t skipped_samples = 0;  // Megatron's skipped_train_samples (--decrease-batch-size-if-needed); shown when > 0
   double ms_per_iteration = 0;
   double learning_rate = 0;
   int64_t global_batch_size = 0;

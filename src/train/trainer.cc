@@ -230,6 +230,20 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   }
   plan::PlanOptions popts;
   popts.device = cfg.device == "cuda" ? gpu_profile_name(backend.cuda_name) : "cpu";
+  // --step-batch-size-schedule is checked for the batches this run uses:
+  // from the samples a resumed checkpoint has consumed to --train-samples.
+  // (An unreadable checkpoint is reported when it is loaded.)
+  if (job.batch.step_batch_size_schedule) {
+    if (cfg.train_samples) popts.batch_to_samples = *cfg.train_samples;
+    if (!cfg.load.empty() && !cfg.finetune)
+      if (auto tracker = checkpoint::read_tracker(cfg.load); tracker && *tracker)
+        if (auto ck = checkpoint::load_checkpoint(cfg.load); ck) {
+          const nlohmann::json& c = ck->common();
+          if (c.contains("consumed_train_samples") && c["consumed_train_samples"].is_number_integer() &&
+              c["consumed_train_samples"].get<int64_t>() >= 0)
+            popts.batch_from_samples = c["consumed_train_samples"].get<int64_t>();
+        }
+  }
   plan::PlanReport plan = plan::make_plan(job, popts);
   for (const auto& v : plan.errors) {
     std::string flags;
@@ -308,7 +322,8 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     if (uses_nccl_groups(cfg.device, processes) && job.parallel.pp > 1) {
       // Every number of micro-batches the run uses (each step of a schedule).
       std::vector<int64_t> counts{plan.num_microbatches};
-      for (const plan::BatchStep& st : plan.batch_steps) counts.push_back(st.batch / (job.batch.micro_batch_size * plan.dp));
+      for (const plan::BatchStep& st : plan.batch_steps_used)
+        counts.push_back(st.batch / (job.batch.micro_batch_size * plan.dp));
       for (const int64_t M : counts) {
         auto sched = parallel::build_schedule(job.parallel.pp, plan.vpp, M,
                                               job.parallel.microbatch_group_size_per_vp_stage.value_or(0));
@@ -520,7 +535,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   optim::OptimizerParamScheduler sched(*sched_cfg);
 
   // ---- 3. Resume.
-  int64_t iteration = 0, consumed_train = 0, consumed_valid = 0;
+  int64_t iteration = 0, consumed_train = 0, consumed_valid = 0, skipped_train = 0;
   double flops_so_far = 0;
   if (!cfg.load.empty()) {
     auto tracker = checkpoint::read_tracker(cfg.load);
@@ -555,9 +570,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         iteration = ck->iteration();
         MT_RETURN_IF_ERROR(check(c, "consumed_train_samples", "consumed_train_samples", true));
         MT_RETURN_IF_ERROR(check(c, "consumed_valid_samples", "consumed_valid_samples", true));
+        MT_RETURN_IF_ERROR(check(c, "skipped_train_samples", "skipped_train_samples", true));
         MT_RETURN_IF_ERROR(check(c, "num_floating_point_operations_so_far", "num_floating_point_operations_so_far", false));
         consumed_train = c.value("consumed_train_samples", int64_t{0});
         consumed_valid = c.value("consumed_valid_samples", int64_t{0});
+        skipped_train = c.value("skipped_train_samples", int64_t{0});
         flops_so_far = c.value("num_floating_point_operations_so_far", 0.0);
         if (c.contains("opt_param_scheduler"))
           MT_RETURN_IF_ERROR(sched.load_state(c["opt_param_scheduler"], cfg.use_checkpoint_opt_param_scheduler,
@@ -590,8 +607,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   // Validation iterations take --eval-global-batch-size (default: the global
   // batch Megatron's args hold), M_eval micro-batches per DP rank.
   const int64_t eval_gbs = plan.eval_global_batch, M_eval = plan.eval_microbatches;
-  std::array<std::optional<int64_t>, 3> want{train_iters * gbs, std::nullopt, std::nullopt};
-  if (cfg.train_samples) want[0] = std::max(*cfg.train_samples, scheduled.samples);
+  // The training samples asked of the datasets, as Megatron asks: the
+  // global batch its args hold x --train-iters, or --train-samples (the
+  // datasets' indices, and so the sample order, depend on it).
+  std::array<std::optional<int64_t>, 3> want{train_iters * plan.requested_global_batch, std::nullopt, std::nullopt};
+  if (cfg.train_samples) want[0] = *cfg.train_samples;
   if (do_eval) want[1] = (train_iters / *cfg.eval_interval + 1) * cfg.eval_iters * eval_gbs;
   std::vector<std::string> data_log;
   auto sources = data::build_train_valid_test(dc, want, &data_log, {true, do_eval, false});
@@ -605,6 +625,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   so.reset_position_ids = job.batch.reset_position_ids;
   so.reset_attention_mask = job.batch.reset_attention_mask;
   const data::Sampler sampler = cfg.dataloader_type == "cyclic" ? data::Sampler::kCyclic : data::Sampler::kSingle;
+  // A schedule's last iteration may pass --train-samples: where the split
+  // holds fewer samples the single loader would run dry there (Megatron's
+  // sampler stops mid-iteration), so say it now.
+  if (stepped && sampler == data::Sampler::kSingle && (*sources)[0]->size() < scheduled.samples)
+    return Status::invalid(fmt::format(
+        "--step-batch-size-schedule: the last of the {} iterations ends at {} samples, past --train-samples {}, and "
+        "the training split holds {} (fix: --train-samples {} or less, or --dataloader-type cyclic)",
+        train_iters, scheduled.samples, *cfg.train_samples, (*sources)[0]->size(),
+        std::max<int64_t>(1, (*sources)[0]->size() - gbs + 1)));
   data::DataLoader train_loader((*sources)[0], mbs, dp_rank, dp, consumed_train, so, sampler);
 
   // Unigram baseline for the validation split: cross-entropy of the training
@@ -739,6 +768,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                  steps.c_str(), static_cast<long long>(train_iters), static_cast<long long>(*cfg.train_samples),
                  static_cast<long long>(scheduled.samples));
   }
+  if (plan.requested_global_batch != gbs && !stepped)
+    std::fprintf(out, "--decrease-batch-size-if-needed: training on a global batch of %lld, the %lld asked for rounded "
+                      "down to a multiple of micro-batch x DP = %lld (each iteration skips %lld samples)\n",
+                 static_cast<long long>(gbs), static_cast<long long>(plan.requested_global_batch),
+                 static_cast<long long>(mbs * dp), static_cast<long long>(plan.requested_global_batch - gbs));
   if (eval_gbs != gbs && do_eval)
     std::fprintf(out, "validation batch %lld (%lld micro-batches per iteration)\n", static_cast<long long>(eval_gbs),
                  static_cast<long long>(M_eval));
@@ -755,6 +789,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     common["iteration"] = it;
     common["consumed_train_samples"] = consumed_train;
     common["consumed_valid_samples"] = consumed_valid;
+    if (skipped_train > 0) common["skipped_train_samples"] = skipped_train;
     common["num_floating_point_operations_so_far"] = flops_so_far;
     common["opt_param_scheduler"] = sched.state_json();
     common["optimizer"] = {{"step", opt.step_count()}};
@@ -845,6 +880,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   double interval_loss = 0, interval_wait = 0, interval_lb = 0, interval_z = 0, interval_flops = 0;
   int64_t interval_samples = 0;
   int64_t last_saved = -1;  // the iteration last saved (a batch change saves, as Megatron does)
+  double bubble_simulated = plan.bubble_simulated, bubble_formula = plan.bubble_formula;  // of the schedule in force
   const bool moe_lb_active = mc.moe_aux_loss_active();
   const char* lb_name = mc.seq_aux_loss() ? "seq_load_balancing_loss" : "load_balancing_loss";  // Megatron's names
   int64_t interval_iters = 0, interval_advanced = 0, skipped = 0, nan_iters = 0;
@@ -939,6 +975,10 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       auto next = schedule_for(M);
       if (!next) return next.status();
       executor.set_schedule(*next);
+      if (pp > 1) {  // the log's bubble figures, for this number of micro-batches (as the planner computes them)
+        bubble_formula = parallel::bubble_formula(pp, vpp, M);
+        bubble_simulated = parallel::simulate(*next, 1.0 / static_cast<double>(vpp), 2.0 / static_cast<double>(vpp)).bubble_fraction;
+      }
       if (stepped && it > first_iteration + 1) {
         bar.clear();
         std::fprintf(out, "global batch %lld from iteration %lld (%lld samples consumed): %lld micro-batches\n",
@@ -1057,6 +1097,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     // Every iteration, skipped or not (Megatron's calc_params_l2_norm).
     if (cfg.log_params_norm) params_norm = opt.params_norm();
     consumed_train += gbs_it;
+    // Megatron's skipped_train_samples: the global batch asked for minus the
+    // one trained on (--decrease-batch-size-if-needed).
+    if (!stepped) skipped_train += plan.requested_global_batch - gbs_it;
     // Megatron's FLOPs formula is linear in the batch (plan: the last step's).
     const double flops_it = flops_per_iter * static_cast<double>(gbs_it) / static_cast<double>(gbs);
     flops_so_far += flops_it;
@@ -1134,6 +1177,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     metrics.append(row);
     if (tb.is_open() && it % cfg.tensorboard_log_interval == 0) {  // Megatron's training_log scalars
       tb_pair("learning-rate", sched.lr(), it, consumed_train);
+      if (skipped_train > 0) tb.add_scalar("skipped-train-samples", static_cast<double>(skipped_train), it);
       tb_pair("batch-size", static_cast<double>(gbs_it), it, consumed_train);
       tb_pair("lm loss", loss, it, consumed_train);
       if (cfg.log_loss_scale_to_tensorboard)
@@ -1167,7 +1211,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (it % cfg.log_interval == 0 || it == train_iters) {
       const double secs = std::chrono::duration<double>(Clock::now() - interval_start).count();
       IterationStats s;
-      s.iteration = it, s.train_iters = train_iters, s.consumed_samples = consumed_train;
+      s.iteration = it, s.train_iters = train_iters, s.consumed_samples = consumed_train, s.skipped_samples = skipped_train;
       s.ms_per_iteration = 1000 * secs / static_cast<double>(interval_iters);
       // Megatron's average: the advanced (not skipped) iterations' losses.
       s.learning_rate = sched.lr(), s.global_batch_size = gbs_it,
@@ -1191,7 +1235,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       if (pp > 1)
         std::fprintf(out, " pipeline rank 0 idle (blocked on neighbours): %.3f of the iteration | schedule bubble %.3f "
                           "(formula %.3f)\n",
-                     interval_wait / secs, plan.bubble_simulated, plan.bubble_formula);
+                     interval_wait / secs, bubble_simulated, bubble_formula);
       std::fflush(out);
       nlohmann::json j = to_json(s);
       j["kind"] = "log";

@@ -7,6 +7,8 @@
 
 #include <random>
 
+#include "core/flags.h"
+
 #include "../support/plan_helpers.h"
 
 namespace mt::plan {
@@ -100,6 +102,41 @@ TEST(StepBatchSchedule, IterationsMatchMegatronsLoop) {
   }
 }
 
+// The batches Megatron's loop uses from `from` to `to` samples: its
+// update_num_microbatches before every iteration, changes recorded.
+std::vector<BatchStep> megatron_used(const std::vector<BatchStep>& s, int64_t from, int64_t to) {
+  std::vector<BatchStep> used{{from, batch_at(s, from)}};
+  for (int64_t c = from; c < to;) {
+    const int64_t b = batch_at(s, c);
+    if (b != used.back().batch) used.push_back({c, b});
+    c += b;
+  }
+  return used;
+}
+
+TEST(StepBatchSchedule, StepsInForceAreTheOnesMegatronsLoopUses) {
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<BatchStep> s{{0, 1 + static_cast<int64_t>(rng() % 8)}};
+    const int n = static_cast<int>(rng() % 5);
+    for (int k = 0; k < n; ++k)
+      s.push_back({s.back().threshold + 1 + static_cast<int64_t>(rng() % 40), 1 + static_cast<int64_t>(rng() % 32)});
+    const int64_t from = static_cast<int64_t>(rng() % 50), to = from + static_cast<int64_t>(rng() % 300);
+    const auto want = megatron_used(s, from, to), got = steps_in_force(s, from, to);
+    ASSERT_EQ(got.size(), want.size()) << "trial " << trial;
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].threshold, want[k].threshold) << "trial " << trial << " step " << k;
+      EXPECT_EQ(got[k].batch, want[k].batch) << "trial " << trial << " step " << k;
+    }
+  }
+  // A batch that jumps over a threshold never uses that step.
+  const auto jumped = steps_in_force({{0, 8}, {4, 2}, {6, 16}}, 0, 100);
+  ASSERT_EQ(jumped.size(), 2u);
+  EXPECT_EQ(jumped[1].batch, 16);
+  // Without an end: every step the run reaches.
+  EXPECT_EQ(steps_in_force({{0, 4}, {1000000000000, 8}}, 0, INT64_MAX).size(), 2u);
+}
+
 // The former RampupBatchsizeNumMicroBatchesCalculator.update, line by line.
 int64_t ramp(int64_t start, int64_t incr, int64_t samples, int64_t gbs, int64_t consumed) {
   const int64_t n = (gbs - start) / incr;
@@ -134,6 +171,11 @@ TEST(RampupBatchSize, RefusesWhatTheRampRefused) {
   EXPECT_FALSE(rampup_as_step_schedule(128, 8, 100, 64, 8).is_ok()); // start above the global batch
   EXPECT_FALSE(rampup_as_step_schedule(8, 5, 100, 64, 8).is_ok());   // 56 not a multiple of 5
   EXPECT_FALSE(rampup_as_step_schedule(64, 8, 100, 64, 8).is_ok());  // no increment: Megatron divides by 0
+  // Too long to write out, or past int64 in tokens: a note instead (quickly).
+  EXPECT_NE(rampup_as_step_schedule(1, 1, 1000, 4294967296, 8).status().message().find("4294967295 steps"),
+            std::string::npos);
+  EXPECT_FALSE(rampup_as_step_schedule(1, 1, INT64_MAX, 3, 1).is_ok());
+  EXPECT_FALSE(rampup_as_step_schedule(1, 1, 1000000000000000000, 3, 64).is_ok());
 }
 
 // world 16 = TP 2 x PP 2 x DP 4, micro-batch 1: 4 sequences per micro-batch step.
@@ -178,6 +220,36 @@ TEST(StepBatchSchedulePlan, RefusesEachProblem) {
   }
 }
 
+TEST(StepBatchSchedulePlan, ChecksOnlyTheBatchesTheRunUses) {
+  // Resumed at 8 samples on DP 8 (micro-batch 1: 8 a step): the step of 4
+  // is behind it, as Megatron allows after scaling up; a fresh run is refused.
+  const std::string args = kBase + "--world-size 32 --step-batch-size-schedule 0:4,2K:16,1M:8";
+  JobConfig job;
+  PlanOptions opts;
+  FlagSet flags("megatron plan");
+  register_job_flags(flags, job);
+  register_plan_option_flags(flags, opts);
+  ASSERT_TRUE(flags.parse(testing::split_args(args)).is_ok());
+  EXPECT_EQ(rules_of(make_plan(job, opts)), "step-schedule-divisible step-schedule-shrinks ");
+  opts.batch_from_samples = 8;
+  EXPECT_EQ(rules_of(make_plan(job, opts)), "step-schedule-shrinks ");
+  opts.batch_to_samples = 1000000 / 512;  // ends before the step that shrinks
+  PlanReport r = make_plan(job, opts);
+  ASSERT_TRUE(r.valid()) << rules_of(r);
+  EXPECT_EQ(r.global_batch, 16);
+  EXPECT_EQ(r.batch_steps.size(), 3u);
+  EXPECT_EQ(r.batch_steps_used.size(), 1u);  // 16 from sample 8 on
+}
+
+TEST(StepBatchSchedulePlan, AnInvalidScheduleIsOneProblem) {
+  // No interleaved-rule error on the micro-batch x DP fallback.
+  for (const char* sched : {"0:5,1K:16", "0:16,1K:8", "1K:8", "0:8e18"}) {
+    PlanReport r = plan_from(kBase + "--num-virtual-stages-per-pipeline-rank 2 --step-batch-size-schedule " + sched);
+    ASSERT_EQ(r.errors.size(), 1u) << sched << " -> " << rules_of(r);
+    EXPECT_EQ(r.errors[0].flags[0], "--step-batch-size-schedule") << sched;
+  }
+}
+
 TEST(StepBatchSchedulePlan, InterleavedRuleNamesTheStep) {
   PlanReport r = plan_from(kBase + "--step-batch-size-schedule 0:4,1K:16 --num-virtual-stages-per-pipeline-rank 2");
   ASSERT_EQ(r.errors.size(), 1u) << rules_of(r);
@@ -205,6 +277,9 @@ TEST(RampupBatchSize, AcceptedWithANoteGivingTheSchedule) {
   EXPECT_EQ(r.global_batch, 64);  // ignored, as by Megatron
   ASSERT_EQ(r.no_effect.size(), 1u);
   EXPECT_NE(r.no_effect[0].find("\"0:16 171008:32 341504:48 512000:64\""), std::string::npos) << r.no_effect[0];
+  PlanReport big = plan_from(kBase + "--global-batch-size 4294967296 --rampup-batch-size 4 4 1000");
+  ASSERT_EQ(big.no_effect.size(), 1u);
+  EXPECT_NE(big.no_effect[0].find("the ramp has 1073741823 steps"), std::string::npos) << big.no_effect[0];
 }
 
 }  // namespace

@@ -806,6 +806,34 @@ run step-const "${STEP[@]}" --global-batch-size 8 --load "$TMP/step-const" || { 
 diff <(losses "$TMP/step-sched.jsonl" | head -8) <(losses "$TMP/step-const.jsonl") >/dev/null \
   && [ "$(losses "$TMP/step-const.jsonl" | wc -l)" = 8 ] || { fail "step schedule: losses differ from the piecewise-constant runs";
   paste <(losses "$TMP/step-sched.jsonl") <(losses "$TMP/step-const.jsonl"); }
+# Resumed on two data-parallel ranks (8 sequences a step) after the step of
+# 4 is behind it: accepted, as Megatron checks only the batch in force; a
+# fresh run of that layout is refused before it starts.
+run step-sched "${STEP[@]}" --step-batch-size-schedule "0:4 256:8" --exit-interval 3 --save-interval 100 \
+  || fail "step schedule: first part"
+cp -r "$TMP/step-sched" "$TMP/step-dp2"
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -n 2 --oversubscribe "$BIN" train \
+  "${COMMON[@]}" "${STEP[@]}" --step-batch-size-schedule "0:4 256:8" --load "$TMP/step-dp2" --save "$TMP/step-dp2" \
+  >"$TMP/step-dp2.log" 2>&1 && grep -q "iteration        9/       9 | consumed samples:           64" "$TMP/step-dp2.log" \
+  || { fail "step schedule: resume on DP 2"; tail -5 "$TMP/step-dp2.log"; }
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -n 2 --oversubscribe "$BIN" train \
+  "${COMMON[@]}" "${STEP[@]}" --step-batch-size-schedule "0:4 256:8" >"$TMP/step-dp2f.log" 2>&1
+[ $? = 2 ] && grep -q "batch sizes 4 (from 0 samples) are not multiples of micro-batch 4 x DP 2 = 8" "$TMP/step-dp2f.log" \
+  || { fail "step schedule: fresh DP 2 run"; tail -5 "$TMP/step-dp2f.log"; }
+# --decrease-batch-size-if-needed: 10 asked for, 8 trained on (2 micro-batches
+# of 4): 64 / 10 = 6 iterations (Megatron counts them by the batch asked for),
+# 48 samples consumed, 12 skipped; validation takes --eval-global-batch-size.
+run decrease --micro-batch-size 4 --global-batch-size 10 --decrease-batch-size-if-needed --train-samples 64 \
+  --lr-warmup-iters 0 --save-interval 100 --eval-interval 3 --eval-iters 1 --eval-global-batch-size 4 --log-interval 6 \
+  || { fail "--decrease-batch-size-if-needed run"; cat "$TMP/decrease.log"; }
+grep -q "training on a global batch of 8, the 10 asked for rounded down" "$TMP/decrease.log" \
+  && grep -q "iteration        6/       6 | consumed samples:           48 | skipped samples:           12 |" "$TMP/decrease.log" \
+  && python3 -c "
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c['consumed_train_samples'] == 48 and c['skipped_train_samples'] == 12, c
+assert c['consumed_valid_samples'] == 2 * 4, c['consumed_valid_samples']  # evaluations at 3 and 6
+" "$TMP/decrease/iter_0000006/common.json" || { fail "--decrease-batch-size-if-needed counts"; cat "$TMP/decrease.log"; }
 # A schedule with iteration-based training is refused (Megatron's LR would decay early).
 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --train-iters 10 --step-batch-size-schedule "0:4 1K:8" 2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q "a step batch schedule needs sample-based training" "$TMP/err" || { fail "schedule with --train-iters"; cat "$TMP/err"; }
