@@ -192,6 +192,19 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"no-ckpt-fully-parallel-save", {}, false, "every rank writes its own slices"},
       {"ckpt-fully-parallel-load", {}, false, "every rank reads only its own slices"},
       {"ckpt-assume-constant-structure", {}, false, "a checkpoint's layout is read from its files each time"},
+      {"ddp-average-in-collective", {}, false,
+       "the loss is scaled by 1 / (micro-batches x DP) before backward, so the gradients' sum over DP is their mean "
+       "either way"},
+      {"ddp-reduce-scatter-with-fp32-accumulation", {}, false, "gradients are fp32 and reduced in fp32 here"},
+      {"ddp-pad-buckets-for-high-nccl-busbw", {}, false, "bucket padding changes bandwidth, not the gradients"},
+      {"no-gradient-reduce-div-fusion", {}, false, kFusion},
+      {"no-align-param-gather", {}, false, "when the stages launch their parameter all-gathers changes speed, not results"},
+      {"overlap-param-gather-with-optimizer-step", {}, false,
+       "overlapping the parameter all-gather with the optimizer step changes speed, not results"},
+      {"create-all-gather-group", {}, false, "a separate all-gather communicator changes speed, not results"},
+      {"dataloader-defer-npy-index-mmap", {}, false, "how the index cache is mapped changes speed, not the samples"},
+      {"dataloader-fast-cache-load", {}, false, "how the index cache is loaded changes speed, not the samples"},
+      {"no-one-logger", {}, false, "there is no OneLogger telemetry here"},
   };
   for (const NoEffect& e : no_effect) {
     const std::string line = fmt::format("--{}: {}", e.name, e.why);

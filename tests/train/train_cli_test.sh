@@ -382,7 +382,8 @@ MEGATRON_ONLY=(--use-mcore-models --transformer-impl transformer_engine --use-fl
   --timing-log-level 2 --accumulate-allreduce-grads-in-fp32 --empty-unused-memory-level 1 --no-mmap-bin-files
   --deterministic-mode --apply-query-key-layer-scaling --cuda-graph-impl none --rerun-mode validate_results
   --use-persistent-ckpt-worker --auto-detect-ckpt-format --dist-ckpt-optim-fully-reshardable --ckpt-fully-parallel-save
-  --ckpt-fully-parallel-load --ckpt-assume-constant-structure)
+  --ckpt-fully-parallel-load --ckpt-assume-constant-structure --ddp-average-in-collective --no-gradient-reduce-div-fusion
+  --ddp-pad-buckets-for-high-nccl-busbw --dataloader-fast-cache-load --no-one-logger)
 run compat --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 "${MEGATRON_ONLY[@]}" \
   || { fail "Megatron no-effect flags"; cat "$TMP/compat.log"; }
 for needle in "accepted with no effect here: --use-flash-attn: attention is always flash-style" \
