@@ -113,6 +113,9 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_switch("moe-per-layer-logging", &c.moe_per_layer_logging,
                "with --num-experts: each MoE layer's load-balancing and z-losses in --metrics-file "
                "(load_balancing_loss_layer_{i}, z_loss_layer_{i}) and TensorBoard (moe/..._layer_{i})");
+  f.add_switch("log-progress", &c.log_progress,
+               "append Megatron's progress.txt in the --save directory: job starts, and after each save the job's and "
+               "the cumulative throughput, FLOPs and tokens so far");
   f.add_switch("profile", &c.profile,
                "time every op of the steps from --profile-step-start to --profile-step-end and print the table (on "
                "CUDA also cudaProfilerStart/Stop around them, for nsys --capture-range=cudaProfilerApi)");

@@ -82,6 +82,7 @@ struct TrainConfig {
   // --profile-step-start completed iterations up to --profile-step-end, on
   // the ranks of --profile-ranks (none given: every rank), and on CUDA those
   // steps bracketed by cudaProfilerStart/Stop (Megatron's nsys capture range).
+  bool log_progress = false;  // --log-progress: {save}/progress.txt (train/progress_log.h)
   bool profile = false;
   int64_t profile_step_start = 10, profile_step_end = 12;
   std::vector<std::string> profile_ranks;

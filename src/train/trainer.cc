@@ -31,6 +31,7 @@
 #include "train/metrics.h"
 #include "train/tensorboard.h"
 #include "train/pipeline.h"
+#include "train/progress_log.h"
 
 namespace mt::train {
 
@@ -271,6 +272,8 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     job.compat.no_effect.push_back(
         "--cp-comm-type: context parallelism here all-gathers the roped Q/K/V over the CP group and reduce-scatters "
         "their gradients (Megatron's allgather type); the ring (p2p) and all-to-all types compute the same attention");
+  if (cfg.log_progress && cfg.save.empty())
+    job.compat.no_effect.push_back("--log-progress: progress.txt goes in the --save directory, and none is given");
   if (cfg.moe_per_layer_logging && !mc.is_moe())
     job.compat.no_effect.push_back("--moe-per-layer-logging: the model has no experts (--num-experts), so no router "
                                    "losses to log");
@@ -367,6 +370,7 @@ namespace {
 
 Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, std::unique_ptr<data::Tokenizer> tokenizer,
                                     const std::vector<std::string>& argv, std::FILE* out) {
+  const auto job_start = Clock::now();  // --log-progress's job throughput counts from here
   auto& job = cfg.job;
   auto& mc = job.model;
   // ---- Process groups from the planner's rank grid (the layout `megatron plan` draws).
@@ -779,11 +783,22 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (unigram_ppl) std::fprintf(out, "unigram baseline on the validation batches: perplexity %.2f\n", *unigram_ppl);
   std::fflush(out);
 
+  if (cfg.log_progress && !cfg.save.empty() && rank == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.save, ec);
+    if (Status ps = ProgressLog(cfg.save, world).append("Starting job"); !ps)
+      std::fprintf(stderr, "warning: %s\n", ps.message().c_str());
+  }
+
   // ---- 6. Save / evaluate helpers.
   // Every rank writes into the same temporary directory: rank 0's pid names it.
   int64_t tag_pid = static_cast<int64_t>(::getpid());
   world_comm->broadcast(Tensor(&tag_pid, {1}, DType::kI64), 0);
   const std::string save_tag = std::to_string(tag_pid);
+  // --log-progress (Megatron's progress.txt; rank 0; needs --save, as there).
+  const ProgressLog progress = cfg.log_progress && !cfg.save.empty() && rank == 0
+                                   ? ProgressLog(cfg.save, world) : ProgressLog();
+  const double job_flops_start = flops_so_far;
   auto save = [&](int64_t it) -> Status {
     nlohmann::json common;
     common["iteration"] = it;
@@ -820,6 +835,12 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     std::fprintf(out, "saved checkpoint %s/%s in %.0f ms\n", cfg.save.c_str(), checkpoint::iteration_dir_name(it).c_str(),
                  std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     std::fflush(out);
+    if (progress.enabled())
+      if (Status ps = progress.saved_checkpoint(it, flops_so_far, job_flops_start,
+                                                std::chrono::duration<double>(Clock::now() - job_start).count(),
+                                                consumed_train * seq);
+          !ps)
+        std::fprintf(stderr, "warning: %s\n", ps.message().c_str());
     return Status::ok();
   };
   // The loss Megatron reports (training and validation): the counted tokens'

@@ -865,6 +865,40 @@ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpir
 [ $? = 2 ] && grep -q -- "--profile-step-end 4 must be after --profile-step-start 4" "$TMP/err" \
   && grep -q -- "[--use-pytorch-profiler] there is no PyTorch profiler here" "$TMP/err" || { fail "--profile checks"; cat "$TMP/err"; }
 
+# --log-progress: Megatron's progress.txt. A crafted history (a job of 2
+# GPUs in between) puts the start of this world size's jobs an hour back at
+# -3.6e15 FLOPs, so the cumulative throughput is 1.0 TFLOP/s/GPU; a resumed
+# job appends its own start; FLOPs and tokens are the checkpoint's.
+mkdir -p "$TMP/progress"
+python3 - "$TMP/progress/progress.txt" <<'PY'
+import sys, time
+t = lambda s: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - s))
+sv = "Saved checkpoint\tIteration: 1\tJob throughput: 1.0 TFLOP/s/GPU\tCumulative throughput: 1.0 TFLOP/s/GPU\tFloating-point operations: {}\tTokens (in billions): 0.00"
+with open(sys.argv[1], "w") as f:
+    f.write(f"{t(7200)}\tJob ID: 5\t# GPUs: 1\tStarting job\n")
+    f.write(f"{t(7200)}\tJob ID: 5\t# GPUs: 1\t" + sv.format("-7.20e+15") + "\n")
+    f.write(f"{t(3600)}\tJob ID: 6\t# GPUs: 2\tStarting job\n")
+    f.write(f"{t(3600)}\tJob ID: 6\t# GPUs: 2\t" + sv.format("-3.60e+15") + "\n")
+    f.write(f"{t(3600)}\tJob ID: 7\t# GPUs: 1\tStarting job\n")
+PY
+"$BIN" train "${MOCK[@]}" --train-iters 4 --save "$TMP/progress" --save-interval 2 --exit-interval 2 --log-progress \
+  >"$TMP/progress.log" 2>&1 || { fail "--log-progress run"; cat "$TMP/progress.log"; }
+SLURM_JOB_ID=77 "$BIN" train "${MOCK[@]}" --train-iters 4 --save "$TMP/progress" --save-interval 2 --load "$TMP/progress" \
+  --log-progress >>"$TMP/progress.log" 2>&1 || { fail "--log-progress resume"; cat "$TMP/progress.log"; }
+python3 - "$TMP/progress" <<'PY' || { fail "--log-progress file"; cat "$TMP/progress/progress.txt"; }
+import json, sys
+d = sys.argv[1]
+rows = [l.rstrip("\n").split("\t") for l in open(d + "/progress.txt")][5:]
+assert [r[3] for r in rows] == ["Starting job", "Saved checkpoint", "Starting job", "Saved checkpoint"], rows
+assert rows[2][1] == "Job ID: 77" and all(r[2] == "# GPUs: 1" for r in rows), rows
+for r, it in ((rows[1], 2), (rows[3], 4)):
+    c = json.load(open(f"{d}/iter_{it:07d}/common.json"))
+    assert r[4] == f"Iteration: {it}" and r[6] == "Cumulative throughput: 1.0 TFLOP/s/GPU", r
+    assert r[7] == "Floating-point operations: %.2e" % c["num_floating_point_operations_so_far"], (r[7], c)
+    assert r[8] == "Tokens (in billions): %.2f" % (c["consumed_train_samples"] * 32 / 1e9), r[8]
+    assert r[5].startswith("Job throughput: ") and r[5].endswith(" TFLOP/s/GPU"), r[5]
+PY
+
 # A rule both the flag checks and the LR scheduler state is listed once.
 "$BIN" train "${MOCK[@]}" --train-iters 3 --lr-decay-samples 100 2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q "^megatron train: error: 1 problem in the configuration:" "$TMP/err" \
