@@ -240,6 +240,16 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"ckpt-format", true, kCk, kCkpt},
       {"use-dist-ckpt", false, kCk, kCkpt},
       {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
+      // Flags Megatron itself no longer accepts (its messages).
+      {"batch-size", true, "no longer valid in Megatron",
+       "--batch-size is no longer valid (in Megatron too): use --micro-batch-size (and --global-batch-size)"},
+      {"warmup", true, "no longer valid in Megatron",
+       "--warmup is no longer valid (in Megatron too): use --lr-warmup-fraction"},
+      {"model-parallel-size", true, "no longer valid in Megatron",
+       "--model-parallel-size is no longer valid (in Megatron too): use --tensor-model-parallel-size"},
+      {"checkpoint-activations", false, "no longer valid in Megatron",
+       "--checkpoint-activations is no longer valid (in Megatron too): use --recompute-activations, or for more "
+       "control --recompute-granularity and --recompute-method"},
       {"use-pytorch-profiler", false, "no PyTorch profiler",
        "there is no PyTorch profiler here: --profile prints the trainer's time per op for the profiled steps (and on "
        "CUDA brackets them with cudaProfilerStart/Stop for nsys); drop the flag"},
