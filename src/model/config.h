@@ -55,6 +55,11 @@ struct ModelConfig {
   bool rotary_interleaved = false;      // --rotary-interleaved: RoPE pairs dims (2i, 2i+1), not (i, i+r/2)
   double rope_scaling_factor = 8.0;     // --rope-scaling-factor
   double init_method_std = 0.02;        // --init-method-std
+  // --init-method-xavier-uniform: every weight and embedding that would be
+  // normal(0, std) (or the scaled std) is uniform(-a, a), a = sqrt(6 /
+  // (fan_in + fan_out)) of the whole tensor (torch's xavier_uniform_ on the
+  // global shape, as Megatron's --use-cpu-initialization path computes it).
+  bool init_method_xavier_uniform = false;
   bool openai_gelu = false;             // --openai-gelu: tanh approximation of GELU
   bool bias_gelu_fusion = true;         // --no-bias-gelu-fusion turns it off (see gelu_tanh())
   bool squared_relu = false;            // --squared-relu: the MLP computes relu(x)^2 instead of GELU

@@ -1196,6 +1196,12 @@ void GPTModel::init_parameters(uint64_t seed) {
     const int64_t gcols = s.global_shape.ndim >= 2 ? s.global_shape.numel() / s.global_shape[0] : 1;
     const int64_t lcols = p.ndim() >= 2 ? p.numel() / p.dim(0) : 1;
     const SplitGroup sg = split_group(s);
+    // --init-method-xavier-uniform: torch's fans of the whole [out, in]
+    // tensor (fan_in = in, fan_out = out; a vector counts as both).
+    const double fan_out = static_cast<double>(s.global_shape.ndim >= 2 ? s.global_shape[0] : s.global_shape.numel());
+    const double fan_in = static_cast<double>(s.global_shape.ndim >= 2 ? gcols : s.global_shape.numel());
+    const double xavier = std::sqrt(6.0 / std::max(1.0, fan_in + fan_out));
+    const bool uniform = cfg_.init_method_xavier_uniform;
     for (const ShardPiece& piece : shard_pieces(s, sg.size, sg.rank)) {
       const int64_t rows = piece.shape.ndim >= 2 ? piece.shape[0] : 1;
       const int64_t cols = piece.shape.ndim >= 2 ? piece.shape.numel() / piece.shape[0] : piece.shape[0];
@@ -1212,8 +1218,11 @@ void GPTModel::init_parameters(uint64_t seed) {
         const uint64_t ge = static_cast<uint64_t>((grow0 + r) * gcols + gcol0 + c);
         double v = 0;
         switch (s.init) {
-          case InitKind::kNormal: v = std0 * philox_normal(seed, stream, ge); break;
-          case InitKind::kScaledNormal: v = std_out * philox_normal(seed, stream, ge); break;
+          case InitKind::kNormal:
+          case InitKind::kScaledNormal:
+            v = uniform ? xavier * (2.0 * static_cast<double>(philox_uniform(seed, stream, ge)) - 1.0)
+                        : (s.init == InitKind::kNormal ? std0 : std_out) * philox_normal(seed, stream, ge);
+            break;
           case InitKind::kOnes: v = 1; break;
           case InitKind::kZeros: v = 0; break;
         }

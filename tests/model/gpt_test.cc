@@ -444,6 +444,38 @@ void expect_gradients_match_fd(GPTModel& m, const std::function<double()>& loss,
   }
 }
 
+// --init-method-xavier-uniform: every weight and embedding uniform in
+// (-a, a), a = sqrt(6 / (fan_in + fan_out)) of its whole [out, in] tensor
+// (torch's xavier_uniform_): bounds, variance a^2 / 3, mean 0; norms and
+// biases keep their ones and zeros.
+TEST(GPTModel, XavierUniformInitialisation) {
+  ModelConfig cfg = llama_style();
+  cfg.init_method_xavier_uniform = true;
+  GPTOptions opt;
+  opt.micro_batch = 1;
+  auto m = GPTModel::create(cfg, opt);
+  ASSERT_TRUE(m.is_ok()) << m.status().message();
+  (*m)->init_parameters(3);
+  int checked = 0;
+  for (size_t i = 0; i < (*m)->specs().size(); ++i) {
+    const ParamSpec& sp = (*m)->specs()[i];
+    const Tensor& p = (*m)->params()[i];
+    const float* v = p.ptr<float>();
+    if (sp.init != InitKind::kNormal && sp.init != InitKind::kScaledNormal) continue;
+    ASSERT_EQ(sp.global_shape.ndim, 2) << sp.name;
+    const double a = std::sqrt(6.0 / static_cast<double>(sp.global_shape[0] + sp.global_shape[1]));
+    double sum = 0, sq = 0, top = 0;
+    for (int64_t j = 0; j < p.numel(); ++j) sum += v[j], sq += double(v[j]) * v[j], top = std::max(top, std::fabs(double(v[j])));
+    const double n = static_cast<double>(p.numel()), mean = sum / n, var = sq / n - mean * mean;
+    EXPECT_LT(top, a) << sp.name;
+    EXPECT_GT(top, 0.95 * a) << sp.name;
+    EXPECT_NEAR(var, a * a / 3, 0.1 * a * a / 3 + 4 * a * a / std::sqrt(n)) << sp.name;
+    EXPECT_NEAR(mean, 0, 4 * a / std::sqrt(3 * n)) << sp.name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 2 + 4 * cfg.num_layers);  // embedding, output layer, and qkv, proj, fc1, fc2 per layer
+}
+
 // The whole model in fp64 against central differences, with dropout on
 // (masks are regenerated from the seed, so the loss is a fixed function).
 TEST(GPTModel, Fp64GradientsMatchFiniteDifferences_WithDropout) {
