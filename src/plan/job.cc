@@ -181,8 +181,8 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
        "no CUDA graphs here: the same kernels run launched one by one"},
       {"enable-cuda-graph", {}, false, "no CUDA graphs here: the same kernels run launched one by one"},
       {"rerun-mode", {"disabled", "validate_results", "report_stats"}, true,
-       "a NaN or inf loss stops the run at once (--no-check-for-nan-in-loss-and-grad keeps going); the re-run that "
-       "tells a transient fault from a reproducible one is not done"},
+       "there is no rerun state machine: a NaN or inf loss or gradient stops the run at once (without re-running the "
+       "iteration to tell a transient fault from a reproducible one); report_stats checks nothing, as in Megatron"},
       {"use-persistent-ckpt-worker", {}, false,
        "checkpoints are written synchronously (to a temporary name, then renamed)"},
       {"auto-detect-ckpt-format", {}, false, "checkpoints here have one format"},
@@ -208,8 +208,10 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
   };
   for (const NoEffect& e : no_effect) {
     const std::string line = fmt::format("--{}: {}", e.name, e.why);
+    const std::string name = e.name;
     f.add_seen(e.name, e.takes_value, std::string("no effect here: ") + e.why, e.choices,
-               [c, line](const std::string&) {
+               [c, line, name](const std::string& value) {
+                 c->given[name] = value;
                  if (std::find(c->no_effect.begin(), c->no_effect.end(), line) == c->no_effect.end())
                    c->no_effect.push_back(line);
                });

@@ -6,6 +6,7 @@
 // trains with the same flags.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -102,6 +103,14 @@ struct RecomputeConfig {
 struct MegatronCompat {
   std::vector<std::string> no_effect;
   std::vector<std::pair<std::string, std::string>> refused;
+  // The no-effect flags given, by name without --, with their values ("" for
+  // a switch): Megatron's checks on them still apply (validate.cc, trainer).
+  std::map<std::string, std::string> given;
+  bool has(const std::string& name) const { return given.count(name) != 0; }
+  std::string value(const std::string& name) const {
+    auto it = given.find(name);
+    return it == given.end() ? std::string() : it->second;
+  }
 };
 
 struct JobConfig {

@@ -599,6 +599,30 @@ void validate(PlanReport& r) {
             "--overlap-param-gather is only supported with --use-distributed-optimizer and --overlap-grad-reduce",
             "add --use-distributed-optimizer --overlap-grad-reduce");
 
+  // ---- Megatron's checks on flags that change nothing here (MegatronCompat)
+  const MegatronCompat& compat = j.compat;
+  if (compat.has("overlap-param-gather-with-optimizer-step") &&
+      (!par.use_distributed_optimizer || !par.overlap_param_gather || r.vpp <= 1))
+    c.error("overlap-param-gather-with-optimizer-step",
+            {"--overlap-param-gather-with-optimizer-step", "--use-distributed-optimizer", "--overlap-param-gather"},
+            "--overlap-param-gather-with-optimizer-step needs --use-distributed-optimizer, --overlap-param-gather and "
+            "the interleaved pipeline schedule (virtual stages), as in Megatron",
+            "drop --overlap-param-gather-with-optimizer-step (it changes speed only)");
+  const std::string graphs = compat.value("cuda-graph-impl");
+  if (compat.has("enable-cuda-graph") && compat.has("cuda-graph-impl") && graphs != "none")
+    c.error("cuda-graph-flags", {"--enable-cuda-graph", "--cuda-graph-impl"},
+            "Megatron: do not use --enable-cuda-graph with --cuda-graph-impl", "drop --enable-cuda-graph");
+  if ((graphs == "local" || graphs == "transformer_engine" || compat.has("enable-cuda-graph")) && rc.full())
+    c.error("cuda-graph-full-recompute", {"--cuda-graph-impl", "--recompute-granularity"},
+            "Megatron: full recomputation is only supported with full-iteration CUDA graphs",
+            "drop the CUDA graph flag (no CUDA graphs here), or use --cuda-graph-impl full_iteration");
+  if (compat.has("deterministic-mode"))
+    for (const char* other : {"cross-entropy-loss-fusion", "tp-comm-overlap"})
+      if (compat.has(other))
+        c.error("deterministic-mode", {"--deterministic-mode", std::string("--") + other},
+                fmt::format("Megatron's --deterministic-mode refuses --{}", other),
+                fmt::format("drop --{} (it changes speed only here)", other));
+
   // ---- derived vocabulary
   if (m.vocab_size) r.padded_vocab = m.padded_vocab(TP);
   if (r.world_source == WorldSource::kDefaultOneReplica)

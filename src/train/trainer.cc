@@ -272,6 +272,28 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
     job.compat.no_effect.push_back(
         "--cp-comm-type: context parallelism here all-gathers the roped Q/K/V over the CP group and reduce-scatters "
         "their gradients (Megatron's allgather type); the ring (p2p) and all-to-all types compute the same attention");
+  // Megatron's checks on accepted no-effect flags that involve training flags.
+  if (job.compat.has("ddp-average-in-collective") && cfg.calculate_per_token_loss)
+    problems.push_back("[--ddp-average-in-collective, --calculate-per-token-loss] Megatron: cannot average in the "
+                       "collective when calculating per-token loss (fix: drop --ddp-average-in-collective)");
+  if (job.compat.value("cuda-graph-impl") == "full_iteration" && cfg.check_for_nan_in_loss_and_grad)
+    problems.push_back("[--cuda-graph-impl, --no-check-for-nan-in-loss-and-grad] Megatron: full-iteration CUDA graphs "
+                       "need --no-check-for-nan-in-loss-and-grad (fix: drop --cuda-graph-impl, as there are no CUDA "
+                       "graphs here, or add --no-check-for-nan-in-loss-and-grad)");
+  for (const char* flag : {"dataloader-fast-cache-load", "dataloader-defer-npy-index-mmap"})
+    if (job.compat.has(flag) && cfg.data.gpt.cache_dir.empty())
+      problems.push_back(fmt::format("[--{}, --data-cache-path] Megatron: --{} needs --data-cache-path (fix: give "
+                                     "--data-cache-path, or drop the flag)",
+                                     flag, flag));
+  if (job.compat.has("dataloader-fast-cache-load") && !cfg.data.data_path.empty())
+    problems.push_back("[--dataloader-fast-cache-load, --data-path] Megatron: --dataloader-fast-cache-load cannot be "
+                       "combined with --data-path (fix: drop --dataloader-fast-cache-load)");
+  // --rerun-mode report_stats: Megatron's rerun machine then skips the NaN check.
+  if (job.compat.value("rerun-mode") == "report_stats" && cfg.check_for_nan_in_loss_and_grad) {
+    cfg.check_for_nan_in_loss_and_grad = false;
+    job.compat.no_effect.push_back("--rerun-mode report_stats: NaN/inf losses and gradients are not checked (Megatron's "
+                                   "report_stats mode does not check them)");
+  }
   if (cfg.log_progress && cfg.save.empty())
     job.compat.no_effect.push_back("--log-progress: progress.txt goes in the --save directory, and none is given");
   if (cfg.moe_per_layer_logging && !mc.is_moe())
@@ -635,9 +657,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (stepped && sampler == data::Sampler::kSingle && (*sources)[0]->size() < scheduled.samples)
     return Status::invalid(fmt::format(
         "--step-batch-size-schedule: the last of the {} iterations ends at {} samples, past --train-samples {}, and "
-        "the training split holds {} (fix: --train-samples {} or less, or --dataloader-type cyclic)",
-        train_iters, scheduled.samples, *cfg.train_samples, (*sources)[0]->size(),
-        std::max<int64_t>(1, (*sources)[0]->size() - gbs + 1)));
+        "the training split holds {} (fix: a --train-samples whose last iteration ends within the split, or "
+        "--dataloader-type cyclic)",
+        train_iters, scheduled.samples, *cfg.train_samples, (*sources)[0]->size()));
   data::DataLoader train_loader((*sources)[0], mbs, dp_rank, dp, consumed_train, so, sampler);
 
   // Unigram baseline for the validation split: cross-entropy of the training
@@ -925,6 +947,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   bool profile_this_rank = cfg.profile && cfg.profile_ranks.empty();
   for (const std::string& r : cfg.profile_ranks) profile_this_rank |= std::atoll(r.c_str()) == rank;
   const bool profiling = profile::enabled() && !cfg.profile;
+  if (cfg.profile) profile::set_enabled(false);  // --profile times its window only
   int64_t profiled_from = -1;
   Clock::time_point profile_start;
   auto report_profile = [&](int64_t first, int64_t n) {
@@ -988,6 +1011,19 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     // force at the samples consumed so far). Megatron saves a checkpoint
     // before the first iteration with another number of micro-batches.
     const int64_t gbs_it = batch_for(consumed_train), M = gbs_it / (mbs * dp);
+    // Megatron's checks of the batch in force, every iteration: it divides by
+    // micro-batch x DP and (within a run) never has fewer micro-batches. The
+    // planner checked the batches between the resumed samples and
+    // --train-samples; a run resumed off the schedule's path can meet others.
+    if (stepped && (gbs_it % (mbs * dp) != 0 || gbs_it > gbs ||
+                    (it > first_iteration + 1 && M < executor.microbatches())))
+      return Status::invalid(fmt::format(
+          "--step-batch-size-schedule: at iteration {} ({} samples consumed) the global batch is {}, {}", it,
+          consumed_train, gbs_it,
+          gbs_it % (mbs * dp) != 0 ? fmt::format("not a multiple of micro-batch {} x DP {}", mbs, dp)
+          : gbs_it > gbs           ? fmt::format("above the {} the run was planned for", gbs)
+                                   : fmt::format("fewer micro-batches than the {} before (Megatron stops there too)",
+                                                 executor.microbatches())));
     if (M != executor.microbatches()) {
       if (it > first_iteration + 1 && !cfg.save.empty() && last_saved != iteration) {
         MT_RETURN_IF_ERROR(save(iteration));
@@ -1213,7 +1249,6 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       profile_start = Clock::now();
       profiled_from = it;
     }
-    if (it == cfg.profile_step_end) close_profile_window(it);
     if (it == first_iteration + 1 && world > 1) {
       bar.clear();
       std::fprintf(out, "communication per rank per iteration: TP %.2f MB (planned %.2f MB), %s %.2f MB (planned %.2f MB), "
@@ -1277,6 +1312,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       if (!v) return v.status();
       result.valid_loss = *v;
     }
+    // --profile's window ends after its last step's logging and evaluation
+    // (Megatron stops the profiler in its post-step callbacks).
+    if (it == cfg.profile_step_end) close_profile_window(it);
     // A signal on any rank, or rank 0's clock, stops every rank at the same iteration.
     bool signal = cfg.exit_signal_handler && stop_requested();
     bool by_time = cfg.exit_duration_in_mins && secs_since_start / 60.0 > *cfg.exit_duration_in_mins;

@@ -54,6 +54,11 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--world-size 18", "world-divisible", "--world-size"},
         RuleCase{"--data-parallel-size 2", "data-parallel-product", "--data-parallel-size"},
         RuleCase{"--global-batch-size 10", "global-batch-divisible", "--global-batch-size"},
+        // Megatron's checks on flags accepted with no effect here.
+        RuleCase{"--overlap-param-gather-with-optimizer-step", "overlap-param-gather-with-optimizer-step", "--overlap-param-gather"},
+        RuleCase{"--enable-cuda-graph --cuda-graph-impl local", "cuda-graph-flags", "--enable-cuda-graph"},
+        RuleCase{"--cuda-graph-impl local --recompute-granularity full --recompute-method uniform --recompute-num-layers 1", "cuda-graph-full-recompute", "--cuda-graph-impl"},
+        RuleCase{"--deterministic-mode --cross-entropy-loss-fusion", "deterministic-mode", "--cross-entropy-loss-fusion"},
         RuleCase{"--num-attention-heads 6 --hidden-size 384 --tensor-model-parallel-size 4 --world-size 32 --global-batch-size 32 --num-query-groups 2 --group-query-attention --num-attention-heads 10 --hidden-size 640", "heads-divisible", "--num-attention-heads"},
         RuleCase{"--group-query-attention --num-query-groups 3 --num-attention-heads 12 --hidden-size 384", "query-groups-tp", "--num-query-groups"},
         RuleCase{"--group-query-attention --num-query-groups 4 --num-attention-heads 6 --hidden-size 384", "heads-per-group", "--num-query-groups"},

@@ -24,6 +24,7 @@ inline PlanReport plan_from(const std::string& args) {
   PlanOptions opts;
   FlagSet flags("megatron plan");
   register_job_flags(flags, job);
+  register_megatron_compat_flags(flags, job);  // as megatron train (and plan) take them
   register_plan_option_flags(flags, opts);
   Status st = flags.parse(split_args(args));
   EXPECT_TRUE(st.is_ok()) << st.message();

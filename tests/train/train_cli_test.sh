@@ -383,14 +383,14 @@ MEGATRON_ONLY=(--use-mcore-models --transformer-impl transformer_engine --use-fl
   --deterministic-mode --apply-query-key-layer-scaling --cuda-graph-impl none --rerun-mode validate_results
   --use-persistent-ckpt-worker --auto-detect-ckpt-format --dist-ckpt-optim-fully-reshardable --ckpt-fully-parallel-save
   --ckpt-fully-parallel-load --ckpt-assume-constant-structure --ddp-average-in-collective --no-gradient-reduce-div-fusion
-  --ddp-pad-buckets-for-high-nccl-busbw --dataloader-fast-cache-load --no-one-logger)
+  --ddp-pad-buckets-for-high-nccl-busbw --dataloader-defer-npy-index-mmap --no-one-logger)
 run compat --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 "${MEGATRON_ONLY[@]}" \
   || { fail "Megatron no-effect flags"; cat "$TMP/compat.log"; }
 for needle in "accepted with no effect here: --use-flash-attn: attention is always flash-style" \
               "accepted with no effect here: --distributed-backend: the backend follows --device" \
               "accepted with no effect here: --timing-log-level" \
               "accepted with no effect here: --empty-unused-memory-level: buffers are planned and allocated once" \
-              "accepted with no effect here: --rerun-mode: a NaN or inf loss stops the run at once"; do
+              "accepted with no effect here: --rerun-mode: there is no rerun state machine: a NaN or inf loss or gradient stops the run at once"; do
   grep -qF -- "$needle" "$TMP/compat.log" || fail "Megatron no-effect flags: missing '$needle'"
 done
 diff <(losses "$TMP/compat.jsonl") <(losses "$TMP/fp32-full.jsonl" | sed -n 1,2p) >/dev/null \
@@ -407,6 +407,18 @@ for needle in "[--wandb-project] Weights & Biases logs are not written here" \
               "[--batch-size] --batch-size is no longer valid (in Megatron too): use --micro-batch-size" \
               "[--checkpoint-activations] --checkpoint-activations is no longer valid (in Megatron too): use --recompute-activations"; do
   grep -qF -- "$needle" "$TMP/refused.log" || { fail "refused Megatron flags: missing '$needle'"; cat "$TMP/refused.log"; }
+done
+# Megatron's own checks on flags that change nothing here still apply.
+"$BIN" train "${MOCK[@]}" --train-iters 2 --ddp-average-in-collective --calculate-per-token-loss --cuda-graph-impl \
+  full_iteration --deterministic-mode --cross-entropy-loss-fusion --overlap-param-gather-with-optimizer-step \
+  --dataloader-fast-cache-load 2>"$TMP/err" >/dev/null
+[ $? = 2 ] || fail "Megatron's checks on no-effect flags should exit 2"
+for needle in "[--overlap-param-gather-with-optimizer-step, --use-distributed-optimizer, --overlap-param-gather]" \
+              "[--deterministic-mode, --cross-entropy-loss-fusion] Megatron's --deterministic-mode refuses" \
+              "[--ddp-average-in-collective, --calculate-per-token-loss]" \
+              "[--cuda-graph-impl, --no-check-for-nan-in-loss-and-grad]" \
+              "[--dataloader-fast-cache-load, --data-cache-path]"; do
+  grep -qF -- "$needle" "$TMP/err" || { fail "Megatron's checks: missing '$needle'"; cat "$TMP/err"; }
 done
 # --tensorboard-dir: an event file that protobuf's own parser reads (Event,
 # Summary and Value declared from tensorflow's field numbers), every record's
@@ -837,6 +849,16 @@ c = json.load(open(sys.argv[1]))
 assert c['consumed_train_samples'] == 48 and c['skipped_train_samples'] == 12, c
 assert c['consumed_valid_samples'] == 2 * 4, c['consumed_valid_samples']  # evaluations at 3 and 6
 " "$TMP/decrease/iter_0000006/common.json" || { fail "--decrease-batch-size-if-needed counts"; cat "$TMP/decrease.log"; }
+# Resumed off the schedule's path (another schedule before): the planner
+# checks the batches up to --train-samples, the trainer each batch as the
+# iterations reach it, as Megatron's calculator does (7 is not a multiple of 2).
+"$BIN" train "${COMMON[@]}" --micro-batch-size 2 --step-batch-size-schedule "0:8" --train-samples 400 \
+  --lr-warmup-iters 0 --save "$TMP/offpath" --save-interval 5 --exit-interval 5 >/dev/null 2>&1 || fail "off-path: first run"
+"$BIN" train "${COMMON[@]}" --micro-batch-size 2 --step-batch-size-schedule "0:4 1408:6 1920:7" --train-samples 50 \
+  --lr-warmup-iters 0 --save "$TMP/offpath" --save-interval 100 --load "$TMP/offpath" --override-opt-param-scheduler \
+  >"$TMP/offpath.log" 2>&1
+[ $? = 2 ] && grep -q "at iteration 10 (62 samples consumed) the global batch is 7, not a multiple of micro-batch 2 x DP 1" "$TMP/offpath.log" \
+  || { fail "step schedule: batch off the checked path"; tail -3 "$TMP/offpath.log"; }
 # A schedule with iteration-based training is refused (Megatron's LR would decay early).
 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --train-iters 10 --step-batch-size-schedule "0:4 1K:8" 2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q "a step batch schedule needs sample-based training" "$TMP/err" || { fail "schedule with --train-iters"; cat "$TMP/err"; }
