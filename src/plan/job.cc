@@ -205,6 +205,8 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"dataloader-defer-npy-index-mmap", {}, false, "how the index cache is mapped changes speed, not the samples"},
       {"dataloader-fast-cache-load", {}, false, "how the index cache is loaded changes speed, not the samples"},
       {"no-one-logger", {}, false, "there is no OneLogger telemetry here"},
+      {"grad-reduce-in-bf16", {}, false,
+       "without --bf16 Megatron reduces gradients in their own precision too (with --bf16 it is refused here)"},
   };
   for (const NoEffect& e : no_effect) {
     const std::string line = fmt::format("--{}: {}", e.name, e.why);
@@ -259,9 +261,6 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"fp8-amax-history-len", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
       {"fp8-amax-compute-algo", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
       {"fp8-param-gather", false, "no fp8 training", "fp8 training is not implemented: use --bf16"},
-      {"grad-reduce-in-bf16", false, "gradients are reduced in fp32",
-       "gradients are accumulated and reduced in fp32 here (Megatron's default under --bf16); reducing them in bf16 "
-       "is not offered: drop the flag"},
       {"dist-ckpt-strictness", true, kCk, kCkpt},
       {"fp16-lm-cross-entropy", false, "no fp16 cross entropy",
        "the cross entropy takes fp32 logits here (Megatron's default); computing it on fp16 logits is not "

@@ -616,6 +616,11 @@ void validate(PlanReport& r) {
     c.error("cuda-graph-full-recompute", {"--cuda-graph-impl", "--recompute-granularity"},
             "Megatron: full recomputation is only supported with full-iteration CUDA graphs",
             "drop the CUDA graph flag (no CUDA graphs here), or use --cuda-graph-impl full_iteration");
+  if (compat.has("grad-reduce-in-bf16") && j.precision.bf16)
+    c.error("grad-reduce-in-bf16", {"--grad-reduce-in-bf16", "--bf16"},
+            "gradients are accumulated and reduced in fp32 here (Megatron's default under --bf16); reducing them in "
+            "bf16 is not offered",
+            "drop --grad-reduce-in-bf16");
   if (compat.has("deterministic-mode"))
     for (const char* other : {"cross-entropy-loss-fusion", "tp-comm-overlap"})
       if (compat.has(other))

@@ -396,13 +396,13 @@ done
 diff <(losses "$TMP/compat.jsonl") <(losses "$TMP/fp32-full.jsonl" | sed -n 1,2p) >/dev/null \
   || fail "Megatron no-effect flags changed the losses"
 run refused --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 --wandb-project demo \
-  --ckpt-format torch_dist --fp8-format hybrid --fp16-lm-cross-entropy --dataloader-type external --grad-reduce-in-bf16 \
+  --ckpt-format torch_dist --fp8-format hybrid --fp16-lm-cross-entropy --dataloader-type external --grad-reduce-in-bf16 --bf16 \
   --fp8-param-gather --fp8-amax-history-len 1024 --dist-ckpt-strictness log_all --batch-size 4 --checkpoint-activations
 [ $? = 2 ] || fail "refused Megatron flags should exit 2"
 for needle in "[--wandb-project] Weights & Biases logs are not written here" \
               "[--ckpt-format] checkpoints are megatron-cpp's own" "[--fp8-format] fp8 training is not implemented" \
               "[--fp16-lm-cross-entropy] the cross entropy takes fp32 logits here" \
-              "[--dataloader-type] the external loader" "[--grad-reduce-in-bf16] gradients are accumulated and reduced in fp32" \
+              "[--dataloader-type] the external loader" "[--grad-reduce-in-bf16, --bf16] gradients are accumulated and reduced in fp32" \
               "[--fp8-param-gather] fp8 training" "[--fp8-amax-history-len] fp8 training" "[--dist-ckpt-strictness] checkpoints" \
               "[--batch-size] --batch-size is no longer valid (in Megatron too): use --micro-batch-size" \
               "[--checkpoint-activations] --checkpoint-activations is no longer valid (in Megatron too): use --recompute-activations"; do
