@@ -71,6 +71,11 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_int("lr-wsd-decay-samples", &c.lr_wsd_decay_samples, "samples of WSD's decay phase", 1, INT64_MAX / 4);
   f.add_switch("use-checkpoint-opt-param-scheduler", &c.use_checkpoint_opt_param_scheduler, "take the scheduler settings from the checkpoint");
   f.add_switch("override-opt-param-scheduler", &c.override_opt_param_scheduler, "keep the command line's scheduler settings over the checkpoint's");
+  // Megatron's original spellings, which its launch scripts and test configs still use.
+  f.add_switch("use-checkpoint-opt_param-scheduler", &c.use_checkpoint_opt_param_scheduler,
+               "Megatron's spelling of --use-checkpoint-opt-param-scheduler");
+  f.add_switch("override-opt_param-scheduler", &c.override_opt_param_scheduler,
+               "Megatron's spelling of --override-opt-param-scheduler");
   f.add_double("weight-decay", &c.weight_decay, "weight decay (AdamW, decoupled)", 0, 1e3);
   f.add_double("start-weight-decay", &c.start_weight_decay, "weight decay at the start (with an increment style)", 0, 1e3);
   f.add_double("end-weight-decay", &c.end_weight_decay, "weight decay at the end (with an increment style)", 0, 1e3);

@@ -859,6 +859,10 @@ assert c['consumed_valid_samples'] == 2 * 4, c['consumed_valid_samples']  # eval
   >"$TMP/offpath.log" 2>&1
 [ $? = 2 ] && grep -q "at iteration 10 (62 samples consumed) the global batch is 7, not a multiple of micro-batch 2 x DP 1" "$TMP/offpath.log" \
   || { fail "step schedule: batch off the checked path"; tail -3 "$TMP/offpath.log"; }
+# Megatron's underscore spellings of the scheduler switches are accepted.
+"$BIN" train "${MOCK[@]}" --train-iters 1 --use-checkpoint-opt_param-scheduler --override-opt_param-scheduler 2>"$TMP/err" >/dev/null
+[ $? = 2 ] && grep -q -- "--use-checkpoint-opt-param-scheduler and --override-opt-param-scheduler are exclusive" "$TMP/err" \
+  || { fail "opt_param-scheduler spellings"; cat "$TMP/err"; }
 # A schedule with iteration-based training is refused (Megatron's LR would decay early).
 "$BIN" train "${COMMON[@]}" --micro-batch-size 4 --train-iters 10 --step-batch-size-schedule "0:4 1K:8" 2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q "a step batch schedule needs sample-based training" "$TMP/err" || { fail "schedule with --train-iters"; cat "$TMP/err"; }
