@@ -233,17 +233,16 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   popts.device = cfg.device == "cuda" ? gpu_profile_name(backend.cuda_name) : "cpu";
   // --step-batch-size-schedule is checked for the batches this run uses:
   // from the samples a resumed checkpoint has consumed to --train-samples.
-  // (An unreadable checkpoint is reported when it is loaded.)
+  // (A missing or unreadable checkpoint is dealt with when the trainer loads it.)
   if (job.batch.step_batch_size_schedule) {
     if (cfg.train_samples) popts.batch_to_samples = *cfg.train_samples;
     if (!cfg.load.empty() && !cfg.finetune)
-      if (auto tracker = checkpoint::read_tracker(cfg.load); tracker && *tracker)
-        if (auto ck = checkpoint::load_checkpoint(cfg.load); ck) {
-          const nlohmann::json& c = ck->common();
-          if (c.contains("consumed_train_samples") && c["consumed_train_samples"].is_number_integer() &&
-              c["consumed_train_samples"].get<int64_t>() >= 0)
-            popts.batch_from_samples = c["consumed_train_samples"].get<int64_t>();
-        }
+      if (auto ck = checkpoint::load_checkpoint(cfg.load); ck) {
+        const nlohmann::json& c = ck->common();
+        if (c.contains("consumed_train_samples") && c["consumed_train_samples"].is_number_integer() &&
+            c["consumed_train_samples"].get<int64_t>() >= 0)
+          popts.batch_from_samples = c["consumed_train_samples"].get<int64_t>();
+      }
   }
   plan::PlanReport plan = plan::make_plan(job, popts);
   for (const auto& v : plan.errors) {

@@ -78,6 +78,17 @@ TEST(StepBatchSchedule, BatchAtTakesTheLastThresholdReached) {
   EXPECT_EQ(batch_at(s, 1 << 30), 16);
 }
 
+// A schedule of 1 + up to max_extra steps: first batch 1..8, thresholds 1..max_gap
+// apart, batches 1..32.
+std::vector<BatchStep> random_schedule(std::mt19937& rng, int max_extra, int max_gap) {
+  std::vector<BatchStep> s{{0, 1 + static_cast<int64_t>(rng() % 8)}};
+  const int n = static_cast<int>(rng() % static_cast<unsigned>(max_extra + 1));
+  for (int k = 0; k < n; ++k)
+    s.push_back({s.back().threshold + 1 + static_cast<int64_t>(rng() % static_cast<unsigned>(max_gap)),
+                 1 + static_cast<int64_t>(rng() % 32)});
+  return s;
+}
+
 // Megatron's update_train_iters for a step schedule, line by line.
 ScheduledRun megatron_loop(const std::vector<BatchStep>& s, int64_t train_samples) {
   ScheduledRun r;
@@ -91,10 +102,7 @@ ScheduledRun megatron_loop(const std::vector<BatchStep>& s, int64_t train_sample
 TEST(StepBatchSchedule, IterationsMatchMegatronsLoop) {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 300; ++trial) {
-    std::vector<BatchStep> s{{0, 1 + static_cast<int64_t>(rng() % 8)}};
-    const int n = static_cast<int>(rng() % 4);
-    for (int k = 0; k < n; ++k)
-      s.push_back({s.back().threshold + 1 + static_cast<int64_t>(rng() % 60), 1 + static_cast<int64_t>(rng() % 32)});
+    const std::vector<BatchStep> s = random_schedule(rng, 3, 60);
     const int64_t samples = static_cast<int64_t>(rng() % 400);
     const ScheduledRun want = megatron_loop(s, samples), got = scheduled_run(s, samples);
     EXPECT_EQ(got.iterations, want.iterations) << "trial " << trial;
@@ -117,10 +125,7 @@ std::vector<BatchStep> megatron_used(const std::vector<BatchStep>& s, int64_t fr
 TEST(StepBatchSchedule, StepsInForceAreTheOnesMegatronsLoopUses) {
   std::mt19937 rng(9);
   for (int trial = 0; trial < 300; ++trial) {
-    std::vector<BatchStep> s{{0, 1 + static_cast<int64_t>(rng() % 8)}};
-    const int n = static_cast<int>(rng() % 5);
-    for (int k = 0; k < n; ++k)
-      s.push_back({s.back().threshold + 1 + static_cast<int64_t>(rng() % 40), 1 + static_cast<int64_t>(rng() % 32)});
+    const std::vector<BatchStep> s = random_schedule(rng, 4, 40);
     const int64_t from = static_cast<int64_t>(rng() % 50), to = from + static_cast<int64_t>(rng() % 300);
     const auto want = megatron_used(s, from, to), got = steps_in_force(s, from, to);
     ASSERT_EQ(got.size(), want.size()) << "trial " << trial;
