@@ -212,7 +212,7 @@ StepTimes run_ours(const model::ModelConfig& cfg, DType compute, int64_t B, cons
   }
   model::GPTModel& model = **m;
   model.init_parameters(1234);
-  optim::AdamWOptimizer opt(model, optim::AdamWConfig{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8});
+  optim::Optimizer opt(model, optim::OptimizerConfig{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8});
   *flops = model.flops_per_micro_batch();
   std::vector<double> step, zero, fwd, bwd, clip, ostep, fb;
   r.load_before = loadavg();

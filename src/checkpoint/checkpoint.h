@@ -18,8 +18,9 @@
 // it from whichever stored slices overlap it.
 //
 // Naming convention used by the training helpers below: the parameter under
-// its name, Adam moments as "optimizer.exp_avg.<name>" and
-// "optimizer.exp_avg_sq.<name>" (fp32 or the parameters' dtype).
+// its name, the optimizer's state as "optimizer.<state>.<name>" with torch's
+// state names: AdamW's exp_avg and exp_avg_sq, SGD's momentum_buffer (fp32
+// or the parameters' dtype).
 //
 // common.json keys the trainer is expected to provide (see save_checkpoint):
 //   iteration, consumed_train_samples, consumed_valid_samples,
@@ -53,7 +54,7 @@ namespace mt::model {
 class GPTModel;
 }
 namespace mt::optim {
-class AdamWOptimizer;
+class Optimizer;
 }
 
 namespace mt::checkpoint {
@@ -195,7 +196,7 @@ Result<std::optional<int64_t>> read_tracker(const std::string& dir);
 // parameters as that dtype (e.g. kBF16); nullopt = the parameters' dtype
 // (fp32 masters, for an exact resume). dp_writer: this rank is DP rank 0;
 // expert_dp_writer: expert data-parallel rank 0 (nullopt: as dp_writer).
-std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, const optim::AdamWOptimizer* optimizer,
+std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, const optim::Optimizer* optimizer,
                                               std::optional<DType> params_dtype = std::nullopt, bool dp_writer = true,
                                               std::optional<bool> expert_dp_writer = std::nullopt);
 
@@ -207,7 +208,7 @@ std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, cons
 // rows both have; extra rows keep their initial values (zero moments), and
 // `notes` (if given) gets a line saying so. Refreshes the bf16 copies. Does
 // not touch the optimizer step count (that lives in common.json).
-Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model, optim::AdamWOptimizer* optimizer,
+Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model, optim::Optimizer* optimizer,
                            std::vector<std::string>* notes = nullptr);
 
 }  // namespace mt::checkpoint

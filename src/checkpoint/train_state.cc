@@ -1,5 +1,5 @@
-// Training-state helpers: a GPTModel's parameters and an AdamWOptimizer's
-// moments as named global slices, for any TP / DP / distributed-optimizer
+// Training-state helpers: a GPTModel's parameters and an Optimizer's
+// state as named global slices, for any TP / DP / distributed-optimizer
 // layout (see checkpoint.h).
 
 #include <fmt/format.h>
@@ -24,7 +24,7 @@ int64_t row_elems(const Tensor& t) { return t.ndim() >= 2 ? t.numel() / t.dim(0)
 
 }  // namespace
 
-std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, const optim::AdamWOptimizer* optimizer,
+std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, const optim::Optimizer* optimizer,
                                               std::optional<DType> params_dtype, bool dp_writer,
                                               std::optional<bool> expert_dp_writer) {
   const auto& specs = model.specs();
@@ -53,12 +53,12 @@ std::vector<NamedSlice> training_state_slices(const model::GPTModel& model, cons
     for (const auto& [name, t] : model.expert_bias_tensors())
       out.push_back(NamedSlice{name, t.shape(), {}, t, std::nullopt});
   if (optimizer) {
-    for (int which = 0; which < 2; ++which)
+    for (int which = 0; which < optimizer->state_count(); ++which)
       for (const optim::StateRange& r : optimizer->state_ranges()) {
         const model::ParamSpec& s = specs[static_cast<size_t>(r.param)];
         if (!writes(s) || (!optimizer->distributed() && !dp_writes(s))) continue;
-        const Tensor& state = which ? r.v : r.m;
-        const std::string name = (which ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.") + s.name;
+        const Tensor& state = r.state(which);
+        const std::string name = "optimizer." + optimizer->state_names()[static_cast<size_t>(which)] + "." + s.name;
         const auto sg = model.split_group(s);
         for (const model::FlatPiece& p : model::flat_range_pieces(s, sg.size, sg.rank, r.begin, r.end))
           out.push_back(NamedSlice{name, s.global_shape, p.offsets, local_piece(state, p.local_flat - r.begin, p.shape),
@@ -91,7 +91,7 @@ Status read_piece(const LoadedCheckpoint& ckpt, const model::ParamSpec& spec, co
 
 }  // namespace
 
-Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model, optim::AdamWOptimizer* optimizer,
+Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model, optim::Optimizer* optimizer,
                            std::vector<std::string>* notes) {
   const auto& specs = model.specs();
   const auto& params = model.params();
@@ -116,15 +116,15 @@ Status load_training_state(const LoadedCheckpoint& ckpt, model::GPTModel& model,
                                     /*convert=*/true, &clipped));
   }
   if (optimizer) {
-    for (int which = 0; which < 2; ++which)
+    for (int which = 0; which < optimizer->state_count(); ++which)
       for (const optim::StateRange& r : optimizer->state_ranges()) {
         const model::ParamSpec& s = specs[static_cast<size_t>(r.param)];
-        const std::string name = (which ? "optimizer.exp_avg_sq." : "optimizer.exp_avg.") + s.name;
+        const std::string name = "optimizer." + optimizer->state_names()[static_cast<size_t>(which)] + "." + s.name;
         if (!ckpt.has_tensor(name))
           return Status::not_found(fmt::format("checkpoint '{}' has no optimizer state ('{}'); it was saved without "
                                                "it: pass --no-load-optim (or --finetune) to start the optimizer afresh",
                                                ckpt.directory(), name));
-        const Tensor& state = which ? r.v : r.m;
+        const Tensor& state = r.state(which);
         const auto sg = model.split_group(s);
         for (const model::FlatPiece& p : model::flat_range_pieces(s, sg.size, sg.rank, r.begin, r.end))
           MT_RETURN_IF_ERROR(read_piece(ckpt, s, name, p.offsets, local_piece(state, p.local_flat - r.begin, p.shape),

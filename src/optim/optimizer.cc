@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "kernels/adamw.h"
+#include "kernels/optimizer_step.h"
 #include "kernels/elementwise.h"
 #include "parallel/grad_buckets.h"
 
@@ -97,17 +97,25 @@ double sum_over(comm::Communicator* c, double v) {
 
 }  // namespace
 
-AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, const ParallelOptimizerOptions& par)
-    : model_(model), cfg_(cfg), par_(par) {
+const char* optimizer_name(OptimizerKind k) { return k == OptimizerKind::kSgd ? "sgd" : "adam"; }
+
+std::vector<std::string> optimizer_state_names(const OptimizerConfig& c) {
+  if (c.kind == OptimizerKind::kAdam) return {"exp_avg", "exp_avg_sq"};
+  if (c.sgd_momentum != 0.0) return {"momentum_buffer"};
+  return {};
+}
+
+Optimizer::Optimizer(model::GPTModel& model, const OptimizerConfig& cfg, const ParallelOptimizerOptions& par)
+    : model_(model), cfg_(cfg), par_(par), state_names_(optimizer_state_names(cfg)) {
   const auto& params = model_.params();
   const auto& specs = model_.specs();
-  MT_CHECK(params.size() == specs.size(), "AdamWOptimizer: params and specs differ in count");
+  MT_CHECK(params.size() == specs.size(), "Optimizer: params and specs differ in count");
   for (size_t i = 0; i < params.size(); ++i)
     MT_CHECK(params[i].dtype() == DType::kF32 || params[i].dtype() == DType::kF64,
-             "AdamWOptimizer: master weights must be fp32 or fp64, " + specs[i].name + " is " +
+             "Optimizer: master weights must be fp32 or fp64, " + specs[i].name + " is " +
                  dtype_name(params[i].dtype()));
   MT_CHECK(par_.tp == nullptr || par_.tp_rank == par_.tp->rank(),
-           fmt::format("AdamWOptimizer: ParallelOptimizerOptions::tp_rank is {} but this process is rank {} of {}",
+           fmt::format("Optimizer: ParallelOptimizerOptions::tp_rank is {} but this process is rank {} of {}",
                        par_.tp_rank, par_.tp ? par_.tp->rank() : 0, par_.tp ? par_.tp->name() : ""));
   wd_mult_.resize(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -118,17 +126,20 @@ AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, c
     for (size_t i = 0; i < specs.size(); ++i)
       decoupled_[i] = specs[i].name == "embedding.word_embeddings.weight" || specs[i].name == "output_layer.weight";
 
+  const int states = state_count();
+  const char* arena_name = cfg_.kind == OptimizerKind::kAdam ? "adam-state" : "sgd-momentum";
   if (!distributed()) {
     SizeTable table;
     for (size_t i = 0; i < params.size(); ++i) table.add(specs[i].name, params[i].shape(), params[i].dtype());
-    if (table.total_bytes() > 0) {
-      state_arena_ = Arena(2 * table.total_bytes(), "adam-state", model_.options().device);  // zero-filled
+    if (table.total_bytes() > 0 && states > 0) {
+      state_arena_ = Arena(states * table.total_bytes(), arena_name, model_.options().device);  // zero-filled
       m_ = state_arena_.carve(table);
-      v_ = state_arena_.carve(table);
+      if (states > 1) v_ = state_arena_.carve(table);
     }
     for (size_t i = 0; i < params.size(); ++i) {
       const int64_t n = params[i].numel();
-      ranges_.push_back(StateRange{static_cast<int>(i), 0, n, m_[i].view({n}), v_[i].view({n})});
+      ranges_.push_back(StateRange{static_cast<int>(i), 0, n, states > 0 ? m_[i].view({n}) : Tensor(),
+                                   states > 1 ? v_[i].view({n}) : Tensor()});
     }
     return;
   }
@@ -137,24 +148,24 @@ AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, c
   // (block, parameter) intersection, in block order.
   const parallel::GradBuckets& gb = *par_.dist_buckets;
   MT_CHECK(gb.mode() == parallel::GradReduceMode::kReduceScatter,
-           "AdamWOptimizer: the distributed optimizer needs gradient buckets in kReduceScatter mode "
+           "Optimizer: the distributed optimizer needs gradient buckets in kReduceScatter mode "
            "(--use-distributed-optimizer reduce-scatters gradients)");
   MT_CHECK(par_.dp != nullptr,
-           "AdamWOptimizer: the distributed optimizer needs the data-parallel group (ParallelOptimizerOptions::dp) "
+           "Optimizer: the distributed optimizer needs the data-parallel group (ParallelOptimizerOptions::dp) "
            "for the gradient norm");
   const Tensor flat = model_.flat_grads();
-  MT_CHECK(flat.defined(), "AdamWOptimizer: the distributed optimizer needs a model with gradients (slots > 0)");
+  MT_CHECK(flat.defined(), "Optimizer: the distributed optimizer needs a model with gradients (slots > 0)");
   const DType dt = flat.dtype();
   const int64_t xb = model_.expert_flat_begin();
   MT_CHECK(xb == flat.numel() || par_.expert_dist_buckets != nullptr,
-           "AdamWOptimizer: the distributed optimizer of a model with experts needs expert_dist_buckets over "
+           "Optimizer: the distributed optimizer of a model with experts needs expert_dist_buckets over "
            "[expert_flat_begin(), numel) of its flat buffers");
   // Blocks of the dense buckets (built over [0, xb)), then of the experts'
   // (built over [xb, numel): their offsets start at xb).
   auto add_blocks = [&](const parallel::GradBuckets& b, int64_t base, int64_t end) {
     for (const parallel::ShardBlock& blk : b.shard()) {
       MT_CHECK(0 <= blk.begin && blk.begin <= blk.end && base + blk.end <= end,
-               fmt::format("AdamWOptimizer: shard block [{}, {}) lies outside its region [{}, {}) of the model's flat "
+               fmt::format("Optimizer: shard block [{}, {}) lies outside its region [{}, {}) of the model's flat "
                            "buffer; the buckets must be built over model.flat_grads() split at expert_flat_begin()",
                            blk.begin, blk.end, base, end));
       for (size_t i = 0; i < params.size(); ++i) {
@@ -167,51 +178,63 @@ AdamWOptimizer::AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg, c
   add_blocks(gb, 0, xb);
   if (par_.expert_dist_buckets) {
     MT_CHECK(par_.expert_dist_buckets->mode() == parallel::GradReduceMode::kReduceScatter,
-             "AdamWOptimizer: the experts' buckets must reduce-scatter too");
+             "Optimizer: the experts' buckets must reduce-scatter too");
     add_blocks(*par_.expert_dist_buckets, xb, flat.numel());
   }
   int64_t owned = 0;
   for (const StateRange& r : ranges_) owned += r.end - r.begin;
-  if (owned > 0) {
-    const size_t half = align_up(static_cast<size_t>(owned) * dtype_size(dt));
-    state_arena_ = Arena(2 * half, "adam-state", model_.options().device);  // zero-filled: [m | v] of every range
-    const Tensor m = state_arena_.alloc({owned}, dt), v = state_arena_.alloc({owned}, dt);
+  if (owned > 0 && states > 0) {
+    const size_t one = align_up(static_cast<size_t>(owned) * dtype_size(dt));
+    state_arena_ = Arena(states * one, arena_name, model_.options().device);  // zero-filled: [m | v] of every range
+    const Tensor m = state_arena_.alloc({owned}, dt), v = states > 1 ? state_arena_.alloc({owned}, dt) : Tensor();
     int64_t at = 0;
     for (StateRange& r : ranges_) {
       r.m = m.slice(at, at + (r.end - r.begin));
-      r.v = v.slice(at, at + (r.end - r.begin));
+      if (states > 1) r.v = v.slice(at, at + (r.end - r.begin));
       at += r.end - r.begin;
     }
   }
 }
 
-AdamWOptimizer::~AdamWOptimizer() = default;
+Optimizer::~Optimizer() = default;
 
-void AdamWOptimizer::step(const OptimizerParamScheduler& sched) {
+void Optimizer::step(const OptimizerParamScheduler& sched) {
   const double dlr = cfg_.decoupled_lr
                          ? sched.lr_for(*cfg_.decoupled_lr, cfg_.decoupled_min_lr.value_or(sched.config().min_lr))
                          : -1.0;
   step(sched.lr(), sched.wd(), dlr);
 }
 
-void AdamWOptimizer::step(double lr, double wd, double decoupled_lr) {
+void Optimizer::step(double lr, double wd, double decoupled_lr) {
   ++step_;
   const auto& params = model_.params();
   const auto& grads = model_.grads();
   for (const StateRange& r : ranges_) {
     const size_t i = static_cast<size_t>(r.param);
+    // With the distributed optimizer this rank's elements of the parameter;
+    // else the whole parameter, and its bf16 GEMM copy written in the same pass.
+    const Tensor p = distributed() ? flat_slice(params[i], r.begin, r.end) : params[i];
+    const Tensor g = distributed() ? flat_slice(grads[i], r.begin, r.end) : grads[i];
+    const Tensor lowp = distributed() ? Tensor() : model_.low_precision(static_cast<int>(i));
+    const double lr_i = decoupled_lr >= 0 && decoupled_[i] ? decoupled_lr : lr;
+    if (cfg_.kind == OptimizerKind::kSgd) {
+      kernels::SGDOptions o;
+      o.lr = lr_i;
+      o.momentum = cfg_.sgd_momentum;
+      o.weight_decay = wd * wd_mult_[i];
+      o.grad_scale = grad_scale_;
+      kernels::sgd_step(p, g, r.m, o, lowp);
+      continue;
+    }
     kernels::AdamWOptions o;
-    o.lr = decoupled_lr >= 0 && decoupled_[i] ? decoupled_lr : lr;
+    o.lr = lr_i;
     o.beta1 = cfg_.beta1;
     o.beta2 = cfg_.beta2;
     o.eps = cfg_.eps;
     o.weight_decay = wd * wd_mult_[i];
     o.step = step_;
     o.grad_scale = grad_scale_;  // the clipping coefficient, applied as the update reads each gradient
-    if (distributed())
-      kernels::adamw_step(flat_slice(params[i], r.begin, r.end), flat_slice(grads[i], r.begin, r.end), r.m, r.v, o);
-    else  // the bf16 GEMM copy is written in the same pass
-      kernels::adamw_step(params[i], grads[i], m_[i], v_[i], o, model_.low_precision(static_cast<int>(i)));
+    kernels::adamw_step(p, g, r.m, r.v, o, lowp);
   }
   grad_scale_ = 1.0;
   if (distributed()) {
@@ -226,10 +249,10 @@ void AdamWOptimizer::step(double lr, double wd, double decoupled_lr) {
   }
 }
 
-double AdamWOptimizer::grad_norm() const { return norm_of(model_.grads()); }
-double AdamWOptimizer::params_norm() const { return norm_of(model_.params()); }
+double Optimizer::grad_norm() const { return norm_of(model_.grads()); }
+double Optimizer::params_norm() const { return norm_of(model_.params()); }
 
-std::pair<std::vector<Tensor>, std::vector<Tensor>> AdamWOptimizer::counted_parts(
+std::pair<std::vector<Tensor>, std::vector<Tensor>> Optimizer::counted_parts(
     const std::vector<Tensor>& tensors) const {
   const auto& specs = model_.specs();
   // Replicated parameters are identical on every TP rank: count them on TP rank 0 only.
@@ -257,7 +280,7 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> AdamWOptimizer::counted_part
 // over the ranks that split them: the experts' over the expert data-parallel
 // group (sharded) and the EP group, then both over TP (the experts only
 // when split over TP) and PP.
-double AdamWOptimizer::sum_over_model(double dense, double expert) const {
+double Optimizer::sum_over_model(double dense, double expert) const {
   if (distributed()) {
     dense = sum_over(par_.dp, dense);
     if (par_.expert_dp) expert = sum_over(par_.expert_dp, expert);  // a model with experts
@@ -269,7 +292,7 @@ double AdamWOptimizer::sum_over_model(double dense, double expert) const {
 
 // The global L2 norm of `tensors` (the model's gradients or parameters, in
 // parameter order), each element counted once.
-double AdamWOptimizer::norm_of(const std::vector<Tensor>& tensors) const {
+double Optimizer::norm_of(const std::vector<Tensor>& tensors) const {
   const auto [dense, expert] = counted_parts(tensors);
   double s = 0, x = 0;
   for (double v : sums_of_squares(dense)) s += v;  // in parameter order
@@ -277,7 +300,7 @@ double AdamWOptimizer::norm_of(const std::vector<Tensor>& tensors) const {
   return std::sqrt(sum_over_model(s, x));
 }
 
-int64_t AdamWOptimizer::grad_zeros() const {
+int64_t Optimizer::grad_zeros() const {
   const auto [dense, expert] = counted_parts(model_.grads());
   int64_t n = 0, x = 0;
   for (int64_t z : kernels::count_zeros_each(dense, grad_scale_)) n += z;
@@ -285,7 +308,7 @@ int64_t AdamWOptimizer::grad_zeros() const {
   return static_cast<int64_t>(sum_over_model(static_cast<double>(n), static_cast<double>(x)));  // exact below 2^53
 }
 
-double AdamWOptimizer::clip_grad_norm(double max_norm) {
+double Optimizer::clip_grad_norm(double max_norm) {
   grad_scale_ = 1.0;
   const double norm = grad_norm();
   if (max_norm <= 0) return norm;
@@ -295,7 +318,7 @@ double AdamWOptimizer::clip_grad_norm(double max_norm) {
   return norm;
 }
 
-bool AdamWOptimizer::grads_finite() const {
+bool Optimizer::grads_finite() const {
   bool ok = true;
   std::vector<Tensor> parts;
   if (distributed()) {
@@ -324,7 +347,7 @@ bool AdamWOptimizer::grads_finite() const {
   return bad == 0.0;
 }
 
-void AdamWOptimizer::reset_state() {
+void Optimizer::reset_state() {
   if (state_arena_.base())  // every byte in use (a multiple of kArenaAlign), on the state's device
     Tensor(state_arena_.base(), {static_cast<int64_t>(state_arena_.used() / 4)}, DType::kI32, state_arena_.device())
         .zero();

@@ -1,21 +1,26 @@
 #pragma once
-// AdamWOptimizer: Megatron's default optimizer over one GPTModel's parameters.
+// Optimizer: Megatron's optimizers over one GPTModel's parameters: AdamW
+// (--optimizer adam, the default) or SGD with momentum (--optimizer sgd).
 //
 // - Master weights are the model's parameters (fp32; fp64 in tests). With
 //   bf16 compute the model keeps bf16 copies of its GEMM weights; step()
 //   rewrites them in the same pass as it updates the masters (after the
 //   parameter all-gather with the distributed optimizer).
 // - Gradients are the model's grads (same dtype as the parameters).
-// - State: exp_avg (m) and exp_avg_sq (v), one tensor per parameter, carved
-//   from ONE arena with the parameters' size table twice ([all m | all v]), so
-//   the planner's "2 x params" optimizer-state size is what is allocated.
-// - Update (PyTorch AdamW / Megatron FusedAdam adam_w_mode, kernels/adamw.h):
-//   with t = step_count() after incrementing,
+// - State, per parameter, carved from ONE arena with the parameters' size
+//   table once per state tensor, so the planner's "states x params" size is
+//   what is allocated:
+//     AdamW: exp_avg (m) and exp_avg_sq (v) ([all m | all v]);
+//     SGD:   momentum_buffer (in m), none with --sgd-momentum 0.
+// - AdamW update (PyTorch AdamW / Megatron FusedAdam adam_w_mode,
+//   kernels/optimizer_step.h): with t = step_count() after incrementing,
 //     p -= lr * wd * wd_mult * p
 //     m  = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //     p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
 //   wd_mult is 0 for parameters whose ParamSpec has weight_decay == false
 //   (biases and 1-D norm parameters: Megatron's no-wd group) and 1 otherwise.
+// - SGD update (torch.optim.SGD / FusedSGD, coupled weight decay):
+//     g += wd * wd_mult * p;  buf = momentum buf + g;  p -= lr * buf
 // - clip_grad_norm: Megatron's clip_grad_norm_fp32: norm = sqrt(sum g^2) over
 //   every gradient (fp64 accumulation), coef = max_norm / (norm + 1e-6),
 //   gradients scaled by coef only when coef < 1 -- by the next step(), which
@@ -40,12 +45,15 @@
 //   all-reduced (parallel::GradBuckets kAllReduce), every DP rank runs the
 //   same update on identical values.
 // - Distributed optimizer (buckets in kReduceScatter mode): this rank keeps
-//   m and v only for its shard blocks of the flat buffer (the elements it
+//   its state only for its shard blocks of the flat buffer (the elements it
 //   owns, buckets->shard()), clips and updates only those elements (fp32
 //   master weights = the model's fp32 parameters), then all-gathers the
 //   updated parameters (GradBuckets::all_gather_params, or asynchronously
 //   with overlap_param_gather: the trainer waits per forward stage). The
 //   norm sums squares over the owned blocks and all-reduces over DP and TP.
+//   SGD works so too (Megatron refuses SGD here because its sharded
+//   checkpoint format knows only Adam's state; this program's checkpoints
+//   hold whole tensors whatever the layout).
 // - Expert parallelism (--num-experts): the experts' region of the flat
 //   buffers has its own buckets over the expert data-parallel group (and
 //   its own distributed-optimizer shards); the norm's expert part is summed
@@ -56,6 +64,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <optional>
@@ -98,16 +107,22 @@ struct ParallelOptimizerOptions {
   parallel::GradBuckets* expert_dist_buckets = nullptr;
 };
 
-// The part of one parameter whose Adam state this rank keeps: local flat
-// elements [begin, end) of parameter `param`; m and v are 1-D views of
-// end - begin elements.
+// The part of one parameter whose optimizer state this rank keeps: local
+// flat elements [begin, end) of parameter `param`; m and v are 1-D views of
+// end - begin elements (Optimizer::state_count() of them are defined: AdamW's
+// exp_avg and exp_avg_sq, SGD's momentum buffer in m).
 struct StateRange {
   int param = 0;
   int64_t begin = 0, end = 0;
   Tensor m, v;
+  const Tensor& state(int k) const { return k == 0 ? m : v; }
 };
 
-struct AdamWConfig {
+enum class OptimizerKind { kAdam, kSgd };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdam;  // --optimizer
+  double sgd_momentum = 0.9;                  // --sgd-momentum
   double beta1 = 0.9;    // --adam-beta1
   double beta2 = 0.999;  // --adam-beta2
   double eps = 1e-8;     // --adam-eps
@@ -121,19 +136,25 @@ struct AdamWConfig {
   std::optional<double> decoupled_lr{}, decoupled_min_lr{};
 };
 
-class AdamWOptimizer {
- public:
-  // Allocates m and v (zeros) for every parameter of `model`.
-  AdamWOptimizer(model::GPTModel& model, const AdamWConfig& cfg = {}, const ParallelOptimizerOptions& par = {});
-  ~AdamWOptimizer();
-  AdamWOptimizer(const AdamWOptimizer&) = delete;
-  AdamWOptimizer& operator=(const AdamWOptimizer&) = delete;
+// Megatron's name of the optimizer (--optimizer) and its state tensors, as
+// torch's optimizers name them in their state dicts (the checkpoint's
+// "optimizer.<state>.<param>" tensors).
+const char* optimizer_name(OptimizerKind k);
+std::vector<std::string> optimizer_state_names(const OptimizerConfig& c);
 
-  // One AdamW update of every parameter with learning rate `lr` and weight
+class Optimizer {
+ public:
+  // Allocates the state (zeros) for every parameter of `model`.
+  Optimizer(model::GPTModel& model, const OptimizerConfig& cfg = {}, const ParallelOptimizerOptions& par = {});
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter with learning rate `lr` and weight
   // decay `wd` (times each parameter's wd_mult); increments step_count() first;
   // then refreshes the model's bf16 copies when it computes in bf16.
   // decoupled_lr: the learning rate of the word embedding and output layer
-  // (AdamWConfig::decoupled_lr); negative: `lr` for them too.
+  // (OptimizerConfig::decoupled_lr); negative: `lr` for them too.
   void step(double lr, double wd, double decoupled_lr = -1);
   // step(sched.lr(), sched.wd()), with the decoupled parameters' LR from the
   // same schedule at their endpoints. Does NOT advance the scheduler.
@@ -163,25 +184,30 @@ class AdamWOptimizer {
   // False if any gradient element is NaN or +-Inf (--check-for-nan-in-loss-and-grad).
   bool grads_finite() const;
 
-  // Checkpoint state: every range of Adam state this rank keeps (one per
-  // parameter, whole, without the distributed optimizer).
+  // Checkpoint state: every range of optimizer state this rank keeps (one
+  // per parameter, whole, without the distributed optimizer), and the state
+  // tensors each range holds (state_names()[k] is StateRange::state(k)).
   const std::vector<StateRange>& state_ranges() const { return ranges_; }
+  const std::vector<std::string>& state_names() const { return state_names_; }
+  int state_count() const { return static_cast<int>(state_names_.size()); }
   bool distributed() const { return par_.dist_buckets != nullptr; }
-  // Without the distributed optimizer: the moments per parameter, in the
-  // model's order (model.specs()), same shapes and dtype as the parameters;
-  // write into them to restore. Empty with the distributed optimizer.
+  // Without the distributed optimizer: the state per parameter (AdamW's
+  // moments; SGD's momentum buffer in exp_avg()), in the model's order
+  // (model.specs()), same shapes and dtype as the parameters; write into
+  // them to restore. Empty with the distributed optimizer, and where the
+  // optimizer has no such state.
   std::vector<Tensor>& exp_avg() { return m_; }
   std::vector<Tensor>& exp_avg_sq() { return v_; }
   const std::vector<Tensor>& exp_avg() const { return m_; }
   const std::vector<Tensor>& exp_avg_sq() const { return v_; }
   int64_t step_count() const { return step_; }
   void set_step_count(int64_t s) { step_ = s; }
-  // Zeroes m and v and the step count.
+  // Zeroes the state and the step count.
   void reset_state();
 
   // 0 or 1 per parameter (model.specs() order).
   const std::vector<double>& wd_mult() const { return wd_mult_; }
-  const AdamWConfig& config() const { return cfg_; }
+  const OptimizerConfig& config() const { return cfg_; }
   model::GPTModel& model() const { return model_; }
   size_t state_bytes() const { return state_arena_.capacity(); }
 
@@ -195,10 +221,11 @@ class AdamWOptimizer {
   double sum_over_model(double dense, double expert) const;
 
   model::GPTModel& model_;
-  AdamWConfig cfg_;
+  OptimizerConfig cfg_;
   std::vector<char> decoupled_;  // per parameter: the word embedding / output layer under --decoupled-lr
   ParallelOptimizerOptions par_;
   double grad_scale_ = 1.0;  // clipping coefficient for the next step()
+  std::vector<std::string> state_names_;
   std::vector<StateRange> ranges_;
   Arena state_arena_;
   std::vector<Tensor> m_, v_;

@@ -34,7 +34,7 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
   f.add_switch("account-for-embedding-in-pipeline-split", &p.account_for_embedding_in_pipeline_split, "count the embedding as a layer when splitting over PP");
   f.add_switch("account-for-loss-in-pipeline-split", &p.account_for_loss_in_pipeline_split, "count the loss as a layer when splitting over PP");
   f.add_switch("sequence-parallel", &p.sequence_parallel, "shard norms/dropout activations along the sequence over TP");
-  f.add_switch("use-distributed-optimizer", &p.use_distributed_optimizer, "shard fp32 master weights and Adam state over DP");
+  f.add_switch("use-distributed-optimizer", &p.use_distributed_optimizer, "shard fp32 master weights and optimizer state over DP");
   f.add_switch("use-tp-pp-dp-mapping", &p.use_tp_pp_dp_mapping, "rank order tp-cp-ep-pp-dp instead of tp-cp-ep-dp-pp");
   f.add_switch("overlap-grad-reduce", &p.overlap_grad_reduce, "overlap DP gradient reduction with backward");
   f.add_switch("overlap-param-gather", &p.overlap_param_gather, "overlap the distributed optimizer's all-gather with forward");

@@ -73,6 +73,16 @@ struct PrecisionConfig {
   bool half() const { return bf16 || fp16; }  // 16-bit compute (GEMM inputs, activations)
 };
 
+// --optimizer and --sgd-momentum (registered with the trainer's flags), for
+// the planner's optimizer-state bytes.
+struct OptimizerChoice {
+  std::string name = "adam";  // adam | sgd
+  double sgd_momentum = 0.9;
+  // State tensors per parameter: Adam's exp_avg and exp_avg_sq, SGD's
+  // momentum buffer (none with --sgd-momentum 0, as torch keeps none).
+  int state_tensors() const { return name == "sgd" ? (sgd_momentum != 0 ? 1 : 0) : 2; }
+};
+
 struct RecomputeConfig {
   std::optional<std::string> granularity;  // full | selective
   std::optional<std::string> method;       // uniform | block
@@ -119,6 +129,7 @@ struct JobConfig {
   BatchConfig batch;
   PrecisionConfig precision;
   RecomputeConfig recompute;
+  OptimizerChoice optimizer;
   MegatronCompat compat;
 };
 

@@ -7,10 +7,11 @@
 
 namespace mt::plan {
 
-BytesPerParam bytes_per_param(const PrecisionConfig& p) {
-  if (p.bf16) return {2, 4, 12};  // bf16 weight, fp32 main grad | fp32 master, m, v
-  if (p.fp16) return {2, 2, 16};  // fp16 weight and grad | fp32 master, fp32 grad, m, v
-  return {4, 4, 8};               // fp32 weight and grad | m, v
+BytesPerParam bytes_per_param(const PrecisionConfig& p, int optimizer_states) {
+  const double st = 4.0 * optimizer_states;  // fp32 state tensors: Adam's m and v, SGD's momentum buffer
+  if (p.bf16) return {2, 4, 4 + st};  // bf16 weight, fp32 main grad | fp32 master, state
+  if (p.fp16) return {2, 2, 8 + st};  // fp16 weight and grad | fp32 master, fp32 grad, state
+  return {4, 4, st};                  // fp32 weight and grad | state
 }
 
 MegatronMemoryEstimate megatron_theoretical_memory(const JobConfig& job, const MemoryLayout& l) {
@@ -199,7 +200,7 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
     out.dense_params += m.norm_params_per_norm();
     if (m.untie_embeddings_and_output_weights || par.pp > 1) out.dense_params += vocab_shard;
   }
-  const BytesPerParam bpp = bytes_per_param(job.precision);
+  const BytesPerParam bpp = bytes_per_param(job.precision, job.optimizer.state_tensors());
   const double all = out.dense_params + out.expert_params;
   out.param_bytes = all * bpp.params;
   out.grad_bytes = all * bpp.grads;

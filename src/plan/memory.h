@@ -23,12 +23,14 @@ namespace mt::plan {
 
 // Bytes per parameter kept on a rank (Megatron's table, spec §10).
 // optimizer: fp32 master weights (bf16/fp16), fp32 main grads (fp16) and
-// Adam m and v, before sharding by the distributed optimizer.
+// the optimizer's fp32 state tensors (Adam's m and v: 2; SGD's momentum
+// buffer: 1, or 0 without momentum), before sharding by the distributed
+// optimizer.
 struct BytesPerParam {
   double params = 0, grads = 0, optimizer = 0;
   double total(double shard = 1) const { return params + grads + optimizer / shard; }
 };
-BytesPerParam bytes_per_param(const PrecisionConfig& p);
+BytesPerParam bytes_per_param(const PrecisionConfig& p, int optimizer_states = 2);
 
 // Megatron's estimate for the most loaded rank (first pipeline stage).
 struct MegatronMemoryEstimate {

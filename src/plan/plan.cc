@@ -286,12 +286,14 @@ void trainer_buffers_for(const PlanReport& r, int64_t prank, TrainerBuffers& t, 
         comm.pp_bytes += static_cast<double>(r.padded_vocab / p.tp * r.job.model.hidden_size) * 4.0;
     }
   }
-  // Adam m and v: the parameters' size table twice, or with the distributed
-  // optimizer this rank's 1/DP of the (DP-padded) flat buffer twice.
-  // The experts' region is sharded over the expert DP group instead.
+  // The optimizer's state (Adam's m and v, SGD's momentum buffer): the
+  // parameters' size table once per state tensor, or with the distributed
+  // optimizer this rank's 1/DP of the (DP-padded) flat buffer once per state
+  // tensor. The experts' region is sharded over the expert DP group instead.
   const double dense = static_cast<double>(mp->params - mp->expert_params), expert = static_cast<double>(mp->expert_params);
-  t.optimizer = dist_opt ? 2.0 * (dense / static_cast<double>(gdp) + expert / static_cast<double>(r.edp))
-                         : 2.0 * static_cast<double>(mp->params);
+  const double states = r.job.optimizer.state_tensors();
+  t.optimizer = dist_opt ? states * (dense / static_cast<double>(gdp) + expert / static_cast<double>(r.edp))
+                         : states * static_cast<double>(mp->params);
   // Communication buffers the trainer allocates (parallel/grad_buckets.h, train/pipeline.h).
   if (dist_opt) {  // the reduce-scatter receive blocks (none over a group of one)
     if (gdp > 1) t.comm += static_cast<double>(align_up(static_cast<size_t>(dense / static_cast<double>(gdp))));
@@ -358,7 +360,7 @@ PlanReport make_plan(JobConfig job, const PlanOptions& options) {
 
   plan_schedule(r);
 
-  const BytesPerParam bpp = bytes_per_param(r.job.precision);
+  const BytesPerParam bpp = bytes_per_param(r.job.precision, r.job.optimizer.state_tensors());
   r.memory.model_state_bytes_per_param = bpp.total();
   if (r.quick) {
     // Seed-calculator mode: parameters spread evenly over TP x PP, no activations.
@@ -401,7 +403,7 @@ PlanReport make_plan(JobConfig job, const PlanOptions& options) {
   r.memory.model_state_bytes = r.total_params * bpp.total();
   const bool half = r.job.precision.bf16 || r.job.precision.fp16;
   r.memory.weights_only_bytes = r.total_params * bpp.params;
-  r.memory.checkpoint_bytes = r.total_params * (bpp.params + (half ? 4 : 0) + 8);
+  r.memory.checkpoint_bytes = r.total_params * (bpp.params + (half ? 4 : 0) + 4.0 * r.job.optimizer.state_tensors());
   r.memory.fits = r.memory.peak_bytes <= r.memory.device_bytes;
   if (!r.memory.fits)
     r.warnings.push_back(fmt::format("the most loaded rank needs {:.1f} GiB but the device has {:.1f} GiB",

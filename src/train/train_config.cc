@@ -51,7 +51,11 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_int("train-iters", &c.train_iters, "iterations to train (iteration-based schedule)", 1, INT64_MAX / 4);
   f.add_int("train-samples", &c.train_samples, "samples to train (sample-based schedule)", 1, INT64_MAX / 4);
   f.add_int("seed", &c.seed, "random seed (initialisation, dropout, data order)", 0, UINT32_MAX);
-  f.add_string("optimizer", &c.optimizer, "optimizer", {"adam"});
+  f.add_string("optimizer", &c.job.optimizer.name,
+               "adam (AdamW, decoupled weight decay) or sgd (momentum SGD, weight decay added to the gradient)",
+               {"adam", "sgd"});
+  f.add_double("sgd-momentum", &c.job.optimizer.sgd_momentum, "momentum factor of --optimizer sgd (0: no momentum buffer)",
+               0, 1e3);
   f.add_double("lr", &c.lr, "peak learning rate", 0, 1e3);
   f.add_double("min-lr", &c.min_lr, "minimum learning rate", 0, 1e3);
   f.add_double("decoupled-lr", &c.decoupled_lr,
@@ -76,7 +80,7 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
                "Megatron's spelling of --use-checkpoint-opt-param-scheduler");
   f.add_switch("override-opt_param-scheduler", &c.override_opt_param_scheduler,
                "Megatron's spelling of --override-opt-param-scheduler");
-  f.add_double("weight-decay", &c.weight_decay, "weight decay (AdamW, decoupled)", 0, 1e3);
+  f.add_double("weight-decay", &c.weight_decay, "weight decay (decoupled with adam, added to the gradient with sgd)", 0, 1e3);
   f.add_double("start-weight-decay", &c.start_weight_decay, "weight decay at the start (with an increment style)", 0, 1e3);
   f.add_double("end-weight-decay", &c.end_weight_decay, "weight decay at the end (with an increment style)", 0, 1e3);
   f.add_string("weight-decay-incr-style", &c.weight_decay_incr_style, "weight-decay schedule", {"constant", "linear", "cosine"});

@@ -50,7 +50,6 @@ struct TrainConfig {
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   bool apply_wd_to_qk_layernorm = false;  // --apply-wd-to-qk-layernorm
   bool calculate_per_token_loss = false;  // --calculate-per-token-loss
-  std::string optimizer = "adam";
   int64_t seed = 1234;
   // Evaluation and logging.
   std::optional<int64_t> eval_interval;  // none: no evaluation during training (Megatron-Core >= 0.16)

@@ -532,14 +532,16 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   po.overlap_param_gather = dist_opt && job.parallel.overlap_param_gather;
   std::optional<optim::GradScaler> scaler;
   if (uses_grad_scaler(cfg, job)) scaler = optim::GradScaler::from(cfg.loss_scale);
-  optim::AdamWOptimizer opt(
+  optim::Optimizer opt(
       model,
-      optim::AdamWConfig{.beta1 = cfg.adam_beta1,
-                         .beta2 = cfg.adam_beta2,
-                         .eps = cfg.adam_eps,
-                         .apply_wd_to_qk_layernorm = cfg.apply_wd_to_qk_layernorm,
-                         .decoupled_lr = cfg.decoupled_lr,
-                         .decoupled_min_lr = cfg.decoupled_min_lr},
+      optim::OptimizerConfig{.kind = job.optimizer.name == "sgd" ? optim::OptimizerKind::kSgd : optim::OptimizerKind::kAdam,
+                             .sgd_momentum = job.optimizer.sgd_momentum,
+                             .beta1 = cfg.adam_beta1,
+                             .beta2 = cfg.adam_beta2,
+                             .eps = cfg.adam_eps,
+                             .apply_wd_to_qk_layernorm = cfg.apply_wd_to_qk_layernorm,
+                             .decoupled_lr = cfg.decoupled_lr,
+                             .decoupled_min_lr = cfg.decoupled_min_lr},
       po);
   PipelineExecutor executor(model, pp_comm, *schedule);
   // Tied embeddings over several stages: first and last stage each hold the
@@ -575,6 +577,21 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       auto ck = checkpoint::load_checkpoint(cfg.load);
       if (!ck) return ck.status();
       const bool with_optim = !cfg.no_load_optim && !cfg.finetune;
+      // The optimizer that saved the state (checkpoints before --optimizer sgd
+      // name none; their missing state tensors are reported by name below).
+      if (with_optim && ck->common().contains("optimizer") && ck->common()["optimizer"].is_object() &&
+          ck->common()["optimizer"].contains("name")) {
+        const nlohmann::json& n = ck->common()["optimizer"]["name"];
+        const std::string ours = optim::optimizer_name(opt.config().kind);
+        if (!n.is_string())
+          return Status::corrupt(fmt::format("{}/common.json: optimizer.name is {}, expected a string such as \"adam\"",
+                                             ck->directory(), n.dump()));
+        if (n.get<std::string>() != ours)
+          return Status::invalid(fmt::format(
+              "--load {}: its optimizer state was saved by --optimizer {} but this run uses --optimizer {}; pass "
+              "--optimizer {} to continue it, or --no-load-optim to start the {} state afresh",
+              ck->directory(), n.get<std::string>(), ours, n.get<std::string>(), ours));
+      }
       std::vector<std::string> notes;
       MT_RETURN_IF_ERROR(checkpoint::load_training_state(*ck, model, with_optim ? &opt : nullptr, &notes));
       for (const auto& n : notes) std::fprintf(out, "note: %s\n", n.c_str());
@@ -828,7 +845,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (skipped_train > 0) common["skipped_train_samples"] = skipped_train;
     common["num_floating_point_operations_so_far"] = flops_so_far;
     common["opt_param_scheduler"] = sched.state_json();
-    common["optimizer"] = {{"step", opt.step_count()}};
+    common["optimizer"] = {{"name", optim::optimizer_name(opt.config().kind)}, {"step", opt.step_count()}};
     if (scaler) common["optimizer"]["grad_scaler"] = scaler->state_json();
     if (!cfg.no_save_rng)
       common["rng_state"] = {{"seed", cfg.seed}, {"kind", "philox4x32-10 keyed by (seed, global micro-batch index)"}};

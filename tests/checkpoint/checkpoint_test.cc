@@ -2,7 +2,7 @@
 // 2 or 4 slices read back under other slicings), every error case, a process
 // SIGKILLed at each point of a save, standard safetensors files (header parsed
 // independently here and by python3's json module), and the training-state
-// helpers on a real GPTModel + AdamWOptimizer.
+// helpers on a real GPTModel + Optimizer.
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -653,7 +653,7 @@ std::unique_ptr<model::GPTModel> make_model(int64_t hidden, uint64_t seed) {
 TEST(TrainingState, ModelAndMomentsRoundTripBitwise) {
   const std::string dir = fresh_dir("train_state");
   auto a = make_model(16, 1);
-  optim::AdamWOptimizer oa(*a);
+  optim::Optimizer oa(*a);
   std::mt19937 g(3);
   std::normal_distribution<float> n;
   for (int s = 0; s < 2; ++s) {
@@ -666,7 +666,7 @@ TEST(TrainingState, ModelAndMomentsRoundTripBitwise) {
   ASSERT_TRUE(save_checkpoint(dir, 2, training_state_slices(*a, &oa), common, 0, 1).is_ok());
 
   auto b = make_model(16, 99);  // different initial weights
-  optim::AdamWOptimizer ob(*b);
+  optim::Optimizer ob(*b);
   auto ck = load_checkpoint(dir);
   ASSERT_TRUE(ck.is_ok()) << ck.status().message();
   ASSERT_TRUE(load_training_state(*ck, *b, &ob).is_ok());

@@ -25,7 +25,7 @@
 #include "core/sim_device.h"
 #include "cuda_test_util.h"
 #include "kernels/activation.h"
-#include "kernels/adamw.h"
+#include "kernels/optimizer_step.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -1082,6 +1082,47 @@ TEST(CudaTwin, AdamWMatchesCpuBitwise) {
     adamw_case<float>(n, 0.37, true);
     adamw_case<double>(n, 1.0, false);
     adamw_case<double>(n, 0.37, false);
+  }
+}
+
+// ---------------------------------------------------------------- sgd
+
+template <typename T>
+void sgd_case(int64_t n, double momentum, double wd, double grad_scale, bool lowp) {
+  const std::string what = fmt::format("sgd {} n={} momentum={} wd={} grad_scale={}{}", tname(dtype_of<T>()), n,
+                                       momentum, wd, grad_scale, lowp ? " lowp" : "");
+  auto p = randn<T>(n, 211), buf = std::vector<T>(static_cast<size_t>(n), T(0));
+  std::vector<bf16> lp(static_cast<size_t>(n));
+  Arena g = gpu_arena(kArenaBytes);
+  const bool mom = momentum != 0.0;
+  Tensor gP = to_device(g, view(p, {n})), gB = mom ? to_device(g, view(buf, {n})) : Tensor();
+  Tensor gLp = lowp ? g.alloc({n}, DType::kBF16) : Tensor();
+  k::SGDOptions o;
+  o.lr = 0.05;
+  o.momentum = momentum;
+  o.weight_decay = wd;
+  o.grad_scale = grad_scale;
+  for (int step = 1; step <= 3; ++step) {
+    auto grad = randn<T>(n, 220 + step, 0.5);
+    Tensor gG = to_device(g, view(grad, {n}));
+    k::sgd_step(view(p, {n}), view(grad, {n}), mom ? view(buf, {n}) : Tensor(), o, lowp ? view(lp, {n}) : Tensor());
+    k::sgd_step(gP, gG, gB, o, gLp);
+    const std::string at = fmt::format("{} step {}", what, step);
+    expect_bitwise(to_host<T>(gP), p, at + " param");
+    if (mom) expect_bitwise(to_host<T>(gB), buf, at + " momentum buffer");
+    if (lowp) expect_bitwise(to_host<bf16>(gLp), lp, at + " bf16 copy");
+  }
+}
+
+TEST(CudaTwin, SgdMatchesCpuBitwise) {
+  MT_REQUIRE_GPU();
+  for (int64_t n : {10007, 1, 0}) {
+    sgd_case<float>(n, 0.9, 0.1, 1.0, false);
+    sgd_case<float>(n, 0.9, 0.1, 0.37, true);
+    sgd_case<float>(n, 0.0, 0.0, 1.0, true);
+    sgd_case<float>(n, 0.5, 0.0, 0.37, false);
+    sgd_case<double>(n, 0.9, 0.1, 0.37, false);
+    sgd_case<double>(n, 0.0, 0.1, 1.0, false);
   }
 }
 

@@ -20,7 +20,7 @@
 #include "kernels/cpu/vec_math.h"
 #include "core/rng.h"
 #include "kernels/activation.h"
-#include "kernels/adamw.h"
+#include "kernels/optimizer_step.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/elementwise.h"

@@ -1,4 +1,4 @@
-// AdamWOptimizer in data-parallel training over MPI_COMM_WORLD, fp64 models:
+// Optimizer in data-parallel training over MPI_COMM_WORLD, fp64 models:
 // every rank holds different gradients (1/DP contributions); after the
 // GradBuckets reduction, the distributed optimizer (kReduceScatter, state for
 // this rank's blocks only, parameter all-gather) and the replicated one
@@ -126,13 +126,13 @@ void run_against_reference(const Variant& v) {
   const int L = static_cast<int>(model->config().num_layers);
   GradBuckets gb(model->flat_grads(), model->flat_params(), param_ranges(*model), *dp,
                  GradBucketOptions{v.mode, v.overlap_grad, v.bucket_elems});
-  AdamWConfig cfg;
-  AdamWOptimizer ref_opt(*ref, cfg);
+  OptimizerConfig cfg;
+  Optimizer ref_opt(*ref, cfg);
   ParallelOptimizerOptions par;
   par.dp = dp.get();
   par.dist_buckets = dist ? &gb : nullptr;
   par.overlap_param_gather = dist && v.overlap_param;
-  AdamWOptimizer opt(*model, cfg, par);
+  Optimizer opt(*model, cfg, par);
   EXPECT_EQ(opt.distributed(), dist);
   EXPECT_EQ(opt.exp_avg().empty(), dist);
 
@@ -187,7 +187,7 @@ TEST(DistOptimizer, StateRangesPartitionParameters) {
   ParallelOptimizerOptions par;
   par.dp = dp.get();
   par.dist_buckets = &gb;
-  AdamWOptimizer opt(*model, {}, par);
+  Optimizer opt(*model, {}, par);
   const int64_t N = model->flat_grads().numel();
   std::vector<int64_t> cover(static_cast<size_t>(N), 0);
   int64_t owned = 0;
@@ -242,7 +242,7 @@ TEST(DistOptimizer, StateRangesPartitionParameters) {
 // alias exp_avg()/exp_avg_sq().
 TEST(DistOptimizer, NonDistributedStateRangesAreWholeParameters) {
   auto model = make_model(1);
-  AdamWOptimizer opt(*model);
+  Optimizer opt(*model);
   ASSERT_EQ(opt.state_ranges().size(), model->params().size());
   for (size_t i = 0; i < model->params().size(); ++i) {
     const StateRange& s = opt.state_ranges()[i];
@@ -265,7 +265,7 @@ TEST(DistOptimizer, GradsFiniteIsCollective) {
   ParallelOptimizerOptions par;
   par.dp = dp.get();
   par.dist_buckets = &gb;
-  AdamWOptimizer opt(*model, {}, par);
+  Optimizer opt(*model, {}, par);
   fill_rank_grads(*model, r, 1, DP);
   gb.finish();
   EXPECT_TRUE(opt.grads_finite());
@@ -305,7 +305,7 @@ TEST(DistOptimizer, TensorParallelNormCountsReplicatedOnce) {
   ParallelOptimizerOptions par;
   par.tp = tp.get();
   par.tp_rank = r;
-  AdamWOptimizer opt(*model, {}, par);
+  Optimizer opt(*model, {}, par);
   fill_rank_grads(*model, 0, 7, 1);  // the same on every rank
   double replicated = 0, split = 0;
   for (size_t i = 0; i < model->grads().size(); ++i) {

@@ -1,17 +1,24 @@
-// AdamWOptimizer against an independent double-precision reference of
+// Optimizer against an independent double-precision reference of
 // PyTorch's AdamW (torch.optim.AdamW, foreach=False) with Megatron's gradient
 // clipping and no-decay rule (wd_mult = 0 for "*.bias" and every 1-D
 // parameter), over several steps with changing lr/wd, clipping on and off.
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <omp.h>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "kernels/elementwise.h"
 #include "model/gpt.h"
 #include "optim/optimizer.h"
@@ -142,9 +149,9 @@ double max_rel(const std::vector<Tensor>& a, const std::vector<std::vector<doubl
 
 void run_against_reference(DType dt, double tol, bool qk = false, bool apply_wd_to_qk = false) {
   auto model = make_model(dt, false, 30, qk);
-  AdamWConfig cfg;
+  OptimizerConfig cfg;
   cfg.beta1 = 0.8, cfg.beta2 = 0.95, cfg.eps = 1e-6, cfg.apply_wd_to_qk_layernorm = apply_wd_to_qk;
-  AdamWOptimizer opt(*model, cfg);
+  Optimizer opt(*model, cfg);
   Reference ref = snapshot(*model, apply_wd_to_qk);
   // (grad scale, clip, lr, wd): step 1 and 3 clip, step 2 has clip off (0), step 4 does not need it.
   const double plan[][4] = {{1.0, 0.5, 1e-2, 0.1}, {0.3, 0.0, 5e-3, 0.2}, {2.0, 1.0, 2e-2, 0.05},
@@ -181,9 +188,9 @@ TEST(AdamW, QkLayernormWeightDecayGroups) {
   run_against_reference(DType::kF64, 1e-12, /*qk=*/true, /*apply_wd_to_qk=*/false);
   run_against_reference(DType::kF64, 1e-12, /*qk=*/true, /*apply_wd_to_qk=*/true);
   auto model = make_model(DType::kF64, false, 30, true);
-  AdamWConfig cfg;
+  OptimizerConfig cfg;
   cfg.apply_wd_to_qk_layernorm = true;
-  AdamWOptimizer opt(*model, cfg);
+  Optimizer opt(*model, cfg);
   int qk = 0;
   for (size_t i = 0; i < model->specs().size(); ++i) {
     const std::string& n = model->specs()[i].name;
@@ -200,7 +207,7 @@ TEST(AdamW, QkLayernormWeightDecayGroups) {
 
 TEST(AdamW, StateIsOneArenaOfTwiceTheParameters) {
   auto model = make_model(DType::kF32);
-  AdamWOptimizer opt(*model);
+  Optimizer opt(*model);
   int64_t n = 0;
   for (const Tensor& p : model->params()) n += p.numel();
   EXPECT_GE(opt.state_bytes(), 2 * static_cast<size_t>(n) * 4);
@@ -217,7 +224,7 @@ TEST(AdamW, StateIsOneArenaOfTwiceTheParameters) {
 
 TEST(AdamW, ClippingFollowsMegatron) {
   auto model = make_model(DType::kF32);
-  AdamWOptimizer opt(*model);
+  Optimizer opt(*model);
   fill_grads(*model, 7, 1.0);
   const auto before = read_grads(*model);
   const double norm = opt.grad_norm();
@@ -236,7 +243,7 @@ TEST(AdamW, ClippingFollowsMegatron) {
   EXPECT_EQ(opt.pending_grad_scale(), coef);
   EXPECT_EQ(read_grads(*model), before) << "gradients are left for step() to scale";
   auto twin = make_model(DType::kF32, false);
-  AdamWOptimizer twin_opt(*twin);
+  Optimizer twin_opt(*twin);
   fill_grads(*twin, 7, 1.0);
   for (const Tensor& g : twin->grads()) kernels::scale_inplace(g, coef);
   EXPECT_NEAR(twin_opt.grad_norm(), clip, 1e-5 * clip);
@@ -255,7 +262,7 @@ TEST(AdamW, ClippingFollowsMegatron) {
 TEST(AdamW, HalfCopiesWrittenByTheStep) {
   for (DType half : {DType::kBF16, DType::kF16}) {
     auto model = make_model(DType::kF32, true, 30, false, half);
-    AdamWOptimizer opt(*model);
+    Optimizer opt(*model);
     fill_grads(*model, 3, 1.0);
     opt.clip_grad_norm(0.5);
     opt.step(1e-2, 0.1);
@@ -277,7 +284,7 @@ TEST(AdamW, HalfCopiesWrittenByTheStep) {
 
 TEST(AdamW, GradNormIsIndependentOfThreadCount) {
   auto model = make_model(DType::kF32, false, 5000);  // word embeddings alone span several 16K chunks
-  AdamWOptimizer opt(*model);
+  Optimizer opt(*model);
   fill_grads(*model, 3, 1.0);
   const int threads = omp_get_max_threads();
   std::vector<double> norms;
@@ -295,7 +302,7 @@ TEST(AdamW, GradNormIsIndependentOfThreadCount) {
 
 TEST(AdamW, GradsFiniteDetectsNanAndInf) {
   auto model = make_model(DType::kF32);
-  AdamWOptimizer opt(*model);
+  Optimizer opt(*model);
   fill_grads(*model, 1, 1.0);
   EXPECT_TRUE(opt.grads_finite());
   Tensor g = model->grads().back();
@@ -311,7 +318,7 @@ TEST(AdamW, GradsFiniteDetectsNanAndInf) {
 // alike, NaN not, each tensor once on one rank.
 TEST(AdamW, GradZerosCountsEveryZeroElement) {
   auto model = make_model(DType::kF32, false, 5000);
-  AdamWOptimizer opt(*model);
+  Optimizer opt(*model);
   fill_grads(*model, 3, 1.0);
   int64_t want = 0;
   for (const auto& g : read_grads(*model))
@@ -357,9 +364,9 @@ TEST(AdamW, DecoupledLrForEmbeddingAndOutputLayer) {
       return std::move(*m);
     };
     auto a = untied(), b = untied(), d = untied();
-    AdamWConfig ca;
+    OptimizerConfig ca;
     ca.decoupled_lr = 3e-2, ca.decoupled_min_lr = dmin;
-    AdamWOptimizer oa(*a, ca), ob(*b), od(*d);
+    Optimizer oa(*a, ca), ob(*b), od(*d);
     OptimizerParamScheduler s(sc);
     int decoupled = 0;
     for (size_t i = 0; i < a->specs().size(); ++i) decoupled += oa.decoupled(static_cast<int>(i));
@@ -381,7 +388,7 @@ TEST(AdamW, DecoupledLrForEmbeddingAndOutputLayer) {
 
 TEST(AdamW, SchedulerOverloadAndReset) {
   auto a = make_model(DType::kF32), b = make_model(DType::kF32);
-  AdamWOptimizer oa(*a), ob(*b);
+  Optimizer oa(*a), ob(*b);
   SchedulerConfig sc;
   sc.max_lr = 1e-2, sc.min_lr = 1e-3, sc.warmup_steps = 4, sc.decay_steps = 40, sc.decay_style = "cosine";
   sc.start_wd = 0.0, sc.end_wd = 0.1, sc.wd_incr_steps = 40, sc.wd_incr_style = "linear";
@@ -402,7 +409,7 @@ TEST(AdamW, SchedulerOverloadAndReset) {
 
 TEST(AdamW, Bf16CopiesAreRefreshedByStep) {
   auto model = make_model(DType::kF32, /*bf16=*/true);
-  AdamWOptimizer opt(*model);
+  Optimizer opt(*model);
   std::vector<int32_t> tok(16), lab(16);
   for (int i = 0; i < 16; ++i) tok[i] = i % 30, lab[i] = (i * 7) % 30;
   Tensor tokens(tok.data(), {2, 8}, DType::kI32), labels(lab.data(), {2, 8}, DType::kI32);
@@ -414,6 +421,118 @@ TEST(AdamW, Bf16CopiesAreRefreshedByStep) {
   model->sync_low_precision();
   const double after_sync = model->forward(0, tokens, labels, 0, false);
   EXPECT_EQ(after_step, after_sync);  // step() already refreshed the bf16 copies
+}
+
+// ---------------------------------------------------------------- SGD
+
+// --optimizer sgd against torch.optim.SGD itself (tests/optim/sgd_reference.py,
+// float64), with Megatron's scheduler-set lr and weight decay per group and
+// its clipping, over five steps that clip, skip clipping and change lr/wd.
+void run_sgd_against_torch(DType dt, double momentum, double tol) {
+  auto model = make_model(dt);
+  OptimizerConfig cfg;
+  cfg.kind = OptimizerKind::kSgd;
+  cfg.sgd_momentum = momentum;
+  Optimizer opt(*model, cfg);
+  EXPECT_EQ(opt.state_count(), momentum != 0 ? 1 : 0);
+  const Reference start = snapshot(*model);
+  // (grad scale, clip, lr, wd), as run_against_reference.
+  const double plan[][4] = {{1.0, 0.5, 1e-1, 0.1}, {0.3, 0.0, 5e-2, 0.2}, {2.0, 1.0, 2e-1, 0.05},
+                            {1e-3, 1.0, 1e-1, 0.1}, {0.5, 3.0, 1e-2, 0.0}};
+  std::vector<std::vector<std::vector<double>>> grads;
+  std::vector<double> norms;
+  nlohmann::json steps = nlohmann::json::array();
+  int step = 0;
+  for (const auto& s : plan) {
+    fill_grads(*model, step++, s[0]);
+    grads.push_back(read_grads(*model));
+    norms.push_back(opt.clip_grad_norm(s[1]));
+    opt.step(s[2], s[3]);
+    steps.push_back({{"lr", s[2]}, {"wd", s[3]}, {"clip", s[1]}});
+  }
+  std::vector<NamedTensor> ts;
+  std::vector<std::vector<double>> keep = start.p;
+  for (size_t i = 0; i < keep.size(); ++i)
+    ts.push_back({fmt::format("param.{}", i), Tensor(keep[i].data(), {static_cast<int64_t>(keep[i].size())}, DType::kF64)});
+  for (size_t s = 0; s < grads.size(); ++s)
+    for (size_t i = 0; i < grads[s].size(); ++i)
+      ts.push_back({fmt::format("grad.{}.{}", s, i),
+                    Tensor(grads[s][i].data(), {static_cast<int64_t>(grads[s][i].size())}, DType::kF64)});
+  const nlohmann::json meta = {{"momentum", momentum}, {"wd_mult", start.wd_mult}, {"steps", steps}};
+  const std::string dir = std::string(MT_BINARY_DIR) + "/test-artifacts";
+  std::filesystem::create_directories(dir);
+  const std::string tag = fmt::format("{}_{}", dtype_name(dt), momentum);
+  const std::string in = dir + "/sgd_ref_" + tag + "_in.safetensors", out = dir + "/sgd_ref_" + tag + "_out.safetensors";
+  ASSERT_TRUE(write_safetensors(in, ts, {{"plan", meta.dump()}}).is_ok());
+  const std::string cmd = "/usr/bin/python3 " + std::string(MT_SOURCE_DIR) + "/tests/optim/sgd_reference.py " + in + " " + out;
+  const int rc = std::system(cmd.c_str());
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "PyTorch is not installed for /usr/bin/python3 (apt install python3-torch)";
+  ASSERT_EQ(rc, 0) << cmd;
+  auto ref = read_safetensors(out);
+  ASSERT_TRUE(ref.is_ok()) << ref.status().message();
+  auto vec = [&](const std::string& name) {
+    auto t = ref->get(name);
+    MT_CHECK(t.is_ok(), t.status().message());
+    const double* d = t->ptr<double>();
+    return std::vector<double>(d, d + t->numel());
+  };
+  const std::vector<double> ref_norms = vec("norm");
+  for (size_t s = 0; s < norms.size(); ++s) EXPECT_NEAR(norms[s], ref_norms[s], 1e-12 * ref_norms[s]) << "norm " << s;
+  std::vector<std::vector<double>> ref_p, ref_b;
+  for (size_t i = 0; i < model->params().size(); ++i) {
+    ref_p.push_back(vec(fmt::format("param.{}", i)));
+    if (momentum != 0) ref_b.push_back(vec(fmt::format("momentum_buffer.{}", i)));
+  }
+  EXPECT_LT(max_rel(model->params(), ref_p, 1e-3), tol) << "params";
+  if (momentum != 0) {
+    EXPECT_LT(max_rel(opt.exp_avg(), ref_b, 1e-6), tol) << "momentum buffers";
+  } else {
+    EXPECT_TRUE(opt.exp_avg().empty());
+    EXPECT_EQ(opt.state_bytes(), 0u);
+  }
+}
+
+TEST(Sgd, MatchesTorchSgd_Fp64) { run_sgd_against_torch(DType::kF64, 0.9, 1e-12); }
+TEST(Sgd, MatchesTorchSgd_Fp32) { run_sgd_against_torch(DType::kF32, 0.9, 1e-5); }
+TEST(Sgd, MatchesTorchSgdWithoutMomentum) { run_sgd_against_torch(DType::kF64, 0.0, 1e-12); }
+TEST(Sgd, MatchesTorchSgdOtherMomentum) { run_sgd_against_torch(DType::kF32, 0.5, 1e-5); }
+
+TEST(Sgd, StateIsOneBufferPerParameter) {
+  auto model = make_model(DType::kF32);
+  OptimizerConfig cfg;
+  cfg.kind = OptimizerKind::kSgd;
+  Optimizer opt(*model, cfg);
+  int64_t n = 0;
+  for (const Tensor& p : model->params()) n += p.numel();
+  EXPECT_GE(opt.state_bytes(), static_cast<size_t>(n) * 4);
+  EXPECT_LT(opt.state_bytes(), static_cast<size_t>(n) * 4 + 64 * model->params().size());
+  EXPECT_EQ(opt.state_names(), std::vector<std::string>{"momentum_buffer"});
+  EXPECT_EQ(opt.config().sgd_momentum, 0.9);  // Megatron's --sgd-momentum default
+  EXPECT_TRUE(opt.exp_avg_sq().empty());
+  for (const StateRange& r : opt.state_ranges()) {
+    EXPECT_TRUE(r.m.defined());
+    EXPECT_FALSE(r.v.defined());
+  }
+}
+
+// The bf16 GEMM copies follow an SGD step too.
+TEST(Sgd, Bf16CopiesAreRefreshedByStep) {
+  auto model = make_model(DType::kF32, /*bf16=*/true);
+  OptimizerConfig cfg;
+  cfg.kind = OptimizerKind::kSgd;
+  Optimizer opt(*model, cfg);
+  std::vector<int32_t> tok(16), lab(16);
+  for (int i = 0; i < 16; ++i) tok[i] = i % 30, lab[i] = (i * 7) % 30;
+  Tensor tokens(tok.data(), {2, 8}, DType::kI32), labels(lab.data(), {2, 8}, DType::kI32);
+  model->zero_grads();
+  const double before = model->forward(0, tokens, labels, 0, false);
+  model->backward(0);
+  opt.step(1.0, 0.0);
+  const double after_step = model->forward(0, tokens, labels, 0, false);
+  model->sync_low_precision();
+  const double after_sync = model->forward(0, tokens, labels, 0, false);
+  EXPECT_EQ(after_step, after_sync);
+  EXPECT_LT(after_step, before);  // a descent step
 }
 
 }  // namespace

@@ -241,6 +241,14 @@ TEST(BytesPerParam, MegatronTable) {
   EXPECT_EQ(bytes_per_param(bf16).total(4), 6 + 12.0 / 4);
   EXPECT_EQ(bytes_per_param(fp16).total(8), 4 + 16.0 / 8);
   EXPECT_EQ(bytes_per_param(fp32).total(2), 8 + 8.0 / 2);
+  // --optimizer sgd: one fp32 momentum buffer instead of Adam's two moments;
+  // none with --sgd-momentum 0.
+  EXPECT_EQ(bytes_per_param(bf16, 1).total(), 14);
+  EXPECT_EQ(bytes_per_param(fp16, 1).total(), 16);
+  EXPECT_EQ(bytes_per_param(fp32, 0).total(), 8);
+  EXPECT_EQ((OptimizerChoice{.name = "sgd"}.state_tensors()), 1);
+  EXPECT_EQ((OptimizerChoice{.name = "sgd", .sgd_momentum = 0}.state_tensors()), 0);
+  EXPECT_EQ(OptimizerChoice{}.state_tensors(), 2);
 }
 
 }  // namespace

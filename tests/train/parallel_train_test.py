@@ -442,6 +442,17 @@ against_reference("dlr", ["--decoupled-lr", "1e-2", "--decoupled-min-lr", "1e-3"
     ("tp2dp2do", 2, 1, 2, ["--use-distributed-optimizer"]),
 ], iterations=6)
 
+# ---------------------------------------------------------------- SGD
+# --optimizer sgd: the momentum buffers follow the parameters' layout (TP
+# shards, the distributed optimizer's DP shards, pipeline stages), every
+# layout equals one rank, and the planner counts one state tensor per
+# parameter (its buffers are checked against the allocation).
+against_reference("sgd", ["--optimizer", "sgd", "--sgd-momentum", "0.8"], [
+    ("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("pp2dp2overlap", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                                "--ddp-bucket-size", "20000"]),
+], iterations=6, plan=True)
+
 # ---------------------------------------------------------------- DP 3
 # A data-parallel size that does not divide the buffer's alignment.
 against_reference("gbs12", ["--global-batch-size", "12"], [

@@ -12,6 +12,7 @@
 #  - --mock-data trains on Megatron's synthetic documents;
 #  - --calculate-per-token-loss does not depend on the micro-batch split;
 #  - --dataloader-type cyclic resumes exactly (its order is stateless);
+#  - --optimizer sgd resumes exactly and refuses to resume as adam;
 #  - configuration errors are all listed at once, exit code 2.
 set -u
 BIN=${1:?usage: train_cli_test.sh path/to/megatron}
@@ -926,6 +927,41 @@ for r, it in ((rows[1], 2), (rows[3], 4)):
     assert r[8] == "Tokens (in billions): %.2f" % (c["consumed_train_samples"] * 32 / 1e9), r[8]
     assert r[5].startswith("Job throughput: ") and r[5].endswith(" TFLOP/s/GPU"), r[5]
 PY
+
+# --optimizer sgd: resume is exact (the momentum buffers come back), the
+# checkpoint holds torch's momentum_buffer per parameter and names the
+# optimizer, an Adam run refuses that state, and --sgd-momentum 0 keeps none.
+check_resume sgd --micro-batch-size 2 --global-batch-size 4 --optimizer sgd --lr 0.3 --min-lr 0.03
+python3 - "$TMP/sgd-full/iter_0000040" "$TMP/fp32-full/iter_0000040" <<'PY' || fail "--optimizer sgd checkpoint"
+import json, struct, sys
+def names(d):
+    with open(d + "/model_rank00000.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return set(json.loads(f.read(n))) - {"__metadata__"}
+sgd, adam = names(sys.argv[1]), names(sys.argv[2])
+params = {n for n in adam if not n.startswith("optimizer.")}
+assert {n for n in sgd if not n.startswith("optimizer.")} == params
+assert {n for n in sgd if n.startswith("optimizer.")} == {"optimizer.momentum_buffer." + p for p in params}, sorted(sgd)
+assert {n for n in adam if n.startswith("optimizer.")} == {f"optimizer.{s}.{p}" for s in ("exp_avg", "exp_avg_sq") for p in params}
+assert json.load(open(sys.argv[1] + "/common.json"))["optimizer"]["name"] == "sgd"
+assert json.load(open(sys.argv[2] + "/common.json"))["optimizer"]["name"] == "adam"
+PY
+d1=$(losses "$TMP/sgd-full.jsonl" | sed -n 40p); d2=$(losses "$TMP/fp32-full.jsonl" | sed -n 40p)
+[ "$d1" != "$d2" ] || fail "--optimizer sgd trained as adam"
+run sgd-adam --micro-batch-size 2 --global-batch-size 4 --train-iters 41 --save-interval 100 --load "$TMP/sgd-full"
+[ $? = 2 ] && grep -q "saved by --optimizer sgd but this run uses --optimizer adam; pass --optimizer sgd" "$TMP/sgd-adam.log" \
+  || { fail "adam resuming sgd state"; cat "$TMP/sgd-adam.log"; }
+run sgd-adam --micro-batch-size 2 --global-batch-size 4 --train-iters 41 --save-interval 100 --load "$TMP/sgd-full" --no-load-optim --override-opt-param-scheduler \
+  || { fail "adam resuming sgd with --no-load-optim"; cat "$TMP/sgd-adam.log"; }
+run sgd0 --micro-batch-size 2 --global-batch-size 4 --optimizer sgd --sgd-momentum 0 --lr 0.3 --min-lr 0.03 --train-iters 8 --save-interval 8 \
+  || { fail "--sgd-momentum 0"; cat "$TMP/sgd0.log"; }
+python3 -c "
+import json, struct, sys
+with open(sys.argv[1], 'rb') as f:
+    n = struct.unpack('<Q', f.read(8))[0]
+    assert not [k for k in json.loads(f.read(n)) if k.startswith('optimizer.')]" "$TMP/sgd0/iter_0000008/model_rank00000.safetensors" \
+  || fail "--sgd-momentum 0 saved optimizer state"
+[ "$(losses "$TMP/sgd0.jsonl" | sed -n 4p)" != "$(losses "$TMP/sgd-full.jsonl" | sed -n 4p)" ] || fail "--sgd-momentum 0 had no effect"
 
 # A rule both the flag checks and the LR scheduler state is listed once.
 "$BIN" train "${MOCK[@]}" --train-iters 3 --lr-decay-samples 100 2>"$TMP/err" >/dev/null

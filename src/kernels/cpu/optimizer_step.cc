@@ -1,4 +1,4 @@
-#include "kernels/adamw.h"
+#include "kernels/optimizer_step.h"
 
 #include <cmath>
 #include <type_traits>
@@ -62,6 +62,44 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
     };
     if (scaled) with_lowp(yes{});
     else with_lowp(no{});
+  });
+}
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const SGDOptions& o, const Tensor& lowp) {
+  check_same_numel(param, grad, "sgd_step");
+  if (lowp.defined()) {
+    MT_CHECK((lowp.dtype() == DType::kBF16 || lowp.dtype() == DType::kF16) && param.dtype() == DType::kF32,
+             "sgd_step: lowp must be bf16 or fp16 for fp32 parameters");
+    check_same_numel(param, lowp, "sgd_step");
+  }
+  const bool momentum = o.momentum != 0.0 && param.numel() > 0;
+  MT_CHECK(!momentum || buf.defined(), "sgd_step: momentum != 0 needs a momentum buffer");
+  if (momentum) check_same_numel(param, buf, "sgd_step");
+  float_types(param.dtype(), [&](auto tag_) { using T = decltype(tag_);
+    T* p = param.ptr<T>();
+    T* bp = momentum ? buf.ptr<T>() : nullptr;
+    const T* g = grad.ptr<T>();
+    const T lr = static_cast<T>(o.lr), mu = static_cast<T>(o.momentum), wd = static_cast<T>(o.weight_decay),
+            gs = static_cast<T>(o.grad_scale);
+    const bool scaled = o.grad_scale != 1.0, decay = o.weight_decay != 0.0;
+    const int64_t n = param.numel();
+    bf16* lb = lowp.defined() && lowp.dtype() == DType::kBF16 ? lowp.ptr<bf16>() : nullptr;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      T gi = g[i];
+      if (scaled) gi = gi * gs;
+      if (decay) gi = gi + wd * p[i];
+      if (momentum) {
+        gi = mu * bp[i] + gi;
+        bp[i] = gi;
+      }
+      const T pi = p[i] - lr * gi;
+      p[i] = pi;
+      if constexpr (std::is_same_v<T, float>)
+        if (lb) lb[i] = to_out<bf16>(pi);
+    }
+    if constexpr (std::is_same_v<T, float>)
+      if (lowp.defined() && lowp.dtype() == DType::kF16) f16_round_n(p, lowp.ptr<f16>(), n);
   });
 }
 

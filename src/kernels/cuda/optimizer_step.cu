@@ -1,6 +1,6 @@
-// CUDA twin of kernels/cpu/adamw.cc: one fused AdamW step (kernels/adamw.h
-// has the contract), fp32 or fp64, with the fused gradient scale and the
-// optional bf16 copy of the updated fp32 parameters.
+// CUDA twins of kernels/cpu/optimizer_step.cc: one fused AdamW or SGD step
+// (kernels/optimizer_step.h has the contracts), fp32 or fp64, with the fused
+// gradient scale and the optional bf16 copy of the updated fp32 parameters.
 //
 // Launch: grid-stride loop, one element per step, int64 indices; no
 // reductions. Bitwise equal to the CPU twin: the CPU file is compiled with
@@ -12,7 +12,7 @@
 #include <cmath>
 
 #include "core/cuda/check.cuh"
-#include "kernels/adamw.h"
+#include "kernels/optimizer_step.h"
 #include "kernels/cuda/pointwise_common.cuh"
 
 namespace mt::kernels::cuda {
@@ -47,7 +47,51 @@ __global__ void adamw_k(int64_t n, T* p, const T* __restrict__ g, T* m, T* v, Ad
   }
 }
 
+// CPU twin of sgd_step, per element:
+//   gi = g * gs (when scaled);  gi = gi + wd * p (when decay)
+//   b  = mu * b + gi; gi = b (when momentum)
+//   p  = p - lr * gi;  lp = bf16(p) (when lowp)
+template <typename T>
+__global__ void sgd_k(int64_t n, T* p, const T* __restrict__ g, T* b, T lr, T mu, T wd, T gs, bool scaled, bool decay,
+                      bf16* lp) {
+  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
+    T gi = g[e];
+    if (scaled) gi = mul_rn(gi, gs);
+    if (decay) gi = add_rn(gi, mul_rn(wd, p[e]));
+    if (b) {
+      gi = add_rn(mul_rn(mu, b[e]), gi);
+      b[e] = gi;
+    }
+    const T pi = sub_rn(p[e], mul_rn(lr, gi));
+    p[e] = pi;
+    if (lp) lp[e] = bf16{bf16_bits_from_float(static_cast<float>(pi))};
+  }
+}
+
 }  // namespace
+
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const SGDOptions& o, const Tensor& lowp) {
+  check_same_numel(param, grad, "sgd_step");
+  if (lowp.defined()) {
+    MT_CHECK(lowp.dtype() == DType::kBF16 && param.dtype() == DType::kF32, "sgd_step: lowp must be bf16 for fp32 parameters");
+    check_same_numel(param, lowp, "sgd_step");
+  }
+  const bool momentum = o.momentum != 0.0 && param.numel() > 0;
+  MT_CHECK(!momentum || buf.defined(), "sgd_step: momentum != 0 needs a momentum buffer");
+  if (momentum) check_same_numel(param, buf, "sgd_step");
+  check_on_gpu({&param, &grad, &buf, &lowp}, "sgd_step");
+  float_types(param.dtype(), [&](auto tag_) {
+    using T = decltype(tag_);
+    const int64_t n = param.numel();
+    if (n == 0) return;
+    bf16* lp = lowp.defined() ? lowp.ptr<bf16>() : nullptr;
+    sgd_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
+        n, param.ptr<T>(), grad.ptr<T>(), momentum ? buf.ptr<T>() : nullptr, static_cast<T>(o.lr),
+        static_cast<T>(o.momentum), static_cast<T>(o.weight_decay), static_cast<T>(o.grad_scale), o.grad_scale != 1.0,
+        o.weight_decay != 0.0, lp);
+    MT_CUDA_CHECK_LAUNCH();
+  });
+}
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o,
                 const Tensor& lowp) {

@@ -1,4 +1,6 @@
 #pragma once
+// The optimizers' elementwise updates: AdamW and SGD with momentum.
+//
 // AdamW as PyTorch's torch.optim.AdamW and Megatron's default optimizer
 // (apex/TE FusedAdam with adam_w_mode) define it, for step t >= 1:
 //   p   -= lr * wd * p                       (decoupled weight decay)
@@ -31,7 +33,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
                 const Tensor& lowp);
 }
 #ifdef MT_HAVE_CUDA
-// The CUDA twins (kernels/cuda/adamw.cu), on the rank's stream.
+// The CUDA twins (kernels/cuda/optimizer_step.cu), on the rank's stream.
 namespace cuda {
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWOptions& o,
                 const Tensor& lowp);
@@ -43,6 +45,33 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
 inline void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                        const AdamWOptions& o, const Tensor& lowp = Tensor()) {
   MT_DISPATCH(adamw_step, param.device(), param, grad, m, v, o, lowp);
+}
+
+// SGD as torch.optim.SGD (dampening 0, no Nesterov) and Megatron's
+// --optimizer sgd (TE/apex FusedSGD) define it, with coupled (L2) weight decay:
+//   g    = g * grad_scale + wd * p           (the decay term only when wd != 0)
+//   buf  = momentum * buf + g;  g = buf      (only when momentum != 0)
+//   p   -= lr * g
+// torch creates buf = g at a parameter's first step; starting from buf = 0
+// gives the same value (0 * momentum + g == g exactly), so no first-step flag.
+struct SGDOptions {
+  double lr = 1e-3, momentum = 0.9, weight_decay = 0.0;
+  double grad_scale = 1.0;  // as AdamWOptions::grad_scale
+};
+
+namespace cpu {
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const SGDOptions& o, const Tensor& lowp);
+}
+#ifdef MT_HAVE_CUDA
+namespace cuda {
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const SGDOptions& o, const Tensor& lowp);
+}  // namespace cuda
+#endif
+
+// buf: the momentum buffer (same numel as param); not read when momentum is 0.
+inline void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const SGDOptions& o,
+                     const Tensor& lowp = Tensor()) {
+  MT_DISPATCH(sgd_step, param.device(), param, grad, buf, o, lowp);
 }
 
 // sqrt(sum of squares of every tensor).
