@@ -156,6 +156,10 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_string("save", &c.save, "directory to save checkpoints to");
   f.add_string("load", &c.load, "directory to load a checkpoint from (its latest iteration)");
   f.add_int("save-interval", &c.save_interval, "iterations between checkpoints", 1, INT64_MAX / 4);
+  f.add_int("save-retain-interval", &c.save_retain_interval,
+            "keep only checkpoints at multiples of this (a multiple of --save-interval) and the latest: after each "
+            "save the previous one is deleted unless it is such a multiple or a symbolic link",
+            1, INT64_MAX / 4);
   f.add_switch("no-save-optim", &c.no_save_optim, "do not save optimizer state");
   f.add_switch("no-save-rng", &c.no_save_rng, "do not save random-number state");
   f.add_switch("no-load-optim", &c.no_load_optim, "do not load optimizer state");
@@ -514,6 +518,11 @@ std::vector<std::string> validate_train(const TrainConfig& c) {
   if (!c.save.empty() && !c.save_interval && !c.exit_signal_handler && !c.exit_interval && !c.exit_duration_in_mins)
     err("--save needs --save-interval (Megatron asserts it)");
   if (c.save_interval && c.save.empty()) err("--save-interval needs --save DIR");
+  if (c.save_retain_interval && !c.save.empty() && c.save_interval && *c.save_retain_interval % *c.save_interval != 0)
+    err(fmt::format("--save-retain-interval {} must be a multiple of --save-interval {} (Megatron asserts it)",
+                    *c.save_retain_interval, *c.save_interval));
+  if (c.save_retain_interval && !c.save.empty() && !c.save_interval)
+    err("--save-retain-interval needs --save-interval (Megatron asserts it)");
   if (c.profile && c.profile_step_end <= c.profile_step_start)
     err(fmt::format("--profile-step-end {} must be after --profile-step-start {}: no step would be profiled",
                     c.profile_step_end, c.profile_step_start));

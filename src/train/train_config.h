@@ -61,6 +61,7 @@ struct TrainConfig {
   // Checkpoints.
   std::string save, load;
   std::optional<int64_t> save_interval;
+  std::optional<int64_t> save_retain_interval;  // --save-retain-interval
   bool no_save_optim = false, no_save_rng = false, no_load_optim = false, no_load_rng = false, finetune = false;
   // Exits.
   std::optional<int64_t> exit_interval;

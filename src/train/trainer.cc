@@ -858,6 +858,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     auto slices =
         checkpoint::training_state_slices(model, cfg.no_save_optim ? nullptr : &opt, std::nullopt, grad_comm.rank() == 0,
                                           expert_dp_comm.rank() == 0);
+    // --save-retain-interval (Megatron's iter_finalize_fn): the checkpoint
+    // the tracker names before this save.
+    std::optional<int64_t> previous;
+    if (cfg.save_retain_interval && rank == 0)
+      if (auto t = checkpoint::read_tracker(cfg.save); t.is_ok() && *t) previous = **t;
     const auto t0 = Clock::now();
     checkpoint::SaveOptions so_opts;
     so_opts.tmp_tag = save_tag;
@@ -879,6 +884,30 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                                 consumed_train * seq);
           !ps)
         std::fprintf(stderr, "warning: %s\n", ps.message().c_str());
+    // Then that previous checkpoint goes unless it is a multiple of the
+    // interval (or this very iteration, saved again); a symbolic link stays.
+    // A failed deletion is reported and training goes on, as in Megatron.
+    if (previous && *previous > 0 && *previous != it && *previous % *cfg.save_retain_interval != 0) {
+      const std::string dir = cfg.save + "/" + checkpoint::iteration_dir_name(*previous);
+      std::error_code ec;
+      const auto st = std::filesystem::symlink_status(dir, ec);
+      if (!std::filesystem::is_directory(st) && !std::filesystem::is_symlink(st)) {
+        std::fprintf(stderr, "warning: could not delete checkpoint %s (--save-retain-interval): not a directory\n",
+                     dir.c_str());
+      } else if (std::filesystem::is_symlink(st)) {
+        std::fprintf(out, "skipping deleting checkpoint from iteration %lld at %s since it is a symbolic link\n",
+                     static_cast<long long>(*previous), cfg.save.c_str());
+      } else if (std::filesystem::remove_all(dir, ec); ec) {
+        std::fprintf(stderr, "warning: could not delete checkpoint %s (--save-retain-interval): %s\n", dir.c_str(),
+                     ec.message().c_str());
+      } else {
+        std::fprintf(out, "deleted checkpoint %s (--save-retain-interval %lld)\n", dir.c_str(),
+                     static_cast<long long>(*cfg.save_retain_interval));
+        if (progress.enabled())
+          if (Status ps = progress.append(fmt::format("Deleted checkpoint\tIteration: {}", *previous)); !ps)
+            std::fprintf(stderr, "warning: %s\n", ps.message().c_str());
+      }
+    }
     return Status::ok();
   };
   // The loss Megatron reports (training and validation): the counted tokens'

@@ -963,6 +963,24 @@ with open(sys.argv[1], 'rb') as f:
   || fail "--sgd-momentum 0 saved optimizer state"
 [ "$(losses "$TMP/sgd0.jsonl" | sed -n 4p)" != "$(losses "$TMP/sgd-full.jsonl" | sed -n 4p)" ] || fail "--sgd-momentum 0 had no effect"
 
+# --save-retain-interval: after each save the previous checkpoint goes unless
+# it is a multiple of the interval; the latest always stays; a symbolic link
+# stays; progress.txt records each deletion, as Megatron's does.
+"$BIN" train "${MOCK[@]}" --train-iters 10 --exit-interval 6 --save "$TMP/retain" --save-interval 2 --save-retain-interval 4 --log-progress \
+  >"$TMP/retain.log" 2>&1 || { fail "--save-retain-interval run"; cat "$TMP/retain.log"; }
+[ "$(cd "$TMP/retain" && echo iter_*)" = "iter_0000004 iter_0000006" ] || { fail "--save-retain-interval kept $(ls "$TMP/retain")"; }
+mv "$TMP/retain/iter_0000006" "$TMP/retain/six" && ln -s six "$TMP/retain/iter_0000006"
+"$BIN" train "${MOCK[@]}" --train-iters 10 --save "$TMP/retain" --load "$TMP/retain" --save-interval 2 \
+  --save-retain-interval 4 --log-progress >>"$TMP/retain.log" 2>&1 || { fail "--save-retain-interval resume"; cat "$TMP/retain.log"; }
+[ "$(cd "$TMP/retain" && echo iter_*)" = "iter_0000004 iter_0000006 iter_0000008 iter_0000010" ] && [ -L "$TMP/retain/iter_0000006" ] \
+  && grep -q "skipping deleting checkpoint from iteration 6 .* since it is a symbolic link" "$TMP/retain.log" \
+  || { fail "--save-retain-interval after resume kept $(ls "$TMP/retain")"; }
+[ "$(grep -c "Deleted checkpoint" "$TMP/retain/progress.txt")" = 1 ] && grep -q "Deleted checkpoint	Iteration: 2$" "$TMP/retain/progress.txt" \
+  || { fail "--save-retain-interval progress lines"; cat "$TMP/retain/progress.txt"; }
+"$BIN" train "${MOCK[@]}" --train-iters 6 --save "$TMP/retain2" --save-interval 2 --save-retain-interval 3 2>"$TMP/err" >/dev/null
+[ $? = 2 ] && grep -q -- "--save-retain-interval 3 must be a multiple of --save-interval 2" "$TMP/err" \
+  || { fail "--save-retain-interval not a multiple"; cat "$TMP/err"; }
+
 # A rule both the flag checks and the LR scheduler state is listed once.
 "$BIN" train "${MOCK[@]}" --train-iters 3 --lr-decay-samples 100 2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q "^megatron train: error: 1 problem in the configuration:" "$TMP/err" \
