@@ -107,7 +107,7 @@ struct MemoryReport {
   // (16 for fp32, 18 for bf16, 20 for fp16), the seed calculator's figure.
   double model_state_bytes_per_param = 0;
   double model_state_bytes = 0;
-  double checkpoint_bytes = 0;      // weights + fp32 master + Adam m, v
+  double checkpoint_bytes = 0;      // weights + fp32 master + optimizer state
   TrainerBuffers trainer;                     // pipeline rank 0's (what its log line compares)
   std::vector<TrainerBuffers> trainer_stages;  // every pipeline rank's
   int64_t trainer_peak_stage = 0;              // the pipeline rank with the most

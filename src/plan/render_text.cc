@@ -132,7 +132,7 @@ std::string render_text(const PlanReport& r) {
     const int64_t peak = r.memory.trainer_peak_stage, P = r.job.parallel.pp;
     auto trainer_line = [&](int64_t p) {
       const auto& t = r.memory.trainer_stages.empty() ? r.memory.trainer : r.memory.trainer_stages[static_cast<size_t>(p)];
-      line(fmt::format("  this build's CPU trainer{}: {} GiB (weights {}, grads {}, 16-bit copies {}, Adam {}, activations {}, "
+      line(fmt::format("  this build's CPU trainer{}: {} GiB (weights {}, grads {}, 16-bit copies {}, optimizer state {}, activations {}, "
                        "scratch {}, comm buffers {})",
                        P == 1 ? std::string() : fmt::format(", pipeline rank {}{}", p, p == peak ? " (the most loaded)" : ""),
                        gib(t.total()), gib(t.params), gib(t.grads), gib(t.lowp), gib(t.optimizer), gib(t.activations),

@@ -133,7 +133,8 @@ std::string gpu_profile_name(const std::string& name) {
 }
 
 Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, std::unique_ptr<data::Tokenizer> tokenizer,
-                                    const std::vector<std::string>& argv, std::FILE* out);
+                                    const std::vector<std::string>& argv, std::FILE* out,
+                                    const std::vector<std::string>& resume_notes);
 }  // namespace
 
 namespace {
@@ -234,16 +235,45 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   // --step-batch-size-schedule is checked for the batches this run uses:
   // from the samples a resumed checkpoint has consumed to --train-samples.
   // (A missing or unreadable checkpoint is dealt with when the trainer loads it.)
+  std::optional<checkpoint::LoadedCheckpoint> peeked;
+  if (!cfg.load.empty() && !cfg.finetune)
+    if (auto ck = checkpoint::load_checkpoint(cfg.load); ck) peeked = std::move(*ck);
   if (job.batch.step_batch_size_schedule) {
     if (cfg.train_samples) popts.batch_to_samples = *cfg.train_samples;
-    if (!cfg.load.empty() && !cfg.finetune)
-      if (auto ck = checkpoint::load_checkpoint(cfg.load); ck) {
-        const nlohmann::json& c = ck->common();
-        if (c.contains("consumed_train_samples") && c["consumed_train_samples"].is_number_integer() &&
-            c["consumed_train_samples"].get<int64_t>() >= 0)
-          popts.batch_from_samples = c["consumed_train_samples"].get<int64_t>();
-      }
+    if (peeked) {
+      const nlohmann::json& c = peeked->common();
+      if (c.contains("consumed_train_samples") && c["consumed_train_samples"].is_number_integer() &&
+          c["consumed_train_samples"].get<int64_t>() >= 0)
+        popts.batch_from_samples = c["consumed_train_samples"].get<int64_t>();
+    }
   }
+  // Megatron restores torch's param_groups with the optimizer state, so a
+  // resumed run keeps the checkpoint's betas, eps and momentum whatever the
+  // command line says: the same here (before planning: the momentum decides
+  // whether SGD keeps a buffer), with a note when they differ.
+  std::vector<std::string> resume_notes;
+  if (peeked && !cfg.no_load_optim && peeked->common().contains("optimizer") &&
+      peeked->common()["optimizer"].is_object()) {
+    const nlohmann::json& o = peeked->common()["optimizer"];
+    if (o.contains("name") && o["name"] == job.optimizer.name) {
+      auto take = [&](const char* key, double& v, const char* flag) {
+        if (!o.contains(key) || !o[key].is_number() || o[key].get<double>() == v) return;
+        resume_notes.push_back(fmt::format(
+            "{} {} from the checkpoint replaces the command line's {}: Megatron restores the optimizer's "
+            "hyperparameters with its state (pass --no-load-optim to start the state afresh with yours)",
+            flag, o[key].get<double>(), v));
+        v = o[key].get<double>();
+      };
+      if (job.optimizer.name == "sgd") {
+        take("sgd_momentum", job.optimizer.sgd_momentum, "--sgd-momentum");
+      } else {
+        take("adam_beta1", cfg.adam_beta1, "--adam-beta1");
+        take("adam_beta2", cfg.adam_beta2, "--adam-beta2");
+        take("adam_eps", cfg.adam_eps, "--adam-eps");
+      }
+    }
+  }
+  peeked.reset();  // the resume below opens it again, after the plan's checks
   plan::PlanReport plan = plan::make_plan(job, popts);
   for (const auto& v : plan.errors) {
     std::string flags;
@@ -377,7 +407,8 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
   // the whole job (MPI_Abort) with the failing rank's message, never a hang.
   // With --use-checkpoint-args a checkpoint of this run stores the merged
   // command line, so that it resumes and generates without the other one.
-  auto r = train_validated(cfg, plan, std::move(tokenizer), cfg.merged_argv.empty() ? argv : cfg.merged_argv, out);
+  auto r = train_validated(cfg, plan, std::move(tokenizer), cfg.merged_argv.empty() ? argv : cfg.merged_argv, out,
+                           resume_notes);
   if (!r && processes > 1) {
     std::fflush(out);
     std::fprintf(stderr, "megatron train: error on rank %d of %d: %s\n", comm::world_rank(), processes,
@@ -390,7 +421,8 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
 namespace {
 
 Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, std::unique_ptr<data::Tokenizer> tokenizer,
-                                    const std::vector<std::string>& argv, std::FILE* out) {
+                                    const std::vector<std::string>& argv, std::FILE* out,
+                                    const std::vector<std::string>& resume_notes) {
   const auto job_start = Clock::now();  // --log-progress's job throughput counts from here
   auto& job = cfg.job;
   auto& mc = job.model;
@@ -577,12 +609,17 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       auto ck = checkpoint::load_checkpoint(cfg.load);
       if (!ck) return ck.status();
       const bool with_optim = !cfg.no_load_optim && !cfg.finetune;
-      // The optimizer that saved the state (checkpoints before --optimizer sgd
-      // name none; their missing state tensors are reported by name below).
-      if (with_optim && ck->common().contains("optimizer") && ck->common()["optimizer"].is_object() &&
-          ck->common()["optimizer"].contains("name")) {
-        const nlohmann::json& n = ck->common()["optimizer"]["name"];
-        const std::string ours = optim::optimizer_name(opt.config().kind);
+      // The optimizer that saved the state: its name, or in checkpoints from
+      // before --optimizer sgd (which name none) Adam when they hold its
+      // moments (else their missing state tensors are reported by name below).
+      const std::string ours = optim::optimizer_name(opt.config().kind);
+      nlohmann::json n;
+      if (ck->common().contains("optimizer") && ck->common()["optimizer"].is_object() &&
+          ck->common()["optimizer"].contains("name"))
+        n = ck->common()["optimizer"]["name"];
+      else if (!model.specs().empty() && ck->has_tensor("optimizer.exp_avg." + model.specs()[0].name))
+        n = "adam";
+      if (with_optim && !n.is_null()) {
         if (!n.is_string())
           return Status::corrupt(fmt::format("{}/common.json: optimizer.name is {}, expected a string such as \"adam\"",
                                              ck->directory(), n.dump()));
@@ -592,7 +629,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
               "--optimizer {} to continue it, or --no-load-optim to start the {} state afresh",
               ck->directory(), n.get<std::string>(), ours, n.get<std::string>(), ours));
       }
-      std::vector<std::string> notes;
+      std::vector<std::string> notes = with_optim ? resume_notes : std::vector<std::string>{};
       MT_RETURN_IF_ERROR(checkpoint::load_training_state(*ck, model, with_optim ? &opt : nullptr, &notes));
       for (const auto& n : notes) std::fprintf(out, "note: %s\n", n.c_str());
       const auto& c = ck->common();
@@ -723,7 +760,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
            static_cast<double>(buckets.buffer_bytes()) + static_cast<double>(executor.buffer_bytes());
   };
   // The planner's prediction of this trainer's buffers (the model's size
-  // tables plus Adam state): what `megatron plan` prints for these flags.
+  // tables plus the optimizer state): what `megatron plan` prints for these flags.
   const double planned_bytes = plan.memory.trainer.available ? plan.memory.trainer.total() : 0;
   const std::string layout = (cp > 1 ? fmt::format("TP x CP x PP x DP = {} x {} x {} x {}", tp, cp, pp, dp)
                                       : fmt::format("TP x PP x DP = {} x {} x {}", tp, pp, dp)) +
@@ -846,6 +883,13 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     common["num_floating_point_operations_so_far"] = flops_so_far;
     common["opt_param_scheduler"] = sched.state_json();
     common["optimizer"] = {{"name", optim::optimizer_name(opt.config().kind)}, {"step", opt.step_count()}};
+    if (opt.config().kind == optim::OptimizerKind::kSgd) {
+      common["optimizer"]["sgd_momentum"] = opt.config().sgd_momentum;
+    } else {
+      common["optimizer"]["adam_beta1"] = opt.config().beta1;
+      common["optimizer"]["adam_beta2"] = opt.config().beta2;
+      common["optimizer"]["adam_eps"] = opt.config().eps;
+    }
     if (scaler) common["optimizer"]["grad_scaler"] = scaler->state_json();
     if (!cfg.no_save_rng)
       common["rng_state"] = {{"seed", cfg.seed}, {"kind", "philox4x32-10 keyed by (seed, global micro-batch index)"}};

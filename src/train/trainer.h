@@ -1,15 +1,15 @@
 #pragma once
 // The training loop of `megatron train` on one rank: gradient accumulation
-// over micro-batches, AdamW with Megatron's LR/WD schedules and clipping,
+// over micro-batches, AdamW (or SGD) with Megatron's LR/WD schedules and clipping,
 // evaluation, Megatron's log line and JSON metrics, checkpoints that resume
 // bit-exactly, and the exit conditions (--exit-interval,
 // --exit-duration-in-mins, SIGTERM with --exit-signal-handler).
 //
 // Order of one iteration (as Megatron's train_step):
 //   zero grads; for each micro-batch m: forward (dropout keyed by the global
-//   micro-batch index), backward with loss scale 1/M; NaN check; clip; AdamW
+//   micro-batch index), backward with loss scale 1/M; NaN check; clip; optimizer step
 //   with lr/wd read before the scheduler advances; scheduler.step(GBS).
-// Everything that decides the next iteration (parameters, Adam moments and
+// Everything that decides the next iteration (parameters, optimizer state and
 // step, scheduler counter, consumed samples) is in the checkpoint, and the
 // dropout masks and data order are functions of (seed, iteration), so a
 // resumed run repeats the uninterrupted one bit for bit.

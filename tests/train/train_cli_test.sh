@@ -946,8 +946,17 @@ assert {n for n in adam if n.startswith("optimizer.")} == {f"optimizer.{s}.{p}" 
 assert json.load(open(sys.argv[1] + "/common.json"))["optimizer"]["name"] == "sgd"
 assert json.load(open(sys.argv[2] + "/common.json"))["optimizer"]["name"] == "adam"
 PY
-d1=$(losses "$TMP/sgd-full.jsonl" | sed -n 40p); d2=$(losses "$TMP/fp32-full.jsonl" | sed -n 40p)
-[ "$d1" != "$d2" ] || fail "--optimizer sgd trained as adam"
+# The checkpoint's momentum wins over the command line's on resume (Megatron
+# restores torch's param_groups with the state), with a note.
+for m in 0.9 0.5; do
+  run sgd-m$m --micro-batch-size 2 --global-batch-size 4 --optimizer sgd --lr 0.3 --min-lr 0.03 --sgd-momentum $m \
+    --train-iters 41 --save-interval 41 --load "$TMP/sgd-full" --override-opt-param-scheduler \
+    || { fail "sgd resume with --sgd-momentum $m"; cat "$TMP/sgd-m$m.log"; }
+done
+grep -q "note: --sgd-momentum 0.9 from the checkpoint replaces the command line's 0.5" "$TMP/sgd-m0.5.log" \
+  && ! grep -q "from the checkpoint replaces" "$TMP/sgd-m0.9.log" \
+  && cmp -s "$TMP/sgd-m0.9/iter_0000041/model_rank00000.safetensors" "$TMP/sgd-m0.5/iter_0000041/model_rank00000.safetensors" \
+  || fail "--sgd-momentum on resume: the checkpoint's did not win"
 run sgd-adam --micro-batch-size 2 --global-batch-size 4 --train-iters 41 --save-interval 100 --load "$TMP/sgd-full"
 [ $? = 2 ] && grep -q "saved by --optimizer sgd but this run uses --optimizer adam; pass --optimizer sgd" "$TMP/sgd-adam.log" \
   || { fail "adam resuming sgd state"; cat "$TMP/sgd-adam.log"; }
@@ -962,6 +971,18 @@ with open(sys.argv[1], 'rb') as f:
     assert not [k for k in json.loads(f.read(n)) if k.startswith('optimizer.')]" "$TMP/sgd0/iter_0000008/model_rank00000.safetensors" \
   || fail "--sgd-momentum 0 saved optimizer state"
 [ "$(losses "$TMP/sgd0.jsonl" | sed -n 4p)" != "$(losses "$TMP/sgd-full.jsonl" | sed -n 4p)" ] || fail "--sgd-momentum 0 had no effect"
+
+# A checkpoint from before optimizers were named (common.json without
+# optimizer.name) holds Adam moments: an SGD run names Adam as their source.
+"$BIN" train "${MOCK[@]}" --train-iters 2 --save "$TMP/unnamed" --save-interval 2 >"$TMP/unnamed.log" 2>&1 \
+  && python3 -c "
+import json, sys
+p = sys.argv[1] + '/iter_0000002/common.json'
+c = json.load(open(p)); del c['optimizer']['name']; json.dump(c, open(p, 'w'))" "$TMP/unnamed" \
+  || fail "unnamed checkpoint setup"
+"$BIN" train "${MOCK[@]}" --train-iters 2 --load "$TMP/unnamed" --optimizer sgd >"$TMP/unnamed.log" 2>&1
+[ $? = 2 ] && grep -q "saved by --optimizer adam but this run uses --optimizer sgd" "$TMP/unnamed.log" \
+  || { fail "unnamed Adam checkpoint into an SGD run"; cat "$TMP/unnamed.log"; }
 
 # --save-retain-interval: after each save the previous checkpoint goes unless
 # it is a multiple of the interval; the latest always stays; a symbolic link

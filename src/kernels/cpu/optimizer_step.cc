@@ -81,23 +81,33 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const 
     const T* g = grad.ptr<T>();
     const T lr = static_cast<T>(o.lr), mu = static_cast<T>(o.momentum), wd = static_cast<T>(o.weight_decay),
             gs = static_cast<T>(o.grad_scale);
-    const bool scaled = o.grad_scale != 1.0, decay = o.weight_decay != 0.0;
     const int64_t n = param.numel();
-    bf16* lb = lowp.defined() && lowp.dtype() == DType::kBF16 ? lowp.ptr<bf16>() : nullptr;
+    bf16* lb = nullptr;
+    if constexpr (std::is_same_v<T, float>)
+      if (lowp.defined() && lowp.dtype() == DType::kBF16) lb = lowp.ptr<bf16>();
+    // One loop per combination of the options, decided at compile time (no
+    // branch in the vectorised loop).
+    auto body = [&](auto scaled, auto decay, auto mom, auto copy) {
 #pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      T gi = g[i];
-      if (scaled) gi = gi * gs;
-      if (decay) gi = gi + wd * p[i];
-      if (momentum) {
-        gi = mu * bp[i] + gi;
-        bp[i] = gi;
+      for (int64_t i = 0; i < n; ++i) {
+        T gi = g[i];
+        if constexpr (decltype(scaled)::value) gi = gi * gs;
+        if constexpr (decltype(decay)::value) gi = gi + wd * p[i];
+        if constexpr (decltype(mom)::value) {
+          gi = mu * bp[i] + gi;
+          bp[i] = gi;
+        }
+        const T pi = p[i] - lr * gi;
+        p[i] = pi;
+        if constexpr (decltype(copy)::value) lb[i] = to_out<bf16>(static_cast<float>(pi));
       }
-      const T pi = p[i] - lr * gi;
-      p[i] = pi;
-      if constexpr (std::is_same_v<T, float>)
-        if (lb) lb[i] = to_out<bf16>(pi);
-    }
+    };
+    using yes = std::true_type;
+    using no = std::false_type;
+    auto with_copy = [&](auto... on) { lb ? body(on..., yes{}) : body(on..., no{}); };
+    auto with_mom = [&](auto... on) { momentum ? with_copy(on..., yes{}) : with_copy(on..., no{}); };
+    auto with_decay = [&](auto... on) { o.weight_decay != 0.0 ? with_mom(on..., yes{}) : with_mom(on..., no{}); };
+    o.grad_scale != 1.0 ? with_decay(yes{}) : with_decay(no{});
     if constexpr (std::is_same_v<T, float>)
       if (lowp.defined() && lowp.dtype() == DType::kF16) f16_round_n(p, lowp.ptr<f16>(), n);
   });
