@@ -267,6 +267,8 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                "Llama 3.1 RoPE frequency scaling (low/high frequency factors 1 and 4, original context 8192)");
   f.add_double("rope-scaling-factor", &c.rope_scaling_factor, "the factor of --use-rope-scaling", 1e-6, 1e6);
   f.add_double("init-method-std", &c.init_method_std, "standard deviation of the normal initialisation", 0, 10);
+  f.add_double("embedding-init-method-std", &c.embedding_init_method_std,
+               "standard deviation of the embeddings' normal initialisation; default --init-method-std", 0, 10);
   f.add_switch("init-method-xavier-uniform", &c.init_method_xavier_uniform,
                "Xavier-uniform initialisation of the weights and embeddings instead of normal(0, --init-method-std): "
                "uniform(-a, a), a = sqrt(6 / (fan_in + fan_out)) of each whole tensor");

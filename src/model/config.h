@@ -55,6 +55,11 @@ struct ModelConfig {
   bool rotary_interleaved = false;      // --rotary-interleaved: RoPE pairs dims (2i, 2i+1), not (i, i+r/2)
   double rope_scaling_factor = 8.0;     // --rope-scaling-factor
   double init_method_std = 0.02;        // --init-method-std
+  // --embedding-init-method-std: the word and position embeddings drawn from
+  // normal(0, this) when it differs from --init-method-std (then even under
+  // --init-method-xavier-uniform); else they follow the weights' method, as
+  // Megatron's TransformerConfig sets embedding_init_method.
+  std::optional<double> embedding_init_method_std;
   // --init-method-xavier-uniform: every weight and embedding that would be
   // normal(0, std) (or the scaled std) is uniform(-a, a), a = sqrt(6 /
   // (fan_in + fan_out)) of the whole tensor (torch's xavier_uniform_ on the

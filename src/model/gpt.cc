@@ -1201,7 +1201,12 @@ void GPTModel::init_parameters(uint64_t seed) {
     const double fan_out = static_cast<double>(s.global_shape.ndim >= 2 ? s.global_shape[0] : s.global_shape.numel());
     const double fan_in = static_cast<double>(s.global_shape.ndim >= 2 ? gcols : s.global_shape.numel());
     const double xavier = std::sqrt(6.0 / std::max(1.0, fan_in + fan_out));
-    const bool uniform = cfg_.init_method_xavier_uniform;
+    // --embedding-init-method-std other than --init-method-std: the
+    // embeddings' own normal, whatever the weights' method.
+    const bool own_std = s.name.rfind("embedding.", 0) == 0 && cfg_.embedding_init_method_std &&
+                         *cfg_.embedding_init_method_std != std0;
+    const bool uniform = cfg_.init_method_xavier_uniform && !own_std;
+    const double std_normal = own_std ? *cfg_.embedding_init_method_std : std0;
     for (const ShardPiece& piece : shard_pieces(s, sg.size, sg.rank)) {
       const int64_t rows = piece.shape.ndim >= 2 ? piece.shape[0] : 1;
       const int64_t cols = piece.shape.ndim >= 2 ? piece.shape.numel() / piece.shape[0] : piece.shape[0];
@@ -1221,7 +1226,7 @@ void GPTModel::init_parameters(uint64_t seed) {
           case InitKind::kNormal:
           case InitKind::kScaledNormal:
             v = uniform ? xavier * (2.0 * static_cast<double>(philox_uniform(seed, stream, ge)) - 1.0)
-                        : (s.init == InitKind::kNormal ? std0 : std_out) * philox_normal(seed, stream, ge);
+                        : (s.init == InitKind::kNormal ? std_normal : std_out) * philox_normal(seed, stream, ge);
             break;
           case InitKind::kOnes: v = 1; break;
           case InitKind::kZeros: v = 0; break;

@@ -317,7 +317,8 @@ class GPTModel {
   GPTModel& operator=(const GPTModel&) = delete;
 
   // Megatron's initialisation from `seed`: normal(0, init_method_std) for
-  // weights and embeddings, std / sqrt(2 L) for linear_proj and linear_fc2,
+  // weights and embeddings (or normal(0, embedding_init_method_std) for the
+  // embeddings), std / sqrt(2 L) for linear_proj and linear_fc2,
   // zeros for biases, ones/zeros for norms. Each value depends only on the
   // seed, the parameter's name and its global index (parallel-invariant).
   void init_parameters(uint64_t seed);

@@ -476,6 +476,48 @@ TEST(GPTModel, XavierUniformInitialisation) {
   EXPECT_GE(checked, 2 + 4 * cfg.num_layers);  // embedding, output layer, and qkv, proj, fc1, fc2 per layer
 }
 
+// --embedding-init-method-std: the word and position embeddings are
+// normal(0, that std), drawn from the same streams (so exactly the default's
+// values scaled), under --init-method-xavier-uniform too; every other tensor
+// is untouched; equal to --init-method-std it changes nothing.
+TEST(GPTModel, EmbeddingInitMethodStd) {
+  for (bool xavier : {false, true}) {
+    ModelConfig cfg = gpt2_style();
+    cfg.init_method_xavier_uniform = xavier;
+    GPTOptions opt;
+    opt.micro_batch = 1;
+    auto make = [&](std::optional<double> emb) {
+      ModelConfig c = cfg;
+      c.embedding_init_method_std = emb;
+      auto m = GPTModel::create(c, opt);
+      MT_CHECK(m.is_ok(), m.status().message());
+      (*m)->init_parameters(3);
+      return std::move(*m);
+    };
+    auto base = make(std::nullopt), same = make(cfg.init_method_std), big = make(1.0);
+    int embeddings = 0;
+    for (size_t i = 0; i < base->specs().size(); ++i) {
+      const std::string& name = base->specs()[i].name;
+      const Tensor &b = base->params()[i], &s = same->params()[i], &g = big->params()[i];
+      EXPECT_EQ(0, std::memcmp(b.data(), s.data(), b.nbytes())) << name << ": equal stds change nothing";
+      if (name.rfind("embedding.", 0) != 0) {
+        EXPECT_EQ(0, std::memcmp(b.data(), g.data(), b.nbytes())) << name;
+        continue;
+      }
+      ++embeddings;
+      double sq = 0;
+      for (int64_t j = 0; j < g.numel(); ++j) sq += double(g.ptr<float>()[j]) * g.ptr<float>()[j];
+      const double n = static_cast<double>(g.numel());
+      EXPECT_NEAR(std::sqrt(sq / n), 1.0, 4.0 / std::sqrt(n) + 0.01) << name;
+      if (!xavier)  // the same normal draws, scaled from 0.02 to 1
+        for (int64_t j = 0; j < g.numel(); j += 97)
+          EXPECT_NEAR(g.ptr<float>()[j], b.ptr<float>()[j] / cfg.init_method_std, 1e-5 * (1 + std::fabs(g.ptr<float>()[j])))
+              << name << " [" << j << "]";
+    }
+    EXPECT_EQ(embeddings, 2) << "word and position embeddings";
+  }
+}
+
 // The whole model in fp64 against central differences, with dropout on
 // (masks are regenerated from the seed, so the loss is a fixed function).
 TEST(GPTModel, Fp64GradientsMatchFiniteDifferences_WithDropout) {
