@@ -28,9 +28,10 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
-std::string shown(const std::string& text) {
-  // Keep error lines one line long whatever the user typed.
-  std::string s = text.size() > 40 ? text.substr(0, 40) + "..." : text;
+std::string shown(const std::string& text, size_t limit = 40) {
+  // Keep error lines one line long whatever the user typed (flag names get a
+  // longer limit: Megatron's run to 50 characters).
+  std::string s = text.size() > limit ? text.substr(0, limit) + "..." : text;
   for (char& c : s)
     if (static_cast<unsigned char>(c) < 0x20) c = '?';
   return "'" + s + "'";
@@ -306,7 +307,8 @@ void FlagSet::parse_tokens(const std::vector<std::string>& args,
     auto it = flags_.find(name);
     if (it == flags_.end()) {
       std::string hint = closest(name);
-      error(current, fmt::format("unknown flag --{}{}", shown(name).substr(1, shown(name).size() - 2),
+      const std::string quoted = shown(name, 80);
+      error(current, fmt::format("unknown flag --{}{}", quoted.substr(1, quoted.size() - 2),
                                  hint.empty() ? fmt::format(" (see `{} --help`)", program_)
                                               : fmt::format("; did you mean --{}?", hint)));
       skip_values(i);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/device.h"
 #include "kernels/optimizer_step.h"
 #include "kernels/elementwise.h"
 #include "parallel/grad_buckets.h"
@@ -345,6 +346,62 @@ bool Optimizer::grads_finite() const {
   if (par_.ep && par_.ep->size() > 1) bad = par_.ep->all_reduce_scalar(bad, comm::ReduceOp::kMax);
   if (par_.pp && par_.pp->size() > 1) bad = par_.pp->all_reduce_scalar(bad, comm::ReduceOp::kMax);
   return bad == 0.0;
+}
+
+namespace {
+
+// FNV-1a over 64-bit words (the tail byte by byte), kept to 52 bits so that
+// it travels exactly as a double (Communicator::all_gather_scalar).
+uint64_t hash52(const char* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  constexpr uint64_t kPrime = 1099511628211ull;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * kPrime;
+  }
+  for (; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * kPrime;
+  return (h ^ (h >> 52)) & ((uint64_t{1} << 52) - 1);
+}
+
+}  // namespace
+
+std::vector<std::string> Optimizer::params_differing_across_replicas() const {
+  const auto& params = model_.params();
+  const auto& specs = model_.specs();
+  std::vector<uint64_t> hash(params.size());
+  std::vector<char> staging;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    const char* bytes = static_cast<const char*>(p.data());
+    if (p.device() != Device::kCpu) {  // hashed on the host, as Megatron does
+      staging.resize(p.nbytes());
+      copy_tensor(p, Tensor(staging.data(), p.shape(), p.dtype()));
+      bytes = staging.data();
+    }
+    hash[i] = hash52(bytes, p.nbytes());
+  }
+  std::vector<std::string> differing;
+  for (const bool experts : {false, true}) {
+    comm::Communicator* group = experts ? par_.expert_dp : par_.dp;
+    std::vector<size_t> mine;
+    for (size_t i = 0; i < params.size(); ++i)
+      if ((specs[i].expert >= 0) == experts) mine.push_back(i);
+    if (group == nullptr || group->size() == 1 || mine.empty()) continue;
+    // One exchange of the hashes' combination; only when some rank differs,
+    // one per parameter to name them.
+    std::vector<uint64_t> listed;
+    for (size_t i : mine) listed.push_back(hash[i]);
+    const uint64_t all = hash52(reinterpret_cast<const char*>(listed.data()), listed.size() * 8);
+    const std::vector<double> got = group->all_gather_scalar(static_cast<double>(all));
+    if (std::all_of(got.begin(), got.end(), [&](double v) { return v == got[0]; })) continue;
+    for (size_t i : mine) {
+      const std::vector<double> h = group->all_gather_scalar(static_cast<double>(hash[i]));
+      if (!std::all_of(h.begin(), h.end(), [&](double v) { return v == h[0]; })) differing.push_back(specs[i].name);
+    }
+  }
+  return differing;
 }
 
 void Optimizer::reset_state() {

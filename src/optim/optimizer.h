@@ -183,6 +183,14 @@ class Optimizer {
   double pending_grad_scale() const { return grad_scale_; }
   // False if any gradient element is NaN or +-Inf (--check-for-nan-in-loss-and-grad).
   bool grads_finite() const;
+  // --check-weight-hash-across-dp-replicas-interval (Megatron's
+  // check_param_hashes_across_dp_replicas with cross_check): a 52-bit hash
+  // of every parameter's bytes, compared over the ranks that hold replicas
+  // of it (the data-parallel group; routed experts' over the expert DP
+  // group). Returns the names of the parameters whose hash differs on some
+  // rank of its group -- the same list on every rank of that group; empty
+  // when all match. A collective over those groups: every rank calls it.
+  std::vector<std::string> params_differing_across_replicas() const;
 
   // Checkpoint state: every range of optimizer state this rank keeps (one
   // per parameter, whole, without the distributed optimizer), and the state

@@ -21,6 +21,8 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
   f.add_list("cp-comm-type", &p.cp_comm_type,
              "Megatron's CP attention exchange, one type or one per layer: p2p (default), a2a, allgather, a2a+p2p; "
              "the same attention whichever is given (this program all-gathers Q/K/V)");
+  f.add_list("hierarchical-context-parallel-sizes", &p.hierarchical_cp_sizes,
+             "Megatron's levels of the CP group for --cp-comm-type a2a+p2p (their product is CP); the same attention");
   f.add_int("expert-model-parallel-size", &p.ep, "expert-parallel size (EP)", 1, kMaxRanks);
   f.add_int("expert-tensor-parallel-size", &p.etp,
             "tensor-parallel size of expert layers (ETP); default TP (megatron train: TP, or 1 for whole experts)", 1,
@@ -205,6 +207,28 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"dataloader-defer-npy-index-mmap", {}, false, "how the index cache is mapped changes speed, not the samples"},
       {"dataloader-fast-cache-load", {}, false, "how the index cache is loaded changes speed, not the samples"},
       {"no-one-logger", {}, false, "there is no OneLogger telemetry here"},
+      {"cross-entropy-fusion-impl", {"native", "te"}, true, kFusion},
+      {"tp-comm-overlap-cfg", {}, true,
+       "Transformer Engine's tensor-parallel overlap settings: overlapping communication with GEMMs changes speed, "
+       "not results"},
+      {"async-ckpt-use-cpu-shm", {}, false, "checkpoints are written synchronously (to a temporary name, then renamed)"},
+      {"disable-gloo-process-groups", {}, false,
+       "there are no Gloo process groups here: MPI between CPU ranks, NCCL between GPUs"},
+      {"overlap-p2p-communication-warmup-flush", {}, false,
+       "overlapping the pipeline's sends and receives in its warm-up and flush changes speed, not results"},
+      {"defer-embedding-wgrad-compute", {}, false,
+       "deferring the output layer's weight-gradient GEMMs to the pipeline flush changes speed, not results"},
+      {"wgrad-deferral-limit", {}, true,
+       "deferring the output layer's weight-gradient GEMMs to the pipeline flush changes speed, not results"},
+      {"async-strategy", {"nvrx", "mcore"}, true,
+       "checkpoints are written synchronously (to a temporary name, then renamed)"},
+      {"te-rng-tracker", {}, false,
+       "dropout masks come from Philox keyed by the seed and each element's global index: there is no RNG state "
+       "to track, on any backend"},
+      {"straggler-minmax-count", {}, true, "Megatron's straggler detector is not implemented (see --log-straggler)"},
+      {"straggler-ctrlr-port", {}, true, "Megatron's straggler detector is not implemented (see --log-straggler)"},
+      {"disable-straggler-on-startup", {}, false,
+       "Megatron's straggler detector is not implemented (see --log-straggler)"},
       {"grad-reduce-in-bf16", {}, false,
        "without --bf16 Megatron reduces gradients in their own precision too (with --bf16 it is refused here)"},
   };
@@ -241,6 +265,7 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"wandb-project", true, kTb, kLogging},
       {"wandb-exp-name", true, kTb, kLogging},
       {"wandb-save-dir", true, kTb, kLogging},
+      {"wandb-entity", true, kTb, kLogging},
       {"ckpt-format", true, kCk, kCkpt},
       {"use-dist-ckpt", false, kCk, kCkpt},
       {"fp8-format", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
@@ -265,6 +290,9 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"fp16-lm-cross-entropy", false, "no fp16 cross entropy",
        "the cross entropy takes fp32 logits here (Megatron's default); computing it on fp16 logits is not "
        "offered: drop the flag"},
+      {"log-straggler", false, "no straggler detector",
+       "Megatron's straggler detector (each GPU's throughput, the slowest and fastest ranks) is not implemented: the "
+       "log line reports the iteration time, tokens/s and MFU, and --profile each op's time per rank; drop the flag"},
       {"use-torch-fsdp2", false, "no FSDP",
        "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and Adam state over DP"},
       // Mixture-of-experts features beyond the dropless top-k softmax router.

@@ -24,6 +24,9 @@ struct ParallelConfig {
   // or one per layer (p2p, a2a, allgather, a2a+p2p). The same attention
   // whichever it is; this program all-gathers (allgather).
   std::vector<std::string> cp_comm_type;
+  // --hierarchical-context-parallel-sizes: Megatron's split of the CP group
+  // for a2a+p2p (product = CP); accepted with it, the same attention.
+  std::vector<std::string> hierarchical_cp_sizes;
   std::optional<int64_t> etp;  // --expert-tensor-parallel-size (default: tp)
   std::optional<int64_t> dp;   // --data-parallel-size: optional; derived when absent
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;

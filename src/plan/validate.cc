@@ -414,11 +414,38 @@ void validate(PlanReport& r) {
               fmt::format("--cp-comm-type gives {} types, but a list must have one per layer ({})",
                           par.cp_comm_type.size(), m.num_layers),
               "give one type for every layer, or a single type");
-    if (std::find(par.cp_comm_type.begin(), par.cp_comm_type.end(), "a2a+p2p") != par.cp_comm_type.end())
-      c.error("cp-comm-type-hierarchical", {"--cp-comm-type"},
-              "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes, which Megatron requires with "
-              "it and this program does not take",
-              "use p2p or allgather (the same attention)");
+    if (std::find(par.cp_comm_type.begin(), par.cp_comm_type.end(), "a2a+p2p") != par.cp_comm_type.end() &&
+        par.hierarchical_cp_sizes.empty())
+      c.error("cp-comm-type-hierarchical", {"--cp-comm-type", "--hierarchical-context-parallel-sizes"},
+              "--cp-comm-type a2a+p2p needs --hierarchical-context-parallel-sizes (Megatron asserts it)",
+              fmt::format("add --hierarchical-context-parallel-sizes with a product of {} (e.g. {} 1), or use p2p",
+                          CP, CP));
+  }
+  // Megatron's levels of the CP group: positive integers whose product is CP.
+  if (!par.hierarchical_cp_sizes.empty()) {
+    int64_t product = 1;
+    bool ok = true;
+    for (const std::string& v : par.hierarchical_cp_sizes) {
+      char* end = nullptr;
+      const long long x = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || x < 1 || x > kMaxRanks) {
+        ok = false;
+        c.error("hierarchical-cp-sizes-integer", {"--hierarchical-context-parallel-sizes"},
+                fmt::format("--hierarchical-context-parallel-sizes: '{}' is not a positive integer", v),
+                fmt::format("give sizes whose product is the context-parallel size {}", CP));
+        break;
+      }
+      product *= x;
+    }
+    if (ok && product != CP)
+      c.error("hierarchical-cp-sizes-product", {"--hierarchical-context-parallel-sizes", "--context-parallel-size"},
+              fmt::format("the product of --hierarchical-context-parallel-sizes is {}, but --context-parallel-size "
+                          "is {} (Megatron asserts they are equal)",
+                          product, CP),
+              fmt::format("give sizes whose product is {}", CP));
+    r.no_effect.push_back(
+        "--hierarchical-context-parallel-sizes: context parallelism here all-gathers Q/K/V over the whole CP group; "
+        "the levels of an a2a+p2p exchange compute the same attention");
   }
   // --tp-comm-overlap changes nothing here, but Megatron asserts it needs SP.
   for (const std::string& n : j.compat.no_effect)
@@ -621,6 +648,39 @@ void validate(PlanReport& r) {
             "gradients are accumulated and reduced in fp32 here (Megatron's default under --bf16); reducing them in "
             "bf16 is not offered",
             "drop --grad-reduce-in-bf16");
+  if (compat.has("cross-entropy-loss-fusion") && compat.value("cross-entropy-fusion-impl") == "te")
+    c.error("cross-entropy-fusion-impl", {"--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl"},
+            "Megatron refuses Transformer Engine's cross-entropy loss fusion (\"disabled due to stability issues\")",
+            "use --cross-entropy-fusion-impl native, or drop --cross-entropy-loss-fusion");
+  // Megatron's ModelParallelConfig checks on the deferred embedding wgrad and
+  // the warm-up/flush overlap (p2p overlap stays on only with virtual stages).
+  if (compat.has("defer-embedding-wgrad-compute")) {
+    if (PP == 1)
+      c.error("defer-embedding-wgrad-pp", {"--defer-embedding-wgrad-compute", "--pipeline-model-parallel-size"},
+              "Megatron: cannot defer embedding wgrad compute when pipeline model parallel is not used",
+              "drop --defer-embedding-wgrad-compute (it changes speed only)");
+    if (compat.has("no-gradient-accumulation-fusion"))
+      c.error("defer-embedding-wgrad-fusion", {"--defer-embedding-wgrad-compute", "--no-gradient-accumulation-fusion"},
+              "Megatron: cannot defer embedding wgrad compute when gradient accumulation fusion is not used",
+              "drop one of the two flags");
+  }
+  if (compat.has("wgrad-deferral-limit")) {
+    const std::string v = compat.value("wgrad-deferral-limit");
+    char* end = nullptr;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0')
+      c.error("wgrad-deferral-limit-integer", {"--wgrad-deferral-limit"},
+              fmt::format("--wgrad-deferral-limit: expected an integer, got '{}'", v), "give a whole number, e.g. 0");
+    else if (x < 0 && compat.has("defer-embedding-wgrad-compute"))
+      c.error("wgrad-deferral-limit-negative", {"--wgrad-deferral-limit", "--defer-embedding-wgrad-compute"},
+              "Megatron: the wgrad deferral limit should be greater than or equal to 0 when it is enabled",
+              "give 0 (defer every micro-batch) or more");
+  }
+  if (compat.has("overlap-p2p-communication-warmup-flush") && (r.vpp <= 1 || !par.overlap_p2p_communication))
+    c.error("overlap-p2p-warmup-flush", {"--overlap-p2p-communication-warmup-flush"},
+            "Megatron: pipeline communication overlapping in warm-up and flush is only compatible with p2p overlap "
+            "(on only with the interleaved schedule, without --no-overlap-p2p-communication)",
+            "drop --overlap-p2p-communication-warmup-flush (it changes speed only)");
   if (compat.has("deterministic-mode"))
     for (const char* other : {"cross-entropy-loss-fusion", "tp-comm-overlap"})
       if (compat.has(other))

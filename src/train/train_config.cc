@@ -102,6 +102,9 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
                false);
   f.add_switch("check-for-nan-in-loss-and-grad", &c.check_for_nan_asked,
                "older Megatron's switch for what is now the default: stop on a NaN/inf loss or gradient");
+  f.add_int("check-weight-hash-across-dp-replicas-interval", &c.check_weight_hash_interval,
+            "every N iterations compare a hash of every parameter over the data-parallel replicas; the run stops, "
+            "naming the parameters, when they differ", 1, INT64_MAX / 4);
   f.add_double("loss-scale", &c.loss_scale.loss_scale,
                "constant loss scale (with --fp16, --bf16 or --use-distributed-optimizer); unset: dynamic under --fp16",
                -1e308, 1e308);

@@ -62,6 +62,9 @@ struct TrainConfig {
   std::string save, load;
   std::optional<int64_t> save_interval;
   std::optional<int64_t> save_retain_interval;  // --save-retain-interval
+  // --check-weight-hash-across-dp-replicas-interval: every N iterations the
+  // parameters' hashes are compared over the data-parallel replicas.
+  std::optional<int64_t> check_weight_hash_interval;
   bool no_save_optim = false, no_save_rng = false, no_load_optim = false, no_load_rng = false, finetune = false;
   // Exits.
   std::optional<int64_t> exit_interval;

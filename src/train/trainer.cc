@@ -1396,6 +1396,25 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     }
     bar.update(it, train_iters, secs_since_start / static_cast<double>(it - first_iteration), loss);
 
+    // Megatron's post-step check that the data-parallel replicas still hold
+    // the same parameters (a silent data corruption, or a bug, would part them).
+    if (cfg.check_weight_hash_interval && it % *cfg.check_weight_hash_interval == 0) {
+      wait_params();
+      const std::vector<std::string> differ = opt.params_differing_across_replicas();
+      if (!differ.empty()) {
+        std::string names;
+        for (size_t k = 0; k < differ.size() && k < 8; ++k) names += (k ? ", " : "") + differ[k];
+        if (differ.size() > 8) names += fmt::format(" and {} more", differ.size() - 8);
+        return Status::internal(fmt::format(
+            "--check-weight-hash-across-dp-replicas-interval: parameter hashes do not match across the data-parallel "
+            "replicas after iteration {} ({} of this stage: {}); the replicas have parted, so the run stops (resume "
+            "from the last checkpoint)",
+            it, differ.size(), names));
+      }
+      bar.clear();
+      std::fprintf(out, ">>> Weight hashes match after %lld iterations...\n", static_cast<long long>(it));
+    }
+
     if (do_eval && it % *cfg.eval_interval == 0) {
       auto v = evaluate(it);
       if (!v) return v.status();

@@ -72,6 +72,9 @@ TEST(Flags, ErrorsNameTheFlagAndStayOneLine) {
       {{"--num-layers", "--lr", "1"}, "--num-layers needs a value", "--num-layers"},
       {{"--num-layer", "2"}, "unknown flag --num-layer; did you mean --num-layers?", "--num-layer"},
       {{"--frobnicate"}, "unknown flag --frobnicate (see `megatron test --help`)", "--frobnicate"},
+      // Megatron's longest flag names are shown whole.
+      {{"--check-weight-hash-across-dp-replicas-intervals", "1"},
+       "unknown flag --check-weight-hash-across-dp-replicas-intervals (see", "--check-weight-hash-across-dp-replicas-intervals"},
       {{"--sequence-parallel=1"}, "--sequence-parallel is a switch and takes no value", "--sequence-parallel"},
       {{"--lr-decay-style", "exp"}, "--lr-decay-style: invalid choice 'exp'; expected one of constant, linear, cosine", "--lr-decay-style"},
       {{"24"}, "unexpected argument '24'", ""},

@@ -296,6 +296,31 @@ TEST(DistOptimizer, GradsFiniteIsCollective) {
   }
 }
 
+// --check-weight-hash-across-dp-replicas-interval: identical replicas match;
+// one element changed on the last rank (the sign bit of an fp64 value, then
+// its lowest mantissa bit) names that parameter, and only it, on every rank.
+TEST(DistOptimizer, ParamHashesAcrossReplicas) {
+  auto dp = comm::world_communicator();
+  const int DP = dp->size(), r = dp->rank();
+  auto model = make_model(DP);
+  ParallelOptimizerOptions par;
+  par.dp = dp.get();
+  Optimizer opt(*model, {}, par);
+  EXPECT_TRUE(opt.params_differing_across_replicas().empty());
+  if (DP == 1) return;  // nothing to compare with
+  const size_t victim = model->params().size() / 2;
+  double* e = model->params()[victim].ptr<double>() + 3;
+  const double saved = *e;
+  for (const double changed : {-saved, std::nextafter(saved, 1e300)}) {
+    if (r == DP - 1) *e = changed;
+    const std::vector<std::string> differ = opt.params_differing_across_replicas();
+    ASSERT_EQ(differ.size(), 1u) << "rank " << r;
+    EXPECT_EQ(differ[0], model->specs()[victim].name) << "rank " << r;
+    *e = saved;
+  }
+  EXPECT_TRUE(opt.params_differing_across_replicas().empty());
+}
+
 // TP-aware norm: with the world as a "TP group" whose ranks hold identical
 // gradients, split parameters count once per rank and replicated ones once.
 TEST(DistOptimizer, TensorParallelNormCountsReplicatedOnce) {

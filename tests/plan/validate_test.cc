@@ -27,6 +27,21 @@ TEST(Validate, BaseIsValid) {
   EXPECT_EQ(r.num_microbatches, 4);
 }
 
+// Megatron's launch-script flags with no effect here, in combinations
+// Megatron accepts: valid, each listed once among the no-effect notes.
+TEST(Validate, NoEffectFlagsMegatronAccepts) {
+  for (const std::string& extra :
+       {"--context-parallel-size 2 --world-size 32 --global-batch-size 32 --cp-comm-type a2a+p2p "
+        "--hierarchical-context-parallel-sizes 2 1",
+        "--num-virtual-stages-per-pipeline-rank 2 --overlap-p2p-communication-warmup-flush",
+        "--defer-embedding-wgrad-compute --wgrad-deferral-limit 0 --cross-entropy-fusion-impl native "
+        "--cross-entropy-loss-fusion --disable-gloo-process-groups --async-strategy nvrx --te-rng-tracker "
+        "--straggler-minmax-count 2"}) {
+    PlanReport r = plan_from(kBase + extra);
+    EXPECT_TRUE(r.valid()) << extra << " -> " << rules_of(r);
+  }
+}
+
 struct RuleCase {
   std::string extra;  // flags appended to (or overriding) the base
   std::string rule;   // the one rule that must fire
@@ -59,6 +74,14 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--enable-cuda-graph --cuda-graph-impl local", "cuda-graph-flags", "--enable-cuda-graph"},
         RuleCase{"--cuda-graph-impl local --recompute-granularity full --recompute-method uniform --recompute-num-layers 1", "cuda-graph-full-recompute", "--cuda-graph-impl"},
         RuleCase{"--deterministic-mode --cross-entropy-loss-fusion", "deterministic-mode", "--cross-entropy-loss-fusion"},
+        RuleCase{"--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", "cross-entropy-fusion-impl", "--cross-entropy-fusion-impl"},
+        RuleCase{"--defer-embedding-wgrad-compute --pipeline-model-parallel-size 1 --world-size 8 --global-batch-size 8", "defer-embedding-wgrad-pp", "--pipeline-model-parallel-size"},
+        RuleCase{"--defer-embedding-wgrad-compute --no-gradient-accumulation-fusion", "defer-embedding-wgrad-fusion", "--no-gradient-accumulation-fusion"},
+        RuleCase{"--defer-embedding-wgrad-compute --wgrad-deferral-limit -1", "wgrad-deferral-limit-negative", "--defer-embedding-wgrad-compute"},
+        RuleCase{"--wgrad-deferral-limit two", "wgrad-deferral-limit-integer", "--wgrad-deferral-limit"},
+        RuleCase{"--overlap-p2p-communication-warmup-flush", "overlap-p2p-warmup-flush", "--overlap-p2p-communication-warmup-flush"},
+        RuleCase{"--hierarchical-context-parallel-sizes 2 2", "hierarchical-cp-sizes-product", "--context-parallel-size"},
+        RuleCase{"--hierarchical-context-parallel-sizes 1 x", "hierarchical-cp-sizes-integer", "--hierarchical-context-parallel-sizes"},
         RuleCase{"--num-attention-heads 6 --hidden-size 384 --tensor-model-parallel-size 4 --world-size 32 --global-batch-size 32 --num-query-groups 2 --group-query-attention --num-attention-heads 10 --hidden-size 640", "heads-divisible", "--num-attention-heads"},
         RuleCase{"--group-query-attention --num-query-groups 3 --num-attention-heads 12 --hidden-size 384", "query-groups-tp", "--num-query-groups"},
         RuleCase{"--group-query-attention --num-query-groups 4 --num-attention-heads 6 --hidden-size 384", "heads-per-group", "--num-query-groups"},

@@ -889,6 +889,14 @@ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpir
   --profile-step-end 2 --profile-ranks 1 --metrics-file "$TMP/prof2.jsonl" >"$TMP/prof2.log" 2>"$TMP/prof2.err" \
   && grep -q "^rank 1, iterations 2-2:" "$TMP/prof2.err" && ! grep -q "op_profile" "$TMP/prof2.jsonl" \
   || { fail "--profile-ranks 1"; cat "$TMP/prof2.log" "$TMP/prof2.err"; }
+# --check-weight-hash-across-dp-replicas-interval on two DP replicas (the
+# distributed optimizer's overlapped gather waited for first); the mismatch
+# path is parallel_mpi_test's ParamHashesAcrossReplicas.
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -n 2 --oversubscribe "$BIN" train "${MOCK[@]}" \
+  --train-iters 4 --log-interval 100 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
+  --check-weight-hash-across-dp-replicas-interval 2 >"$TMP/hash.log" 2>&1 \
+  && [ "$(grep -c "^>>> Weight hashes match after [24] iterations...$" "$TMP/hash.log")" = 2 ] \
+  || { fail "--check-weight-hash-across-dp-replicas-interval"; cat "$TMP/hash.log"; }
 "$BIN" train "${MOCK[@]}" --train-iters 3 --profile --profile-step-start 4 --profile-step-end 4 --use-pytorch-profiler \
   2>"$TMP/err" >/dev/null
 [ $? = 2 ] && grep -q -- "--profile-step-end 4 must be after --profile-step-start 4" "$TMP/err" \
