@@ -23,6 +23,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <zlib.h>
+
 #include "core/device.h"
 #include "core/file.h"
 #include "core/safetensors.h"
@@ -336,6 +338,35 @@ Status save_checkpoint(const std::string& save_dir, int64_t iteration, const std
   return commit_checkpoint(save_dir, iteration, world, options);
 }
 
+namespace {
+
+constexpr const char* kIntegrityFile = "integrity.json";
+
+// zlib's CRC-32 and the size of a whole file, read in 8 MiB blocks.
+Result<std::pair<uint64_t, uint32_t>> file_crc32(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::io_error(fmt::format("cannot open '{}': {}", path, errno_str()));
+  std::vector<unsigned char> buf(size_t{8} << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t bytes = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = errno_str();
+      ::close(fd);
+      return Status::io_error(fmt::format("cannot read '{}': {}", path, why));
+    }
+    if (n == 0) break;
+    crc = crc32(crc, buf.data(), static_cast<uInt>(n));
+    bytes += static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+  return std::pair<uint64_t, uint32_t>{bytes, static_cast<uint32_t>(crc)};
+}
+
+}  // namespace
+
 Status commit_checkpoint(const std::string& save_dir, int64_t iteration, int world, const SaveOptions& options) {
   const std::string tmp = tmp_dir_path(save_dir, iteration, options);
   const std::string final_dir = fmt::format("{}/{}", save_dir, iteration_dir_name(iteration));
@@ -347,6 +378,19 @@ Status commit_checkpoint(const std::string& save_dir, int64_t iteration, int wor
   for (const auto& f : need)
     if (!fs::is_regular_file(tmp + "/" + f, ec))
       return Status::not_found(fmt::format("commit_checkpoint: '{}/{}' is missing (did every rank save?)", tmp, f));
+  if (options.verify_integrity) {
+    json files = json::object();
+    for (const auto& f : need) {
+      auto d = file_crc32(tmp + "/" + f);
+      if (!d) return d.status();
+      files[f] = {{"bytes", d->first}, {"crc32", d->second}};
+    }
+    FileWriter w;
+    const std::string text = json{{"algorithm", "crc32"}, {"files", files}}.dump(2) + "\n";
+    MT_RETURN_IF_ERROR(w.open(tmp + "/" + kIntegrityFile));
+    MT_RETURN_IF_ERROR(w.write(text.data(), text.size()));
+    MT_RETURN_IF_ERROR(w.close());
+  }
   MT_RETURN_IF_ERROR(fsync_dir(tmp));
   maybe_pause(save_dir, "before_rename");
 
@@ -424,6 +468,42 @@ LoadedCheckpoint& LoadedCheckpoint::operator=(LoadedCheckpoint&&) noexcept = def
 int64_t LoadedCheckpoint::iteration() const { return impl_->iteration; }
 const std::string& LoadedCheckpoint::directory() const { return impl_->dir; }
 const json& LoadedCheckpoint::common() const { return impl_->common; }
+
+Status LoadedCheckpoint::verify_integrity() const {
+  const std::string path = impl_->dir + "/" + kIntegrityFile;
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    return Status::not_found(fmt::format("--verify-integrity: {} has no {}: it was saved without --verify-integrity "
+                                         "(drop the flag to load it unchecked)",
+                                         impl_->dir, kIntegrityFile));
+  auto text = read_regular_file(path, size_t{64} << 20);
+  if (!text) return text.status();
+  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("algorithm", "") != "crc32" || !j.contains("files") || !j["files"].is_object())
+    return Status::corrupt(fmt::format("{}: expected {{\"algorithm\": \"crc32\", \"files\": {{...}}}}", path));
+  const json& files = j["files"];
+  // Every file the checkpoint consists of must be listed.
+  std::vector<std::string> need = {kCommonFile};
+  for (const auto& f : impl_->files) need.push_back(fs::path(f->path).filename().string());
+  for (const std::string& f : need)
+    if (!files.contains(f))
+      return Status::corrupt(fmt::format("{}: {} is not listed, so its integrity cannot be checked", path, f));
+  for (const auto& [name, rec] : files.items()) {
+    if (name.find('/') != std::string::npos || name == "." || name == ".." || !rec.is_object() ||
+        !rec.contains("bytes") || !rec["bytes"].is_number_unsigned() || !rec.contains("crc32") ||
+        !rec["crc32"].is_number_unsigned())
+      return Status::corrupt(fmt::format("{}: entry '{}' is not {{\"bytes\": n, \"crc32\": c}}", path, name));
+    auto d = file_crc32(impl_->dir + "/" + name);
+    if (!d) return d.status();
+    const uint64_t bytes = rec["bytes"].get<uint64_t>(), crc = rec["crc32"].get<uint64_t>();
+    if (d->first != bytes || d->second != crc)
+      return Status::corrupt(fmt::format(
+          "--verify-integrity: {}/{} has changed since it was saved ({} bytes with CRC-32 {:08x}; saved: {} bytes "
+          "with {:08x}): the file is damaged; load an earlier checkpoint",
+          impl_->dir, name, d->first, d->second, bytes, crc));
+  }
+  return Status::ok();
+}
 bool LoadedCheckpoint::has_tensor(const std::string& name) const { return impl_->tensors.count(name) > 0; }
 
 std::vector<std::string> LoadedCheckpoint::tensor_names() const {

@@ -7,6 +7,8 @@
 //       common.json                  written by rank 0: the trainer's JSON object (see below)
 //                                    plus "format", "format_version", "iteration", "world_size"
 //       model_rank00000.safetensors  one per writing rank (%05d)
+//       integrity.json               with --verify-integrity: {"algorithm": "crc32",
+//                                    "files": {name: {"bytes": n, "crc32": c}}}
 //
 // Each rank file is a standard safetensors file. Every tensor is stored under
 // its GLOBAL Megatron name (a second slice of the same name in one file gets
@@ -84,6 +86,10 @@ struct SaveOptions {
   // With world > 1: every rank calls save_checkpoint(commit = false), the
   // trainer barriers, then rank 0 calls commit_checkpoint().
   std::optional<bool> commit;
+  // --verify-integrity: the commit writes integrity.json, the CRC-32 and
+  // size of every file of the checkpoint (common.json and each rank file),
+  // which LoadedCheckpoint::verify_integrity() checks.
+  bool verify_integrity = false;
 };
 
 // Writes this rank's file into the temporary directory (and, for rank 0,
@@ -121,6 +127,11 @@ class LoadedCheckpoint {
   int64_t iteration() const;
   const std::string& directory() const;  // .../iter_0000020
   const nlohmann::json& common() const;  // common.json as written (trainer keys + format keys)
+  // --verify-integrity: every file integrity.json lists (all of common.json
+  // and the rank files) has its recorded size and CR-32... CRC-32 again.
+  // kNotFound when the checkpoint was saved without integrity.json;
+  // kCorrupt naming the file whose bytes changed since the save.
+  Status verify_integrity() const;
 
   bool has_tensor(const std::string& name) const;
   std::vector<std::string> tensor_names() const;  // sorted

@@ -163,6 +163,9 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
             "keep only checkpoints at multiples of this (a multiple of --save-interval) and the latest: after each "
             "save the previous one is deleted unless it is such a multiple or a symbolic link",
             1, INT64_MAX / 4);
+  f.add_switch("verify-integrity", &c.verify_integrity,
+               "record each checkpoint file's CRC-32 and size when saving (integrity.json), and check them when "
+               "loading: a damaged file stops the run before training");
   f.add_switch("no-save-optim", &c.no_save_optim, "do not save optimizer state");
   f.add_switch("no-save-rng", &c.no_save_rng, "do not save random-number state");
   f.add_switch("no-load-optim", &c.no_load_optim, "do not load optimizer state");

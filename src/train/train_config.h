@@ -62,6 +62,7 @@ struct TrainConfig {
   std::string save, load;
   std::optional<int64_t> save_interval;
   std::optional<int64_t> save_retain_interval;  // --save-retain-interval
+  bool verify_integrity = false;                 // --verify-integrity
   // --check-weight-hash-across-dp-replicas-interval: every N iterations the
   // parameters' hashes are compared over the data-parallel replicas.
   std::optional<int64_t> check_weight_hash_interval;

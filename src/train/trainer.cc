@@ -608,6 +608,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     } else {
       auto ck = checkpoint::load_checkpoint(cfg.load);
       if (!ck) return ck.status();
+      // --verify-integrity: rank 0 reads every file once (a failure there
+      // ends the whole job).
+      if (cfg.verify_integrity && rank == 0) MT_RETURN_IF_ERROR(ck->verify_integrity());
       const bool with_optim = !cfg.no_load_optim && !cfg.finetune;
       // The optimizer that saved the state: its name, or in checkpoints from
       // before --optimizer sgd (which name none) Adam when they hold its
@@ -911,6 +914,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     checkpoint::SaveOptions so_opts;
     so_opts.tmp_tag = save_tag;
     so_opts.commit = world == 1;
+    so_opts.verify_integrity = cfg.verify_integrity;
     Status st = checkpoint::save_checkpoint(cfg.save, it, slices, common, rank, world, so_opts);
     if (!st) return st;
     if (world > 1) {

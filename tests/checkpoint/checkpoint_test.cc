@@ -603,6 +603,59 @@ TEST_P(KilledMidWrite, PreviousCheckpointSurvives) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, KilledMidWrite, ::testing::Values("mid_file", "before_rename", "before_tracker"));
 
+// --verify-integrity: the commit records every file's CRC-32 and size (a
+// two-rank save, each rank writing its file); verify_integrity() passes on
+// the saved files and names the file when one byte of it, or of common.json,
+// changes; a checkpoint saved without it has nothing to verify.
+TEST(Checkpoint, IntegrityRecordsAndChecksEveryFile) {
+  const std::string dir = fresh_dir("integrity");
+  std::vector<float> a = {1, 2, 3, 4};
+  SaveOptions so;
+  so.tmp_tag = "t";
+  so.verify_integrity = true;
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(save_checkpoint(dir, 5, {{"w", {4}, {2 * r}, Tensor(a.data() + 2 * r, {2}, DType::kF32), {}}},
+                                trainer_common(5), r, 2, so)
+                    .is_ok());
+  ASSERT_TRUE(commit_checkpoint(dir, 5, 2, so).is_ok());
+  const std::string it = dir + "/iter_0000005";
+  const json j = json::parse(std::ifstream(it + "/integrity.json"));
+  EXPECT_EQ(j["algorithm"], "crc32");
+  EXPECT_EQ(j["files"].size(), 3u);  // common.json and two rank files
+  EXPECT_EQ(j["files"]["model_rank00001.safetensors"]["bytes"].get<uint64_t>(),
+            fs::file_size(it + "/model_rank00001.safetensors"));
+  {
+    auto ck = load_checkpoint(dir);
+    ASSERT_TRUE(ck.is_ok()) << ck.status().message();
+    EXPECT_TRUE(ck->verify_integrity().is_ok()) << ck->verify_integrity().message();
+  }
+  for (const std::string f : {"model_rank00001.safetensors", "common.json"}) {
+    const std::string path = it + "/" + f;
+    std::string bytes = slurp(path);
+    const std::string saved = bytes;
+    if (f == "common.json") {  // a count changed, still valid JSON
+      const size_t at = bytes.find("\"consumed_valid_samples\": 16");
+      ASSERT_NE(at, std::string::npos);
+      bytes[at + 27] = '7';
+    } else {
+      bytes[bytes.size() - 3] ^= 0x01;  // a flipped bit in the last value
+    }
+    spit(path, bytes);
+    auto ck = load_checkpoint(dir);
+    ASSERT_TRUE(ck.is_ok()) << ck.status().message();
+    const Status st = ck->verify_integrity();
+    EXPECT_EQ(st.code(), StatusCode::kCorrupt) << f;
+    EXPECT_NE(st.message().find(f + " has changed since it was saved"), std::string::npos) << st.message();
+    spit(path, saved);
+  }
+  fs::remove(it + "/integrity.json");
+  auto ck = load_checkpoint(dir);
+  ASSERT_TRUE(ck.is_ok());
+  EXPECT_EQ(ck->verify_integrity().code(), StatusCode::kNotFound);
+  EXPECT_NE(ck->verify_integrity().message().find("saved without --verify-integrity"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, ReleaseTrackerNamesTheReleaseDirectory) {
   const std::string dir = fresh_dir("release");
   std::vector<float> a = {1, 2};

@@ -992,6 +992,22 @@ c = json.load(open(p)); del c['optimizer']['name']; json.dump(c, open(p, 'w'))" 
 [ $? = 2 ] && grep -q "saved by --optimizer adam but this run uses --optimizer sgd" "$TMP/unnamed.log" \
   || { fail "unnamed Adam checkpoint into an SGD run"; cat "$TMP/unnamed.log"; }
 
+# --verify-integrity: saves record integrity.json, a resume checks it; one
+# changed byte in the rank file stops the resume naming the file.
+"$BIN" train "${MOCK[@]}" --train-iters 4 --exit-interval 2 --save "$TMP/integ" --save-interval 2 --verify-integrity \
+  >"$TMP/integ.log" 2>&1 && [ -f "$TMP/integ/iter_0000002/integrity.json" ] || { fail "--verify-integrity save"; cat "$TMP/integ.log"; }
+cp -r "$TMP/integ" "$TMP/integ-bad"
+"$BIN" train "${MOCK[@]}" --train-iters 4 --save "$TMP/integ" --load "$TMP/integ" --save-interval 2 --verify-integrity \
+  >"$TMP/integ.log" 2>&1 || { fail "--verify-integrity resume"; cat "$TMP/integ.log"; }
+python3 -c "
+import sys
+p = sys.argv[1] + '/iter_0000002/model_rank00000.safetensors'
+b = bytearray(open(p, 'rb').read()); b[-5] ^= 1; open(p, 'wb').write(b)" "$TMP/integ-bad"
+"$BIN" train "${MOCK[@]}" --train-iters 4 --save "$TMP/integ-bad" --load "$TMP/integ-bad" --save-interval 2 --verify-integrity \
+  >"$TMP/integ.log" 2>&1
+[ $? = 1 ] && grep -q "model_rank00000.safetensors has changed since it was saved" "$TMP/integ.log" \
+  || { fail "--verify-integrity damaged file"; cat "$TMP/integ.log"; }
+
 # --save-retain-interval: after each save the previous checkpoint goes unless
 # it is a multiple of the interval; the latest always stays; a symbolic link
 # stays; progress.txt records each deletion, as Megatron's does.
