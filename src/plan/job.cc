@@ -208,6 +208,12 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"dataloader-fast-cache-load", {}, false, "how the index cache is loaded changes speed, not the samples"},
       {"no-one-logger", {}, false, "there is no OneLogger telemetry here"},
       {"cross-entropy-fusion-impl", {"native", "te"}, true, kFusion},
+      {"test-mode", {}, false, "Megatron's in-run self-tests of its attention internals: the same attention here"},
+      {"data-parallel-sharding-strategy", {"no_shard", "optim", "optim_grads", "optim_grads_params"}, true,
+       "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
+      {"megatron-fsdp-main-params-dtype", {}, true, "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
+      {"megatron-fsdp-main-grads-dtype", {}, true, "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
+      {"megatron-fsdp-grad-comm-dtype", {}, true, "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
       {"tp-comm-overlap-cfg", {}, true,
        "Transformer Engine's tensor-parallel overlap settings: overlapping communication with GEMMs changes speed, "
        "not results"},
@@ -293,8 +299,17 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"log-straggler", false, "no straggler detector",
        "Megatron's straggler detector (each GPU's throughput, the slowest and fastest ranks) is not implemented: the "
        "log line reports the iteration time, tokens/s and MFU, and --profile each op's time per rank; drop the flag"},
+      {"use-megatron-fsdp", false, "no FSDP",
+       "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and optimizer state over "
+       "DP (the same training; the parameters stay whole on every rank)"},
+      {"error-injection-rate", true, "no rerun state machine",
+       "there is no rerun state machine here (a NaN or inf loss or gradient stops the run), so there is nothing for "
+       "injected errors to exercise; drop the flag"},
+      {"error-injection-type", true, "no rerun state machine",
+       "there is no rerun state machine here (a NaN or inf loss or gradient stops the run), so there is nothing for "
+       "injected errors to exercise; drop the flag"},
       {"use-torch-fsdp2", false, "no FSDP",
-       "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and Adam state over DP"},
+       "FSDP is not implemented: --use-distributed-optimizer shards the fp32 master weights and optimizer state over DP"},
       // Mixture-of-experts features beyond the dropless top-k softmax router.
       {"moe-pad-expert-input-to-capacity", false, "no padding to the expert capacity",
        "padding each expert's input to its capacity (Megatron's static shapes for CUDA graphs) is not "

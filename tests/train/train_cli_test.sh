@@ -384,21 +384,26 @@ MEGATRON_ONLY=(--use-mcore-models --transformer-impl transformer_engine --use-fl
   --deterministic-mode --apply-query-key-layer-scaling --cuda-graph-impl none --rerun-mode validate_results
   --use-persistent-ckpt-worker --auto-detect-ckpt-format --dist-ckpt-optim-fully-reshardable --ckpt-fully-parallel-save
   --ckpt-fully-parallel-load --ckpt-assume-constant-structure --ddp-average-in-collective --no-gradient-reduce-div-fusion
-  --ddp-pad-buckets-for-high-nccl-busbw --dataloader-defer-npy-index-mmap --no-one-logger)
+  --ddp-pad-buckets-for-high-nccl-busbw --dataloader-defer-npy-index-mmap --no-one-logger --cross-entropy-fusion-impl native
+  --disable-gloo-process-groups --async-strategy nvrx --te-rng-tracker --straggler-minmax-count 2 --test-mode
+  --tp-comm-overlap-cfg tp.yaml --async-ckpt-use-cpu-shm --data-parallel-sharding-strategy no_shard)
 run compat --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 "${MEGATRON_ONLY[@]}" \
   || { fail "Megatron no-effect flags"; cat "$TMP/compat.log"; }
 for needle in "accepted with no effect here: --use-flash-attn: attention is always flash-style" \
               "accepted with no effect here: --distributed-backend: the backend follows --device" \
               "accepted with no effect here: --timing-log-level" \
               "accepted with no effect here: --empty-unused-memory-level: buffers are planned and allocated once" \
-              "accepted with no effect here: --rerun-mode: there is no rerun state machine: a NaN or inf loss or gradient stops the run at once"; do
+              "accepted with no effect here: --rerun-mode: there is no rerun state machine: a NaN or inf loss or gradient stops the run at once" \
+              "accepted with no effect here: --te-rng-tracker: dropout masks come from Philox" \
+              "accepted with no effect here: --disable-gloo-process-groups: there are no Gloo process groups here"; do
   grep -qF -- "$needle" "$TMP/compat.log" || fail "Megatron no-effect flags: missing '$needle'"
 done
 diff <(losses "$TMP/compat.jsonl") <(losses "$TMP/fp32-full.jsonl" | sed -n 1,2p) >/dev/null \
   || fail "Megatron no-effect flags changed the losses"
 run refused --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr-decay-iters 40 --save-interval 2 --wandb-project demo \
   --ckpt-format torch_dist --fp8-format hybrid --fp16-lm-cross-entropy --dataloader-type external --grad-reduce-in-bf16 --bf16 \
-  --fp8-param-gather --fp8-amax-history-len 1024 --dist-ckpt-strictness log_all --batch-size 4 --checkpoint-activations
+  --fp8-param-gather --fp8-amax-history-len 1024 --dist-ckpt-strictness log_all --batch-size 4 --checkpoint-activations \
+  --log-straggler --wandb-entity me --use-megatron-fsdp --error-injection-rate 10 --error-injection-type transient_error
 [ $? = 2 ] || fail "refused Megatron flags should exit 2"
 for needle in "[--wandb-project] Weights & Biases logs are not written here" \
               "[--ckpt-format] checkpoints are megatron-cpp's own" "[--fp8-format] fp8 training is not implemented" \
@@ -406,19 +411,27 @@ for needle in "[--wandb-project] Weights & Biases logs are not written here" \
               "[--dataloader-type] the external loader" "[--grad-reduce-in-bf16, --bf16] gradients are accumulated and reduced in fp32" \
               "[--fp8-param-gather] fp8 training" "[--fp8-amax-history-len] fp8 training" "[--dist-ckpt-strictness] checkpoints" \
               "[--batch-size] --batch-size is no longer valid (in Megatron too): use --micro-batch-size" \
-              "[--checkpoint-activations] --checkpoint-activations is no longer valid (in Megatron too): use --recompute-activations"; do
+              "[--checkpoint-activations] --checkpoint-activations is no longer valid (in Megatron too): use --recompute-activations" \
+              "[--log-straggler] Megatron's straggler detector" "[--wandb-entity] Weights & Biases" \
+              "[--use-megatron-fsdp] FSDP is not implemented" "[--error-injection-rate] there is no rerun state machine" \
+              "[--error-injection-type] there is no rerun state machine"; do
   grep -qF -- "$needle" "$TMP/refused.log" || { fail "refused Megatron flags: missing '$needle'"; cat "$TMP/refused.log"; }
 done
 # Megatron's own checks on flags that change nothing here still apply.
 "$BIN" train "${MOCK[@]}" --train-iters 2 --ddp-average-in-collective --calculate-per-token-loss --cuda-graph-impl \
   full_iteration --deterministic-mode --cross-entropy-loss-fusion --overlap-param-gather-with-optimizer-step \
-  --dataloader-fast-cache-load 2>"$TMP/err" >/dev/null
+  --dataloader-fast-cache-load --cross-entropy-fusion-impl te --defer-embedding-wgrad-compute \
+  --overlap-p2p-communication-warmup-flush --hierarchical-context-parallel-sizes 2 2>"$TMP/err" >/dev/null
 [ $? = 2 ] || fail "Megatron's checks on no-effect flags should exit 2"
 for needle in "[--overlap-param-gather-with-optimizer-step, --use-distributed-optimizer, --overlap-param-gather]" \
               "[--deterministic-mode, --cross-entropy-loss-fusion] Megatron's --deterministic-mode refuses" \
               "[--ddp-average-in-collective, --calculate-per-token-loss]" \
               "[--cuda-graph-impl, --no-check-for-nan-in-loss-and-grad]" \
-              "[--dataloader-fast-cache-load, --data-cache-path]"; do
+              "[--dataloader-fast-cache-load, --data-cache-path]" \
+              "[--cross-entropy-loss-fusion, --cross-entropy-fusion-impl] Megatron refuses Transformer Engine's" \
+              "[--defer-embedding-wgrad-compute, --pipeline-model-parallel-size]" \
+              "[--overlap-p2p-communication-warmup-flush]" \
+              "[--hierarchical-context-parallel-sizes, --context-parallel-size] the product"; do
   grep -qF -- "$needle" "$TMP/err" || { fail "Megatron's checks: missing '$needle'"; cat "$TMP/err"; }
 done
 # --tensorboard-dir: an event file that protobuf's own parser reads (Event,
