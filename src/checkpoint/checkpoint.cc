@@ -342,10 +342,17 @@ namespace {
 
 constexpr const char* kIntegrityFile = "integrity.json";
 
-// zlib's CRC-32 and the size of a whole file, read in 8 MiB blocks.
+// zlib's CRC-32 and the size of a whole regular file (not a link, FIFO or
+// device: a name from integrity.json must not block or leave the checkpoint),
+// read in 8 MiB blocks.
 Result<std::pair<uint64_t, uint32_t>> file_crc32(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return Status::io_error(fmt::format("cannot open '{}': {}", path, errno_str()));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::corrupt(fmt::format("'{}' is not a regular file", path));
+  }
   std::vector<unsigned char> buf(size_t{8} << 20);
   uLong crc = crc32(0L, Z_NULL, 0);
   uint64_t bytes = 0;
@@ -479,7 +486,8 @@ Status LoadedCheckpoint::verify_integrity() const {
   auto text = read_regular_file(path, size_t{64} << 20);
   if (!text) return text.status();
   json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || j.value("algorithm", "") != "crc32" || !j.contains("files") || !j["files"].is_object())
+  if (!j.is_object() || !j.contains("algorithm") || j["algorithm"] != "crc32" || !j.contains("files") ||
+      !j["files"].is_object())
     return Status::corrupt(fmt::format("{}: expected {{\"algorithm\": \"crc32\", \"files\": {{...}}}}", path));
   const json& files = j["files"];
   // Every file the checkpoint consists of must be listed.
@@ -489,7 +497,8 @@ Status LoadedCheckpoint::verify_integrity() const {
     if (!files.contains(f))
       return Status::corrupt(fmt::format("{}: {} is not listed, so its integrity cannot be checked", path, f));
   for (const auto& [name, rec] : files.items()) {
-    if (name.find('/') != std::string::npos || name == "." || name == ".." || !rec.is_object() ||
+    if (name.empty() || name.find('/') != std::string::npos || name.find('\0') != std::string::npos || name == "." ||
+        name == ".." || !rec.is_object() ||
         !rec.contains("bytes") || !rec["bytes"].is_number_unsigned() || !rec.contains("crc32") ||
         !rec["crc32"].is_number_unsigned())
       return Status::corrupt(fmt::format("{}: entry '{}' is not {{\"bytes\": n, \"crc32\": c}}", path, name));

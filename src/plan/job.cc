@@ -211,9 +211,9 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"test-mode", {}, false, "Megatron's in-run self-tests of its attention internals: the same attention here"},
       {"data-parallel-sharding-strategy", {"no_shard", "optim", "optim_grads", "optim_grads_params"}, true,
        "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
-      {"megatron-fsdp-main-params-dtype", {}, true, "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
-      {"megatron-fsdp-main-grads-dtype", {}, true, "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
-      {"megatron-fsdp-grad-comm-dtype", {}, true, "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
+      {"megatron-fsdp-main-params-dtype", {"fp32", "bf16", "fp16", "auto"}, true, "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
+      {"megatron-fsdp-main-grads-dtype", {"fp32", "bf16", "fp16", "auto"}, true, "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
+      {"megatron-fsdp-grad-comm-dtype", {"fp32", "bf16", "fp16", "auto"}, true, "a Megatron-FSDP setting (--use-megatron-fsdp is refused here)"},
       {"tp-comm-overlap-cfg", {}, true,
        "Transformer Engine's tensor-parallel overlap settings: overlapping communication with GEMMs changes speed, "
        "not results"},

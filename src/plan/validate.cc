@@ -435,7 +435,7 @@ void validate(PlanReport& r) {
                 fmt::format("give sizes whose product is the context-parallel size {}", CP));
         break;
       }
-      product *= x;
+      product = std::min<int64_t>(product * x, kMaxRanks + 1);  // saturates: no overflow, and != CP
     }
     if (ok && product != CP)
       c.error("hierarchical-cp-sizes-product", {"--hierarchical-context-parallel-sizes", "--context-parallel-size"},
@@ -664,6 +664,16 @@ void validate(PlanReport& r) {
               "Megatron: cannot defer embedding wgrad compute when gradient accumulation fusion is not used",
               "drop one of the two flags");
   }
+  // Megatron parses these as integers.
+  for (const char* flag : {"straggler-minmax-count", "straggler-ctrlr-port"})
+    if (compat.has(flag)) {
+      const std::string v = compat.value(flag);
+      char* end = nullptr;
+      (void)std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0')
+        c.error(std::string(flag), {std::string("--") + flag},
+                fmt::format("--{}: expected an integer, got '{}'", flag, v), "give a whole number");
+    }
   if (compat.has("wgrad-deferral-limit")) {
     const std::string v = compat.value("wgrad-deferral-limit");
     char* end = nullptr;

@@ -161,7 +161,8 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_int("save-interval", &c.save_interval, "iterations between checkpoints", 1, INT64_MAX / 4);
   f.add_int("save-retain-interval", &c.save_retain_interval,
             "keep only checkpoints at multiples of this (a multiple of --save-interval) and the latest: after each "
-            "save the previous one is deleted unless it is such a multiple or a symbolic link",
+            "save the previous one (the one the --save tracker named, as in Megatron: even another run's) is deleted "
+            "unless it is such a multiple or a symbolic link",
             1, INT64_MAX / 4);
   f.add_switch("verify-integrity", &c.verify_integrity,
                "record each checkpoint file's CRC-32 and size when saving (integrity.json), and check them when "

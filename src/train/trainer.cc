@@ -1007,6 +1007,28 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const char* nan_env = std::getenv("MEGATRON_CPP_TEST_NAN_ITERATION");  // test hook: poison a weight
   const int64_t nan_at = nan_env ? std::atoll(nan_env) : -1;
 
+  // --check-weight-hash-across-dp-replicas-interval: the data-parallel
+  // replicas hold the same parameters (checked before the loop, as Megatron
+  // does, and after every N-th iteration).
+  auto check_weight_hashes = [&](int64_t it) -> Status {
+    wait_params();
+    const std::vector<std::string> differ = opt.params_differing_across_replicas();
+    if (!differ.empty()) {
+      std::string names;
+      for (size_t k = 0; k < differ.size() && k < 8; ++k) names += (k ? ", " : "") + differ[k];
+      if (differ.size() > 8) names += fmt::format(" and {} more", differ.size() - 8);
+      return Status::internal(fmt::format(
+          "--check-weight-hash-across-dp-replicas-interval: parameter hashes do not match across the data-parallel "
+          "replicas after iteration {} ({} of this stage: {}); the replicas have parted, so the run stops (resume "
+          "from the last checkpoint)",
+          it, differ.size(), names));
+    }
+    bar.clear();
+    std::fprintf(out, ">>> Weight hashes match after %lld iterations...\n", static_cast<long long>(it));
+    return Status::ok();
+  };
+  if (cfg.check_weight_hash_interval) MT_RETURN_IF_ERROR(check_weight_hashes(iteration));
+
   // ---- 7. The loop.
   TrainResult result;
   result.exit_reason = "done";
@@ -1402,22 +1424,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
 
     // Megatron's post-step check that the data-parallel replicas still hold
     // the same parameters (a silent data corruption, or a bug, would part them).
-    if (cfg.check_weight_hash_interval && it % *cfg.check_weight_hash_interval == 0) {
-      wait_params();
-      const std::vector<std::string> differ = opt.params_differing_across_replicas();
-      if (!differ.empty()) {
-        std::string names;
-        for (size_t k = 0; k < differ.size() && k < 8; ++k) names += (k ? ", " : "") + differ[k];
-        if (differ.size() > 8) names += fmt::format(" and {} more", differ.size() - 8);
-        return Status::internal(fmt::format(
-            "--check-weight-hash-across-dp-replicas-interval: parameter hashes do not match across the data-parallel "
-            "replicas after iteration {} ({} of this stage: {}); the replicas have parted, so the run stops (resume "
-            "from the last checkpoint)",
-            it, differ.size(), names));
-      }
-      bar.clear();
-      std::fprintf(out, ">>> Weight hashes match after %lld iterations...\n", static_cast<long long>(it));
-    }
+    if (cfg.check_weight_hash_interval && it % *cfg.check_weight_hash_interval == 0)
+      MT_RETURN_IF_ERROR(check_weight_hashes(it));
 
     if (do_eval && it % *cfg.eval_interval == 0) {
       auto v = evaluate(it);

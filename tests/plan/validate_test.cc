@@ -28,7 +28,7 @@ TEST(Validate, BaseIsValid) {
 }
 
 // Megatron's launch-script flags with no effect here, in combinations
-// Megatron accepts: valid, each listed once among the no-effect notes.
+// Megatron accepts: valid (the hierarchical CP sizes with the planner's note).
 TEST(Validate, NoEffectFlagsMegatronAccepts) {
   for (const std::string& extra :
        {"--context-parallel-size 2 --world-size 32 --global-batch-size 32 --cp-comm-type a2a+p2p "
@@ -39,7 +39,14 @@ TEST(Validate, NoEffectFlagsMegatronAccepts) {
         "--straggler-minmax-count 2"}) {
     PlanReport r = plan_from(kBase + extra);
     EXPECT_TRUE(r.valid()) << extra << " -> " << rules_of(r);
+    const bool noted = std::any_of(r.no_effect.begin(), r.no_effect.end(), [](const std::string& n) {
+      return n.rfind("--hierarchical-context-parallel-sizes:", 0) == 0;
+    });
+    EXPECT_EQ(noted, extra.find("hierarchical") != std::string::npos) << extra;
   }
+  EXPECT_EQ(plan_from(kBase + "--hierarchical-context-parallel-sizes 16777216 16777216 16777216").errors.size(), 1u)
+      << "the product saturates instead of overflowing";
+  EXPECT_EQ(plan_from(kBase + "--straggler-minmax-count x").errors.size(), 1u);
 }
 
 struct RuleCase {

@@ -902,13 +902,14 @@ OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpir
   --profile-step-end 2 --profile-ranks 1 --metrics-file "$TMP/prof2.jsonl" >"$TMP/prof2.log" 2>"$TMP/prof2.err" \
   && grep -q "^rank 1, iterations 2-2:" "$TMP/prof2.err" && ! grep -q "op_profile" "$TMP/prof2.jsonl" \
   || { fail "--profile-ranks 1"; cat "$TMP/prof2.log" "$TMP/prof2.err"; }
-# --check-weight-hash-across-dp-replicas-interval on two DP replicas (the
-# distributed optimizer's overlapped gather waited for first); the mismatch
+# --check-weight-hash-across-dp-replicas-interval on two DP replicas, before
+# the loop and after iterations 2 and 4 (the distributed optimizer's
+# overlapped gather waited for first); the mismatch
 # path is parallel_mpi_test's ParamHashesAcrossReplicas.
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -n 2 --oversubscribe "$BIN" train "${MOCK[@]}" \
   --train-iters 4 --log-interval 100 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
   --check-weight-hash-across-dp-replicas-interval 2 >"$TMP/hash.log" 2>&1 \
-  && [ "$(grep -c "^>>> Weight hashes match after [24] iterations...$" "$TMP/hash.log")" = 2 ] \
+  && [ "$(grep -c "^>>> Weight hashes match after [024] iterations...$" "$TMP/hash.log")" = 3 ] \
   || { fail "--check-weight-hash-across-dp-replicas-interval"; cat "$TMP/hash.log"; }
 "$BIN" train "${MOCK[@]}" --train-iters 3 --profile --profile-step-start 4 --profile-step-end 4 --use-pytorch-profiler \
   2>"$TMP/err" >/dev/null
@@ -974,6 +975,14 @@ for m in 0.9 0.5; do
     --train-iters 41 --save-interval 41 --load "$TMP/sgd-full" --override-opt-param-scheduler \
     || { fail "sgd resume with --sgd-momentum $m"; cat "$TMP/sgd-m$m.log"; }
 done
+# (Adam's betas likewise: fp32-full's checkpoint has --adam-beta2 0.999.)
+run adam-b2 --micro-batch-size 4 --global-batch-size 4 --adam-beta2 0.95 --train-iters 41 --save-interval 41 \
+  --load "$TMP/fp32-full" --override-opt-param-scheduler || { fail "adam resume with --adam-beta2 0.95"; cat "$TMP/adam-b2.log"; }
+run adam-b2same --micro-batch-size 4 --global-batch-size 4 --train-iters 41 --save-interval 41 \
+  --load "$TMP/fp32-full" --override-opt-param-scheduler || { fail "adam resume"; cat "$TMP/adam-b2same.log"; }
+grep -q "note: --adam-beta2 0.999 from the checkpoint replaces the command line's 0.95" "$TMP/adam-b2.log" \
+  && cmp -s "$TMP/adam-b2/iter_0000041/model_rank00000.safetensors" "$TMP/adam-b2same/iter_0000041/model_rank00000.safetensors" \
+  || fail "--adam-beta2 on resume: the checkpoint's did not win"
 grep -q "note: --sgd-momentum 0.9 from the checkpoint replaces the command line's 0.5" "$TMP/sgd-m0.5.log" \
   && ! grep -q "from the checkpoint replaces" "$TMP/sgd-m0.9.log" \
   && cmp -s "$TMP/sgd-m0.9/iter_0000041/model_rank00000.safetensors" "$TMP/sgd-m0.5/iter_0000041/model_rank00000.safetensors" \
