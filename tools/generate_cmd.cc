@@ -36,7 +36,7 @@ int generate_main(const std::vector<std::string>& args) {
   bool help = false;
   FlagSet flags("megatron generate",
                 "Continues a prompt with a model trained by `megatron train`, using a KV cache.\n"
-                "Greedy with --temperature 0 or --top-k 1; otherwise samples (top-k, then top-p) with --seed.\n"
+                "Greedy with --temperature 0 or --top-k 1; otherwise samples (top-k or top-p, not both, as in Megatron) with --seed.\n"
                 "Exit code 0: done; 2: bad flags or checkpoint; 1: a runtime failure.");
   flags.section("generation");
   flags.add_string("load", &load, "checkpoint directory written by megatron train --save (required)");

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -123,6 +124,33 @@ int mapped_dtype_size(const std::string& d) {
 }
 
 
+// The format's own rule (its reference implementation's validation): the
+// tensors' byte ranges, sorted by (begin, end), tile the data section
+// exactly -- no overlap, no gap, no trailing bytes.
+struct ByteRange {
+  uint64_t begin, end;
+  std::string name;
+};
+Status check_tiling(const std::string& path, std::vector<ByteRange> ranges, uint64_t data_size) {
+  std::sort(ranges.begin(), ranges.end(), [](const ByteRange& a, const ByteRange& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t at = 0;
+  for (const ByteRange& r : ranges) {
+    if (r.begin != at)
+      return Status::corrupt(fmt::format(
+          "'{}': tensor '{}': data_offsets [{}, {}] {} the previous tensor's end at {} (safetensors tensors must tile "
+          "the data section: no overlap, no gap)",
+          path, r.name, r.begin, r.end, r.begin < at ? "overlap" : "leave a gap after", at));
+    at = r.end;
+  }
+  if (at != data_size)
+    return Status::corrupt(fmt::format("'{}': the tensors cover {} of the {} data bytes (safetensors files have no "
+                                       "bytes after the last tensor; file damaged or appended to?)",
+                                       path, at, data_size));
+  return Status::ok();
+}
+
 }  // namespace
 
 std::string json_brief(const nlohmann::json& v) {
@@ -176,6 +204,7 @@ Result<MappedSafetensors> MappedSafetensors::open(const std::string& path) {
   nlohmann::json h = nlohmann::json::parse(f.base_ + 8, data, nullptr, false);
   if (h.is_discarded() || !h.is_object())
     return Status::corrupt(fmt::format("'{}': offset 8: the {}-byte header is not a JSON object", path, n));
+  std::vector<ByteRange> ranges;
   for (const auto& [key, v] : h.items()) {
     if (key == "__metadata__") {
       if (!v.is_object()) return Status::corrupt(fmt::format("'{}': __metadata__ is not an object", path));
@@ -211,7 +240,9 @@ Result<MappedSafetensors> MappedSafetensors::open(const std::string& path) {
                                          where, b, e, 8 + n + b, want, t.dtype, t.shape.str(), data_size));
     t.data = data + b, t.bytes = want, t.file_offset = 8 + n + b;
     f.tensors_[key] = t;
+    ranges.push_back({b, e, key});
   }
+  MT_RETURN_IF_ERROR(check_tiling(path, std::move(ranges), data_size));
   return f;
 }
 

@@ -40,6 +40,10 @@ Status SamplingOptions::validate() const {
     e.push_back(fmt::format("--temperature {} must be >= 0 (0 means greedy)", temperature));
   if (top_k < 0) e.push_back(fmt::format("--top-k {} must be >= 0 (0 turns it off, 1 is greedy)", top_k));
   if (!(top_p >= 0 && top_p <= 1)) e.push_back(fmt::format("--top-p {} must be in [0, 1] (0 turns it off)", top_p));
+  if (top_k > 0 && top_p > 0)
+    e.push_back(fmt::format("--top-k {} and --top-p {} are both given: Megatron refuses the pair (\"Cannot have "
+                            "top-p and top-k both greater than zero\"); give one of them",
+                            top_k, top_p));
   if (e.empty()) return Status::ok();
   std::string m = "invalid sampling options:";
   for (auto& s : e) m += "\n  - " + s;

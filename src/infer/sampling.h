@@ -3,7 +3,8 @@
 // top-p (nucleus), seeded and reproducible.
 //
 // Order of the steps (Hugging Face's generate order; Megatron's sampler
-// applies the same ones but refuses top-k together with top-p, which we allow):
+// applies the same ones; validate() refuses top-k together with top-p, as
+// Megatron does, so at most one of steps 4 and 5 filters):
 //   1. tokens >= vocab_limit (Megatron's vocabulary padding) are never drawn;
 //   2. greedy when temperature == 0 or top_k == 1: the arg-max (lowest id on ties);
 //   3. logits / temperature, softmax (in double);

@@ -825,6 +825,15 @@ TEST(HfImport, MalformedSafetensorsAreRefusedClearly) {
       {"huge.safetensors", R"({"w": {"dtype": "F32", "shape": [4611686018427387904, 8], "data_offsets": [0, 4]}})", 16, -1,
        "too large"},
       {"type.safetensors", R"({"w": {"dtype": 7, "shape": [1], "data_offsets": [0, 4]}})", 16, -1, "expected an object"},
+      // The format's tiling rule (its reference implementation refuses these too).
+      {"overlap.safetensors",
+       R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+       12, -1, "tensor 'b': data_offsets [4, 12] overlap the previous tensor's end at 8"},
+      {"gap.safetensors",
+       R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+       12, -1, "leave a gap after the previous tensor's end at 4"},
+      {"trailing.safetensors", R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})", 16, -1,
+       "the tensors cover 4 of the 16 data bytes"},
   };
   for (const Bad& b : bad) {
     auto r = MappedSafetensors::open(file(b.name, b.header, b.data, b.claimed));

@@ -99,7 +99,7 @@ TEST(Generate, StopsAtEodAndSampledRunsRepeat) {
 
   go.eod = -1;
   go.sampling = SamplingOptions{};
-  go.sampling.temperature = 1.3, go.sampling.top_k = 20, go.sampling.top_p = 0.95, go.sampling.seed = 99;
+  go.sampling.temperature = 1.3, go.sampling.top_k = 20, go.sampling.seed = 99;
   auto a = generate(**dec, prompt, go), b = generate(**dec, prompt, go);
   go.sampling.seed = 100;
   auto c = generate(**dec, prompt, go);
