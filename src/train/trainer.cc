@@ -841,13 +841,20 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   }
   for (const auto& line : job.compat.no_effect) std::fprintf(out, "accepted with no effect here: %s\n", line.c_str());
   if (stepped) {
+    // The batches this run uses (from a resumed checkpoint's samples on),
+    // and how many of the schedule's steps it does not reach.
+    const std::vector<plan::BatchStep>& used = plan.batch_steps_used.empty() ? plan.batch_steps : plan.batch_steps_used;
     std::string steps;
-    for (const plan::BatchStep& st : plan.batch_steps)
+    for (const plan::BatchStep& st : used)
       steps += fmt::format("{}{} ({} micro-batches) from {} samples", steps.empty() ? "" : ", ", st.batch,
                            st.batch / (mbs * dp), st.threshold);
-    std::fprintf(out, "global batch by --step-batch-size-schedule: %s; %lld iterations reach --train-samples %lld "
+    const size_t unused = plan.batch_steps.size() - std::min(plan.batch_steps.size(), used.size());
+    std::fprintf(out, "global batch by --step-batch-size-schedule: %s%s; %lld iterations reach --train-samples %lld "
                       "(%lld samples)\n",
-                 steps.c_str(), static_cast<long long>(train_iters), static_cast<long long>(*cfg.train_samples),
+                 steps.c_str(),
+                 unused ? fmt::format(" ({} other step{} of the schedule lie{} outside this run)", unused, unused == 1 ? "" : "s", unused == 1 ? "s" : "").c_str()
+                        : "",
+                 static_cast<long long>(train_iters), static_cast<long long>(*cfg.train_samples),
                  static_cast<long long>(scheduled.samples));
   }
   if (plan.requested_global_batch != gbs && !stepped)

@@ -844,6 +844,7 @@ cp -r "$TMP/step-sched" "$TMP/step-dp2"
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -n 2 --oversubscribe "$BIN" train \
   "${COMMON[@]}" "${STEP[@]}" --step-batch-size-schedule "0:4 256:8" --load "$TMP/step-dp2" --save "$TMP/step-dp2" \
   >"$TMP/step-dp2.log" 2>&1 && grep -q "iteration        9/       9 | consumed samples:           64" "$TMP/step-dp2.log" \
+  && grep -q "global batch by --step-batch-size-schedule: 8 (1 micro-batches) from [0-9]* samples (1 other step of the schedule lies outside this run)" "$TMP/step-dp2.log" \
   || { fail "step schedule: resume on DP 2"; tail -5 "$TMP/step-dp2.log"; }
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun -n 2 --oversubscribe "$BIN" train \
   "${COMMON[@]}" "${STEP[@]}" --step-batch-size-schedule "0:4 256:8" >"$TMP/step-dp2f.log" 2>&1
