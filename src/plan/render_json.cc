@@ -33,6 +33,8 @@ json form_values(const PlanReport& r) {
   f["num-experts"] = m.num_experts;
   f["micro-batch-size"] = r.job.batch.micro_batch_size;
   f["global-batch-size"] = r.job.batch.global_batch_size.value_or(0);
+  f["step-batch-size-schedule"] = r.job.batch.step_batch_size_schedule.value_or("");
+  f["optimizer"] = r.job.optimizer.name;
   f["sequence-parallel"] = p.sequence_parallel;
   f["use-distributed-optimizer"] = p.use_distributed_optimizer;
   f["swiglu"] = m.swiglu;

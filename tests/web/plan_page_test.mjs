@@ -325,6 +325,20 @@ async function servedPage(browser, server) {
   await page.waitForFunction(() => document.body.dataset.valid === "1", null, { timeout: STEP_MS });
   checkEq(await gpuCount(page), 16, "served page, world-size back to 16: GPU cells");
 
+  // A step batch schedule (--step-batch-size-schedule; the global batch field
+  // cleared first, as the two exclude each other): the plan holds the
+  // largest batch the run reaches, 16 x 512 tokens passing 1K.
+  const cleared = page.waitForResponse((r) => r.url().endsWith("/api/plan"));
+  await page.locator('#plan-form [name="global-batch-size"]').fill("");
+  await page.locator('#plan-form [name="global-batch-size"]').press("Tab");
+  await cleared;
+  await setInput(page, "step-batch-size-schedule", "0:8 1K:16");
+  await page.waitForFunction(() => document.body.dataset.valid === "1", null, { timeout: STEP_MS })
+    .catch(async () => { throw new TestFailure("served page, step schedule: invalid plan:\n  " +
+                                               (await page.locator("#errors li").allTextContents()).join("\n  ")); });
+  const summary = await page.locator("#summary").textContent();
+  check(summary.includes("= 16"), `served page, step schedule: the global batch card lacks '= 16': ${summary}`);
+
   const foreign = w.requests.filter((u) => !u.startsWith(server.url));
   checkEq(foreign, [], "served page: requests to anything but the server");
   checkNoProblems(w);
