@@ -1,5 +1,5 @@
 #pragma once
-// The optimizers' elementwise updates: AdamW, SGD with momentum and Lion.
+// The optimizers' elementwise updates: AdamW and SGD with momentum.
 //
 // AdamW as PyTorch's torch.optim.AdamW and Megatron's default optimizer
 // (apex/TE FusedAdam with adam_w_mode) define it, for step t >= 1:
@@ -67,31 +67,6 @@ namespace cuda {
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const SGDOptions& o, const Tensor& lowp);
 }  // namespace cuda
 #endif
-
-// Lion as Megatron's --optimizer lion runs it (emerging_optimizers' Lion,
-// decoupled weight decay):
-//   p   += (-lr * wd) * p                     (only when wd != 0)
-//   c    = b1 m + (1 - b1) g                  (g = gradient * grad_scale)
-//   m    = m + (1 - b2) (g - m)               (torch's lerp at weight 1 - b2 < 0.5)
-//   p   -= lr * sign(c)                       (sign(0) = 0)
-struct LionOptions {
-  double lr = 1e-4, beta1 = 0.95, beta2 = 0.98, weight_decay = 0.0;
-  double grad_scale = 1.0;  // as AdamWOptions::grad_scale
-};
-
-namespace cpu {
-void lion_step(const Tensor& param, const Tensor& grad, const Tensor& m, const LionOptions& o, const Tensor& lowp);
-}
-#ifdef MT_HAVE_CUDA
-namespace cuda {
-void lion_step(const Tensor& param, const Tensor& grad, const Tensor& m, const LionOptions& o, const Tensor& lowp);
-}  // namespace cuda
-#endif
-
-inline void lion_step(const Tensor& param, const Tensor& grad, const Tensor& m, const LionOptions& o,
-                      const Tensor& lowp = Tensor()) {
-  MT_DISPATCH(lion_step, param.device(), param, grad, m, o, lowp);
-}
 
 // buf: the momentum buffer (same numel as param); not read when momentum is 0.
 inline void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const SGDOptions& o,

@@ -98,13 +98,10 @@ double sum_over(comm::Communicator* c, double v) {
 
 }  // namespace
 
-const char* optimizer_name(OptimizerKind k) {
-  return k == OptimizerKind::kSgd ? "sgd" : k == OptimizerKind::kLion ? "lion" : "adam";
-}
+const char* optimizer_name(OptimizerKind k) { return k == OptimizerKind::kSgd ? "sgd" : "adam"; }
 
 std::vector<std::string> optimizer_state_names(const OptimizerConfig& c) {
   if (c.kind == OptimizerKind::kAdam) return {"exp_avg", "exp_avg_sq"};
-  if (c.kind == OptimizerKind::kLion) return {"exp_avg"};
   if (c.sgd_momentum != 0.0) return {"momentum_buffer"};
   return {};
 }
@@ -131,9 +128,7 @@ Optimizer::Optimizer(model::GPTModel& model, const OptimizerConfig& cfg, const P
       decoupled_[i] = specs[i].name == "embedding.word_embeddings.weight" || specs[i].name == "output_layer.weight";
 
   const int states = state_count();
-  const char* arena_name = cfg_.kind == OptimizerKind::kAdam   ? "adam-state"
-                           : cfg_.kind == OptimizerKind::kLion ? "lion-state"
-                                                               : "sgd-momentum";
+  const char* arena_name = cfg_.kind == OptimizerKind::kAdam ? "adam-state" : "sgd-momentum";
   if (!distributed()) {
     SizeTable table;
     for (size_t i = 0; i < params.size(); ++i) table.add(specs[i].name, params[i].shape(), params[i].dtype());
@@ -230,16 +225,6 @@ void Optimizer::step(double lr, double wd, double decoupled_lr) {
       o.weight_decay = wd * wd_mult_[i];
       o.grad_scale = grad_scale_;
       kernels::sgd_step(p, g, r.m, o, lowp);
-      continue;
-    }
-    if (cfg_.kind == OptimizerKind::kLion) {
-      kernels::LionOptions o;
-      o.lr = lr_i;
-      o.beta1 = cfg_.lion_beta1;
-      o.beta2 = cfg_.lion_beta2;
-      o.weight_decay = wd * wd_mult_[i];
-      o.grad_scale = grad_scale_;
-      kernels::lion_step(p, g, r.m, o, lowp);
       continue;
     }
     kernels::AdamWOptions o;

@@ -1,7 +1,6 @@
 #pragma once
 // Optimizer: Megatron's optimizers over one GPTModel's parameters: AdamW
-// (--optimizer adam, the default), SGD with momentum (--optimizer sgd) or
-// Lion (--optimizer lion).
+// (--optimizer adam, the default) or SGD with momentum (--optimizer sgd).
 //
 // - Master weights are the model's parameters (fp32; fp64 in tests). With
 //   bf16 compute the model keeps bf16 copies of its GEMM weights; step()
@@ -12,8 +11,7 @@
 //   table once per state tensor, so the planner's "states x params" size is
 //   what is allocated:
 //     AdamW: exp_avg (m) and exp_avg_sq (v) ([all m | all v]);
-//     SGD:   momentum_buffer (in m), none with --sgd-momentum 0;
-//     Lion:  exp_avg (in m).
+//     SGD:   momentum_buffer (in m), none with --sgd-momentum 0.
 // - AdamW update (PyTorch AdamW / Megatron FusedAdam adam_w_mode,
 //   kernels/optimizer_step.h): with t = step_count() after incrementing,
 //     p -= lr * wd * wd_mult * p
@@ -23,9 +21,6 @@
 //   (biases and 1-D norm parameters: Megatron's no-wd group) and 1 otherwise.
 // - SGD update (torch.optim.SGD / FusedSGD, coupled weight decay):
 //     g += wd * wd_mult * p;  buf = momentum buf + g;  p -= lr * buf
-// - Lion update (emerging_optimizers' Lion, decoupled weight decay):
-//     p -= lr * wd * wd_mult * p;  c = b1 m + (1-b1) g;  m += (1-b2)(g - m);
-//     p -= lr * sign(c)
 // - clip_grad_norm: Megatron's clip_grad_norm_fp32: norm = sqrt(sum g^2) over
 //   every gradient (fp64 accumulation), coef = max_norm / (norm + 1e-6),
 //   gradients scaled by coef only when coef < 1 -- by the next step(), which
@@ -123,12 +118,11 @@ struct StateRange {
   const Tensor& state(int k) const { return k == 0 ? m : v; }
 };
 
-enum class OptimizerKind { kAdam, kSgd, kLion };
+enum class OptimizerKind { kAdam, kSgd };
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdam;  // --optimizer
   double sgd_momentum = 0.9;                  // --sgd-momentum
-  double lion_beta1 = 0.95, lion_beta2 = 0.98;  // --lion-beta1, --lion-beta2
   double beta1 = 0.9;    // --adam-beta1
   double beta2 = 0.999;  // --adam-beta2
   double eps = 1e-8;     // --adam-eps

@@ -79,12 +79,11 @@ struct PrecisionConfig {
 // --optimizer and --sgd-momentum (registered with the trainer's flags), for
 // the planner's optimizer-state bytes.
 struct OptimizerChoice {
-  std::string name = "adam";  // adam | sgd | lion
+  std::string name = "adam";  // adam | sgd
   double sgd_momentum = 0.9;
   // State tensors per parameter: Adam's exp_avg and exp_avg_sq, SGD's
-  // momentum buffer (none with --sgd-momentum 0, as torch keeps none),
-  // Lion's exp_avg.
-  int state_tensors() const { return name == "sgd" ? (sgd_momentum != 0 ? 1 : 0) : name == "lion" ? 1 : 2; }
+  // momentum buffer (none with --sgd-momentum 0, as torch keeps none).
+  int state_tensors() const { return name == "sgd" ? (sgd_momentum != 0 ? 1 : 0) : 2; }
 };
 
 struct RecomputeConfig {

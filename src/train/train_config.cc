@@ -52,9 +52,8 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_int("train-samples", &c.train_samples, "samples to train (sample-based schedule)", 1, INT64_MAX / 4);
   f.add_int("seed", &c.seed, "random seed (initialisation, dropout, data order)", 0, UINT32_MAX);
   f.add_string("optimizer", &c.job.optimizer.name,
-               "adam (AdamW, decoupled weight decay), sgd (momentum SGD, weight decay added to the gradient) or "
-               "lion (sign of the interpolated momentum, decoupled weight decay)",
-               {"adam", "sgd", "lion"});
+               "adam (AdamW, decoupled weight decay) or sgd (momentum SGD, weight decay added to the gradient)",
+               {"adam", "sgd"});
   f.add_double("sgd-momentum", &c.job.optimizer.sgd_momentum, "momentum factor of --optimizer sgd (0: no momentum buffer)",
                0, 1e3);
   f.add_double("lr", &c.lr, "peak learning rate", 0, 1e3);
@@ -89,8 +88,6 @@ void register_train_flags(FlagSet& f, TrainConfig& c, bool with_device) {
   f.add_double("adam-beta1", &c.adam_beta1, "Adam beta1", 0, 1);
   f.add_double("adam-beta2", &c.adam_beta2, "Adam beta2", 0, 1);
   f.add_double("adam-eps", &c.adam_eps, "Adam epsilon", 0, 1);
-  f.add_double("lion-beta1", &c.lion_beta1, "Lion's beta1 (the sign update's interpolation)", 0, 1);
-  f.add_double("lion-beta2", &c.lion_beta2, "Lion's beta2 (the momentum's moving average)", 0, 1);
   f.add_switch("calculate-per-token-loss", &c.calculate_per_token_loss,
                "the gradient of the global batch's loss summed over its counted tokens / their number (every "
                "token weighs the same), instead of the mean over micro-batches of each one's mean");

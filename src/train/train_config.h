@@ -48,7 +48,6 @@ struct TrainConfig {
   std::string weight_decay_incr_style = "constant";
   double clip_grad = 1.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
-  double lion_beta1 = 0.95, lion_beta2 = 0.98;  // --lion-beta1, --lion-beta2
   bool apply_wd_to_qk_layernorm = false;  // --apply-wd-to-qk-layernorm
   bool calculate_per_token_loss = false;  // --calculate-per-token-loss
   int64_t seed = 1234;

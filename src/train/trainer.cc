@@ -266,9 +266,6 @@ Result<TrainResult> run_training(const TrainConfig& cfg_in, const std::vector<st
       };
       if (job.optimizer.name == "sgd") {
         take("sgd_momentum", job.optimizer.sgd_momentum, "--sgd-momentum");
-      } else if (job.optimizer.name == "lion") {
-        take("lion_beta1", cfg.lion_beta1, "--lion-beta1");
-        take("lion_beta2", cfg.lion_beta2, "--lion-beta2");
       } else {
         take("adam_beta1", cfg.adam_beta1, "--adam-beta1");
         take("adam_beta2", cfg.adam_beta2, "--adam-beta2");
@@ -569,12 +566,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   if (uses_grad_scaler(cfg, job)) scaler = optim::GradScaler::from(cfg.loss_scale);
   optim::Optimizer opt(
       model,
-      optim::OptimizerConfig{.kind = job.optimizer.name == "sgd"    ? optim::OptimizerKind::kSgd
-                                     : job.optimizer.name == "lion" ? optim::OptimizerKind::kLion
-                                                                    : optim::OptimizerKind::kAdam,
+      optim::OptimizerConfig{.kind = job.optimizer.name == "sgd" ? optim::OptimizerKind::kSgd : optim::OptimizerKind::kAdam,
                              .sgd_momentum = job.optimizer.sgd_momentum,
-                             .lion_beta1 = cfg.lion_beta1,
-                             .lion_beta2 = cfg.lion_beta2,
                              .beta1 = cfg.adam_beta1,
                              .beta2 = cfg.adam_beta2,
                              .eps = cfg.adam_eps,
@@ -902,9 +895,6 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     common["optimizer"] = {{"name", optim::optimizer_name(opt.config().kind)}, {"step", opt.step_count()}};
     if (opt.config().kind == optim::OptimizerKind::kSgd) {
       common["optimizer"]["sgd_momentum"] = opt.config().sgd_momentum;
-    } else if (opt.config().kind == optim::OptimizerKind::kLion) {
-      common["optimizer"]["lion_beta1"] = opt.config().lion_beta1;
-      common["optimizer"]["lion_beta2"] = opt.config().lion_beta2;
     } else {
       common["optimizer"]["adam_beta1"] = opt.config().beta1;
       common["optimizer"]["adam_beta2"] = opt.config().beta2;

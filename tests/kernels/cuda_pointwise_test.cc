@@ -1126,42 +1126,6 @@ TEST(CudaTwin, SgdMatchesCpuBitwise) {
   }
 }
 
-// ---------------------------------------------------------------- lion
-
-template <typename T>
-void lion_case(int64_t n, double wd, double grad_scale, bool lowp) {
-  const std::string what =
-      fmt::format("lion {} n={} wd={} grad_scale={}{}", tname(dtype_of<T>()), n, wd, grad_scale, lowp ? " lowp" : "");
-  auto p = randn<T>(n, 311), m = randn<T>(n, 312, 0.01);
-  if (n > 2) m[1] = T(0);  // with a zero gradient below: sign(0) = 0
-  std::vector<bf16> lp(static_cast<size_t>(n));
-  Arena g = gpu_arena(kArenaBytes);
-  Tensor gP = to_device(g, view(p, {n})), gM = to_device(g, view(m, {n}));
-  Tensor gLp = lowp ? g.alloc({n}, DType::kBF16) : Tensor();
-  k::LionOptions o;
-  o.lr = 1e-3, o.beta1 = 0.9, o.beta2 = 0.99, o.weight_decay = wd, o.grad_scale = grad_scale;
-  for (int step = 1; step <= 3; ++step) {
-    auto grad = randn<T>(n, 320 + step, 0.5);
-    if (n > 2 && step == 1) grad[1] = T(0);
-    Tensor gG = to_device(g, view(grad, {n}));
-    k::lion_step(view(p, {n}), view(grad, {n}), view(m, {n}), o, lowp ? view(lp, {n}) : Tensor());
-    k::lion_step(gP, gG, gM, o, gLp);
-    const std::string at = fmt::format("{} step {}", what, step);
-    expect_bitwise(to_host<T>(gP), p, at + " param");
-    expect_bitwise(to_host<T>(gM), m, at + " exp_avg");
-    if (lowp) expect_bitwise(to_host<bf16>(gLp), lp, at + " bf16 copy");
-  }
-}
-
-TEST(CudaTwin, LionMatchesCpuBitwise) {
-  MT_REQUIRE_GPU();
-  for (int64_t n : {10007, 1, 0}) {
-    lion_case<float>(n, 0.1, 1.0, false);
-    lion_case<float>(n, 0.0, 0.37, true);
-    lion_case<double>(n, 0.1, 0.37, false);
-  }
-}
-
 // ---------------------------------------------------------------- cross entropy
 
 template <typename T, typename Tok>

@@ -535,54 +535,5 @@ TEST(Sgd, Bf16CopiesAreRefreshedByStep) {
   EXPECT_LT(after_step, before);  // a descent step
 }
 
-// ---------------------------------------------------------------- Lion
-
-// --optimizer lion against a double-precision transcription of
-// emerging_optimizers' Lion.step as Megatron calls it (decoupled weight decay
-// p.add_(p, alpha=-wd*lr); c = b1 m + (1-b1) g; m.lerp_(g, 1-b2);
-// p.add_(sign(c), alpha=-lr)), with Megatron's clipping and wd groups.
-void run_lion_against_reference(DType dt, double tol) {
-  auto model = make_model(dt);
-  OptimizerConfig cfg;
-  cfg.kind = OptimizerKind::kLion;
-  cfg.lion_beta1 = 0.9, cfg.lion_beta2 = 0.99;
-  Optimizer opt(*model, cfg);
-  EXPECT_EQ(opt.state_names(), std::vector<std::string>{"exp_avg"});
-  Reference ref = snapshot(*model);
-  const double plan[][4] = {{1.0, 0.5, 1e-3, 0.1}, {0.3, 0.0, 5e-4, 0.2}, {2.0, 1.0, 2e-3, 0.05},
-                            {1e-3, 1.0, 1e-3, 0.1}, {0.5, 3.0, 1e-4, 0.0}};
-  int step = 0;
-  int64_t flips = 0;  // elements whose update sign differs from their gradient's: the momentum mattered
-  for (const auto& s : plan) {
-    fill_grads(*model, step++, s[0]);
-    const auto g = read_grads(*model);
-    const double norm = opt.clip_grad_norm(s[1]);
-    opt.step(s[2], s[3]);
-    double ss = 0;
-    for (const auto& t : g)
-      for (double x : t) ss += x * x;
-    const double coef = s[1] > 0 && s[1] / (std::sqrt(ss) + 1e-6) < 1 ? s[1] / (std::sqrt(ss) + 1e-6) : 1.0;
-    EXPECT_NEAR(norm, std::sqrt(ss), 1e-12 * std::sqrt(ss));
-    for (size_t i = 0; i < ref.p.size(); ++i)
-      for (size_t j = 0; j < ref.p[i].size(); ++j) {
-        const double gi = g[i][j] * coef;
-        double& p = ref.p[i][j];
-        double& m = ref.m[i][j];
-        p += p * (-s[3] * ref.wd_mult[i] * s[2]);
-        const double c = cfg.lion_beta1 * m + (1 - cfg.lion_beta1) * gi;
-        m += (1 - cfg.lion_beta2) * (gi - m);
-        const double sign = c > 0 ? 1.0 : c < 0 ? -1.0 : 0.0;
-        if (step > 1 && (sign > 0) != (gi > 0)) ++flips;
-        p -= s[2] * sign;
-      }
-    EXPECT_LT(max_rel(model->params(), ref.p, 1e-3), tol) << "params after step " << step;
-    EXPECT_LT(max_rel(opt.exp_avg(), ref.m, 1e-6), tol) << "exp_avg after step " << step;
-  }
-  EXPECT_GT(flips, 0);
-}
-
-TEST(Lion, MatchesDoubleReference_Fp64) { run_lion_against_reference(DType::kF64, 1e-12); }
-TEST(Lion, MatchesDoubleReference_Fp32) { run_lion_against_reference(DType::kF32, 1e-5); }
-
 }  // namespace
 }  // namespace mt::optim

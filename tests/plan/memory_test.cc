@@ -249,7 +249,6 @@ TEST(BytesPerParam, MegatronTable) {
   EXPECT_EQ((OptimizerChoice{.name = "sgd"}.state_tensors()), 1);
   EXPECT_EQ((OptimizerChoice{.name = "sgd", .sgd_momentum = 0}.state_tensors()), 0);
   EXPECT_EQ(OptimizerChoice{}.state_tensors(), 2);
-  EXPECT_EQ((OptimizerChoice{.name = "lion"}.state_tensors()), 1);
 }
 
 }  // namespace

@@ -349,11 +349,11 @@ for model in MODELS:
         compare(f"{full} ({secs:.1f} s)", ref, full, range(1, ITERS + 1))
 
 def against_reference(tag, ref_extra, layouts, tol=1e-5, params=True, plan=False, iterations=ITERS, param_tol=None,
-                      zeros_slack=0, models=None):
+                      zeros_slack=0):
     """For each model: one single-rank run with ref_extra, then every
     (name, TP, PP, DP, extra) layout with the same flags, compared with it
     over iterations 1..`iterations`."""
-    for model in models or MODELS:
+    for model in MODELS:
         ref = f"{model}-{tag}-ref"
         rc, out, _ = run(ref, 1, train_flags(model, ref, 1, ref_extra, iters=iterations))
         if rc != 0:
@@ -452,17 +452,6 @@ against_reference("sgd", ["--optimizer", "sgd", "--sgd-momentum", "0.8"], [
     ("pp2dp2overlap", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                                 "--ddp-bucket-size", "20000"]),
 ], iterations=6, plan=True)
-# --optimizer lion likewise (one exp_avg per parameter, sharded by the
-# distributed optimizer), on the LLaMA: GPT's key bias has an exactly zero
-# true gradient (softmax ignores a per-key constant), whose rounding noise
-# differs between layouts, and Lion's sign turns that noise into full
-# +-lr steps (seen: final tensors 2e-2 apart after 6 iterations, Megatron's
-# Lion would do the same); the LLaMA has no such parameter.
-against_reference("lion", ["--optimizer", "lion", "--lr", "3e-4", "--min-lr", "3e-5"], [
-    ("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
-    ("pp2dp2overlap", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-                                "--ddp-bucket-size", "20000"]),
-], iterations=6, plan=True, models=["llama"])
 
 # ---------------------------------------------------------------- DP 3
 # A data-parallel size that does not divide the buffer's alignment.

@@ -969,18 +969,6 @@ assert {n for n in adam if n.startswith("optimizer.")} == {f"optimizer.{s}.{p}" 
 assert json.load(open(sys.argv[1] + "/common.json"))["optimizer"]["name"] == "sgd"
 assert json.load(open(sys.argv[2] + "/common.json"))["optimizer"]["name"] == "adam"
 PY
-# --optimizer lion: resume is exact; its one state tensor is exp_avg.
-check_resume lion --micro-batch-size 2 --global-batch-size 4 --optimizer lion --lr 3e-4 --min-lr 3e-5
-python3 - "$TMP/lion-full/iter_0000040" <<'PY' || fail "--optimizer lion checkpoint"
-import json, struct, sys
-with open(sys.argv[1] + "/model_rank00000.safetensors", "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    names = set(json.loads(f.read(n))) - {"__metadata__"}
-params = {n for n in names if not n.startswith("optimizer.")}
-assert {n for n in names if n.startswith("optimizer.")} == {"optimizer.exp_avg." + p for p in params}, sorted(names)
-o = json.load(open(sys.argv[1] + "/common.json"))["optimizer"]
-assert o["name"] == "lion" and o["lion_beta1"] == 0.95 and o["lion_beta2"] == 0.98, o
-PY
 # The checkpoint's momentum wins over the command line's on resume (Megatron
 # restores torch's param_groups with the state), with a note.
 for m in 0.9 0.5; do

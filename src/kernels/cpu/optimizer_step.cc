@@ -113,49 +113,6 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const 
   });
 }
 
-void lion_step(const Tensor& param, const Tensor& grad, const Tensor& m, const LionOptions& o, const Tensor& lowp) {
-  check_same_numel(param, grad, "lion_step");
-  check_same_numel(param, m, "lion_step");
-  if (lowp.defined()) {
-    MT_CHECK((lowp.dtype() == DType::kBF16 || lowp.dtype() == DType::kF16) && param.dtype() == DType::kF32,
-             "lion_step: lowp must be bf16 or fp16 for fp32 parameters");
-    check_same_numel(param, lowp, "lion_step");
-  }
-  float_types(param.dtype(), [&](auto tag_) { using T = decltype(tag_);
-    T *p = param.ptr<T>(), *mp = m.ptr<T>();
-    const T* g = grad.ptr<T>();
-    const T lr = static_cast<T>(o.lr), b1 = static_cast<T>(o.beta1), one_minus_b1 = T(1) - b1,
-            w2 = static_cast<T>(1.0 - o.beta2), decay = static_cast<T>(-o.lr * o.weight_decay),
-            gs = static_cast<T>(o.grad_scale);
-    const int64_t n = param.numel();
-    bf16* lb = nullptr;
-    if constexpr (std::is_same_v<T, float>)
-      if (lowp.defined() && lowp.dtype() == DType::kBF16) lb = lowp.ptr<bf16>();
-    auto body = [&](auto scaled, auto decayed, auto copy) {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        T gi = g[i];
-        if constexpr (decltype(scaled)::value) gi = gi * gs;
-        T pi = p[i];
-        if constexpr (decltype(decayed)::value) pi = pi + decay * pi;
-        const T c = b1 * mp[i] + one_minus_b1 * gi;
-        mp[i] = mp[i] + w2 * (gi - mp[i]);
-        const T s = c > T(0) ? T(1) : c < T(0) ? T(-1) : c;  // sign; 0 and NaN pass through
-        pi = pi - lr * s;
-        p[i] = pi;
-        if constexpr (decltype(copy)::value) lb[i] = to_out<bf16>(static_cast<float>(pi));
-      }
-    };
-    using yes = std::true_type;
-    using no = std::false_type;
-    auto with_copy = [&](auto... on) { lb ? body(on..., yes{}) : body(on..., no{}); };
-    auto with_decay = [&](auto... on) { o.weight_decay != 0.0 ? with_copy(on..., yes{}) : with_copy(on..., no{}); };
-    o.grad_scale != 1.0 ? with_decay(yes{}) : with_decay(no{});
-    if constexpr (std::is_same_v<T, float>)
-      if (lowp.defined() && lowp.dtype() == DType::kF16) f16_round_n(p, lowp.ptr<f16>(), n);
-  });
-}
-
 }  // namespace cpu
 
 double global_grad_norm(const std::vector<Tensor>& grads) {

@@ -68,49 +68,7 @@ __global__ void sgd_k(int64_t n, T* p, const T* __restrict__ g, T* b, T lr, T mu
   }
 }
 
-// CPU twin of lion_step, per element (constants computed on the host alike):
-//   gi = g * gs (when scaled);  p = p + decay * p (when decayed)
-//   c = b1 * m + (1 - b1) * gi;  m = m + w2 * (gi - m);  p = p - lr * sign(c)
-template <typename T>
-__global__ void lion_k(int64_t n, T* p, const T* __restrict__ g, T* m, T lr, T b1, T one_minus_b1, T w2, T decay, T gs,
-                       bool scaled, bool decayed, bf16* lp) {
-  for (int64_t e = gs_begin(); e < n; e += gs_stride()) {
-    T gi = g[e];
-    if (scaled) gi = mul_rn(gi, gs);
-    T pi = p[e];
-    if (decayed) pi = add_rn(pi, mul_rn(decay, pi));
-    const T mi = m[e];
-    const T c = add_rn(mul_rn(b1, mi), mul_rn(one_minus_b1, gi));
-    m[e] = add_rn(mi, mul_rn(w2, sub_rn(gi, mi)));
-    const T s = c > T(0) ? T(1) : c < T(0) ? T(-1) : c;
-    pi = sub_rn(pi, mul_rn(lr, s));
-    p[e] = pi;
-    if (lp) lp[e] = bf16{bf16_bits_from_float(static_cast<float>(pi))};
-  }
-}
-
 }  // namespace
-
-void lion_step(const Tensor& param, const Tensor& grad, const Tensor& m, const LionOptions& o, const Tensor& lowp) {
-  check_same_numel(param, grad, "lion_step");
-  check_same_numel(param, m, "lion_step");
-  if (lowp.defined()) {
-    MT_CHECK(lowp.dtype() == DType::kBF16 && param.dtype() == DType::kF32, "lion_step: lowp must be bf16 for fp32 parameters");
-    check_same_numel(param, lowp, "lion_step");
-  }
-  check_on_gpu({&param, &grad, &m, &lowp}, "lion_step");
-  float_types(param.dtype(), [&](auto tag_) {
-    using T = decltype(tag_);
-    const int64_t n = param.numel();
-    if (n == 0) return;
-    const T b1 = static_cast<T>(o.beta1);
-    lion_k<T><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(
-        n, param.ptr<T>(), grad.ptr<T>(), m.ptr<T>(), static_cast<T>(o.lr), b1, T(1) - b1,
-        static_cast<T>(1.0 - o.beta2), static_cast<T>(-o.lr * o.weight_decay), static_cast<T>(o.grad_scale),
-        o.grad_scale != 1.0, o.weight_decay != 0.0, lowp.defined() ? lowp.ptr<bf16>() : nullptr);
-    MT_CUDA_CHECK_LAUNCH();
-  });
-}
 
 void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& buf, const SGDOptions& o, const Tensor& lowp) {
   check_same_numel(param, grad, "sgd_step");
