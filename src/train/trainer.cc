@@ -848,7 +848,14 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     for (const plan::BatchStep& st : used)
       steps += fmt::format("{}{} ({} micro-batches) from {} samples", steps.empty() ? "" : ", ", st.batch,
                            st.batch / (mbs * dp), st.threshold);
-    const size_t unused = plan.batch_steps.size() - std::min(plan.batch_steps.size(), used.size());
+    // Steps of the schedule whose range [threshold, next threshold) misses
+    // the samples this run consumes, [its first batch's start, --train-samples).
+    const int64_t from = used.empty() ? 0 : used.front().threshold;
+    size_t unused = 0;
+    for (size_t k = 0; k < plan.batch_steps.size(); ++k) {
+      const int64_t end = k + 1 < plan.batch_steps.size() ? plan.batch_steps[k + 1].threshold : INT64_MAX;
+      if (!(plan.batch_steps[k].threshold < *cfg.train_samples && end > from)) ++unused;
+    }
     std::fprintf(out, "global batch by --step-batch-size-schedule: %s%s; %lld iterations reach --train-samples %lld "
                       "(%lld samples)\n",
                  steps.c_str(),

@@ -830,6 +830,10 @@ run step-sched "${STEP[@]}" --step-batch-size-schedule "0:4 256:8" || { fail "st
 grep -q "global batch by --step-batch-size-schedule: 4 (1 micro-batches) from 0 samples, 8 (2 micro-batches) from 8 samples; 9 iterations reach --train-samples 64 (64 samples)" "$TMP/step-sched.log" \
   && grep -q "global batch 8 from iteration 3 (8 samples consumed): 2 micro-batches" "$TMP/step-sched.log" \
   && [ -d "$TMP/step-sched/iter_0000002" ] || { fail "step schedule: start line, switch or its checkpoint"; cat "$TMP/step-sched.log"; }
+# Two steps of one batch size are reported as one, and none as outside the run.
+run step-merge "${STEP[@]}" --step-batch-size-schedule "0:4 128:4 256:8" --exit-interval 1 \
+  && grep -q "global batch by --step-batch-size-schedule: 4 (1 micro-batches) from 0 samples, 8 (2 micro-batches) from 8 samples; " "$TMP/step-merge.log" \
+  || { fail "step schedule: equal steps merged"; grep "global batch by" "$TMP/step-merge.log"; }
 run step-const "${STEP[@]}" --global-batch-size 4 --exit-interval 2 || fail "step schedule: constant batch 4"
 run step-const "${STEP[@]}" --global-batch-size 8 --load "$TMP/step-const" || { fail "step schedule: resumed at 8"; cat "$TMP/step-const.log"; }
 diff <(losses "$TMP/step-sched.jsonl" | head -8) <(losses "$TMP/step-const.jsonl") >/dev/null \
