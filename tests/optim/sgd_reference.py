@@ -15,45 +15,18 @@ when below 1; clip 0: off), then optimizer.step(). OUT receives
 pre-clip norm of each step). Exit code 77 when torch is not installed.
 """
 import json
-import struct
+import os
 import sys
 
 try:
-    import numpy as np
     import torch
 except ImportError as e:  # pragma: no cover
     print(f"sgd_reference.py: {e}; install python3-torch python3-numpy", file=sys.stderr)
     sys.exit(77)
 
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, t in header.items():
-        assert t["dtype"] == "F64", name
-        b, e = t["data_offsets"]
-        out[name] = torch.from_numpy(np.frombuffer(data[b:e], dtype=np.float64).reshape(t["shape"]).copy())
-    return out, meta
-
-
-def write_safetensors(path, tensors):
-    header, blobs, off = {}, [], 0
-    for name, t in tensors.items():
-        b = t.detach().contiguous().numpy().astype(np.float64).tobytes()
-        header[name] = {"dtype": "F64", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+# The safetensors reader and writer of the model test's reference (float64 here).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
+from reference_gpt import read_safetensors, write_safetensors  # noqa: E402
 
 
 def main():
