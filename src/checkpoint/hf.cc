@@ -40,6 +40,14 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
   std::vector<std::string> common;  // problems whatever the family
   if (c.apply_residual_connection_post_layernorm)
     common.push_back("--apply-residual-connection-post-layernorm (no transformers decoder takes the residual after the norm)");
+  if (c.mla()) {
+    // DeepseekV3ForCausalLM computes MLA, but this export has no mapping for it yet.
+    std::string msg =
+        "no Hugging Face export for --multi-latent-attention yet: DeepseekV3ForCausalLM is the transformers class "
+        "with multi-latent attention, and this program does not write it (the checkpoint trains, resumes and "
+        "generates here)";
+    return Status::invalid(msg);
+  }
 
   const bool llama_shape = c.normalization == Normalization::kRMSNorm && c.swiglu &&
                            c.position_embedding == PositionEmbedding::kRope;

@@ -12,6 +12,7 @@
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/kv_attention.h"
+#include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
@@ -28,6 +29,7 @@ struct Decoder::Layer {
   int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
   int q_ln_w = -1, q_ln_b = -1, k_ln_w = -1, k_ln_b = -1;  // --qk-layernorm
+  int q_down_w = -1, q_up_w = -1, q_proj_w = -1, kv_down_w = -1, kv_up_w = -1, kv_ln_w = -1, kv_ln_b = -1;  // MLA
   int router_w = -1;                  // --num-experts
   std::vector<int> exp_fc1, exp_fc2;
   int sh_fc1 = -1, sh_fc2 = -1;       // --moe-shared-expert-intermediate-size
@@ -41,7 +43,7 @@ namespace {
 // (kFc1, kAct, kXp, kY), and the router's buffers are [chunk, E] or [chunk, k].
 enum Buf { kIds, kX, kXMid, kLn, kMean, kRstd, kQkv, kCtx, kTmp, kFc1, kAct, kQkHeads, kQkNormed, kQkMean, kQkRstd,
            kLogits, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY, kSFc1, kSAct, kSOut, kKept,
-           kSGate, kSRows, kSGated, kNumBufs };
+           kSGate, kSRows, kSGated, kMq, kMkv, kMpe, kMcq, kMcqn, kMckv, kMckvn, kMctx, kNumBufs };
 int64_t model_limit(const model::GPTModel& m) {
   const ModelConfig& c = m.config();
   if (c.position_embedding == PositionEmbedding::kLearnedAbsolute) return c.max_position_embeddings;
@@ -85,6 +87,12 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
     x.fc2_w = m.find(p + "mlp.linear_fc2.weight"), x.fc2_b = m.find(p + "mlp.linear_fc2.bias");
     x.q_ln_w = m.find(p + "self_attention.q_layernorm.weight"), x.q_ln_b = m.find(p + "self_attention.q_layernorm.bias");
     x.k_ln_w = m.find(p + "self_attention.k_layernorm.weight"), x.k_ln_b = m.find(p + "self_attention.k_layernorm.bias");
+    x.q_down_w = m.find(p + "self_attention.linear_q_down_proj.weight");
+    x.q_up_w = m.find(p + "self_attention.linear_q_up_proj.weight");
+    x.q_proj_w = m.find(p + "self_attention.linear_q_proj.weight");
+    x.kv_down_w = m.find(p + "self_attention.linear_kv_down_proj.weight");
+    x.kv_up_w = m.find(p + "self_attention.linear_kv_up_proj.weight");
+    x.kv_ln_w = m.find(p + "self_attention.kv_layernorm.weight"), x.kv_ln_b = m.find(p + "self_attention.kv_layernorm.bias");
     x.router_w = m.find(p + "mlp.router.weight");
     for (int64_t e = 0; x.router_w >= 0 && e < E; ++e) {
       x.exp_fc1.push_back(m.find(fmt::format("{}mlp.experts.local_experts.{}.linear_fc1.weight", p, e)));
@@ -151,6 +159,18 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
   st.add("shared.gate", {G, 1}, dt_);
   st.add("shared.rows", {G, 1}, DType::kI32);
   st.add("shared.gated", {G, h_}, dt_);
+  // --multi-latent-attention: q, kv, the position key, the compressed q and
+  // kv (before and after their norms), the value dims of the attention output.
+  const bool mla = c.mla();
+  const int64_t ql = mla ? c.q_lora_rank.value_or(0) : 0, kl = mla ? c.kv_lora_rank : 0;
+  st.add("mla.q", {C, mla ? a_ * d_ : 0}, dt_);
+  st.add("mla.kv", {C, mla ? a_ * (c.qk_head_dim + c.v_head_dim) : 0}, dt_);
+  st.add("mla.kpe", {C, mla ? c.qk_pos_emb_head_dim : 0}, dt_);
+  st.add("mla.cq", {C, ql}, dt_);
+  st.add("mla.cq_normed", {C, ql}, dt_);
+  st.add("mla.ckv", {C, kl}, dt_);
+  st.add("mla.ckv_normed", {C, kl}, dt_);
+  st.add("mla.ctx_v", {C, mla ? a_ * c.v_head_dim : 0}, dt_);
   scratch_ = Arena(st.total_bytes(), "decoder-scratch");
   buf_ = scratch_.carve(st);
   if (G) {
@@ -158,7 +178,7 @@ Decoder::Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk
     for (int64_t i = 0; i < G; ++i) iota[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     copy_tensor(Tensor(iota.data(), {G, 1}, DType::kI32), buf_[kSRows]);
   }
-  if (c.position_embedding == PositionEmbedding::kRope) {
+  if (c.applies_rope()) {
     SizeTable t;
     t.add("rope.cos", {T_max_, c.rotary_dim() / 2}, dt_);
     t.add("rope.sin", {T_max_, c.rotary_dim() / 2}, dt_);
@@ -176,9 +196,10 @@ void Decoder::truncate(int64_t n) {
   length_ = n;
 }
 
-// y [n,out] = x W^T + b, fp32/fp64 parameters.
-void Decoder::linear(const Tensor& x, int w, int b, const Tensor& y) const {
-  const Tensor& W = m_.params()[static_cast<size_t>(w)];
+// y [n,out] = x W^T + b, fp32/fp64 parameters (W: rows [r0, r1), all for r1 < 0).
+void Decoder::linear(const Tensor& x, int w, int b, const Tensor& y, int64_t r0, int64_t r1) const {
+  const Tensor& Wall = m_.params()[static_cast<size_t>(w)];
+  const Tensor W = r1 < 0 ? Wall : Wall.slice(r0, r1);
   const int64_t out = W.dim(0), in = W.dim(1), n = x.numel() / in;
   k::gemm(false, true, n, out, in, 1.0f, x, W, 0.0f, y);
   if (b >= 0) k::bias_add(y, m_.params()[static_cast<size_t>(b)]);
@@ -205,6 +226,30 @@ void Decoder::qk_norm(const Layer& p, const k::QkvLayout& L, int64_t n) {
   norm(heads.slice(nq, nq + nk), p.k_ln_w, p.k_ln_b, normed.slice(nq, nq + nk), ln ? mean.slice(0, nk) : Tensor(),
        rstd.slice(0, nk));
   k::qk_heads_scatter(normed, L, qkv);
+}
+
+// GPTModel::mla_fwd on n rows (one TP rank, no SP), without the RoPE.
+void Decoder::mla_qkv(const Layer& p, const Tensor& ln, int64_t n) {
+  const ModelConfig& c = m_.config();
+  const int64_t kl = c.kv_lora_rank, dr = c.qk_pos_emb_head_dim;
+  const bool qn = c.qk_layernorm, layernorm = c.normalization == Normalization::kLayerNorm;
+  auto rows = [&](Buf b) { return buf_[b].slice(0, n); };
+  const Tensor q = rows(kMq), kv = rows(kMkv), kpe = rows(kMpe), mean = layernorm ? rows(kMean) : Tensor(),
+               rstd = rows(kRstd);
+  if (p.q_down_w >= 0) {
+    const Tensor cq = rows(kMcq), cqn = rows(kMcqn);
+    linear(ln, p.q_down_w, -1, cq);
+    if (qn) norm(cq, p.q_ln_w, p.q_ln_b, cqn, mean, rstd);
+    linear(qn ? cqn : cq, p.q_up_w, -1, q);
+  } else {
+    linear(ln, p.q_proj_w, -1, q);
+  }
+  const Tensor ckv = rows(kMckv), ckvn = rows(kMckvn);
+  linear(ln, p.kv_down_w, -1, ckv, 0, kl);
+  linear(ln, p.kv_down_w, -1, kpe, kl, kl + dr);
+  if (qn) norm(ckv, p.kv_ln_w, p.kv_ln_b, ckvn, mean, rstd);
+  linear(qn ? ckvn : ckv, p.kv_up_w, -1, kv);
+  k::mla_pack(q, kv, kpe, k::MlaDims{n, a_, c.qk_head_dim, dr, c.v_head_dim}, rows(kQkv));
 }
 
 // The MoE MLP of GPTModel::moe_forward on the n rows of ln, into out [n, h].
@@ -275,17 +320,28 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
   k::embedding_forward(ids, P[static_cast<size_t>(word_)], 0, x);
   if (pos_ >= 0) k::position_add_forward(P[static_cast<size_t>(pos_)].slice(p0, p0 + n), 1, x);
   const k::QkvLayout L{n, 1, a_, g_, d_};
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d_));
+  const double scale = c.mla() ? c.mla_softmax_scale() : 1.0 / std::sqrt(static_cast<double>(d_));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& p = layers_[l];
     norm(x, p.ln1_w, p.ln1_b, ln, mean, rstd);
-    linear(ln, p.qkv_w, p.qkv_b, qkv);
-    if (c.qk_layernorm) qk_norm(p, L, n);
-    if (c.position_embedding == PositionEmbedding::kRope)
-      k::rope_forward(qkv, L, rope_cos_.slice(p0, p0 + n), rope_sin_.slice(p0, p0 + n), c.rotary_dim(), c.rotary_interleaved);
+    if (c.mla()) {
+      mla_qkv(p, ln, n);
+    } else {
+      linear(ln, p.qkv_w, p.qkv_b, qkv);
+      if (c.qk_layernorm) qk_norm(p, L, n);
+    }
+    if (c.applies_rope())
+      k::rope_forward(qkv, L, rope_cos_.slice(p0, p0 + n), rope_sin_.slice(p0, p0 + n), c.rotary_dim(),
+                      c.rope_pairs_adjacent());
     k::kv_cache_append(qkv, L, p0, k_cache_[l], v_cache_[l]);
     k::kv_attention(qkv, L, k_cache_[l], v_cache_[l], p0, scale, ctx);
-    linear(ctx, p.proj_w, p.proj_b, tmp);
+    if (c.mla()) {  // linear_proj reads each head's value dims
+      const Tensor ctx_v = rows(kMctx);
+      k::mla_ctx(ctx, ctx_v, k::MlaDims{n, a_, c.qk_head_dim, c.qk_pos_emb_head_dim, c.v_head_dim}, false);
+      linear(ctx_v, p.proj_w, p.proj_b, tmp);
+    } else {
+      linear(ctx, p.proj_w, p.proj_b, tmp);
+    }
     k::add(post ? ln : x, tmp, xm);
     norm(xm, p.ln2_w, p.ln2_b, ln, mean, rstd);
     if (p.router_w >= 0) {

@@ -71,7 +71,10 @@ class Decoder {
   Decoder(const model::GPTModel& m, int64_t max_tokens, int64_t max_chunk);
   struct Layer;
   void run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_rows, bool last_only);
-  void linear(const Tensor& x, int w, int b, const Tensor& y) const;
+  // Rows [r0, r1) of the weight only (r1 < 0: all of them).
+  void linear(const Tensor& x, int w, int b, const Tensor& y, int64_t r0 = 0, int64_t r1 = -1) const;
+  // --multi-latent-attention: qkv's n rows (packed, not yet roped) from ln.
+  void mla_qkv(const Layer& p, const Tensor& ln, int64_t n);
   void norm(const Tensor& x, int w, int b, const Tensor& y, const Tensor& mean, const Tensor& rstd) const;
   void qk_norm(const Layer& p, const kernels::QkvLayout& L, int64_t n);
   void moe(const Layer& p, const Tensor& ln, int64_t n, const Tensor& out);

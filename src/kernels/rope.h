@@ -24,6 +24,7 @@
 // the CPU and CUDA tables are the same bits).
 // Context parallel later passes the table rows of its own positions.
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -44,6 +45,16 @@ struct RopeSpec {
   // Megatron's dim = int(d * --rotary-percent), the frequencies' denominator;
   // 0: rot_dim. An odd dim gives ceil(dim/2) frequencies, so dim + 1 dims rotate.
   int64_t freq_dim = 0;
+  // YaRN (Megatron's YarnRotaryEmbedding, multi-latent attention's default):
+  // inv_freq_i = inter_i (1 - m_i) + extra_i m_i with extra_i = base^(-2i/dim),
+  // inter_i = extra_i / yarn_factor, m_i = 1 - clamp((i - lo) / (hi - lo), 0, 1),
+  // lo = floor(c(beta_fast)), hi = ceil(c(beta_slow)) clamped to [0, dim - 1],
+  // c(r) = dim ln(yarn_original / (2 pi r)) / (2 ln base).
+  bool yarn = false;
+  double yarn_factor = 1, yarn_original = 4096, beta_fast = 32, beta_slow = 1;
+  // cos and sin are multiplied by this (YaRN's concentration factor, as
+  // Megatron's apply_rotary_pos_emb(mscale=...)); 1 otherwise.
+  double mscale = 1;
 };
 
 // inv_freq_i for i < rot_dim/2, in double (Megatron computes the same in fp32).
@@ -65,6 +76,18 @@ inline std::vector<double> rope_inv_freq(const RopeSpec& s) {
     }
     f[static_cast<size_t>(i)] = inv;
   }
+  if (s.yarn) {
+    const double dim = denom;
+    auto corr = [&](double rot) { return dim * std::log(s.yarn_original / (rot * 2 * M_PI)) / (2 * std::log(s.base)); };
+    const double lo = std::max(std::floor(corr(s.beta_fast)), 0.0);
+    double hi = std::min(std::ceil(corr(s.beta_slow)), dim - 1);
+    if (lo == hi) hi += 0.001;
+    for (int64_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((static_cast<double>(i) - lo) / (hi - lo), 0.0, 1.0), m = 1 - ramp;
+      double& x = f[static_cast<size_t>(i)];
+      x = x / s.yarn_factor * (1 - m) + x * m;
+    }
+  }
   return f;
 }
 
@@ -78,8 +101,8 @@ void fill_rope_table(const RopeSpec& s, int64_t seq, T* cos, T* sin) {
     const double pos = static_cast<double>(t) * (1.0 / s.interpolation);
     for (int64_t i = 0; i < half; ++i) {
       const double a = pos * inv[static_cast<size_t>(i)];
-      cos[t * half + i] = static_cast<T>(std::cos(a));
-      sin[t * half + i] = static_cast<T>(std::sin(a));
+      cos[t * half + i] = static_cast<T>(std::cos(a) * s.mscale);
+      sin[t * half + i] = static_cast<T>(std::sin(a) * s.mscale);
     }
   }
 }

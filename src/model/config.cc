@@ -178,11 +178,19 @@ int64_t ModelConfig::num_moe_layers() const {
 }
 
 int64_t ModelConfig::head_dim() const {
+  if (mla()) return qk_head_dim + qk_pos_emb_head_dim;
   if (kv_channels) return *kv_channels;
   return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
 }
 
 int64_t ModelConfig::rotary_freq_dim() const {
+  // MLA rotates its position dims: YaRN all of them, RotaryEmbedding
+  // int(qk_pos_emb_head_dim * rotary_percent) (Megatron's MLA passes the
+  // percent to the latter only).
+  if (mla()) {
+    const double pct = mla_yarn() ? 1.0 : rotary_percent;
+    return pct < 1.0 ? static_cast<int64_t>(static_cast<double>(qk_pos_emb_head_dim) * pct) : qk_pos_emb_head_dim;
+  }
   // Megatron: dim = int(kv_channels * rotary_percent) when rotary_percent < 1.
   return rotary_percent < 1.0 ? static_cast<int64_t>(static_cast<double>(head_dim()) * rotary_percent) : head_dim();
 }
@@ -194,7 +202,25 @@ int64_t ModelConfig::rotary_dim() const {
   return dim + (dim % 2);
 }
 
+namespace {
+// Megatron's _yarn_get_mscale.
+double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+}  // namespace
+
+double ModelConfig::mla_softmax_scale() const {
+  // MultiLatentAttention: mscale = _yarn_get_mscale(rotary_scaling_factor,
+  // mscale_all_dim), whatever --rope-type; softmax_scale = mscale^2 / sqrt(q_head_dim).
+  const double m = yarn_mscale(rotary_scaling_factor, mscale_all_dim);
+  return m * m / std::sqrt(static_cast<double>(head_dim()));
+}
+
+double ModelConfig::mla_rope_mscale() const {
+  if (!mla_yarn()) return 1.0;
+  return yarn_mscale(rotary_scaling_factor, mscale) / yarn_mscale(rotary_scaling_factor, mscale_all_dim);
+}
+
 int64_t ModelConfig::query_groups() const {
+  if (mla()) return num_attention_heads;
   if (!group_query_attention) return num_attention_heads;
   return num_query_groups.value_or(1);
 }
@@ -285,6 +311,26 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
   f.add_switch("qk-layernorm", &c.qk_layernorm,
                "normalise each query and key head (--normalization's kind, over its kv-channels values) before "
                "RoPE, with a weight for the queries and one for the keys (Qwen3, OLMo-style)");
+  f.add_switch("multi-latent-attention", &c.multi_latent_attention,
+               "multi-latent attention (DeepSeek-V2/V3): queries and keys/values through low-rank projections, "
+               "RoPE on qk-pos-emb-head-dim extra dims per head (--q-lora-rank, --kv-lora-rank, --qk-head-dim, "
+               "--qk-pos-emb-head-dim, --v-head-dim, --rope-type)");
+  f.add_int("q-lora-rank", &c.q_lora_rank,
+            "MLA: rank of the query's low-rank projection (unset: one full-rank linear_q_proj)", 1, kMaxDim);
+  f.add_int("kv-lora-rank", &c.kv_lora_rank, "MLA: rank of the keys' and values' low-rank projection", 1, kMaxDim);
+  f.add_int("qk-head-dim", &c.qk_head_dim, "MLA: each head's query/key dims without position", 1, 1 << 16);
+  f.add_int("qk-pos-emb-head-dim", &c.qk_pos_emb_head_dim,
+            "MLA: each head's rotated query/key dims (the key's shared by all heads)", 1, 1 << 16);
+  f.add_int("v-head-dim", &c.v_head_dim, "MLA: each head's value dims", 1, 1 << 16);
+  f.add_string("rope-type", &c.rope_type,
+               "MLA's rotary embedding: rope (RotaryEmbedding) or yarn (YaRN, MLA's default)", {"rope", "yarn"});
+  f.add_double("rotary-scaling-factor", &c.rotary_scaling_factor,
+               "YaRN's scaling factor (MLA with --rope-type yarn; also scales MLA's softmax through --mscale-all-dim)",
+               1e-6, 1e6);
+  f.add_double("mscale", &c.mscale, "YaRN's mscale: MLA's cos/sin factor is yarn_mscale(factor, mscale) / "
+               "yarn_mscale(factor, mscale-all-dim)", 0, 1e6);
+  f.add_double("mscale-all-dim", &c.mscale_all_dim,
+               "YaRN's mscale_all_dim (MLA: also the softmax scale's yarn_mscale(factor, this)^2)", 0, 1e6);
   f.add_int("num-experts", &c.num_experts, "MoE experts per layer (0: dense)", 0, 1 << 20);
   f.add_int("moe-router-topk", &c.moe_router_topk, "experts each token is routed to", 1, 1 << 20);
   f.add_int("moe-ffn-hidden-size", &c.moe_ffn_hidden_size, "expert MLP hidden size; default --ffn-hidden-size", 1, kMaxDim);
@@ -366,11 +412,20 @@ LayerParams layer_params(const ModelConfig& c, bool moe_layer) {
   const int64_t h = c.hidden_size, d = c.head_dim(), a = c.num_attention_heads, g = c.query_groups();
   const int64_t F = c.ffn(), gate = c.swiglu ? 2 : 1;
   const bool bias = c.add_bias_linear;
+  const int64_t nu = c.normalization == Normalization::kLayerNorm ? 2 : 1;
   p.norms = 2 * c.norm_params_per_norm();
-  if (c.qk_layernorm) p.norms += 2 * (c.normalization == Normalization::kLayerNorm ? 2 : 1) * d;
-  p.qkv_weight = h * (a + 2 * g) * d;
-  p.qkv_bias = c.qkv_bias() ? (a + 2 * g) * d : 0;
-  p.proj_weight = a * d * h;
+  if (c.mla()) {
+    // q_down + q_up (or linear_q_proj), kv_down, kv_up; the q/kv norms with --qk-layernorm.
+    const int64_t kv = c.kv_lora_rank;
+    p.qkv_weight = (c.q_lora_rank ? *c.q_lora_rank * (h + a * d) : h * a * d) + h * (kv + c.qk_pos_emb_head_dim) +
+                   kv * a * (c.qk_head_dim + c.v_head_dim);
+    if (c.qk_layernorm) p.norms += nu * ((c.q_lora_rank ? *c.q_lora_rank : 0) + kv);
+  } else {
+    if (c.qk_layernorm) p.norms += 2 * nu * d;
+    p.qkv_weight = h * (a + 2 * g) * d;
+    p.qkv_bias = c.qkv_bias() ? (a + 2 * g) * d : 0;
+  }
+  p.proj_weight = a * c.v_dim() * h;
   p.proj_bias = bias ? h : 0;
   if (!c.is_moe() || !moe_layer) {
     p.fc1_weight = h * gate * F;
@@ -412,11 +467,42 @@ double mlp_width_over_layers(const ModelConfig& c) {
   return w;
 }
 
-MegatronParamCount megatron_param_count(const ModelConfig& c, int64_t V) {
+double attention_linear_flops(const ModelConfig& c) {
+  const double h = static_cast<double>(c.hidden_size), a = static_cast<double>(c.num_attention_heads),
+               d = static_cast<double>(c.head_dim());
+  if (!c.mla()) {
+    const double q = a * d, k = static_cast<double>(c.query_groups()) * d;
+    return 6 * (h * (q + 2 * k) + q * h);
+  }
+  const double dv = static_cast<double>(c.v_head_dim), kl = static_cast<double>(c.kv_lora_rank);
+  const double qt = c.q_lora_rank ? static_cast<double>(*c.q_lora_rank) * (h + a * d + 1) : h * a * d;
+  return 6 * (qt + kl * (h + a * (static_cast<double>(c.qk_head_dim) + dv) + 1) +
+              h * static_cast<double>(c.qk_pos_emb_head_dim) + a * dv * h);
+}
+
+double attention_core_flops(const ModelConfig& c) {
+  const double a = static_cast<double>(c.num_attention_heads), d = static_cast<double>(c.head_dim());
+  if (!c.mla()) return 6 * a * d;
+  return 6 * (a * d / 2 + a * static_cast<double>(c.v_head_dim) / 2);
+}
+
+int64_t megatron_attention_params(const ModelConfig& c) {
   const int64_t h = c.hidden_size, d = c.head_dim(), a = c.num_attention_heads, g = c.query_groups();
+  if (!c.mla()) return 2 * h * d * (a + g);
+  // theoretical_memory_usage.py's MLA term: q (lora + norm, or one
+  // projection), kv lora + norm, the rope key, the output projection; the
+  // norms counted whether or not --qk-layernorm builds them.
+  const int64_t nu = c.normalization == Normalization::kLayerNorm ? 2 : 1;
+  const int64_t q = c.q_lora_rank ? *c.q_lora_rank * (h + a * d + nu) : h * a * d;
+  return q + c.kv_lora_rank * (h + a * (c.qk_head_dim + c.v_head_dim) + nu) + h * c.qk_pos_emb_head_dim +
+         a * c.v_head_dim * h;
+}
+
+MegatronParamCount megatron_param_count(const ModelConfig& c, int64_t V) {
+  const int64_t h = c.hidden_size;
   const int64_t phi = c.swiglu ? 3 : 2;
   MegatronParamCount m;
-  int64_t att = 2 * h * d * (a + g);
+  const int64_t att = megatron_attention_params(c);
   const int64_t dense_mlp = phi * h * c.ffn();
   const int64_t mlp = c.is_moe() ? phi * h * c.moe_ffn() * c.num_experts + h * c.num_experts +
                                        (c.has_shared_expert() ? phi * h * c.moe_shared_expert_intermediate_size +

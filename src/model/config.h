@@ -133,12 +133,57 @@ struct ModelConfig {
   // Switch Transformer's jitter); its gradient flows through the noise.
   std::optional<double> moe_input_jitter_eps;
 
+  // --multi-latent-attention: DeepSeek-V2/V3's multi-latent attention as
+  // Megatron's MLASelfAttention computes it. Per layer, from the input
+  // norm's output x:
+  //   q  = q_up(q_layernorm(q_down(x)))  with --q-lora-rank (else linear_q_proj(x)),
+  //        a heads of qk_head_dim + qk_pos_emb_head_dim: [nope | pe]
+  //   [c, k_pe] = kv_down(x), c kv_lora_rank wide, k_pe qk_pos_emb_head_dim (one for all heads)
+  //   [k_nope | v] = kv_up(kv_layernorm(c)), per head qk_head_dim + v_head_dim
+  //   k = [k_nope | k_pe], RoPE (--rope-type, yarn by default) on q's and k's pe dims only,
+  //   softmax scale m^2 / sqrt(qk_head_dim + qk_pos_emb_head_dim), m = yarn_mscale(
+  //   --rotary-scaling-factor, --mscale-all-dim); the attention output a x v_head_dim.
+  // q_down and kv_down are replicated over TP (Megatron's "duplicated"
+  // linears), q_up, kv_up and linear_q_proj column-parallel, linear_proj
+  // row-parallel. The q/kv norms exist only with --qk-layernorm (Megatron
+  // builds identities otherwise). No grouped-query attention.
+  bool multi_latent_attention = false;
+  std::optional<int64_t> q_lora_rank;  // --q-lora-rank (unset: one linear_q_proj)
+  int64_t kv_lora_rank = 32;           // --kv-lora-rank
+  int64_t qk_head_dim = 128;           // --qk-head-dim: each head's q/k dims without position
+  int64_t qk_pos_emb_head_dim = 64;    // --qk-pos-emb-head-dim: the rotated q/k dims
+  int64_t v_head_dim = 128;            // --v-head-dim
+  // --rope-type: MLA's rotary embedding, "rope" or "yarn" ("": Megatron's
+  // default, yarn with MLA). YaRN (Megatron's YarnRotaryEmbedding with
+  // MLATransformerConfig's original context 4096, beta_fast 32, beta_slow 1):
+  // inverse frequencies blended between base^(-2i/r) and that over
+  // --rotary-scaling-factor, cos and sin times yarn_mscale(factor, --mscale) /
+  // yarn_mscale(factor, --mscale-all-dim), yarn_mscale(s, m) = 0.1 m ln s + 1 for s > 1.
+  std::string rope_type;
+  double rotary_scaling_factor = 1.0;  // --rotary-scaling-factor
+  double mscale = 1.0;                 // --mscale
+  double mscale_all_dim = 0.0;         // --mscale-all-dim
+  bool mla() const { return multi_latent_attention; }
+  bool mla_yarn() const { return mla() && rope_type != "rope"; }
+  // Each head's value (and attention output) width: v_head_dim with MLA, else d.
+  int64_t v_dim() const { return mla() ? v_head_dim : head_dim(); }
+  // The attention rotates positions: --position-embedding-type rope, or MLA
+  // (whose attention has its own RoPE whatever the position embedding).
+  bool applies_rope() const { return mla() || position_embedding == PositionEmbedding::kRope; }
+  // RoPE pairs dims (2i, 2i+1): --rotary-interleaved, and MLA's position
+  // dims as kernels/mla.h packs them.
+  bool rope_pairs_adjacent() const { return rotary_interleaved || mla(); }
+  // MLA's softmax scale: yarn_mscale(--rotary-scaling-factor, --mscale-all-dim)^2 / sqrt(d).
+  double mla_softmax_scale() const;
+  // MLA's cos/sin factor (1 without yarn).
+  double mla_rope_mscale() const;
+
   // Derived values (valid once the required fields are set).
   int64_t ffn() const;
-  int64_t head_dim() const;            // d
+  int64_t head_dim() const;            // d (MLA: qk_head_dim + qk_pos_emb_head_dim, the q/k head width)
   int64_t rotary_dim() const;          // the leading dims RoPE rotates: rotary_freq_dim() rounded up to even
   int64_t rotary_freq_dim() const;     // Megatron's dim = int(d * rotary_percent): its frequencies' denominator
-  int64_t query_groups() const;        // g
+  int64_t query_groups() const;        // g (a with MLA)
   int64_t norm_params_per_norm() const;  // h (RMSNorm) or 2h (LayerNorm): ν·h
   int64_t moe_ffn() const { return moe_ffn_hidden_size.value_or(ffn()); }
   bool is_moe() const { return num_experts > 0; }
@@ -215,6 +260,14 @@ ModelParams model_params(const ModelConfig& cfg, int64_t padded_vocab);
 // counted).
 double mlp_width_over_layers(const ModelConfig& cfg);
 
+// Megatron's FLOPs formula (training.py's num_floating_point_operations),
+// one layer's attention, forward and backward (x 6 per multiply-add): the
+// token-linear part per token (the projections; MLA's low-rank branch with
+// its norms counted as a column each) and the core part per token per
+// position of the sequence (QK^T and PV, halved for the causal mask).
+double attention_linear_flops(const ModelConfig& cfg);
+double attention_core_flops(const ModelConfig& cfg);
+
 // Megatron's own count (theoretical_memory_usage.py, §12.3): no biases, no
 // position embedding, the embedding counted twice when untied.
 struct MegatronParamCount {
@@ -224,6 +277,8 @@ struct MegatronParamCount {
   int64_t total = 0;
 };
 MegatronParamCount megatron_param_count(const ModelConfig& cfg, int64_t padded_vocab);
+// Its attention term per layer: 2 h d (a + g), or MLA's projections.
+int64_t megatron_attention_params(const ModelConfig& cfg);
 
 const char* normalization_name(Normalization n);
 const char* position_embedding_name(PositionEmbedding p);

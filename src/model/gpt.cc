@@ -36,6 +36,9 @@ struct GPTModel::LayerIdx {
   int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
   int ln2_w = -1, ln2_b = -1, fc1_w = -1, fc1_b = -1, fc2_w = -1, fc2_b = -1;
   int q_ln_w = -1, q_ln_b = -1, k_ln_w = -1, k_ln_b = -1;  // --qk-layernorm
+  // --multi-latent-attention: the down and up projections (q_proj without
+  // --q-lora-rank), and the kv norm (the q norm is q_ln_*).
+  int q_down_w = -1, q_up_w = -1, q_proj_w = -1, kv_down_w = -1, kv_up_w = -1, kv_ln_w = -1, kv_ln_b = -1;
   int router_w = -1;                  // --num-experts: the router, and each expert's two linears
   std::vector<int> exp_fc1, exp_fc2;
   int sh_fc1 = -1, sh_fc2 = -1;       // --moe-shared-expert-intermediate-size: the shared expert
@@ -54,6 +57,15 @@ struct GPTModel::LayerIdx {
 //   fc1 [N, F or 2F] pre-activation                  act [N,F]
 //   --qk-layernorm: qk_raw [N,(a+g)d] the q and k heads before their norms
 //   (kernels::qk_heads_gather's layout), qk_mean (LayerNorm), qk_rstd [N(a+g)]
+//   --multi-latent-attention (ql, kl: --q-lora-rank, --kv-lora-rank): the
+//   up projections' inputs cq [N,ql] and ckv [N,kl] (with SP all-gathered,
+//   this rank's rows computed here): the down projections' outputs, or with
+//   --qk-layernorm their norms' outputs, the norms' inputs then kept as
+//   cq_raw [Ns,ql], ckv_raw [Ns,kl] with their statistics [Ns]. The up
+//   projections' outputs and the position key live in scratch only: qkv
+//   (kernels/mla.h's packing, roped) is what attention and its backward read.
+//   ctx is then [N, a (dn + dr)], each head's value dims first and zeros
+//   after them; linear_proj reads the value dims from it (in scratch).
 //   --num-experts E (k = --moe-router-topk): the router's choice r_idx [N,k]
 //   int32, its probabilities r_probs [N,k], the full softmax r_scores [N,E]
 //   and log-sum-exp r_lse [N]; the dispatch map (kernels/moe.h) pos [N,k],
@@ -78,6 +90,7 @@ struct GPTModel::LayerActs {
   Tensor x_mid, ln1, ln1_mean, ln1_rstd, qkv, ctx, lse, ln2, ln2_mean, ln2_rstd, fc1, act, qk_raw, qk_mean, qk_rstd;
   Tensor r_idx, r_probs, r_scores, r_lse, pos, src, counts, xp, y;  // --num-experts
   Tensor s_fc1, s_act;                                             // its shared expert
+  Tensor cq, cq_raw, cq_mean, cq_rstd, ckv, ckv_raw, ckv_mean, ckv_rstd;  // --multi-latent-attention
 };
 
 namespace {
@@ -85,12 +98,14 @@ namespace {
 constexpr int kLayerFields = GPTModel::kLayerFields;
 enum LayerField { kXMid, kLn1, kLn1Mean, kLn1Rstd, kQkv, kCtx, kLse, kLn2, kLn2Mean, kLn2Rstd, kFc1, kAct,
                   kQkRaw, kQkMean, kQkRstd, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY,
-                  kSFc1, kSAct };
+                  kSFc1, kSAct, kCq, kCqRaw, kCqMean, kCqRstd, kCkv, kCkvRaw, kCkvMean, kCkvRstd };
 const char* const kLayerFieldNames[kLayerFields] = {"x_mid", "ln1",   "ln1_mean", "ln1_rstd", "qkv",     "ctx",
                                                     "lse",   "ln2",   "ln2_mean", "ln2_rstd", "fc1",     "act",
                                                     "qk_raw", "qk_mean", "qk_rstd", "r_idx",  "r_probs", "r_scores",
                                                     "r_lse", "pos",   "src",      "counts",   "xp",      "y",
-                                                    "shared.fc1", "shared.act"};
+                                                    "shared.fc1", "shared.act", "mla.cq", "mla.cq_raw",
+                                                    "mla.cq_mean", "mla.cq_rstd", "mla.ckv", "mla.ckv_raw",
+                                                    "mla.ckv_mean", "mla.ckv_rstd"};
 using FieldIdx = std::array<int, kLayerFields>;  // entry index in a SizeTable, -1: not kept
 
 // The sizes every table and the scratch plan are built from.
@@ -150,6 +165,11 @@ struct Dims {
   int64_t S = 0, sfc1 = 0;
   bool gate = false;
   int64_t qk_rows() const { return N * (a + g); }  // q and k head rows of a layer
+  // --multi-latent-attention: ql (0: linear_q_proj), kl, the position dims
+  // dr; this rank's q and kv up-projection widths a D and a (dn + dv), and
+  // linear_proj's input a dv (ad = a D is the padded attention output).
+  bool mla = false;
+  int64_t ql = 0, kl = 0, dr = 0, qw = 0, kvw = 0, pw = 0;
 };
 
 // Which MLPs a layer position can hold: a dense one, an MoE one, or either
@@ -190,6 +210,11 @@ Shape field_shape(int f, const Dims& d, int kinds) {
     case kY: return {d.R, d.h};
     case kSFc1: return {d.N, d.sfc1};
     case kSAct: return {d.N, d.S};
+    case kCq: return {d.N, d.ql};
+    case kCqRaw: return {d.Ns, d.ql};
+    case kCkv: return {d.N, d.kl};
+    case kCkvRaw: return {d.Ns, d.kl};
+    case kCqMean: case kCqRstd: case kCkvMean: case kCkvRstd: return {d.Ns};
     default: return {};
   }
 }
@@ -198,7 +223,9 @@ DType field_dtype(int f, const Dims& d) {
   if (f == kXMid) return d.rs;
   if (f == kLn1 || f == kLn2) return d.ln;
   if (f == kAct || f == kSAct) return d.gemm_in;
-  if (f == kQkv || f == kCtx || f == kFc1 || f == kQkRaw || f == kSFc1) return d.mid;
+  if (f == kQkv || f == kCtx || f == kFc1 || f == kQkRaw || f == kSFc1 || f == kCq || f == kCqRaw || f == kCkv ||
+      f == kCkvRaw)
+    return d.mid;
   if (f == kRIdx || f == kPos || f == kSrc || f == kCounts) return DType::kI32;
   if (f == kXp) return d.ln;
   return d.dt;
@@ -219,10 +246,14 @@ FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool 
       continue;
     }
     if ((f == kLn1Mean || f == kLn2Mean || f == kQkMean) && !d.layernorm) continue;  // RMSNorm keeps rstd only
-    if ((f == kQkRaw || f == kQkMean || f == kQkRstd) && !d.qk) continue;
-    if ((f == kCtx || f == kLse) && !keep_attention) continue;
-    if (f >= kRIdx && !(kinds & kMoeLayer)) continue;
+    if (f >= kRIdx && f < kCq && !(kinds & kMoeLayer)) continue;
     if ((f == kSFc1 || f == kSAct) && d.S == 0) continue;
+    if ((f == kQkRaw || f == kQkMean || f == kQkRstd) && (!d.qk || d.mla)) continue;
+    if (f >= kCq && !d.mla) continue;
+    if (f >= kCq && f <= kCqRstd && d.ql == 0) continue;
+    if ((f == kCqRaw || f == kCqRstd || f == kCkvRaw || f == kCkvRstd) && !d.qk) continue;
+    if ((f == kCqMean || f == kCkvMean) && (!d.qk || !d.layernorm)) continue;
+    if ((f == kCtx || f == kLse) && !keep_attention) continue;
     idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d, kinds), field_dtype(f, d));
   }
   return idx;
@@ -232,10 +263,12 @@ FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool 
 // group (reduce_tp_replicated_grads() sums it): every replicated parameter
 // under sequence parallelism (each rank saw its sequence shard), and the
 // q/k norm weights always (each rank saw its own heads; Megatron's
-// finalize_model_grads all-reduces "q_layernorm"/"k_layernorm" for the same reason).
-bool tp_partial_grad(const ParamSpec& s, bool sequence_parallel) {
+// finalize_model_grads all-reduces "q_layernorm"/"k_layernorm" for the same
+// reason). MLA's q norm acts on the whole compressed query before the heads
+// split, so like its down projections it is partial under SP only.
+bool tp_partial_grad(const ParamSpec& s, bool sequence_parallel, bool mla) {
   if (s.shard != ShardKind::kReplicated) return false;
-  return sequence_parallel || is_qk_norm(s.name);
+  return sequence_parallel || (is_qk_norm(s.name) && !mla);
 }
 
 // Aligned bytes of one scratch allocation (Arena::alloc rounds each up).
@@ -310,7 +343,8 @@ GPTModel::LayerActs GPTModel::bind_layer(const std::vector<Tensor>& v, const std
                                   &a.lse,     &a.ln2,    &a.ln2_mean, &a.ln2_rstd, &a.fc1,     &a.act,
                                   &a.qk_raw,  &a.qk_mean, &a.qk_rstd, &a.r_idx,    &a.r_probs, &a.r_scores,
                                   &a.r_lse,   &a.pos,    &a.src,      &a.counts,   &a.xp,      &a.y,
-                                  &a.s_fc1,   &a.s_act};
+                                  &a.s_fc1,   &a.s_act,   &a.cq,       &a.cq_raw,   &a.cq_mean, &a.cq_rstd,
+                                  &a.ckv,     &a.ckv_raw, &a.ckv_mean, &a.ckv_rstd};
   for (int f = 0; f < kLayerFields; ++f)
     if (idx[f] >= 0) *fields[f] = v[static_cast<size_t>(idx[f])];
   return a;
@@ -431,6 +465,27 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                  "least {}",
                                  cfg.rotary_percent, cfg.head_dim(), cfg.head_dim(), cfg.rotary_percent,
                                  1.0 / static_cast<double>(cfg.head_dim())));
+    if (cfg.mla()) {
+      if (cfg.group_query_attention)
+        errs.push_back("--multi-latent-attention with --group-query-attention: MLA has one key/value head per query "
+                       "head (Megatron refuses the pair); drop --group-query-attention");
+      if (cfg.rotary_interleaved)
+        errs.push_back("--rotary-interleaved does not work with --multi-latent-attention (Megatron refuses it; MLA "
+                       "pairs its position dims itself)");
+      if (cfg.qk_pos_emb_head_dim % 2)
+        errs.push_back(fmt::format("--qk-pos-emb-head-dim {} must be even (RoPE rotates pairs of dims)",
+                                   cfg.qk_pos_emb_head_dim));
+      else if (cfg.rotary_freq_dim() <= 0)
+        errs.push_back(fmt::format("--rotary-percent {} rotates none of MLA's {} position dims", cfg.rotary_percent,
+                                   cfg.qk_pos_emb_head_dim));
+      if (cfg.v_head_dim > cfg.head_dim())
+        errs.push_back(fmt::format("--v-head-dim {} above --qk-head-dim + --qk-pos-emb-head-dim = {}: the attention "
+                                   "kernel here pads the values to the query/key width and cannot take wider ones",
+                                   cfg.v_head_dim, cfg.head_dim()));
+      if (cfg.add_qkv_bias)
+        errs.push_back("--add-qkv-bias with --multi-latent-attention: MLA's projections have no biases (Megatron "
+                       "builds them with bias=False); drop --add-qkv-bias");
+    }
     if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute && cfg.max_position_embeddings < Tg)
       errs.push_back(fmt::format("--max-position-embeddings {} is below the sequence length {}",
                                  cfg.max_position_embeddings, Tg));
@@ -573,6 +628,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   d.mid = d.gemm_in;
   d.g = gl, d.hd = cfg.head_dim(), d.qk = cfg.qk_layernorm;
   d.cp = opt.cp, d.Tg = Tg;
+  if (cfg.mla()) {
+    d.mla = true, d.ql = cfg.q_lora_rank.value_or(0), d.kl = cfg.kv_lora_rank, d.dr = cfg.qk_pos_emb_head_dim;
+    d.qw = al * cfg.head_dim(), d.kvw = al * (cfg.qk_head_dim + cfg.v_head_dim), d.pw = al * cfg.v_head_dim;
+  }
   d.doc = opt.reset_attention_mask, d.pos_ids = opt.reset_position_ids;
   d.R = N;
   d.Fd = F, d.fc1d = (cfg.swiglu ? 2 : 1) * F;
@@ -699,12 +758,14 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     if (i + 1 < max_group) t.ws_resid.push_back(t.workspace.add(fmt::format("recompute.resid.{}", i + 1), {Ns, h}, d.rs));
   }
 
-  if (cfg.position_embedding == PositionEmbedding::kRope) {
+  if (cfg.applies_rope()) {
     t.rope.add("rope.cos", {T, cfg.rotary_dim() / 2}, dt);  // this rank's positions
     t.rope.add("rope.sin", {T, cfg.rotary_dim() / 2}, dt);
   }
   if (cfg.apply_layernorm_1p) {  // --apply-layernorm-1p: a row of ones and the 1 + gamma each norm uses
-    const int64_t widest = cfg.qk_layernorm ? std::max(h, cfg.head_dim()) : h;
+    const int64_t widest = !cfg.qk_layernorm ? h
+                           : cfg.mla()      ? std::max({h, cfg.kv_lora_rank, cfg.q_lora_rank.value_or(0)})
+                                            : std::max(h, cfg.head_dim());
     t.rope.add("norm1p.ones", {widest}, dt);
     t.rope.add("norm1p.weight", {widest}, dt);
   }
@@ -739,7 +800,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // all-gathered / not yet reduce-scattered side of a collective.
   const size_t full = sp ? abytes(N * h, dt) : 0;
   // --qk-layernorm: the normalised heads in forward; d(normalised) and d(raw) in backward.
-  const size_t qk_heads = d.qk ? abytes(d.qk_rows() * d.hd, d.mid) : 0;
+  const size_t qk_heads = d.qk && !d.mla ? abytes(d.qk_rows() * d.hd, d.mid) : 0;
   // Context parallelism: core attention's all-gathered Q/K/V, in the CP
   // group's rank order and in sequence order (forward); backward adds the
   // whole sequence's dqkv (model dtype) and then, with the Q/K/V freed, the
@@ -777,8 +838,55 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   const size_t act_fwd =
       moe_act ? abytes(mlp_shape(kAct, d, true).numel(), d.gemm_in) + (d.ep > 1 ? abytes(d.Rx * h, dt) : 0) : 0;
   const size_t moe_fwd = held_kinds & kMoeLayer ? std::max({route_fwd, ep_fwd, combine_fwd, record_fwd, act_fwd}) : 0;
-  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});  // tmp (+ ctx, lse) + full + cast
-  const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd});
+  // --multi-latent-attention: GPTModel::mla_fwd/mla_bwd's buffers and
+  // linear_proj's value dims of ctx, replayed in the order they take and free
+  // them (each linear's bf16 casts of fp32 operands and SP's full-sequence
+  // buffer free as it returns).
+  size_t mla_fwd = 0, mla_bwd = 0;
+  if (d.mla) {
+    struct Stack {
+      size_t used = 0, peak = 0;
+      void take(size_t b) { used += b, peak = std::max(peak, used); }
+      void brief(size_t b) { peak = std::max(peak, used + b); }  // taken and freed at once
+    };
+    const auto cast = [&](int64_t n, DType from) { return bf && from != hb ? abytes(n, hb) : size_t{0}; };
+    const int64_t dr = d.dr;
+    const size_t x_own = cast(Ns * h, d.ln);  // a down projection's input, this rank's ln1 rows
+    // Column-parallel backward: SP's full-sequence dx (the model dtype), then the casts.
+    const auto column_bwd = [&](int64_t width, size_t casts) { return (sp ? abytes(N * width, dt) : 0) + casts; };
+    Stack f;
+    f.take(abytes(N * d.qw, d.mid));                                  // q
+    f.brief(d.ql ? x_own : cast(N * h, d.ln));                        // q_down's or linear_q_proj's input cast
+    f.take(abytes(N * dr, d.mid));                                    // the position key
+    f.brief(x_own);                                                   // kv_down's two products
+    f.take(abytes(N * d.kvw, d.mid));                                 // kv
+    Stack proj;
+    proj.take(abytes(N * d.pw, d.mid));                               // ctx's value dims
+    proj.brief(full);                                                 // row-parallel output before reduction
+    mla_fwd = std::max(f.peak, proj.peak);
+    Stack b;
+    b.take(2 * abytes(N * d.pw, d.mid));                              // ctx's value dims and their gradient
+    b.brief((sp ? abytes(N * h, d.rs) : 0) + cast(N * h, d.rs));      // the gathered dy and its cast
+    Stack m;
+    m.take(abytes(N * d.qw, d.mid) + abytes(N * d.kvw, d.mid) + abytes(N * dr, dt));  // dq, dkv, d(position key)
+    if (sp) m.take(abytes(Ns * dr, dt));                                              // its reduce-scattered rows
+    if (d.ql) {
+      m.take(abytes(Ns * d.ql, d.dn));                                // d(cq)
+      m.brief(column_bwd(d.ql, 0));
+      if (d.qk) m.take(abytes(Ns * d.ql, d.mid));                     // d(cq before its norm)
+      m.brief((d.qk ? 0 : cast(Ns * d.ql, d.dn)) + x_own);            // q_down's backward casts
+    } else {
+      m.brief(column_bwd(h, cast(N * h, d.ln)));                      // linear_q_proj's backward
+    }
+    m.take(abytes(Ns * d.kl, d.dn));                                  // d(ckv)
+    m.brief(column_bwd(d.kl, 0));
+    if (d.qk) m.take(abytes(Ns * d.kl, d.mid));                       // d(ckv before its norm)
+    m.brief((d.qk ? 0 : cast(Ns * d.kl, d.dn)) + x_own);              // kv_down's rows [0, kl)
+    m.brief(cast(Ns * dr, dt) + x_own);                               // and [kl, kl + dr)
+    mla_bwd = std::max(b.peak, m.peak);
+  }
+  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd, mla_fwd});  // tmp (+ ctx, lse) + full + cast
+  const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd, mla_fwd});
   // Backward's transients after the layer's own buffers: each linear's
   // full-sequence buffer (SP) and bf16 casts, freed as it returns; the q/k
   // norm's two buffers are taken after linear_proj's backward, so only
@@ -825,7 +933,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
               abytes(mlp_shape(kFc1, d, moe).numel(), d.mid) + abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) +
               attn_tmp +
               std::max({full + std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0), cp_bwd,
-                        moe ? moe_bwd : 0}));
+                        moe ? moe_bwd : 0, mla_bwd}));
   bool any_kept = false;
   for (int k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
@@ -970,7 +1078,7 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   // Output layer dx: all-reduce (SP: reduce-scatter); embedding dy: SP all-gather.
   c.tp_backward_bytes = bwd + post * act + pre * (sp ? act_rs : 0) + recompute;
   for (size_t i = 0; i < t->specs.size(); ++i)
-    if (tp_partial_grad(t->specs[i], sp))
+    if (tp_partial_grad(t->specs[i], sp, cfg.mla()))
       c.tp_step_bytes += static_cast<double>(t->specs[i].global_shape.numel()) * static_cast<double>(dtype_size(d.dt));
   return c;
 }
@@ -1057,6 +1165,12 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     x.fc2_w = find(p + "mlp.linear_fc2.weight"), x.fc2_b = find(p + "mlp.linear_fc2.bias");
     x.q_ln_w = find(p + "self_attention.q_layernorm.weight"), x.q_ln_b = find(p + "self_attention.q_layernorm.bias");
     x.k_ln_w = find(p + "self_attention.k_layernorm.weight"), x.k_ln_b = find(p + "self_attention.k_layernorm.bias");
+    x.q_down_w = find(p + "self_attention.linear_q_down_proj.weight");
+    x.q_up_w = find(p + "self_attention.linear_q_up_proj.weight");
+    x.q_proj_w = find(p + "self_attention.linear_q_proj.weight");
+    x.kv_down_w = find(p + "self_attention.linear_kv_down_proj.weight");
+    x.kv_up_w = find(p + "self_attention.linear_kv_up_proj.weight");
+    x.kv_ln_w = find(p + "self_attention.kv_layernorm.weight"), x.kv_ln_b = find(p + "self_attention.kv_layernorm.bias");
     x.router_w = find(p + "mlp.router.weight");
     const int64_t El = cfg.is_moe() ? cfg.num_experts / opt.ep : 0;  // this rank's experts, local index e
     for (int64_t e = opt.ep_rank * El; x.router_w >= 0 && e < (opt.ep_rank + 1) * El; ++e) {
@@ -1103,7 +1217,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     tables_ = Arena(plan_.tables, "tables", opt.device);
     auto v = tables_.carve(t.rope);
     size_t next = 0;
-    if (cfg.position_embedding == PositionEmbedding::kRope) {
+    if (cfg.applies_rope()) {
       rope_cos_ = v[next++], rope_sin_ = v[next++];
       if (opt.cp == 1) {
         k::rope_table(rope_spec(cfg), T_, rope_cos_, rope_sin_);
@@ -1296,32 +1410,37 @@ Tensor GPTModel::as_half(const Tensor& x) {
 }
 
 // y [N,out] = x [N,in] W^T + b on this rank's shard, no communication (the
-// tensor-parallel wrappers below add it).
-void GPTModel::linear_fwd(const Tensor& x, int w, int b, const Tensor& y) {
-  const Tensor& W = params_[w];
+// tensor-parallel wrappers below add it). W: rows [r0, r1) of parameter w
+// (all of them for r1 < 0).
+void GPTModel::linear_fwd(const Tensor& x, int w, int b, const Tensor& y, int64_t r0, int64_t r1) {
+  const Tensor W = r1 < 0 ? params_[w] : params_[w].slice(r0, r1);
   const int64_t out = W.dim(0), in = W.dim(1), n = x.numel() / in;
   if (opt_.half_compute) {
     ArenaScope scope(scratch_);
     const Tensor xh = as_half(x);
-    k::gemm(false, true, n, out, in, 1.0f, xh, lowp_[w], 0.0f, y);
+    k::gemm(false, true, n, out, in, 1.0f, xh, r1 < 0 ? lowp_[w] : lowp_[w].slice(r0, r1), 0.0f, y);
   } else {
     k::gemm(false, true, n, out, in, 1.0f, x, W, 0.0f, y);
   }
   if (b >= 0) k::bias_add(y, params_[b]);
 }
 
-// dx = dy W (written; skipped when dx is undefined), dW += dy^T x, db += sum dy.
-void GPTModel::linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const Tensor& dx) {
-  const Tensor& W = params_[w];
+// dx = dy W (written, or added with `accumulate`; skipped when dx is
+// undefined), dW += dy^T x, db += sum dy; W and dW rows [r0, r1) as above.
+void GPTModel::linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const Tensor& dx, int64_t r0, int64_t r1,
+                          bool accumulate) {
+  const auto rows = [&](const Tensor& t) { return r1 < 0 ? t : t.slice(r0, r1); };
+  const Tensor W = rows(params_[w]), dW = rows(grads_[w]);
   const int64_t out = W.dim(0), in = W.dim(1), n = x.numel() / in;
+  const float beta = accumulate ? 1.0f : 0.0f;
   if (opt_.half_compute) {
     ArenaScope scope(scratch_);
     const Tensor dyh = as_half(dy), xh = as_half(x);
-    if (dx.defined()) k::gemm(false, false, n, in, out, 1.0f, dyh, lowp_[w], 0.0f, dx);
-    k::gemm(true, false, out, in, n, 1.0f, dyh, xh, 1.0f, grads_[w]);
+    if (dx.defined()) k::gemm(false, false, n, in, out, 1.0f, dyh, rows(lowp_[w]), beta, dx);
+    k::gemm(true, false, out, in, n, 1.0f, dyh, xh, 1.0f, dW);
   } else {
-    if (dx.defined()) k::gemm(false, false, n, in, out, 1.0f, dy, W, 0.0f, dx);
-    k::gemm(true, false, out, in, n, 1.0f, dy, x, 1.0f, grads_[w]);
+    if (dx.defined()) k::gemm(false, false, n, in, out, 1.0f, dy, W, beta, dx);
+    k::gemm(true, false, out, in, n, 1.0f, dy, x, 1.0f, dW);
   }
   if (b >= 0) k::bias_grad(dy, grads_[b]);
 }
@@ -1384,7 +1503,7 @@ void GPTModel::column_linear_bwd(const Tensor& x_full, int w, int b, const Tenso
 void GPTModel::reduce_tp_replicated_grads() {
   if (opt_.tp <= 1) return;
   for (size_t i = 0; i < specs_.size(); ++i)
-    if (tp_partial_grad(specs_[i], sp())) opt_.tp_comm->all_reduce(grads_[i]);
+    if (tp_partial_grad(specs_[i], sp(), cfg_.mla())) opt_.tp_comm->all_reduce(grads_[i]);
 }
 
 Tensor GPTModel::norm_weight(int w) const {
@@ -1444,8 +1563,8 @@ void GPTModel::residual_linear_fwd(const Tensor& x, int w, int b, double dropout
 
 void GPTModel::rope(const Tensor& qkv, bool backward) const {
   const k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
-  if (backward) k::rope_backward(qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
-  else k::rope_forward(qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rotary_interleaved);
+  if (backward) k::rope_backward(qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rope_pairs_adjacent());
+  else k::rope_forward(qkv, L, rope_cos_, rope_sin_, cfg_.rotary_dim(), cfg_.rope_pairs_adjacent());
 }
 
 void GPTModel::hidden_dropout(const Tensor& x, const Tensor& y, double p, uint64_t stream) const {
@@ -1455,7 +1574,7 @@ void GPTModel::hidden_dropout(const Tensor& x, const Tensor& y, double p, uint64
 }
 
 k::AttentionOptions GPTModel::attention_options(const Slot& s, int l) const {
-  k::AttentionOptions ao{1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())),
+  k::AttentionOptions ao{cfg_.mla() ? cfg_.mla_softmax_scale() : 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())),
                          s.training ? cfg_.attention_dropout : 0.0, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 0),
                          opt_.tp_rank * a_};
   ao.bf16_matmul = opt_.half_compute;  // tensor cores where the backend has them
@@ -1510,6 +1629,98 @@ void GPTModel::attention_bwd(const Tensor& qkv, const Tensor& ctx, const Tensor&
     opt_.cp_comm->reduce_scatter(dranks, mine);
     k::cast(mine, dqkv);
   }
+}
+
+// --multi-latent-attention, forward: queries through q_down, the q norm and
+// q_up (or linear_q_proj), keys and values through kv_down (c and the
+// position key, as two products of its row blocks), the kv norm and kv_up;
+// packed into the fused layout and roped (kernels/mla.h). The down
+// projections are replicated over TP and read this rank's rows (its SP
+// shard); their outputs are all-gathered for the column-parallel up
+// projections, as Megatron's MLASelfAttention does with duplicated linears.
+k::MlaDims GPTModel::mla_dims() const {
+  return k::MlaDims{N_, a_, cfg_.qk_head_dim, cfg_.qk_pos_emb_head_dim, cfg_.v_head_dim};
+}
+
+void GPTModel::mla_fwd(const LayerIdx& p, const LayerActs& a, const Tensor& ln1_own) {
+  ArenaScope scope(scratch_);
+  const int64_t kl = cfg_.kv_lora_rank, dr = cfg_.qk_pos_emb_head_dim;
+  const bool qn = cfg_.qk_layernorm;
+  const Tensor q = scratch({N_, a_ * cfg_.head_dim()}, mid_);
+  if (p.q_down_w >= 0) {
+    const Tensor cq_own = own_rows(a.cq);
+    linear_fwd(ln1_own, p.q_down_w, -1, qn ? a.cq_raw : cq_own);
+    if (qn) norm_fwd(a.cq_raw, p.q_ln_w, p.q_ln_b, cq_own, a.cq_mean, a.cq_rstd);
+    column_fwd_input(cq_own, a.cq);
+    linear_fwd(a.cq, p.q_up_w, -1, q);
+  } else {
+    column_fwd_input(ln1_own, a.ln1);
+    linear_fwd(a.ln1, p.q_proj_w, -1, q);
+  }
+  const Tensor kpe = scratch({N_, dr}, mid_), ckv_own = own_rows(a.ckv), kpe_own = own_rows(kpe);
+  linear_fwd(ln1_own, p.kv_down_w, -1, qn ? a.ckv_raw : ckv_own, 0, kl);
+  linear_fwd(ln1_own, p.kv_down_w, -1, kpe_own, kl, kl + dr);
+  if (qn) norm_fwd(a.ckv_raw, p.kv_ln_w, p.kv_ln_b, ckv_own, a.ckv_mean, a.ckv_rstd);
+  column_fwd_input(ckv_own, a.ckv);
+  column_fwd_input(kpe_own, kpe);
+  const Tensor kv = scratch({N_, a_ * (cfg_.qk_head_dim + cfg_.v_head_dim)}, mid_);
+  linear_fwd(a.ckv, p.kv_up_w, -1, kv);
+  k::mla_pack(q, kv, kpe, mla_dims(), a.qkv);
+  rope(a.qkv, false);
+}
+
+// Backward from d(qkv) (RoPE already undone): the up projections' backward
+// reduces d(cq), d(ckv) over TP as any column-parallel input; the position
+// key's gradient is summed over this rank's heads and then over TP (reduce-
+// scattered to the SP shards, as Megatron's gather_from_sequence_parallel
+// region); the down projections' gradients come from this rank's rows
+// (partial under SP: reduce_tp_replicated_grads() sums them) and their dx,
+// complete, is this rank's d(ln1) rows.
+void GPTModel::mla_bwd(const LayerIdx& p, const LayerActs& a, const Tensor& dqkv, const Tensor& ln1_own,
+                       const Tensor& dln_own) {
+  ArenaScope scope(scratch_);
+  const int64_t kl = cfg_.kv_lora_rank, dr = cfg_.qk_pos_emb_head_dim;
+  const bool qn = cfg_.qk_layernorm;
+  const Tensor dq = scratch({N_, a_ * cfg_.head_dim()}, mid_);
+  const Tensor dkv = scratch({N_, a_ * (cfg_.qk_head_dim + cfg_.v_head_dim)}, mid_);
+  const Tensor dkpe = scratch({N_, dr}, opt_.dtype);
+  k::mla_unpack(dqkv, mla_dims(), dq, dkv, dkpe);
+  Tensor dkpe_own = dkpe;
+  if (opt_.tp > 1) {
+    if (sp()) {
+      dkpe_own = scratch({Ns_, dr}, opt_.dtype);
+      opt_.tp_comm->reduce_scatter(dkpe, dkpe_own);
+    } else {
+      opt_.tp_comm->all_reduce(dkpe);
+    }
+  }
+  // Queries: d(ln1) written.
+  if (p.q_down_w >= 0) {
+    const int64_t ql = *cfg_.q_lora_rank;
+    const Tensor dcq = scratch({Ns_, ql}, dn_);
+    column_linear_bwd(a.cq, p.q_up_w, -1, dq, dcq);
+    if (qn) {
+      const Tensor draw = scratch({Ns_, ql}, mid_);
+      draw.zero();
+      norm_bwd(dcq, a.cq_raw, p.q_ln_w, p.q_ln_b, a.cq_mean, a.cq_rstd, draw);
+      linear_bwd(ln1_own, p.q_down_w, -1, draw, dln_own);
+    } else {
+      linear_bwd(ln1_own, p.q_down_w, -1, dcq, dln_own);
+    }
+  } else {
+    column_linear_bwd(a.ln1, p.q_proj_w, -1, dq, dln_own);
+  }
+  // Keys and values: d(ln1) added.
+  const Tensor dckv = scratch({Ns_, kl}, dn_);
+  column_linear_bwd(a.ckv, p.kv_up_w, -1, dkv, dckv);
+  Tensor dc = dckv;
+  if (qn) {
+    dc = scratch({Ns_, kl}, mid_);
+    dc.zero();
+    norm_bwd(dckv, a.ckv_raw, p.kv_ln_w, p.kv_ln_b, a.ckv_mean, a.ckv_rstd, dc);
+  }
+  linear_bwd(ln1_own, p.kv_down_w, -1, dc, dln_own, 0, kl, true);
+  linear_bwd(ln1_own, p.kv_down_w, -1, dkpe_own, dln_own, kl, kl + dr, true);
 }
 
 // --qk-layernorm: the q heads and k heads of qkv, gathered into a.qk_raw
@@ -2057,14 +2268,26 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& held, const Tens
   // Attention block.
   const Tensor ln1 = own_rows(a.ln1), ln2 = own_rows(a.ln2);
   norm_fwd(x, p.ln1_w, p.ln1_b, ln1, a.ln1_mean, a.ln1_rstd);
-  column_fwd_input(ln1, a.ln1);
-  linear_fwd(a.ln1, p.qkv_w, p.qkv_b, a.qkv);
-  k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
-  if (cfg_.qk_layernorm) qk_norm_fwd(p, L, a);
-  if (cfg_.position_embedding == PositionEmbedding::kRope) rope(a.qkv, false);
+  if (cfg_.mla()) {
+    mla_fwd(p, a, ln1);
+  } else {
+    column_fwd_input(ln1, a.ln1);
+    linear_fwd(a.ln1, p.qkv_w, p.qkv_b, a.qkv);
+    k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
+    if (cfg_.qk_layernorm) qk_norm_fwd(p, L, a);
+    if (cfg_.applies_rope()) rope(a.qkv, false);
+  }
   attention_fwd(a.qkv, attention_options(s, l), ctx, lse);
-  residual_linear_fwd(ctx, p.proj_w, p.proj_b, hd, dropout_stream(s.dropout_step, l, 1), post ? ln1 : x, tmp,
-                      a.x_mid);
+  if (cfg_.mla()) {  // linear_proj reads each head's value dims of the padded output
+    ArenaScope proj(scratch_);
+    const Tensor ctx_v = scratch({N_, a_ * cfg_.v_head_dim}, mid_);
+    k::mla_ctx(ctx, ctx_v, mla_dims(), false);
+    residual_linear_fwd(ctx_v, p.proj_w, p.proj_b, hd, dropout_stream(s.dropout_step, l, 1), post ? ln1 : x, tmp,
+                        a.x_mid);
+  } else {
+    residual_linear_fwd(ctx, p.proj_w, p.proj_b, hd, dropout_stream(s.dropout_step, l, 1), post ? ln1 : x, tmp,
+                        a.x_mid);
+  }
   // MLP block.
   norm_fwd(a.x_mid, p.ln2_w, p.ln2_b, ln2, a.ln2_mean, a.ln2_rstd);
   // An MoE layer routing its own rows (ETP 1) gathers ln2 only for a shared expert.
@@ -2125,11 +2348,24 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& held, const Slo
   // x_mid = res1 + dropout(proj(ctx)), res1 = post ? ln1 : x
   if (hd > 0) hidden_dropout(dresid, dtmp, hd, dropout_stream(s.dropout_step, l, 1));
   const Tensor& dproj = hd > 0 ? dtmp : dresid;
-  row_linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
+  if (cfg_.mla()) {
+    // linear_proj read the value dims of ctx; its dx is zero-padded back.
+    ArenaScope proj(scratch_);
+    const Tensor ctx_v = scratch({N_, a_ * cfg_.v_head_dim}, mid_), dctx_v = scratch({N_, a_ * cfg_.v_head_dim}, mid_);
+    k::mla_ctx(ctx, ctx_v, mla_dims(), false);
+    row_linear_bwd(ctx_v, p.proj_w, p.proj_b, dproj, dctx_v);
+    k::mla_ctx(dctx, dctx_v, mla_dims(), true);
+  } else {
+    row_linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
+  }
   attention_bwd(a.qkv, ctx, dctx, lse, ao, dqkv);
-  if (cfg_.position_embedding == PositionEmbedding::kRope) rope(dqkv, true);
-  if (cfg_.qk_layernorm) qk_norm_bwd(p, L, a, dqkv);
-  column_linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
+  if (cfg_.applies_rope()) rope(dqkv, true);
+  if (cfg_.mla()) {
+    mla_bwd(p, a, dqkv, own_rows(a.ln1), dln);
+  } else {
+    if (cfg_.qk_layernorm) qk_norm_bwd(p, L, a, dqkv);
+    column_linear_bwd(a.ln1, p.qkv_w, p.qkv_b, dqkv, dln);
+  }
   if (post) {
     k::add_inplace(dln, dresid);
     dresid.zero();
@@ -2463,18 +2699,15 @@ double GPTModel::moe_z_loss(int slot) const {
 }
 
 double GPTModel::flops_per_micro_batch() const {
-  const double h = static_cast<double>(h_), a = static_cast<double>(cfg_.num_attention_heads),
-               g = static_cast<double>(cfg_.query_groups()), d = static_cast<double>(cfg_.head_dim());
-  const double q = a * d, kv = g * d, phi = cfg_.swiglu ? 3 : 2, Lr = static_cast<double>(cfg_.num_layers);
+  const double h = static_cast<double>(h_), phi = cfg_.swiglu ? 3 : 2, Lr = static_cast<double>(cfg_.num_layers);
   // With CP a rank's T / cp queries see 1/cp of the causal pairs (Megatron
   // counts the whole s^2 term per sequence; here per rank: its share).
   const double T = static_cast<double>(N_),
                Q = static_cast<double>(B_) * static_cast<double>(Tg_) * static_cast<double>(Tg_) / static_cast<double>(opt_.cp);
   // The MLPs: dense layers' and MoE layers' top-k experts and shared expert.
   const double F = mlp_width_over_layers(cfg_);
-  return T * (6 * h * phi * F + Lr * 6 * (h * (q + 2 * kv) + q * h) +
-              6 * h * static_cast<double>(Vg_)) +
-         Q * Lr * 6 * q;
+  return T * (6 * h * phi * F + Lr * attention_linear_flops(cfg_) + 6 * h * static_cast<double>(Vg_)) +
+         Q * Lr * attention_core_flops(cfg_);
 }
 
 }  // namespace mt::model

@@ -91,6 +91,7 @@
 #include "kernels/activation.h"
 #include "kernels/qkv_layout.h"
 #include "kernels/attention.h"
+#include "kernels/mla.h"
 #include "kernels/moe.h"
 #include "kernels/rope.h"
 #include "model/config.h"
@@ -254,7 +255,14 @@ inline DType residual_dtype(const GPTOptions& o) {
 
 // The rotary embedding the model flags ask for (--rotary-base, --rotary-percent,
 // --rotary-seq-len-interpolation-factor, --use-rope-scaling, --rope-scaling-factor).
+// MLA builds its own RotaryEmbedding or YarnRotaryEmbedding over the position
+// dims: no Llama 3.1 scaling, no interpolation (Megatron passes neither).
 inline kernels::RopeSpec rope_spec(const ModelConfig& c) {
+  if (c.mla()) {
+    kernels::RopeSpec s{c.rotary_base, c.rotary_dim(), false, 1.0, 1.0, c.rotary_freq_dim()};
+    if (c.mla_yarn()) s.yarn = true, s.yarn_factor = c.rotary_scaling_factor, s.mscale = c.mla_rope_mscale();
+    return s;
+  }
   return kernels::RopeSpec{c.rotary_base, c.rotary_dim(), c.use_rope_scaling, c.rope_scaling_factor,
                            static_cast<double>(c.rotary_seq_len_interpolation_factor.value_or(1)), c.rotary_freq_dim()};
 }
@@ -304,7 +312,7 @@ struct GPTCommPlan {
 
 class GPTModel {
  public:
-  static constexpr int kLayerFields = 26;  // the activation tensors one layer can keep (gpt.cc's LayerActs)
+  static constexpr int kLayerFields = 34;  // the activation tensors one layer can keep (gpt.cc's LayerActs)
   // Validates cfg (Status for user errors) and allocates every arena.
   static Result<std::unique_ptr<GPTModel>> create(const ModelConfig& cfg, const GPTOptions& opt);
   // The bytes create() would allocate, without allocating (for the planner);
@@ -506,8 +514,12 @@ class GPTModel {
   struct Slot;
   struct Workspace;
   Tensor as_half(const Tensor& x);
-  void linear_fwd(const Tensor& x, int w, int b, const Tensor& y);
-  void linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const Tensor& dx);
+  // rows [r0, r1) of the weight only (r1 < 0: all): MLA's kv down projection
+  // computes its compressed and position outputs as two products.
+  void linear_fwd(const Tensor& x, int w, int b, const Tensor& y, int64_t r0 = 0, int64_t r1 = -1);
+  // accumulate: dx += dy W instead of dx = dy W.
+  void linear_bwd(const Tensor& x, int w, int b, const Tensor& dy, const Tensor& dx, int64_t r0 = 0, int64_t r1 = -1,
+                  bool accumulate = false);
   // Tensor-parallel wrappers (see the table above). x_own: this rank's rows of
   // the full input `x_full` (they alias when not sequence parallel).
   void column_fwd_input(const Tensor& x_own, const Tensor& x_full);
@@ -571,6 +583,11 @@ class GPTModel {
   // MoE layer (--moe-layer-freq: a position may hold either; see make_tables).
   LayerActs mlp_shaped(const LayerActs& a, bool moe) const;
   // --qk-layernorm on layer p's fused QKV (forward: a.qkv in place; backward: dqkv in place).
+  // --multi-latent-attention: the fused Q/K/V (roped) from the input norm's
+  // rows, and the gradients back to them (dln_own written). See gpt.cc.
+  kernels::MlaDims mla_dims() const;
+  void mla_fwd(const LayerIdx& p, const LayerActs& a, const Tensor& ln1_own);
+  void mla_bwd(const LayerIdx& p, const LayerActs& a, const Tensor& dqkv, const Tensor& ln1_own, const Tensor& dln_own);
   void qk_norm_fwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a);
   void qk_norm_bwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a, const Tensor& dqkv);
   Workspace carve_workspace();

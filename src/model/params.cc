@@ -136,6 +136,30 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
   for (int i = 0; i < static_cast<int>(c.num_layers); ++i) {
     const std::string p = fmt::format("decoder.layers.{}.", i);
     norm(p + "input_layernorm", i);
+    if (c.mla()) {
+      // Megatron's MLASelfAttention: the down projections replicated over
+      // TP ("duplicated"), the up projections column-parallel (whole heads),
+      // the q/kv norms over the compressed vectors with --qk-layernorm.
+      const std::string sa = p + "self_attention.";
+      const int64_t kv = c.kv_lora_rank, dr = c.qk_pos_emb_head_dim;
+      auto lora_norm = [&](const std::string& n, int64_t width) {
+        add(n + ".weight", {width}, ShardKind::kReplicated, -1,
+            c.apply_layernorm_1p ? InitKind::kZeros : InitKind::kOnes, false, i);
+        if (ln) add(n + ".bias", {width}, ShardKind::kReplicated, -1, InitKind::kZeros, false, i);
+      };
+      if (c.q_lora_rank) {
+        add(sa + "linear_q_down_proj.weight", {*c.q_lora_rank, h}, ShardKind::kReplicated, -1, InitKind::kNormal, true,
+            i);
+        if (c.qk_layernorm) lora_norm(sa + "q_layernorm", *c.q_lora_rank);
+        add(sa + "linear_q_up_proj.weight", {a * d, *c.q_lora_rank}, ShardKind::kColumn, 0, InitKind::kNormal, true, i);
+      } else {
+        add(sa + "linear_q_proj.weight", {a * d, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i);
+      }
+      add(sa + "linear_kv_down_proj.weight", {kv + dr, h}, ShardKind::kReplicated, -1, InitKind::kNormal, true, i);
+      if (c.qk_layernorm) lora_norm(sa + "kv_layernorm", kv);
+      add(sa + "linear_kv_up_proj.weight", {a * (c.qk_head_dim + c.v_head_dim), kv}, ShardKind::kColumn, 0,
+          InitKind::kNormal, true, i);
+    } else {
     add(p + "self_attention.linear_qkv.weight", {(a + 2 * g) * d, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i);
     if (c.qkv_bias()) add(p + "self_attention.linear_qkv.bias", {(a + 2 * g) * d}, ShardKind::kColumn, 0, InitKind::kZeros, false, i);
     if (c.qk_layernorm)  // one [d] weight (and bias) over every head: replicated, its TP gradient partial
@@ -145,7 +169,9 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
             false, i);
         if (ln) add(n + ".bias", {d}, ShardKind::kReplicated, -1, InitKind::kZeros, false, i);
       }
-    add(p + "self_attention.linear_proj.weight", {h, a * d}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
+    }
+    add(p + "self_attention.linear_proj.weight", {h, a * c.v_dim()}, ShardKind::kRow, 1, InitKind::kScaledNormal, true,
+        i);
     if (bias) add(p + "self_attention.linear_proj.bias", {h}, ShardKind::kReplicated, -1, InitKind::kZeros, false, i);
     norm(p + "pre_mlp_layernorm", i);
     if (c.is_moe_layer(i)) {

@@ -17,15 +17,14 @@ BytesPerParam bytes_per_param(const PrecisionConfig& p, int optimizer_states) {
 MegatronMemoryEstimate megatron_theoretical_memory(const JobConfig& job, const MemoryLayout& l) {
   const auto& m = job.model;
   const auto& par = job.parallel;
-  const double h = m.hidden_size, L = m.num_layers, a = m.num_attention_heads;
-  const double d = m.head_dim(), g = m.query_groups(), F = m.ffn();
+  const double h = m.hidden_size, L = m.num_layers, F = m.ffn();
   const double phi = m.swiglu ? 3 : 2, V = l.padded_vocab;
   const double nu = m.normalization == model::Normalization::kLayerNorm ? 2 : 1;
   const double t = par.tp, p = par.pp, s = m.seq_length, b = job.batch.micro_batch_size;
   MegatronMemoryEstimate e;
 
   // Weights and optimizer (§12.3).
-  const double p_att = 2 * h * d * (a + g);
+  const double p_att = static_cast<double>(model::megatron_attention_params(m));  // 2 h d (a + g), or MLA's
   const double p_norm = 2 * nu * h;
   // With --num-experts, Megatron's num_moe_layers (--moe-layer-freq) have
   // the shared expert, the router and the routed experts, the others the
@@ -108,7 +107,14 @@ double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l, bool 
   double bytes = 0;
   bytes += 4 * s.e * hs;                                  // ln1 in/out, ln2 in/out
   bytes += s.e * s.tok * (s.heads_rank + 2 * s.kv_rank) * s.d;  // Q, K, V
-  if (m.qk_layernorm) bytes += s.e * s.tok * (s.heads_rank + s.kv_rank) * s.d;  // Q, K before their norms
+  if (m.qk_layernorm && !m.mla()) bytes += s.e * s.tok * (s.heads_rank + s.kv_rank) * s.d;  // Q, K before their norms
+  if (m.mla()) {
+    // The up projections' inputs (gathered under SP), and with --qk-layernorm
+    // the norms' inputs (this rank's rows). The attention output is kept at
+    // the q/k width d, its value dims first.
+    const double c = static_cast<double>(m.q_lora_rank.value_or(0) + m.kv_lora_rank);
+    bytes += s.e * s.tok * c + (m.qk_layernorm ? s.e * s.tok * c / s.sp : 0);
+  }
   bytes += s.e * s.tok * s.heads_rank * s.d;              // attention output (proj input)
   bytes += 4 * s.tok * s.heads_rank;                      // softmax log-sum-exp (fp32)
   bytes += 2 * s.mask * hs;                               // two hidden-dropout masks

@@ -60,14 +60,12 @@ void register_plan_option_flags(FlagSet& f, PlanOptions& o) {
 double megatron_flops_per_iteration(const model::ModelConfig& m, int64_t V, int64_t global_batch) {
   const double B = global_batch, s = m.seq_length, h = m.hidden_size, L = m.num_layers;
   const double T = B * s, Q = B * s * s;
-  const double d = m.head_dim(), q = m.num_attention_heads * d, k = m.query_groups() * d;
   const double phi = m.swiglu ? 3 : 2;
   // The dense layers' MLP, and the MoE layers' routed experts each token
   // reaches and shared expert.
   const double mlp = 6 * h * phi * model::mlp_width_over_layers(m);
-  const double attn_proj = L * 6 * (h * (q + 2 * k) + q * h);
   const double logits = 6 * h * static_cast<double>(V);
-  return T * (mlp + attn_proj + logits) + Q * L * 6 * q;
+  return T * (mlp + L * model::attention_linear_flops(m) + logits) + Q * L * model::attention_core_flops(m);
 }
 
 namespace {

@@ -353,7 +353,47 @@ void validate(PlanReport& r) {
       c.error("heads-per-group", {"--num-attention-heads", "--num-query-groups"},
               fmt::format("{} attention heads do not divide into {} query groups", a, g),
               fmt::format("use --num-query-groups {}", nearest_divisor(a, g)));
-    if (!m.kv_channels && h % a != 0)
+    if (m.mla()) {
+      // Megatron's checks (arguments.py, MLATransformerConfig, TransformerConfig)
+      // and this program's own limits.
+      if (m.group_query_attention)
+        c.error("mla-gqa", {"--multi-latent-attention", "--group-query-attention"},
+                "multi-latent attention has one key/value head per query head (Megatron asserts the two are exclusive)",
+                "drop --group-query-attention");
+      if (m.rotary_interleaved)
+        c.error("mla-rotary-interleaved", {"--multi-latent-attention", "--rotary-interleaved"},
+                "rotary_interleaved does not work with multi-latent attention (Megatron raises it)",
+                "drop --rotary-interleaved: MLA pairs its position dims itself");
+      if (!m.mla_yarn() && m.position_embedding == model::PositionEmbedding::kRope && !r.job.compat.has("no-rope-fusion"))
+        c.error("mla-rope-fusion", {"--rope-type", "--no-rope-fusion"},
+                "with --position-embedding-type rope Megatron fuses RoPE, and its fused MLA RoPE takes only YaRN "
+                "(MLATransformerConfig raises for --rope-type rope)",
+                "add --no-rope-fusion, or use --rope-type yarn");
+      if (m.qk_pos_emb_head_dim % 2)
+        c.error("mla-pos-dims-even", {"--qk-pos-emb-head-dim"},
+                fmt::format("--qk-pos-emb-head-dim {} is odd, and RoPE rotates pairs of dims", m.qk_pos_emb_head_dim),
+                fmt::format("use --qk-pos-emb-head-dim {}", m.qk_pos_emb_head_dim + 1));
+      else if (m.rotary_freq_dim() <= 0)
+        c.error("mla-rotary-percent", {"--rotary-percent", "--qk-pos-emb-head-dim"},
+                fmt::format("--rotary-percent {} rotates none of the {} position dims", m.rotary_percent,
+                            m.qk_pos_emb_head_dim),
+                "raise --rotary-percent, or use --rope-type yarn (which rotates them all)");
+      if (m.v_head_dim > m.head_dim())
+        c.error("mla-v-head-dim", {"--v-head-dim", "--qk-head-dim", "--qk-pos-emb-head-dim"},
+                fmt::format("--v-head-dim {} is above the query/key head width {} + {}: the attention kernel here pads "
+                            "the values to that width and cannot take wider ones",
+                            m.v_head_dim, m.qk_head_dim, m.qk_pos_emb_head_dim),
+                fmt::format("use --v-head-dim {} or less", m.head_dim()));
+      if (m.add_qkv_bias)
+        c.error("mla-qkv-bias", {"--multi-latent-attention", "--add-qkv-bias"},
+                "MLA's projections have no biases (Megatron builds them without, whatever --add-qkv-bias says)",
+                "drop --add-qkv-bias");
+    } else if (m.rope_type == "yarn") {
+      c.error("rope-type-yarn-without-mla", {"--rope-type", "--multi-latent-attention"},
+              "--rope-type yarn is multi-latent attention's RoPE: Megatron's other attention takes only rope",
+              "add --multi-latent-attention, or drop --rope-type");
+    }
+    if (!m.mla() && !m.kv_channels && h % a != 0)
       c.error("hidden-heads", {"--hidden-size", "--num-attention-heads", "--kv-channels"},
               fmt::format("hidden size {} is not divisible by {} heads, and --kv-channels is not given", h, a),
               fmt::format("use {}, or give --kv-channels", list_or(nearby_multiples(a, h), "--hidden-size")));
@@ -386,7 +426,10 @@ void validate(PlanReport& r) {
               "give --ffn-hidden-size");
     {  // keep every later count exact in int64 (and in double)
       const double dh = h, dd = m.head_dim(), dF = m.ffn(), dE = std::max<int64_t>(1, m.num_experts);
-      const double approx = m.num_layers * (2 * dh * dd * (a + 2.0 * g) + 3 * dh * std::max<double>(dF, m.moe_ffn()) * dE) +
+      const double approx = m.num_layers * (2 * dh * dd * (a + 2.0 * g) +
+                                            static_cast<double>(m.mla() ? m.kv_lora_rank + m.q_lora_rank.value_or(0) : 0) *
+                                                (dh + a * dd) +
+                                            3 * dh * std::max<double>(dF, m.moe_ffn()) * dE) +
                             2 * dh * static_cast<double>(m.vocab_size.value_or(0) + m.make_vocab_size_divisible_by * TP) +
                             dh * static_cast<double>(m.max_position_embeddings);
       if (approx > 1e15)

@@ -303,6 +303,13 @@ constexpr CkptArg kModelArgs[] = {
     // Not in Megatron's list: without it a checkpoint's shared-expert gates
     // would be left out of the model.
     {"moe-shared-expert-gate", true},
+    // Not in Megatron's list either (it leaves the MLA flags to the command
+    // line): without them an MLA checkpoint's tensors have no place in the
+    // model. Multi-latent attention itself is forced, its sizes and RoPE
+    // settings filled in where the command line has none.
+    {"multi-latent-attention", true}, {"q-lora-rank", false}, {"kv-lora-rank", false}, {"qk-head-dim", false},
+    {"qk-pos-emb-head-dim", false}, {"v-head-dim", false}, {"rope-type", false}, {"rotary-scaling-factor", false},
+    {"mscale", false}, {"mscale-all-dim", false},
     // Forced whatever --use-tokenizer-model-from-checkpoint-args says, as Megatron's _set_arg('tiktoken_pattern').
     {"tiktoken-pattern", true},
     // Not in Megatron's list (its padded vocabulary comes from the tokenizer):

@@ -776,6 +776,13 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   std::fprintf(out, "training %s: %lld parameters, %s on %d rank%s%s%s%s, micro-batch %lld x %lld "
                     "micro-batches x DP %lld = global batch %lld, %lld iterations from %lld, %s, %s\n",
                (std::string(mc.swiglu ? "a LLaMA-style GPT" : "a GPT") +
+                (mc.mla() ? fmt::format(" with multi-latent attention (q {}, kv rank {}, heads {} + {} rotated ({}), "
+                                        "values {})",
+                                        mc.q_lora_rank ? fmt::format("rank {}", *mc.q_lora_rank) : "full rank",
+                                        mc.kv_lora_rank, mc.qk_head_dim, mc.qk_pos_emb_head_dim,
+                                        mc.mla_yarn() ? fmt::format("YaRN x{}", mc.rotary_scaling_factor) : "RoPE",
+                                        mc.v_head_dim)
+                          : std::string()) +
                 (mc.is_moe() ? fmt::format(" with {} experts per layer (top {}{}{}){}", mc.num_experts, mc.moe_router_topk,
                                            mc.drops_tokens()
                                                ? fmt::format(", capacity factor {}: each expert keeps at most {} of the {} "

@@ -109,6 +109,25 @@ ModelConfig moe_freq_shared_style() {
   return c;
 }
 
+// --multi-latent-attention: DeepSeek-style (low-rank queries, q/kv
+// RMSNorms, YaRN with both mscales, values narrower than the heads), and the
+// GPT functional test's (linear_q_proj, LayerNorm, learned positions,
+// --rope-type rope on half the position dims).
+ModelConfig mla_style() {
+  ModelConfig c = llama_style();
+  c.group_query_attention = false, c.num_query_groups.reset();
+  c.multi_latent_attention = true, c.q_lora_rank = 24, c.kv_lora_rank = 16, c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 4, c.v_head_dim = 6, c.qk_layernorm = true;
+  c.rotary_scaling_factor = 40, c.mscale = 1.0, c.mscale_all_dim = 0.707;
+  return c;
+}
+ModelConfig mla_gpt_style() {
+  ModelConfig c = gpt2_style();
+  c.multi_latent_attention = true, c.kv_lora_rank = 12, c.qk_head_dim = 6, c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 10, c.rope_type = "rope", c.rotary_percent = 0.5;
+  return c;
+}
+
 template <typename T>
 double row_rel_err(const T* a, const T* b, int64_t n) {
   double num = 0, den = 0;
@@ -216,7 +235,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, DecoderVsForward,
                                            Case{"mixtral", mixtral_style}, Case{"moe_gpt", moe_gpt_style},
                                            Case{"shared_expert", shared_style}, Case{"sigmoid", sigmoid_style},
                                            Case{"moe_freq", moe_freq_style},
-                                           Case{"moe_freq_shared", moe_freq_shared_style}),
+                                           Case{"moe_freq_shared", moe_freq_shared_style},
+                                           Case{"mla", mla_style}, Case{"mla_gpt", mla_gpt_style}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Token dropping (--moe-expert-capacity-factor) counts the tokens of each

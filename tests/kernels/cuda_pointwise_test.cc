@@ -30,6 +30,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/norm.h"
+#include "kernels/mla.h"
 #include "kernels/rope.h"
 #include "test_util.h"
 
@@ -422,8 +423,9 @@ template <typename T>
 void rope_case(const k::QkvLayout& L, int64_t table_seq, k::RopeSpec spec = {}, bool interleaved = false) {
   const DType dt = dtype_of<T>();
   if (spec.rot_dim == 0) spec.rot_dim = L.head_dim;
-  const std::string what = fmt::format("rope {} s={} b={} a={} g={} d={} r={} scaled={} interleaved={}", tname(dt), L.seq,
-                                       L.batch, L.heads, L.groups, L.head_dim, spec.rot_dim, spec.llama3_scaling, interleaved);
+  const std::string what = fmt::format("rope {} s={} b={} a={} g={} d={} r={} scaled={} yarn={} interleaved={}", tname(dt),
+                                       L.seq, L.batch, L.heads, L.groups, L.head_dim, spec.rot_dim, spec.llama3_scaling,
+                                       spec.yarn, interleaved);
   const int64_t half = spec.rot_dim / 2, r = spec.rot_dim;
   std::vector<T> cs(static_cast<size_t>(table_seq * half)), sn(cs.size());
   Arena g = gpu_arena(kArenaBytes);
@@ -444,7 +446,17 @@ void rope_case(const k::QkvLayout& L, int64_t table_seq, k::RopeSpec spec = {}, 
   k::rope_backward(gQ, L, gCos, gSin, r, interleaved);
   std::vector<T> back = to_host<T>(gQ);
   expect_close(back, qkv, Tol<T>::tight, Tol<T>::tight, what + " inverse");
-  expect_close(back, orig, 10 * Tol<T>::tight, 10 * Tol<T>::tight, what + " inverse undoes forward");
+  // Backward is the transpose: with YaRN's cos/sin factor m it leaves the
+  // rotated dims times m^2.
+  std::vector<T> want = orig;
+  if (spec.mscale != 1)
+    for (int64_t row = 0; row < L.tokens(); ++row)
+      for (int64_t h = 0; h < L.heads + L.groups; ++h)
+        for (int64_t c = 0; c < r; ++c) {
+          T& x = want[static_cast<size_t>(row * L.row() + (h < L.heads ? L.q_col(h) : L.k_col(h - L.heads)) + c)];
+          x = static_cast<T>(static_cast<double>(x) * spec.mscale * spec.mscale);
+        }
+  expect_close(back, want, 10 * Tol<T>::tight, 10 * Tol<T>::tight, what + " inverse undoes forward");
 }
 
 TEST(CudaTwin, RopeTableAndApplyMatchCpu) {
@@ -468,6 +480,12 @@ TEST(CudaTwin, RopeTableAndApplyMatchCpu) {
   // --rotary-interleaved, whole and partial.
   rope_case<float>(gqa, gqa.seq, {}, true);
   rope_case<double>(mha, mha.seq, {10000.0, 40}, true);
+  // MLA's YaRN table (factor 40, its ramp across the 8 frequencies) with the
+  // cos/sin factor, on the leading 8 dims of each head, pairs adjacent.
+  k::RopeSpec yarn{10000.0, 8};
+  yarn.yarn = true, yarn.yarn_factor = 40, yarn.mscale = 1.3;
+  rope_case<float>(gqa, 4096, yarn, true);
+  rope_case<double>(gqa, gqa.seq, yarn, true);
 }
 
 // --qk-layernorm's head rows: the same copies as the CPU twin, bit for bit,
@@ -504,6 +522,68 @@ TEST(CudaTwin, QkHeadsGatherScatterMatchCpu) {
     qk_heads_case<float>(L);
     qk_heads_case<double>(L);
     qk_heads_case<bf16>(L);
+  }
+}
+
+// --multi-latent-attention's packing into the fused layout, its gradient
+// unpacking (dkpe summed over the heads, in qkv's type or the accumulation
+// type) and the value dims of the attention output: the CPU twin's bits.
+template <typename T>
+void mla_case(const k::MlaDims& m) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const std::string what = fmt::format("mla {} N={} a={} dn={} dr={} dv={}", tname(dtype_of<T>()), m.tokens, m.heads,
+                                       m.dn, m.dr, m.dv);
+  const int64_t N = m.tokens, a = m.heads, D = m.D();
+  auto make = [](float f) {
+    if constexpr (std::is_same_v<T, bf16>) return float_to_bf16(f);
+    else return static_cast<T>(f);
+  };
+  auto filled = [&](int64_t n, int salt) {
+    std::vector<T> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = make(0.37f * static_cast<float>((i * 7 + salt) % 113) - 20.f);
+    return v;
+  };
+  std::vector<T> q = filled(N * a * D, 1), kv = filled(N * a * (m.dn + m.dv), 2), kpe = filled(N * m.dr, 3);
+  std::vector<T> qkv(static_cast<size_t>(N * 3 * a * D));
+  Arena g = gpu_arena(kArenaBytes);
+  const Tensor Q = view(q, {N, a * D}), KV = view(kv, {N, a * (m.dn + m.dv)}), P = view(kpe, {N, m.dr}),
+               X = view(qkv, {N, 3 * a * D});
+  const Tensor gX = g.alloc(X.shape(), X.dtype());
+  k::mla_pack(to_device(g, Q), to_device(g, KV), to_device(g, P), m, gX);
+  k::mla_pack(Q, KV, P, m, X);
+  expect_bitwise(to_host<T>(gX), qkv, what + " pack");
+  // Unpack a gradient with distinct values everywhere (the padding included).
+  std::vector<T> dx = filled(N * 3 * a * D, 5), dq(q.size()), dkv(kv.size()), dkpe(kpe.size());
+  std::vector<A> dkpe_acc(kpe.size());
+  const Tensor DX = view(dx, X.shape()), gDX = to_device(g, DX);
+  const Tensor gdq = g.alloc(Q.shape(), Q.dtype()), gdkv = g.alloc(KV.shape(), KV.dtype()),
+               gdp = g.alloc(P.shape(), P.dtype()), gdpa = g.alloc(P.shape(), dtype_of<A>());
+  k::mla_unpack(gDX, m, gdq, gdkv, gdp);
+  k::mla_unpack(DX, m, view(dq, Q.shape()), view(dkv, KV.shape()), view(dkpe, P.shape()));
+  expect_bitwise(to_host<T>(gdq), dq, what + " unpack dq");
+  expect_bitwise(to_host<T>(gdkv), dkv, what + " unpack dkv");
+  expect_bitwise(to_host<T>(gdp), dkpe, what + " unpack dkpe");
+  k::mla_unpack(gDX, m, gdq, gdkv, gdpa);
+  k::mla_unpack(DX, m, view(dq, Q.shape()), view(dkv, KV.shape()), view(dkpe_acc, P.shape()));
+  expect_bitwise(to_host<A>(gdpa), dkpe_acc, what + " unpack dkpe (accumulation type)");
+  // The value dims of ctx, and the zero-padded gradient.
+  std::vector<T> ctx = filled(N * a * D, 7), cv(static_cast<size_t>(N * a * m.dv));
+  const Tensor C = view(ctx, {N, a * D}), CV = view(cv, {N, a * m.dv});
+  const Tensor gC = to_device(g, C), gCV = g.alloc(CV.shape(), CV.dtype());
+  k::mla_ctx(gC, gCV, m, false);
+  k::mla_ctx(C, CV, m, false);
+  expect_bitwise(to_host<T>(gCV), cv, what + " ctx value dims");
+  k::mla_ctx(gC, gCV, m, true);
+  k::mla_ctx(C, CV, m, true);
+  expect_bitwise(to_host<T>(gC), ctx, what + " ctx gradient padded");
+}
+
+TEST(CudaTwin, MlaPackUnpackMatchCpu) {
+  MT_REQUIRE_GPU();
+  for (const k::MlaDims& m : {k::MlaDims{9, 3, 8, 4, 6}, k::MlaDims{5, 1, 6, 2, 8}, k::MlaDims{4, 16, 128, 64, 128}}) {
+    mla_case<float>(m);
+    mla_case<double>(m);
+    mla_case<bf16>(m);
   }
 }
 

@@ -26,6 +26,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/mla.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "test_util.h"
@@ -438,6 +439,58 @@ TEST(QkHeads, GatherAndScatterFollowTheLayout) {
         const float orig = static_cast<float>(r * L.row() + c);
         ASSERT_EQ(qkv[r * L.row() + c], is_v ? orig : -orig) << "token " << r << " column " << c;
       }
+  }
+}
+
+// --multi-latent-attention's packing (kernels/mla.h): every qkv element is
+// the q, kv or position-key element the layout names (each value its own
+// index), v padded with zeros; unpack is pack's transpose (<pack(x), y> =
+// <x, unpack(y)> for random x and y, so the position key's gradient sums
+// the heads); mla_ctx takes each head's leading dv dims and pads them back.
+TEST(Mla, PackFollowsTheLayoutAndUnpackIsItsTranspose) {
+  for (const k::MlaDims& m : {k::MlaDims{4, 3, 5, 4, 6}, k::MlaDims{3, 1, 2, 2, 4}, k::MlaDims{2, 2, 4, 2, 3}}) {
+    const int64_t N = m.tokens, a = m.heads, dn = m.dn, dr = m.dr, dv = m.dv, D = m.D();
+    Buf<double> q({N, a * D}), kv({N, a * (dn + dv)}), kpe({N, dr}), qkv({N, 3 * a * D});
+    for (int64_t i = 0; i < q.t().numel(); ++i) q[i] = 1000 + i;
+    for (int64_t i = 0; i < kv.t().numel(); ++i) kv[i] = 2000 + i;
+    for (int64_t i = 0; i < kpe.t().numel(); ++i) kpe[i] = 3000 + i;
+    k::mla_pack(q.t(), kv.t(), kpe.t(), m, qkv.t());
+    const k::QkvLayout L{N, 1, a, a, D};
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t h = 0; h < a; ++h)
+        for (int64_t c = 0; c < D; ++c) {
+          const double* row = &qkv[r * L.row()];
+          const double want_q = c < dr ? q[(r * a + h) * D + dn + c] : q[(r * a + h) * D + c - dr];
+          const double want_k = c < dr ? kpe[r * dr + c] : kv[(r * a + h) * (dn + dv) + c - dr];
+          const double want_v = c < dv ? kv[(r * a + h) * (dn + dv) + dn + c] : 0.0;
+          ASSERT_EQ(row[L.q_col(h) + c], want_q) << "token " << r << " head " << h << " q dim " << c;
+          ASSERT_EQ(row[L.k_col(h) + c], want_k) << "token " << r << " head " << h << " k dim " << c;
+          ASSERT_EQ(row[L.v_col(h) + c], want_v) << "token " << r << " head " << h << " v dim " << c;
+        }
+    std::mt19937 g(5);
+    std::normal_distribution<double> nd;
+    for (Buf<double>* b : {&q, &kv, &kpe}) for (auto& x : b->v) x = nd(g);
+    Buf<double> y({N, 3 * a * D}), dq({N, a * D}), dkv({N, a * (dn + dv)}), dkpe({N, dr});
+    for (auto& x : y.v) x = nd(g);
+    k::mla_pack(q.t(), kv.t(), kpe.t(), m, qkv.t());
+    k::mla_unpack(y.t(), m, dq.t(), dkv.t(), dkpe.t());
+    double lhs = 0, rhs = 0;
+    for (size_t i = 0; i < y.v.size(); ++i) {
+      // The padded value dims are constants (zeros), not part of the transpose.
+      const int64_t col = static_cast<int64_t>(i) % (3 * a * D) % (3 * D);
+      if (col >= 2 * D + dv) continue;
+      lhs += qkv.v[i] * y.v[i];
+    }
+    rhs = test::dot(q.v, dq.v) + test::dot(kv.v, dkv.v) + test::dot(kpe.v, dkpe.v);
+    EXPECT_NEAR(lhs, rhs, 1e-10 * std::abs(lhs));
+    Buf<double> ctx({N, a * D}), cv({N, a * dv});
+    for (int64_t i = 0; i < ctx.t().numel(); ++i) ctx[i] = i;
+    k::mla_ctx(ctx.t(), cv.t(), m, false);
+    for (int64_t i = 0; i < N * a; ++i)
+      for (int64_t c = 0; c < dv; ++c) ASSERT_EQ(cv[i * dv + c], ctx[i * D + c]);
+    k::mla_ctx(ctx.t(), cv.t(), m, true);
+    for (int64_t i = 0; i < N * a; ++i)
+      for (int64_t c = 0; c < D; ++c) ASSERT_EQ(ctx[i * D + c], c < dv ? cv[i * dv + c] : 0.0);
   }
 }
 

@@ -177,5 +177,25 @@ TEST(CudaModel, MoeForwardBackwardMatchesCpu) {
   compare(j, false, false, "Mixtral-style router jitter fp32");
 }
 
+// --multi-latent-attention: the down/up projections (two row blocks of
+// kv_down), the q/kv norms, the packing into the fused layout, YaRN on the
+// position dims and the padded value dims on the device. Heads of 48 + 16 =
+// 64 (the tensor-core attention under --bf16), values of 32.
+TEST(CudaModel, MlaForwardBackwardMatchesCpu) {
+  MT_REQUIRE_GPU();
+  ModelConfig m = small_llama();
+  m.group_query_attention = false, m.num_query_groups.reset();
+  m.multi_latent_attention = true, m.q_lora_rank = 48, m.kv_lora_rank = 32, m.qk_head_dim = 48;
+  m.qk_pos_emb_head_dim = 16, m.v_head_dim = 32, m.qk_layernorm = true;
+  m.rotary_scaling_factor = 40, m.mscale = 1.0, m.mscale_all_dim = 0.707;
+  compare(m, false, false, "MLA fp32");
+  compare(m, true, false, "MLA bf16 (tensor-core attention)");
+  compare(m, true, true, "MLA bf16, selective recomputation");
+  ModelConfig g = small_gpt();
+  g.multi_latent_attention = true, g.kv_lora_rank = 24, g.qk_head_dim = 24, g.qk_pos_emb_head_dim = 8;
+  g.v_head_dim = 32, g.rope_type = "rope";
+  compare(g, false, false, "MLA on GPT, linear_q_proj, fp32");
+}
+
 }  // namespace
 }  // namespace mt::model

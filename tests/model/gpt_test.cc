@@ -73,6 +73,34 @@ ModelConfig gpt_qk_style() {
   return c;
 }
 
+// DeepSeek-V3-style multi-latent attention on the LLaMA base: one head
+// per key/value (no GQA), low-rank queries (--q-lora-rank 24) and keys and
+// values (--kv-lora-rank 16) with their RMSNorms (--qk-layernorm), heads of
+// 8 + 4 position dims and values of 6 (padded to 12 for the attention
+// kernel), YaRN RoPE with DeepSeek-V3's factor 40; --mscale 1 and
+// --mscale-all-dim 0.707 make both the cos/sin factor and the softmax
+// scale differ from 1 and 1/sqrt(12).
+ModelConfig mla_style() {
+  ModelConfig c = llama_style();
+  c.group_query_attention = false, c.num_query_groups.reset();
+  c.multi_latent_attention = true, c.q_lora_rank = 24, c.kv_lora_rank = 16, c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 4, c.v_head_dim = 6, c.qk_layernorm = true;
+  c.rotary_scaling_factor = 40, c.mscale = 1.0, c.mscale_all_dim = 0.707;
+  return c;
+}
+
+// MLA as Megatron's functional test gpt3_mcore_te_tp2_pp2_mla runs it, on
+// the GPT base (LayerNorm, learned positions, biases on linear_proj and the
+// MLP): one full-rank linear_q_proj, no q/kv norms; here with --rope-type
+// rope rotating half the position dims (--rotary-percent 0.5), the values
+// as wide as the q/k heads.
+ModelConfig mla_gpt_style() {
+  ModelConfig c = gpt2_style();
+  c.multi_latent_attention = true, c.kv_lora_rank = 12, c.qk_head_dim = 6, c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 10, c.rope_type = "rope", c.rotary_percent = 0.5;
+  return c;
+}
+
 ModelConfig gpt_1p_style() {  // GPT with zero-centred LayerNorm weights (--apply-layernorm-1p)
   ModelConfig c = gpt2_style();  // and the exact GELU (--no-bias-gelu-fusion; gpt2 has Megatron's default tanh)
   c.apply_layernorm_1p = true;
@@ -234,7 +262,11 @@ nlohmann::json config_json(const ModelConfig& c, int64_t capacity_segments = 1) 
           {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size},
           {"moe_shared_expert_gate", c.moe_shared_expert_gate},
           {"moe_router_score_function", c.moe_router_score_function},
-          {"moe_router_num_groups", c.moe_router_num_groups}, {"moe_router_group_topk", c.moe_router_group_topk}};
+          {"moe_router_num_groups", c.moe_router_num_groups}, {"moe_router_group_topk", c.moe_router_group_topk},
+          {"multi_latent_attention", c.multi_latent_attention}, {"q_lora_rank", c.q_lora_rank.value_or(0)},
+          {"kv_lora_rank", c.kv_lora_rank}, {"qk_head_dim", c.qk_head_dim},
+          {"qk_pos_emb_head_dim", c.qk_pos_emb_head_dim}, {"v_head_dim", c.v_head_dim}, {"rope_type", c.rope_type},
+          {"rotary_scaling_factor", c.rotary_scaling_factor}, {"mscale", c.mscale}, {"mscale_all_dim", c.mscale_all_dim}};
 }
 
 void random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, std::vector<int32_t>& tok, std::vector<int32_t>& lab) {
@@ -282,6 +314,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "moefreq_sigmoid" ? moe_freq_sigmoid_style()
                     : which == "jitter" ? jitter_style()
                     : which == "jitter_sigmoid" ? jitter_sigmoid_style()
+                    : which == "mla" ? mla_style()
+                    : which == "mla_gpt" ? mla_gpt_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -307,7 +341,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
     for (int64_t j = 0; j < m.params()[i].numel(); ++j) m.params()[i].ptr<float>()[j] = nd(gen);
     ++moved;
   }
-  if (cfg.qk_layernorm) {  // q and k weights per layer, and their biases under LayerNorm
+  if (cfg.qk_layernorm && !cfg.mla()) {  // q and k weights per layer, and their biases under LayerNorm
     int qk = 0;
     for (const auto& sp : m.specs())
       if (sp.name.find("self_attention.q_layernorm") != std::string::npos ||
@@ -400,7 +434,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                                            "gptqk", "mixtral", "moegpt", "moeshared", "moesharedgate", "sigmoid", "grouped",
                                            "grouped_sigmoid", "capacity", "capacity_position", "capacity_sigmoid",
                                            "seq_aux", "seq_aux_sigmoid", "moefreq", "moefreq_sigmoid", "jitter",
-                                           "jitter_sigmoid"));
+                                           "jitter_sigmoid", "mla", "mla_gpt"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

@@ -100,6 +100,22 @@ ModelConfig jitter_style() {  // --moe-input-jitter-eps on the sigmoid router wi
   return c;
 }
 
+// --multi-latent-attention: DeepSeek-style (low-rank queries, RMSNorm q/kv
+// norms, YaRN, values narrower than the heads) and the GPT functional test's
+// (linear_q_proj, LayerNorm, no q/kv norms).
+ModelConfig mla_style() {
+  ModelConfig c = llama_style();
+  c.group_query_attention = false, c.num_query_groups.reset();
+  c.multi_latent_attention = true, c.q_lora_rank = 12, c.kv_lora_rank = 10, c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 4, c.v_head_dim = 4, c.qk_layernorm = true, c.rotary_scaling_factor = 40;
+  return c;
+}
+ModelConfig mla_gpt_style() {
+  ModelConfig c = gpt2_style();
+  c.multi_latent_attention = true, c.kv_lora_rank = 8, c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4, c.v_head_dim = 8;
+  return c;
+}
+
 RecomputeOptions full(RecomputeMethod m, int64_t n) {
   RecomputeOptions r;
   r.granularity = RecomputeGranularity::kFull, r.method = m, r.num_layers = n;
@@ -218,7 +234,10 @@ INSTANTIATE_TEST_SUITE_P(Configs, RecomputeNumerics,
                                            Case{"moe_freq", moe_freq_style, false},
                                            Case{"moe_freq_bf16", moe_freq_style, true},
                                            Case{"moe_freq_sigmoid", moe_freq_sigmoid_style, false},
-                                           Case{"jitter", jitter_style, false}, Case{"jitter_bf16", jitter_style, true}),
+                                           Case{"jitter", jitter_style, false}, Case{"jitter_bf16", jitter_style, true},
+                                           Case{"mla", mla_style, false}, Case{"mla_bf16", mla_style, true},
+                                           Case{"mla_gpt", mla_gpt_style, false},
+                                           Case{"mla_gpt_bf16", mla_gpt_style, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The size arithmetic, written out: every tensor rounded up to 64 bytes.

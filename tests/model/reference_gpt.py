@@ -112,6 +112,8 @@ def forward(P, tokens, labels, cfg):
         def rope(t):
             r, rest = t[..., :rot], t[..., rot:]
             return torch.cat((r * cos + rotate(r) * sin, rest), dim=-1)
+    if cfg.get("multi_latent_attention", False):
+        mla_rope = mla_rotary(cfg, T)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     post = cfg["apply_residual_connection_post_layernorm"]
 
@@ -128,6 +130,19 @@ def forward(P, tokens, labels, cfg):
     for i in range(cfg["num_layers"]):
         p = f"decoder.layers.{i}."
         ln1 = norm(x, P[p + "input_layernorm.weight"], bias(p + "input_layernorm.bias"), cfg)
+        if cfg.get("multi_latent_attention", False):
+            ctx = mla(ln1, p + "self_attention.", cfg, linear, bias, mla_rope, mask)
+            x_mid = (ln1 if post else x) + linear(ctx, p + "self_attention.linear_proj")
+            ln2 = norm(x_mid, P[p + "pre_mlp_layernorm.weight"], bias(p + "pre_mlp_layernorm.bias"), cfg)
+            if cfg.get("num_experts", 0) and moe_pattern(cfg)[i]:
+                mlp_out, aux, z = moe(ln2.reshape(T * B, h), p + "mlp.", cfg, linear, B)
+                aux_total = aux_total + aux
+                z_total = z_total + z
+                x = x_mid + mlp_out.reshape(T, B, h)
+                continue
+            fc1 = linear(ln2, p + "mlp.linear_fc1")
+            x = (ln2 if post else x_mid) + linear(activation(fc1, cfg), p + "mlp.linear_fc2")
+            continue
         qkv = linear(ln1, p + "self_attention.linear_qkv").view(T, B, g, (qpg + 2) * d)
         q = qkv[..., : qpg * d].reshape(T, B, a, d)
         k = qkv[..., qpg * d: (qpg + 1) * d]  # [s, b, g, d]
@@ -159,6 +174,86 @@ def forward(P, tokens, labels, cfg):
     logits = (x @ out_w.t()).reshape(T * B, -1)
     loss = F.cross_entropy(logits, labels.t().reshape(-1).long(), ignore_index=-1)
     return logits, loss, aux_total, z_total
+
+
+def yarn_mscale(scale, m):
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def mla_rotary(cfg, T):
+    """MLA's rotary table as Megatron's MultiLatentAttention builds it: (cos,
+    sin) [s, 1, 1, r] with cat(freqs, freqs), already times mscale.
+    RotaryEmbedding for --rope-type rope (rotary_percent of the position dims),
+    else YarnRotaryEmbedding (original context 4096, beta_fast 32, beta_slow 1)."""
+    dim = cfg["qk_pos_emb_head_dim"]
+    base = cfg["rotary_base"]
+    pos = torch.arange(T, dtype=torch.float64)
+    if cfg.get("rope_type", "") == "rope":
+        pct = cfg.get("rotary_percent", 1.0)
+        if pct < 1.0:
+            dim = int(dim * pct)
+        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        mscale = 1.0
+    else:
+        factor = cfg.get("rotary_scaling_factor", 1.0)
+        extra = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        inter = extra / factor
+
+        def corr(rot):
+            return dim * math.log(4096 / (rot * 2 * math.pi)) / (2 * math.log(base))
+        low, high = max(math.floor(corr(32)), 0), min(math.ceil(corr(1)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        keep = 1.0 - ramp
+        inv = inter * (1 - keep) + extra * keep
+        mscale = yarn_mscale(factor, cfg.get("mscale", 1.0)) / yarn_mscale(factor, cfg.get("mscale_all_dim", 0.0))
+    ang = torch.outer(pos, inv)
+    emb = torch.cat((ang, ang), dim=-1)[:, None, None, :]
+    return (emb.cos() * mscale).float(), (emb.sin() * mscale).float()
+
+
+def mla_rope(t, table):
+    """Megatron's _apply_rotary_pos_emb_bshd with mla_rotary_interleaved: the
+    rotated dims split into even and odd halves, then rotate-half."""
+    cos, sin = table
+    r = cos.shape[-1]
+    x, rest = t[..., :r], t[..., r:]
+    x = torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+    return torch.cat((x * cos + rotate_half(x) * sin, rest), dim=-1)
+
+
+def mla(x, p, cfg, linear, bias, table, mask):
+    """Megatron's MLASelfAttention on x [s, b, h]: the attention output [s, b, a dv]."""
+    T, B, _ = x.shape
+    a, dn, dr, dv = cfg["num_attention_heads"], cfg["qk_head_dim"], cfg["qk_pos_emb_head_dim"], cfg["v_head_dim"]
+    kl = cfg["kv_lora_rank"]
+    qk_norm = cfg.get("qk_layernorm", False)
+    if cfg.get("q_lora_rank"):
+        cq = linear(x, p + "linear_q_down_proj")
+        if qk_norm:
+            cq = norm(cq, P_ROUTER(p, "q_layernorm.weight"), bias(p + "q_layernorm.bias"), cfg)
+        q = linear(cq, p + "linear_q_up_proj")
+    else:
+        q = linear(x, p + "linear_q_proj")
+    q = q.view(T, B, a, dn + dr)
+    kv_combined = linear(x, p + "linear_kv_down_proj")
+    c, k_pe = kv_combined[..., :kl], kv_combined[..., kl:]
+    if qk_norm:
+        c = norm(c, P_ROUTER(p, "kv_layernorm.weight"), bias(p + "kv_layernorm.bias"), cfg)
+    kv = linear(c, p + "linear_kv_up_proj").view(T, B, a, dn + dv)
+    q_nope, q_pe = q[..., :dn], q[..., dn:]
+    k_nope, v = kv[..., :dn], kv[..., dn:]
+    q_pe = mla_rope(q_pe, table)
+    k_pe = mla_rope(k_pe.unsqueeze(-2), table).expand(T, B, a, dr)
+    query = torch.cat((q_nope, q_pe), dim=-1)
+    key = torch.cat((k_nope, k_pe), dim=-1)
+    m = yarn_mscale(cfg.get("rotary_scaling_factor", 1.0), cfg.get("mscale_all_dim", 0.0))
+    scale = m * m / math.sqrt(dn + dr)
+    qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (query, key, v))  # [b, a, s, .]
+    s = (qh @ kh.transpose(-1, -2)) * scale
+    s = s.masked_fill(mask, float("-inf"))
+    return (torch.softmax(s, dim=-1) @ vh).permute(2, 0, 1, 3).reshape(T, B, a * dv)
 
 
 def moe_pattern(cfg):

@@ -58,6 +58,25 @@ ModelConfig gpt_qk_cfg() {  // LayerNorm q/k norms (weights and biases)
   return c;
 }
 
+// --multi-latent-attention: DeepSeek-style (low-rank queries, q/kv RMSNorms,
+// YaRN, values narrower than the q/k heads) and the GPT functional test's
+// (one linear_q_proj, LayerNorm, learned positions, no q/kv norms). The down
+// projections and q/kv norms are replicated: partial gradients under SP only.
+ModelConfig mla_cfg() {
+  ModelConfig c = llama_cfg();
+  c.group_query_attention = false, c.num_query_groups.reset();
+  c.multi_latent_attention = true, c.q_lora_rank = 12, c.kv_lora_rank = 10, c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 4, c.v_head_dim = 4, c.qk_layernorm = true;
+  c.rotary_scaling_factor = 40, c.mscale = 1.0, c.mscale_all_dim = 0.707;
+  return c;
+}
+ModelConfig mla_gpt_cfg() {
+  ModelConfig c = gpt_cfg();
+  c.multi_latent_attention = true, c.kv_lora_rank = 8, c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 8;
+  return c;
+}
+
 ModelConfig mixtral_cfg() {  // MoE (TP needs SP): 4 experts of width 24, top-2, both router losses
   ModelConfig c = llama_cfg();
   c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24;
@@ -208,6 +227,8 @@ TEST(TensorParallelModel, EqualsSerialModel) {
       run_case({"postln", postln_cfg(), sp, dt, tol});
       run_case({"qwen3", qwen3_cfg(), sp, dt, tol});
       run_case({"gpt_qk", gpt_qk_cfg(), sp, dt, tol});
+      run_case({"mla", mla_cfg(), sp, dt, tol});
+      run_case({"mla_gpt", mla_gpt_cfg(), sp, dt, tol});
       if (sp || comm::world_communicator()->size() == 1) {  // MoE with TP needs SP
         run_case({"mixtral", mixtral_cfg(), sp, dt, tol});
         run_case({"moe_gpt", moe_gpt_cfg(), sp, dt, tol});
@@ -337,6 +358,9 @@ TEST(ContextParallelModel, EqualsSerialModel) {
       run_cp_case({"llama bf16", llama_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
       run_cp_case({"gpt documents", gpt_cfg(), tp, sp, DType::kF64, false, none, 1e-11, true});
       run_cp_case({"llama documents selective", llama_cfg(), tp, sp, DType::kF64, false, sel, 1e-11, true});
+      run_cp_case({"mla", mla_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
+      run_cp_case({"mla_gpt full recompute", mla_gpt_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
+      run_cp_case({"mla bf16 selective", mla_cfg(), tp, sp, DType::kF32, true, sel, 3e-2});
       if (sp || tp == 1) {  // MoE with TP needs SP
         run_cp_case({"mixtral", mixtral_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
         run_cp_case({"mixtral full recompute", mixtral_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
