@@ -1040,7 +1040,20 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   // An MoE layer's the same, its experts' outputs combined before the
   // reduction; its backward also all-reduces d(probabilities) [N, k].
   const double dprobs = d.moe ? static_cast<double>(d.N * d.topk) * static_cast<double>(dtype_size(d.dt)) : 0.0;
-  const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0), layer_bwd = 2 * act + (sp ? 2 * act_rs : 0);
+  // --multi-latent-attention replaces ln1's gather (SP) and linear_qkv's dx
+  // reduction: the up projections' inputs are gathered (cq, or ln1 for
+  // linear_q_proj; ckv; the position key) and their dx reduced, with the
+  // position key's gradient summed over the heads.
+  double mla_fwd = 0, mla_bwd = 0;
+  if (d.mla) {
+    const double N = static_cast<double>(d.N), mid = static_cast<double>(dtype_size(d.mid)),
+                 dtb = static_cast<double>(dtype_size(d.dt));
+    const double q_in = d.ql ? N * static_cast<double>(d.ql) * mid : act_ln;
+    if (sp) mla_fwd = q_in + N * static_cast<double>(d.kl + d.dr) * mid - act_ln;
+    mla_bwd = (d.ql ? N * static_cast<double>(d.ql) * dtb : act) + N * static_cast<double>(d.kl + d.dr) * dtb - act;
+  }
+  const double layer_fwd = 2 * act + (sp ? 2 * act_ln : 0) + mla_fwd,
+               layer_bwd = 2 * act + (sp ? 2 * act_rs : 0) + mla_bwd;
   // ETP 1 under TP (SP): an MoE layer's routed experts stay on this rank's
   // rows, so only the attention's collectives remain, plus one fp64
   // all-reduce of the router's statistics (GPTModel::moe_record_losses) and,
@@ -1048,8 +1061,8 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   // output and d(ln2).
   const double shared = d.S ? 1 : 0;
   const double stats = static_cast<double>(2 * d.lbG * d.E + 1 + (cfg.has_expert_bias() ? d.E : 0)) * 8.0;
-  const double local_fwd = act + act_ln + shared * (act_ln + act) + stats;
-  const double local_bwd = act + act_rs + shared * (act_rs + act);
+  const double local_fwd = act + act_ln + shared * (act_ln + act) + stats + mla_fwd;
+  const double local_bwd = act + act_rs + shared * (act_rs + act) + mla_bwd;
   struct LayerBytes {
     double fwd, bwd, tail;  // tail: the last collective, which a recomputed group's last layer skips
   };

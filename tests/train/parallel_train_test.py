@@ -757,6 +757,45 @@ for model in MODELS:
         print(f"ok {model}-{tag}: per-layer router losses of MoE layers {moe_layers} equal one rank's in "
               f"{', '.join(names)}", flush=True)
 
+# ---------------------------------------------------------------- multi-latent attention
+# --multi-latent-attention on its own two models: DeepSeek-style (low-rank
+# queries, q/kv RMSNorms, YaRN with factor 40 and --mscale-all-dim, values
+# narrower than the q/k heads) and the GPT functional test's (one
+# linear_q_proj, LayerNorm, learned positions, no q/kv norms). The down
+# projections and the q/kv norms are replicated over TP (their gradients
+# partial under SP only), the up projections column-parallel; the position
+# key's gradient is summed over the heads and then over TP. Every layout
+# follows one rank, with buffers as planned; with experts too (DeepSeek-V3's
+# shape) under TP x DP x EP.
+SAVED_MODELS = dict(MODELS)
+MODELS.clear()
+MODELS["mla"] = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--multi-latent-attention",
+                 "--q-lora-rank", "32", "--kv-lora-rank", "20", "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8",
+                 "--v-head-dim", "12", "--qk-layernorm", "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size",
+                 "128", "--position-embedding-type", "rope", "--no-rope-fusion", "--disable-bias-linear",
+                 "--untie-embeddings-and-output-weights", "--rotary-scaling-factor", "40", "--mscale-all-dim", "0.707"]
+MODELS["mlagpt"] = SAVED_MODELS["gpt"] + ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "12",
+                                          "--qk-pos-emb-head-dim", "4", "--v-head-dim", "16"]
+MLA_LAYOUTS = [
+    ("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("tp2dp2_selective", 2, 1, 2, ["--recompute-granularity", "selective"]),
+    ("pp2dp2overlap", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                                "--ddp-bucket-size", "20000"]),
+    ("tp2spcp2full", 2, 1, 1, ["--sequence-parallel", "--context-parallel-size", "2", "--recompute-granularity",
+                               "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"]),
+    ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+]
+if QUICK:
+    MLA_LAYOUTS = [l for l in MLA_LAYOUTS if l[0] in ("tp2spdp2do", "tp2spcp2full")]
+against_reference("mla", [], MLA_LAYOUTS, plan=True, zeros_slack=CP_ZEROS)
+del MODELS["mlagpt"]
+against_reference("mlamoe", MOE_FLAGS + ["--moe-shared-expert-intermediate-size", "64"], [
+    ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
+                                "--use-distributed-optimizer"]),
+], plan=True, zeros_slack=CP_ZEROS)
+MODELS.clear()
+MODELS.update(SAVED_MODELS)
+
 # ---------------------------------------------------------------- documents
 # --reset-position-ids --reset-attention-mask: positions restart after every
 # EOD and each token attends within its document only (the data has several
