@@ -134,6 +134,7 @@ int export_main(const std::vector<std::string>& args) {
   std::printf("%s:", output.c_str());
   for (const auto& f : sum->files) std::printf(" %s", f.c_str());
   std::printf("\n");
+  for (const auto& n : sum->notes) std::printf("note: %s\n", n.c_str());
   return 0;
 }
 

@@ -30,6 +30,7 @@ const char* hf_arch_name(HfArch a) {
     case HfArch::kMixtral: return "MixtralForCausalLM";
     case HfArch::kQwen3Moe: return "Qwen3MoeForCausalLM";
     case HfArch::kQwen2Moe: return "Qwen2MoeForCausalLM";
+    case HfArch::kDeepseekV3: return "DeepseekV3ForCausalLM";
   }
   return "?";
 }
@@ -41,11 +42,69 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
   if (c.apply_residual_connection_post_layernorm)
     common.push_back("--apply-residual-connection-post-layernorm (no transformers decoder takes the residual after the norm)");
   if (c.mla()) {
-    // DeepseekV3ForCausalLM computes MLA, but this export has no mapping for it yet.
-    std::string msg =
-        "no Hugging Face export for --multi-latent-attention yet: DeepseekV3ForCausalLM is the transformers class "
-        "with multi-latent attention, and this program does not write it (the checkpoint trains, resumes and "
-        "generates here)";
+    // DeepseekV3ForCausalLM: multi-latent attention with its q/kv RMSNorms
+    // (eps 1e-6 whatever rms_norm_eps says), RoPE de-interleaved as
+    // Megatron's (rope_interleave), YaRN through rope_scaling; SwiGLU MLPs,
+    // the first first_k_dense_replace layers dense, the others DeepSeek's
+    // MoE: sigmoid scores plus e_score_correction_bias for the choice,
+    // group-limited by the sum of each group's top 2, the chosen renormalised
+    // (norm_topk_prob) and scaled (routed_scaling_factor), and one shared
+    // MLP of n_shared_experts x moe_intermediate_size.
+    std::vector<std::string> why = common;
+    if (c.normalization != Normalization::kRMSNorm || !c.swiglu)
+      why.push_back("LayerNorm or GELU (DeepseekV3ForCausalLM has RMSNorm and SwiGLU)");
+    if (c.add_bias_linear) why.push_back("biases on the linear layers (DeepseekV3ForCausalLM has none)");
+    if (c.position_embedding == PositionEmbedding::kLearnedAbsolute)
+      why.push_back("learned absolute position embeddings (DeepseekV3ForCausalLM has RoPE only; give "
+                    "--position-embedding-type rope or none)");
+    if (!c.qk_layernorm)
+      why.push_back("no q/kv norms (DeepseekV3ForCausalLM always has q_a_layernorm and kv_a_layernorm; train with "
+                    "--qk-layernorm)");
+    if (c.qk_layernorm && c.norm_epsilon != 1e-6)
+      why.push_back(fmt::format("--norm-epsilon {} (DeepseekV3ForCausalLM's q_a_layernorm and kv_a_layernorm use "
+                                "1e-6 whatever rms_norm_eps says)",
+                                c.norm_epsilon));
+    const double f = c.rotary_scaling_factor;
+    if (!c.mla_yarn()) {
+      if (c.rotary_percent != 1.0)
+        why.push_back(fmt::format("--rotary-percent {} (DeepseekV3ForCausalLM rotates all qk_rope_head_dim dims)",
+                                  c.rotary_percent));
+      if (f > 1 && c.mscale_all_dim != 0)
+        why.push_back("--rope-type rope with --rotary-scaling-factor above 1 and --mscale-all-dim (Megatron then scales "
+                      "the softmax, which transformers does only with rope_scaling)");
+    } else if (f < 1) {
+      why.push_back(fmt::format("--rotary-scaling-factor {} below 1 (transformers' YaRN takes a factor >= 1)", f));
+    } else if (f > 1 && ((c.mscale_all_dim == 0 && c.mscale != 1) || (c.mscale == 0 && c.mscale_all_dim != 0))) {
+      why.push_back(fmt::format("--mscale {} with --mscale-all-dim {} (transformers' YaRN takes its attention factor "
+                                "from the two only when both are non-zero, else 0.1 ln(factor) + 1)",
+                                c.mscale, c.mscale_all_dim));
+    }
+    if (c.is_moe()) {
+      if (!c.sigmoid_router())
+        why.push_back("a softmax router (DeepseekV3ForCausalLM's scores are sigmoids: --moe-router-score-function sigmoid)");
+      if (!c.has_shared_expert() || c.moe_shared_expert_intermediate_size % c.moe_ffn() != 0)
+        why.push_back(fmt::format("--moe-shared-expert-intermediate-size {} (DeepseekV3ForCausalLM has n_shared_experts "
+                                  "> 0 experts of --moe-ffn-hidden-size {} as one shared MLP)",
+                                  c.moe_shared_expert_intermediate_size, c.moe_ffn()));
+      if (c.moe_shared_expert_gate) why.push_back("--moe-shared-expert-gate (DeepSeek-V3's shared experts are not gated)");
+      int64_t dense = 0;
+      while (dense < c.num_layers && !c.is_moe_layer(dense)) ++dense;
+      for (int64_t l = dense; l < c.num_layers; ++l)
+        if (!c.is_moe_layer(l)) {
+          why.push_back(fmt::format("--moe-layer-freq '{}' (DeepseekV3ForCausalLM's dense layers are the first "
+                                    "first_k_dense_replace ones)",
+                                    c.moe_layer_freq));
+          break;
+        }
+      if (c.group_limited() && c.moe_router_topk / c.moe_router_group_topk != 2)
+        why.push_back(fmt::format("--moe-router-topk {} / --moe-router-group-topk {} != 2 (DeepseekV3ForCausalLM ranks "
+                                  "the groups by the sum of their top 2 scores)",
+                                  c.moe_router_topk, c.moe_router_group_topk));
+      if (c.drops_tokens()) why.push_back("--moe-expert-capacity-factor (DeepseekV3ForCausalLM drops no tokens)");
+    }
+    if (why.empty()) return HfArch::kDeepseekV3;
+    std::string msg = "no Hugging Face transformers architecture computes this model:";
+    for (const auto& w : why) msg += "\n  - " + w;
     return Status::invalid(msg);
   }
 
@@ -176,6 +235,64 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
                 {"attn_pdrop", c.attention_dropout},
                 {"scale_attn_weights", true}};
     return with_common_keys(std::move(j));
+  }
+  if (arch == HfArch::kDeepseekV3) {
+    // transformers' YaRN: the factor from max_position_embeddings /
+    // original_max_position_embeddings, which it writes as DeepSeek-V3 does
+    // (4096 x factor); Megatron's MLA takes original 4096, betas 32 and 1.
+    const bool yarn = c.mla_yarn() && c.rotary_scaling_factor > 1;
+    json rope_scaling = nullptr;
+    int64_t positions = max_pos;
+    if (yarn) {
+      rope_scaling = {{"rope_type", "yarn"},
+                      {"factor", c.rotary_scaling_factor},
+                      {"original_max_position_embeddings", 4096},
+                      {"beta_fast", 32.0},
+                      {"beta_slow", 1.0},
+                      {"mscale", c.mscale},
+                      {"mscale_all_dim", c.mscale_all_dim}};
+      positions = static_cast<int64_t>(std::llround(4096 * c.rotary_scaling_factor));
+    }
+    int64_t dense = 0;
+    while (dense < c.num_layers && !c.is_moe_layer(dense)) ++dense;
+    const bool moe = c.is_moe();
+    json j{{"architectures", {hf_arch_name(arch)}},
+           {"model_type", "deepseek_v3"},
+           {"vocab_size", vocab_rows},
+           {"hidden_size", c.hidden_size},
+           {"intermediate_size", c.ffn()},
+           {"moe_intermediate_size", moe ? c.moe_ffn() : c.ffn()},
+           {"num_hidden_layers", c.num_layers},
+           {"num_attention_heads", c.num_attention_heads},
+           {"num_key_value_heads", c.num_attention_heads},
+           {"n_shared_experts", moe ? c.moe_shared_expert_intermediate_size / c.moe_ffn() : 1},
+           {"n_routed_experts", moe ? c.num_experts : 1},
+           {"routed_scaling_factor", c.moe_router_topk_scaling_factor.value_or(1.0)},
+           {"kv_lora_rank", c.kv_lora_rank},
+           {"q_lora_rank", c.q_lora_rank ? json(*c.q_lora_rank) : json(nullptr)},
+           {"qk_rope_head_dim", c.qk_pos_emb_head_dim},
+           {"v_head_dim", c.v_head_dim},
+           {"qk_nope_head_dim", c.qk_head_dim},
+           {"head_dim", c.qk_pos_emb_head_dim},
+           {"n_group", moe && c.group_limited() ? c.moe_router_num_groups : 1},
+           {"topk_group", moe && c.group_limited() ? c.moe_router_group_topk : 1},
+           {"num_experts_per_tok", moe ? c.moe_router_topk : 1},
+           // Megatron's sigmoid router renormalises the top k when k > 1.
+           {"norm_topk_prob", moe && c.moe_router_topk > 1},
+           {"first_k_dense_replace", dense},
+           {"hidden_act", "silu"},
+           {"max_position_embeddings", positions},
+           {"initializer_range", c.init_method_std},
+           {"rms_norm_eps", c.norm_epsilon},
+           {"rope_theta", c.rotary_base},
+           {"rope_scaling", rope_scaling},
+           {"rope_interleave", true},
+           {"attention_bias", false},
+           {"attention_dropout", c.attention_dropout},
+           {"pretraining_tp", 1}};
+    j = with_common_keys(std::move(j));
+    j["transformers_version"] = kTransformersVersionDeepseekV3;
+    return j;
   }
   json rope_scaling = nullptr;
   if (c.use_rope_scaling)
@@ -322,6 +439,52 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     return v;
   }
 
+  if (arch == HfArch::kDeepseekV3) {
+    // Megatron's MLA tensors have DeepSeek-V3's row orders already: q per
+    // head [nope | rope], kv_a [compressed | rope key], kv_b per head
+    // [k nope | v]; transformers' rope_interleave de-interleaves the rope
+    // dims as Megatron's MLA does.
+    rows("model.embed_tokens.weight", "embedding.word_embeddings.weight", 0, vocab_rows, h);
+    const int64_t D = c.head_dim(), kl = c.kv_lora_rank, dr = c.qk_pos_emb_head_dim;
+    auto glu = [&](const std::string& x, const std::string& m, int64_t W) {
+      rows(x + "gate_proj.weight", m + "linear_fc1.weight", 0, W, h);
+      rows(x + "up_proj.weight", m + "linear_fc1.weight", W, W, h);
+      rows(x + "down_proj.weight", m + "linear_fc2.weight", 0, h, W);
+    };
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string p = fmt::format("decoder.layers.{}.", l), o = fmt::format("model.layers.{}.", l);
+      const std::string sa = p + "self_attention.", at = o + "self_attn.";
+      rows(o + "input_layernorm.weight", p + "input_layernorm.weight", 0, h, 1, one_p);
+      if (c.q_lora_rank) {
+        const int64_t ql = *c.q_lora_rank;
+        rows(at + "q_a_proj.weight", sa + "linear_q_down_proj.weight", 0, ql, h);
+        rows(at + "q_a_layernorm.weight", sa + "q_layernorm.weight", 0, ql, 1, one_p);
+        rows(at + "q_b_proj.weight", sa + "linear_q_up_proj.weight", 0, a * D, ql);
+      } else {
+        rows(at + "q_proj.weight", sa + "linear_q_proj.weight", 0, a * D, h);
+      }
+      rows(at + "kv_a_proj_with_mqa.weight", sa + "linear_kv_down_proj.weight", 0, kl + dr, h);
+      rows(at + "kv_a_layernorm.weight", sa + "kv_layernorm.weight", 0, kl, 1, one_p);
+      rows(at + "kv_b_proj.weight", sa + "linear_kv_up_proj.weight", 0, a * (c.qk_head_dim + c.v_head_dim), kl);
+      rows(at + "o_proj.weight", sa + "linear_proj.weight", 0, h, a * c.v_head_dim);
+      rows(o + "post_attention_layernorm.weight", p + "pre_mlp_layernorm.weight", 0, h, 1, one_p);
+      if (!c.is_moe_layer(l)) {
+        glu(o + "mlp.", p + "mlp.", F);
+        continue;
+      }
+      rows(o + "mlp.gate.weight", p + "mlp.router.weight", 0, c.num_experts, h);
+      // The aux-loss-free bias (state here, a buffer there; zeros without it).
+      gather(o + "mlp.gate.e_score_correction_bias", c.has_expert_bias() ? p + "mlp.router.expert_bias" : "",
+             iota(0, c.num_experts));
+      for (int64_t e = 0; e < c.num_experts; ++e)
+        glu(fmt::format("{}mlp.experts.{}.", o, e), fmt::format("{}mlp.experts.local_experts.{}.", p, e), c.moe_ffn());
+      glu(o + "mlp.shared_experts.", p + "mlp.shared_experts.", c.moe_shared_expert_intermediate_size);
+    }
+    rows("model.norm.weight", "decoder.final_layernorm.weight", 0, h, 1, one_p);
+    if (c.untie_embeddings_and_output_weights) rows("lm_head.weight", "output_layer.weight", 0, vocab_rows, h);
+    return v;
+  }
+
   // LLaMA / Qwen2 / Qwen3 / Mixtral / Qwen3-MoE.
   rows("model.embed_tokens.weight", "embedding.word_embeddings.weight", 0, vocab_rows, h);
   for (int64_t l = 0; l < L; ++l) {
@@ -409,6 +572,9 @@ Status check_whole_fp32(const model::GPTModel& m, const char* what) {
 }
 
 const float* param_data(const model::GPTModel& m, const std::string& name) {
+  // --moe-router-enable-expert-bias: state beside the parameters.
+  for (const auto& [n, t] : m.expert_bias_tensors())
+    if (n == name) return t.ptr<float>();
   const int i = m.find(name);
   MT_CHECK(i >= 0, "hf: no parameter " + name);
   return m.params()[static_cast<size_t>(i)].ptr<float>();
@@ -540,6 +706,13 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
 
   HfExportSummary sum;
   sum.arch = *arch;
+  const model::ModelConfig& mc = m.config();
+  if (*arch == HfArch::kDeepseekV3 && mc.group_limited() && mc.has_expert_bias())
+    sum.notes.push_back(
+        "DeepseekV3ForCausalLM masks the experts of the groups it does not keep with a score of 0 (Megatron: -inf), so "
+        "where a token's biased scores (sigmoid + e_score_correction_bias) in the kept groups fall below 0 it may choose "
+        "an expert of another group, and the logits then differ from this model's; where those scores are positive "
+        "they are the same");
   sum.vocab_rows = vocab_rows;
   // Shards in order, each closed before it passes max_shard_bytes (a single
   // tensor larger than that gets a shard of its own); each shard's tensors

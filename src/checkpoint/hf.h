@@ -61,7 +61,9 @@ namespace mt::checkpoint {
 inline constexpr const char* kTransformersVersion = "4.45.0";
 inline constexpr const char* kTransformersVersionQwen3 = "4.51.0";  // the first with Qwen3(Moe)ForCausalLM
 
-enum class HfArch { kGpt2, kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kQwen2Moe };
+inline constexpr const char* kTransformersVersionDeepseekV3 = "4.51.0";  // the first with DeepseekV3ForCausalLM
+
+enum class HfArch { kGpt2, kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kQwen2Moe, kDeepseekV3 };
 const char* hf_arch_name(HfArch a);  // "GPT2LMHeadModel", ...
 
 // The architecture `c` maps to, or kInvalidArgument listing why none does.
@@ -118,6 +120,9 @@ struct HfExportSummary {
   HfArch arch = HfArch::kGpt2;
   int64_t tensors = 0, parameters = 0, bytes = 0, vocab_rows = 0;
   std::vector<std::string> files;  // written, relative to the output directory
+  // Where the transformers class computes the model differently in cases
+  // the export cannot rule out (printed by `megatron export`).
+  std::vector<std::string> notes;
 };
 
 // The absolute, normalised directory an export into `out_dir` creates

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Runs a Hugging Face model directory the way the transformers library defines
 GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM, in float64 PyTorch,
+MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and
+DeepseekV3ForCausalLM, in float64 PyTorch,
 from config.json and the safetensors files alone (written for megatron-cpp's
 export tests; transformers itself is not packaged in Debian).
 
@@ -205,8 +206,124 @@ def sparse_moe(cfg, W, p, h, experts, renormalise, names):
     return out.reshape(B, T, E)
 
 
+def yarn_get_mscale(scale, mscale=1.0):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def deepseek_v3(cfg, W, ids):
+    """DeepseekV3ForCausalLM as transformers defines it: multi-latent attention
+    (q through q_a_proj, q_a_layernorm (eps 1e-6), q_b_proj, or q_proj; the
+    compressed kv and the shared rope key from kv_a_proj_with_mqa,
+    kv_a_layernorm, kv_b_proj), rope on the last qk_rope_head_dim dims with
+    rope_interleave (each head's pairs (2i, 2i+1) regrouped as [evens, odds]
+    before rotate-half), YaRN from rope_scaling (the factor taken as
+    max_position_embeddings / original_max_position_embeddings, the attention
+    factor get_mscale(f, mscale) / get_mscale(f, mscale_all_dim) when both are
+    set, else get_mscale(f); the softmax scale times get_mscale(f,
+    mscale_all_dim)^2 when mscale_all_dim is set); the first
+    first_k_dense_replace layers' MLPs dense, the others DeepseekV3MoE."""
+    B, T = ids.shape
+    E, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    dn, dr, dv, kl = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    eps = cfg["rms_norm_eps"]
+
+    def rms(t, w, e=eps):
+        return w * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + e))
+
+    def lin(t, n):
+        return t @ W[n + ".weight"].t()
+
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, dr, 2, dtype=torch.float64) / dr))
+    attn_factor, scale = 1.0, (dn + dr) ** -0.5
+    rs = cfg.get("rope_scaling")
+    if rs is not None:
+        assert rs.get("rope_type", rs.get("type")) == "yarn", rs
+        orig = rs.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+        f = cfg["max_position_embeddings"] / orig if "original_max_position_embeddings" in rs else rs["factor"]
+        m, mad = rs.get("mscale"), rs.get("mscale_all_dim")
+        attn_factor = yarn_get_mscale(f, m) / yarn_get_mscale(f, mad) if (m and mad) else yarn_get_mscale(f)
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def corr(rot):
+            return (dr * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(cfg["rope_theta"]))
+        low, high = max(math.floor(corr(beta_fast)), 0), min(math.ceil(corr(beta_slow)), dr - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dr // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        extra_mask = 1 - ramp
+        inv = (inv / f) * (1 - extra_mask) + inv * extra_mask
+        if rs.get("mscale_all_dim"):
+            scale = scale * yarn_get_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    emb = torch.cat((ang, ang), dim=-1)
+    cos, sin = emb.cos() * attn_factor, emb.sin() * attn_factor
+
+    def rope(t):  # [B, h, T, dr]
+        if cfg.get("rope_interleave", True):
+            b, h, s, d = t.shape
+            t = t.reshape(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+        a, b2 = t[..., : dr // 2], t[..., dr // 2:]
+        return t * cos + torch.cat((-b2, a), dim=-1) * sin
+
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    x = W["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        h = rms(x, W[p + "input_layernorm.weight"])
+        if cfg.get("q_lora_rank"):
+            q = lin(rms(lin(h, a + "q_a_proj"), W[a + "q_a_layernorm.weight"], 1e-6), a + "q_b_proj")
+        else:
+            q = lin(h, a + "q_proj")
+        q = q.view(B, T, H, dn + dr).transpose(1, 2)
+        q_pass, q_rot = q[..., :dn], q[..., dn:]
+        ckv = lin(h, a + "kv_a_proj_with_mqa")
+        k_pass, k_rot = ckv[..., :kl], ckv[..., kl:]
+        kv = lin(rms(k_pass, W[a + "kv_a_layernorm.weight"], 1e-6), a + "kv_b_proj").view(B, T, H, dn + dv).transpose(1, 2)
+        k_pass, v = kv[..., :dn], kv[..., dn:]
+        k_rot = rope(k_rot.view(B, 1, T, dr)).expand(B, H, T, dr)
+        q = torch.cat((q_pass, rope(q_rot)), dim=-1)
+        k = torch.cat((k_pass, k_rot), dim=-1)
+        sc = (q @ k.transpose(-1, -2)) * scale
+        y = torch.softmax(sc.masked_fill(mask, float("-inf")), dim=-1) @ v
+        x = x + lin(y.transpose(1, 2).reshape(B, T, H * dv), a + "o_proj")
+        h = rms(x, W[p + "post_attention_layernorm.weight"])
+
+        def mlp(t, q):
+            return lin(F.silu(lin(t, q + "gate_proj")) * lin(t, q + "up_proj"), q + "down_proj")
+        if i < cfg["first_k_dense_replace"]:
+            x = x + mlp(h, p + "mlp.")
+            continue
+        # DeepseekV3MoE: sigmoid scores; the choice adds e_score_correction_bias
+        # and keeps topk_group of n_group groups ranked by their top-2 sums.
+        hs = h.reshape(B * T, E)
+        scores = torch.sigmoid(hs @ W[p + "mlp.gate.weight"].t())
+        choice = scores + W[p + "mlp.gate.e_score_correction_bias"]
+        G, Ne = cfg["n_group"], cfg["n_routed_experts"]
+        gs = choice.view(-1, G, Ne // G).topk(2, dim=-1)[0].sum(-1)
+        gidx = torch.topk(gs, k=cfg["topk_group"], dim=-1, sorted=False)[1]
+        gmask = torch.zeros_like(gs).scatter_(1, gidx, 1)
+        smask = gmask.unsqueeze(-1).expand(-1, G, Ne // G).reshape(-1, Ne)
+        idx = torch.topk(choice.masked_fill(~smask.bool(), 0.0), k=cfg["num_experts_per_tok"], dim=-1, sorted=False)[1]
+        wts = scores.gather(1, idx)
+        if cfg.get("norm_topk_prob"):
+            wts = wts / (wts.sum(-1, keepdim=True) + 1e-20)
+        wts = wts * cfg.get("routed_scaling_factor", 1.0)
+        out = torch.zeros_like(hs)
+        for e in range(Ne):
+            rows, slot = (idx == e).nonzero(as_tuple=True)
+            if rows.numel():
+                out = out.index_add(0, rows, wts[rows, slot].unsqueeze(1) * mlp(hs[rows], f"{p}mlp.experts.{e}."))
+        x = x + out.reshape(B, T, E) + mlp(h, p + "mlp.shared_experts.")
+    x = rms(x, W["model.norm.weight"])
+    head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
+    return x @ head.t()
+
+
 def forward(cfg, W, ids):
     arch = cfg["architectures"][0]
+    if arch == "DeepseekV3ForCausalLM":
+        return deepseek_v3(cfg, W, ids)
     if arch == "GPT2LMHeadModel":
         return gpt2(cfg, W, ids)
     if arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",

@@ -126,6 +126,34 @@ std::vector<Case> cases() {
     c.moe_shared_expert_intermediate_size = 12, c.moe_shared_expert_gate = true, c.rotary_seq_len_interpolation_factor = 2;
     v.push_back({"qwen2_moe_nobias_presoftmax", c, "Qwen2MoeForCausalLM"});
   }
+  {
+    // Multi-latent attention with DeepSeek-V3's MoE: low-rank q, q/kv norms,
+    // YaRN (factor 40, mscale 1, mscale_all_dim 0.707: the cos/sin factor and
+    // the softmax scale both differ from 1), values narrower than the heads;
+    // layer 0 dense, layer 1 with 4 sigmoid-scored experts in 2 groups (one
+    // kept), top 2 renormalised and scaled by 2.5, the expert bias (random
+    // here) choosing, and a shared expert of two experts' width.
+    ModelConfig c = llama_cfg();
+    c.group_query_attention = false, c.num_query_groups.reset();
+    c.multi_latent_attention = true, c.q_lora_rank = 24, c.kv_lora_rank = 16, c.qk_head_dim = 8;
+    c.qk_pos_emb_head_dim = 4, c.v_head_dim = 6, c.qk_layernorm = true;
+    c.rotary_scaling_factor = 40, c.mscale = 1.0, c.mscale_all_dim = 0.707;
+    c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 12, c.moe_layer_freq = "[0,1]";
+    c.moe_router_score_function = "sigmoid", c.moe_router_enable_expert_bias = true;
+    c.moe_router_num_groups = 2, c.moe_router_group_topk = 1, c.moe_router_topk_scaling_factor = 2.5;
+    c.moe_shared_expert_intermediate_size = 24;
+    v.push_back({"deepseek_v3_moe", c, "DeepseekV3ForCausalLM"});
+  }
+  {
+    // MLA without a q rank (q_proj), RoPE without YaRN, dense, tied,
+    // zero-centred norms (exported as 1 + gamma), values as wide as the heads.
+    ModelConfig c = llama_cfg();
+    c.group_query_attention = false, c.num_query_groups.reset();
+    c.multi_latent_attention = true, c.kv_lora_rank = 12, c.qk_head_dim = 6, c.qk_pos_emb_head_dim = 4;
+    c.v_head_dim = 10, c.qk_layernorm = true, c.rope_type = "rope";
+    c.untie_embeddings_and_output_weights = false, c.apply_layernorm_1p = true;
+    v.push_back({"deepseek_v3_dense_q_proj", c, "DeepseekV3ForCausalLM"});
+  }
   return v;
 }
 
@@ -200,6 +228,14 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
   std::vector<int32_t> tok(static_cast<size_t>(B * T)), lab(tok.size(), 0);
   std::mt19937 g(3);
   for (auto& t : tok) t = static_cast<int32_t>(g() % 91);
+  // --moe-router-enable-expert-bias: a bias that changes the choice
+  // (e_score_correction_bias), positive so that the biased scores are:
+  // transformers masks the groups it drops with 0, Megatron with -inf, which
+  // differ only for negative scores (the export notes it; with biases in
+  // [-0.5, 0.5) this test's logits differ by 0.34).
+  std::uniform_real_distribution<float> bias(0.f, 0.5f);
+  for (const auto& [name, b] : m->expert_bias_tensors())
+    for (int64_t i = 0; i < b.numel(); ++i) b.ptr<float>()[i] = bias(g);
   Tensor tt(tok.data(), {B, T}, DType::kI32), lt(lab.data(), {B, T}, DType::kI32);
   m->forward(0, tt, lt, 0, false);
   const Tensor lg = m->logits(0);
@@ -231,6 +267,8 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
     const int64_t h = c.cfg.hidden_size;
     model_elems += c.cfg.num_layers * (3 * h + h + c.cfg.ffn() + h);  // c_attn, attn.c_proj, c_fc, mlp.c_proj biases
   }
+  if (std::string(c.arch) == "DeepseekV3ForCausalLM" && c.cfg.is_moe())  // e_score_correction_bias
+    model_elems += c.cfg.num_moe_layers() * c.cfg.num_experts;
   if (std::string(c.arch) == "Qwen2MoeForCausalLM" && !c.cfg.add_qkv_bias)  // zero q/k/v biases
     model_elems += c.cfg.num_layers * (c.cfg.num_attention_heads + 2 * c.cfg.query_groups()) * c.cfg.head_dim();
   EXPECT_EQ(sum->parameters, model_elems);
@@ -248,7 +286,7 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
   EXPECT_LT(logits_error(ours, m->vocab(), rl), 2e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 14), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 16), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -413,6 +451,59 @@ TEST(HfExportArch, RefusesModelsNoTransformersClassComputes) {
   EXPECT_NE(why(c).find("without --moe-shared-expert-gate (Qwen2MoeForCausalLM"), std::string::npos) << why(c);
   c.moe_shared_expert_gate = true, c.qk_layernorm = true;
   EXPECT_NE(why(c).find("Qwen3MoeForCausalLM has no shared expert"), std::string::npos) << why(c);
+  // Multi-latent attention: DeepseekV3ForCausalLM, with every reason it cannot take a model listed.
+  c = gpt2_cfg();  // LayerNorm, GELU, biases, learned positions, no q/kv norms
+  c.multi_latent_attention = true, c.kv_lora_rank = 8, c.qk_head_dim = 4, c.qk_pos_emb_head_dim = 4, c.v_head_dim = 8;
+  const std::string mla = why(c);
+  for (const char* want : {"LayerNorm or GELU", "biases on the linear layers", "learned absolute position embeddings",
+                           "always has q_a_layernorm and kv_a_layernorm"})
+    EXPECT_NE(mla.find(want), std::string::npos) << want << " in " << mla;
+  c = llama_cfg();
+  c.group_query_attention = false, c.num_query_groups.reset();
+  c.multi_latent_attention = true, c.qk_layernorm = true, c.norm_epsilon = 1e-5;
+  c.rotary_scaling_factor = 40, c.mscale = 0.5, c.mscale_all_dim = 0;
+  c.num_experts = 4, c.moe_router_topk = 2, c.moe_layer_freq = "[1,0]", c.moe_shared_expert_intermediate_size = 20;
+  c.moe_ffn_hidden_size = 8, c.moe_router_num_groups = 2, c.moe_router_group_topk = 2;
+  const std::string ds = why(c);
+  for (const char* want : {"--norm-epsilon 1e-05", "--mscale 0.5 with --mscale-all-dim 0", "a softmax router",
+                           "--moe-shared-expert-intermediate-size 20", "first first_k_dense_replace",
+                           "--moe-router-topk 2 / --moe-router-group-topk 2 != 2"})
+    EXPECT_NE(ds.find(want), std::string::npos) << want << " in " << ds;
+  c = llama_cfg();
+  c.group_query_attention = false, c.num_query_groups.reset();
+  c.multi_latent_attention = true, c.qk_layernorm = true, c.rope_type = "rope", c.rotary_percent = 0.5;
+  c.rotary_scaling_factor = 4, c.mscale_all_dim = 1;
+  const std::string rope = why(c);
+  EXPECT_NE(rope.find("--rotary-percent 0.5"), std::string::npos) << rope;
+  EXPECT_NE(rope.find("Megatron then scales the softmax"), std::string::npos) << rope;
+}
+
+// DeepSeek-V3's own routing (group-limited, with the expert bias) exports
+// with a note: transformers masks the dropped groups with 0, Megatron with
+// -inf, which differ where the kept groups' biased scores are negative.
+TEST(HfExportArch, DeepseekV3GroupMaskNote) {
+  Case c = cases()[14];
+  ASSERT_STREQ(c.name, "deepseek_v3_moe");
+  auto m = random_model(c.cfg, 1);
+  const std::string dir = artifacts() + "/deepseek_v3_note";
+  fs::remove_all(dir);
+  auto sum = export_hf(*m, null_tokenizer(), HfExportOptions{}, dir);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+  ASSERT_EQ(sum->notes.size(), 1u);
+  EXPECT_NE(sum->notes[0].find("score of 0 (Megatron: -inf)"), std::string::npos) << sum->notes[0];
+  const auto cfg = read_json(dir + "/config.json");
+  EXPECT_EQ(cfg["n_group"], 2);
+  EXPECT_EQ(cfg["topk_group"], 1);
+  EXPECT_EQ(cfg["first_k_dense_replace"], 1);
+  EXPECT_EQ(cfg["n_shared_experts"], 2);
+  EXPECT_EQ(cfg["max_position_embeddings"], 4096 * 40);
+  EXPECT_EQ(cfg["rope_scaling"]["original_max_position_embeddings"], 4096);
+  c.cfg.moe_router_enable_expert_bias = false;
+  auto plain = random_model(c.cfg, 1);
+  fs::remove_all(dir);
+  sum = export_hf(*plain, null_tokenizer(), HfExportOptions{}, dir);
+  ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+  EXPECT_TRUE(sum->notes.empty()) << "sigmoid scores alone are positive";
 }
 
 }  // namespace

@@ -49,6 +49,32 @@ TEST(ModelConfig, Llama2_7BParameterCount) {
   EXPECT_EQ(megatron_param_count(m, m.padded_vocab(1)).total, 6738415616);
 }
 
+// DeepSeek-V3 (its config.json: 61 layers, the first 3 dense, MLA with q
+// rank 1536, kv rank 512, heads of 128 + 64, values 128; 256 routed experts
+// of 2048 and one shared, vocabulary 129280): 671,026,404,352 parameters,
+// the sum of its Hugging Face tensors' shapes without the multi-token
+// prediction layer (DeepSeek's "671B total"), written out here per tensor.
+// The gate's e_score_correction_bias is a buffer there, and state here.
+TEST(ModelConfig, DeepSeekV3ParameterCount) {
+  ModelConfig m;
+  m.num_layers = 61, m.hidden_size = 7168, m.num_attention_heads = 128, m.ffn_hidden_size = 18432;
+  m.vocab_size = 129280, m.normalization = Normalization::kRMSNorm, m.swiglu = true;
+  m.position_embedding = PositionEmbedding::kRope, m.add_bias_linear = false, m.untie_embeddings_and_output_weights = true;
+  m.multi_latent_attention = true, m.q_lora_rank = 1536, m.kv_lora_rank = 512, m.qk_head_dim = 128;
+  m.qk_pos_emb_head_dim = 64, m.v_head_dim = 128, m.qk_layernorm = true;
+  m.num_experts = 256, m.moe_ffn_hidden_size = 2048, m.moe_shared_expert_intermediate_size = 2048;
+  m.moe_router_topk = 8, m.moe_layer_freq = "[0]*3+[1]*58";
+  const int64_t h = 7168, V = 129280, a = 128;
+  const int64_t attention = 1536 * h + 1536 + a * 192 * 1536 + (512 + 64) * h + 512 + a * 256 * 512 + h * a * 128;
+  const int64_t dense = 3 * h * 18432, moe = 256 * 3 * h * 2048 + 3 * h * 2048 + 256 * h, norms = 2 * h;
+  const int64_t want = 2 * V * h + 3 * (attention + dense + norms) + 58 * (attention + moe + norms) + h;
+  EXPECT_EQ(want, int64_t{671026404352});
+  EXPECT_EQ(model_params(m, m.padded_vocab(1)).total(), want);
+  // Megatron's count (theoretical_memory_usage.py's MLA term) has the same
+  // tensors here: no biases, and the q/kv norms it counts exist.
+  EXPECT_EQ(megatron_param_count(m, m.padded_vocab(1)).total, want);
+}
+
 TEST(ModelConfig, Gpt2SmallParameterCount) {
   ModelConfig m;
   m.num_layers = 12, m.hidden_size = 768, m.num_attention_heads = 12, m.max_position_embeddings = 1024;

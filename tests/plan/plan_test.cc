@@ -140,6 +140,26 @@ TEST(Flops, GqaSwigluAndMoeTerms) {
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4), mixed);
 }
 
+// --multi-latent-attention: Megatron's MLA branch of
+// num_floating_point_operations, written out: per token and layer 6 x (q
+// rank (h + a (dn + dr) + 1) + kv rank (h + a (dn + dv) + 1) + h dr + a dv h),
+// and per (token, position) 6 x (a (dn + dr) / 2 + a dv / 2); without a q
+// rank, h a (dn + dr) for the query.
+TEST(Flops, MultiLatentAttentionTerms) {
+  model::ModelConfig m;
+  m.num_layers = 2, m.hidden_size = 64, m.num_attention_heads = 4, m.seq_length = 16, m.ffn_hidden_size = 128;
+  m.multi_latent_attention = true, m.q_lora_rank = 24, m.kv_lora_rank = 16, m.qk_head_dim = 8;
+  m.qk_pos_emb_head_dim = 4, m.v_head_dim = 6;
+  const double T = 4 * 16, V = 256, h = 64, a = 4;
+  const double mlp = 6 * h * 2 * 128 * 2, logits = 6 * h * V;
+  const double attn = 6 * (24 * (h + a * 12 + 1) + 16 * (h + a * (8 + 6) + 1) + h * 4 + a * 6 * h);
+  const double core = 6 * (a * 12 / 2 + a * 6 / 2);
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4), T * (mlp + 2 * attn + logits) + 4 * 16 * 16 * 2 * core);
+  m.q_lora_rank.reset();
+  const double attn_q = 6 * (h * a * 12 + 16 * (h + a * (8 + 6) + 1) + h * 4 + a * 6 * h);
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4), T * (mlp + 2 * attn_q + logits) + 4 * 16 * 16 * 2 * core);
+}
+
 // The trainer's buffers and traffic for every pipeline rank: with
 // DeepSeek-style dense first layers (--moe-layer-freq [0,0,1,1], PP 2, EP 2)
 // pipeline rank 0 holds no experts and sends no tokens over EP, rank 1 holds

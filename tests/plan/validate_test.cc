@@ -27,6 +27,21 @@ TEST(Validate, BaseIsValid) {
   EXPECT_EQ(r.num_microbatches, 4);
 }
 
+// Multi-latent attention as Megatron accepts it: learned positions (RoPE
+// fusion off) with YaRN, rope positions with --no-rope-fusion and --rope-type
+// rope, or with YaRN; the MLA-only sizes alone without it are ignored, as
+// Megatron ignores them.
+TEST(Validate, MultiLatentAttentionMegatronAccepts) {
+  for (const std::string& extra :
+       {"--multi-latent-attention", "--multi-latent-attention --q-lora-rank 64 --kv-lora-rank 32 --qk-layernorm",
+        "--multi-latent-attention --position-embedding-type rope --rope-type rope --no-rope-fusion",
+        "--multi-latent-attention --position-embedding-type rope --rotary-scaling-factor 40 --mscale-all-dim 1",
+        "--kv-lora-rank 64 --q-lora-rank 32"}) {
+    PlanReport r = plan_from(kBase + extra);
+    EXPECT_TRUE(r.valid()) << extra << " -> " << rules_of(r);
+  }
+}
+
 // Megatron's launch-script flags with no effect here, in combinations
 // Megatron accepts: valid (the hierarchical CP sizes with the planner's note).
 TEST(Validate, NoEffectFlagsMegatronAccepts) {
@@ -129,6 +144,14 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--num-experts 4", "moe-bias-etp", "--disable-bias-linear"},
         RuleCase{"--num-experts 4 --disable-bias-linear --moe-router-topk 1", "moe-top1-pre-softmax", "--moe-router-pre-softmax"},
         RuleCase{"--num-experts 4 --disable-bias-linear --moe-router-group-topk 1", "moe-group-routing", "--moe-router-num-groups"},
+        RuleCase{"--multi-latent-attention --group-query-attention --num-query-groups 2", "mla-gqa", "--group-query-attention"},
+        RuleCase{"--multi-latent-attention --rotary-interleaved", "mla-rotary-interleaved", "--rotary-interleaved"},
+        RuleCase{"--multi-latent-attention --position-embedding-type rope --rope-type rope", "mla-rope-fusion", "--no-rope-fusion"},
+        RuleCase{"--multi-latent-attention --qk-pos-emb-head-dim 7", "mla-pos-dims-even", "--qk-pos-emb-head-dim"},
+        RuleCase{"--multi-latent-attention --rope-type rope --rotary-percent 0.01", "mla-rotary-percent", "--rotary-percent"},
+        RuleCase{"--multi-latent-attention --v-head-dim 200", "mla-v-head-dim", "--v-head-dim"},
+        RuleCase{"--multi-latent-attention --add-qkv-bias", "mla-qkv-bias", "--add-qkv-bias"},
+        RuleCase{"--rope-type yarn", "rope-type-yarn-without-mla", "--rope-type"},
         RuleCase{"--overlap-param-gather", "overlap-param-gather", "--use-distributed-optimizer"},
         RuleCase{"--distribute-saved-activations", "distribute-saved-activations", "--distribute-saved-activations"},
         RuleCase{"--num-parameters 13e9", "num-parameters-with-architecture", "--num-parameters"}),

@@ -67,6 +67,28 @@ check_resume bf16 --micro-batch-size 2 --global-batch-size 4 --bf16 --recompute-
 check_resume threads2 --micro-batch-size 2 --global-batch-size 4 --threads 2
 check_resume accum --micro-batch-size 1 --global-batch-size 4 --hidden-dropout 0.1 --attention-dropout 0.1
 check_resume cyclic --micro-batch-size 2 --global-batch-size 4 --dataloader-type cyclic
+# --multi-latent-attention (low-rank q and kv with their norms, YaRN) under
+# --bf16 resumes exactly; a resume with --use-checkpoint-args and no MLA
+# flags takes them from the checkpoint (they are not in Megatron's list;
+# --qk-layernorm, which Megatron leaves to the command line, is given).
+MLA=(--multi-latent-attention --q-lora-rank 24 --kv-lora-rank 16 --qk-head-dim 12 --qk-pos-emb-head-dim 4
+  --v-head-dim 8 --qk-layernorm --rotary-scaling-factor 40 --mscale-all-dim 0.707)
+check_resume mla --micro-batch-size 2 --global-batch-size 4 --bf16 "${MLA[@]}"
+grep -q "training a GPT with multi-latent attention (q rank 24, kv rank 16, heads 12 + 4 rotated (YaRN x40), values 8)" \
+  "$TMP/mla-full.log" || { fail "mla: the run's description"; head -5 "$TMP/mla-full.log"; }
+run mla-args --micro-batch-size 2 --global-batch-size 4 --bf16 --train-iters 41 --save-interval 41 --qk-layernorm \
+  --override-opt-param-scheduler \
+  --use-checkpoint-args --load "$TMP/mla-part" \
+  || { fail "mla: --use-checkpoint-args resume"; cat "$TMP/mla-args.log"; }
+grep -q "setting --multi-latent-attention from checkpoint" "$TMP/mla-args.log" \
+  && grep -q "setting --q-lora-rank to 24 from checkpoint" "$TMP/mla-args.log" \
+  && grep -q "setting --rotary-scaling-factor to 40 from checkpoint" "$TMP/mla-args.log" \
+  && grep -q "iteration       41/      41" "$TMP/mla-args.log" || { fail "mla: checkpoint args"; cat "$TMP/mla-args.log"; }
+# Megatron's refusals, all listed before anything runs (exit 2).
+"$BIN" train "${COMMON[@]}" --micro-batch-size 2 --global-batch-size 4 --train-iters 1 --multi-latent-attention \
+  --group-query-attention --num-query-groups 2 --rotary-interleaved --qk-pos-emb-head-dim 5 >"$TMP/mla-bad.log" 2>&1
+[ $? = 2 ] && grep -q "\-\-group-query-attention" "$TMP/mla-bad.log" && grep -q "\-\-rotary-interleaved" "$TMP/mla-bad.log" \
+  && grep -q "\-\-qk-pos-emb-head-dim 5 is odd" "$TMP/mla-bad.log" || { fail "mla: refusals"; cat "$TMP/mla-bad.log"; }
 # fp16 with a dynamic loss scale that grows every 3 clean iterations from
 # 2^16 until an overflow halves it: the scaler's state (scale, growth and
 # hysteresis trackers) must come back from the checkpoint for the resumed
