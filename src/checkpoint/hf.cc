@@ -1,6 +1,10 @@
 #include "checkpoint/hf.h"
 
+#include <cinttypes>
+#include <cstdio>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -1054,11 +1058,128 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     if (j.contains("partial_rotary_factor") && j["partial_rotary_factor"].is_number() &&
         j["partial_rotary_factor"].get<double>() != 1.0)
       why.push_back("partial_rotary_factor (LlamaForCausalLM rotates whole heads)");
+  } else if (arch_name == "DeepseekV3ForCausalLM") {
+    // The inverse of hf_config's DeepSeek-V3 form (DeepseekV3Config's
+    // defaults where a key is missing).
+    out.arch = HfArch::kDeepseekV3;
+    const int64_t h = integer("hidden_size", 7168), L = integer("num_hidden_layers", 61);
+    const int64_t a = integer("num_attention_heads", 128), g = integer("num_key_value_heads", a);
+    const int64_t F = integer("intermediate_size", 18432), P = integer("max_position_embeddings", 4096);
+    out.vocab_size = integer("vocab_size", 129280);
+    if (str("hidden_act", "silu") != "silu")
+      why.push_back(fmt::format("hidden_act \"{}\" (Megatron's SwiGLU gates with silu)", str("hidden_act", "")));
+    if (g != a)
+      why.push_back(fmt::format("num_key_value_heads {} != num_attention_heads {} (multi-latent attention has one key/value "
+                                "head per query head)",
+                                g, a));
+    if (flag_b("attention_bias", false)) why.push_back("attention_bias (Megatron's MLA projections have no biases)");
+    if (!flag_b("rope_interleave", true))
+      why.push_back("rope_interleave false (Megatron's MLA pairs the rope dims as rope_interleave does)");
+    const double eps = num("rms_norm_eps", 1e-6).value_or(1e-6);
+    if (eps != 1e-6)
+      why.push_back(fmt::format("rms_norm_eps {} (the q/kv norms use 1e-6 there; Megatron has one --norm-epsilon)", eps));
+    add("--num-layers", std::to_string(L)), add("--hidden-size", std::to_string(h));
+    add("--ffn-hidden-size", std::to_string(F)), add("--num-attention-heads", std::to_string(a));
+    add("--multi-latent-attention");
+    if (j.contains("q_lora_rank") && !j["q_lora_rank"].is_null())
+      add("--q-lora-rank", std::to_string(integer("q_lora_rank", std::nullopt)));
+    else if (!j.contains("q_lora_rank"))
+      add("--q-lora-rank", "1536");  // DeepseekV3Config's default
+    add("--kv-lora-rank", std::to_string(integer("kv_lora_rank", 512)));
+    add("--qk-head-dim", std::to_string(integer("qk_nope_head_dim", 128)));
+    add("--qk-pos-emb-head-dim", std::to_string(integer("qk_rope_head_dim", 64)));
+    add("--v-head-dim", std::to_string(integer("v_head_dim", 128)));
+    add("--qk-layernorm"), add("--normalization", "RMSNorm"), add("--swiglu"), add("--position-embedding-type", "rope");
+    add("--norm-epsilon", fmt_num(eps)), add("--max-position-embeddings", std::to_string(P));
+    add("--hidden-dropout", "0"), add("--attention-dropout", fmt_num(num("attention_dropout", 0.0).value_or(0.0)));
+    add("--disable-bias-linear");
+    if (!flag_b("tie_word_embeddings", false)) add("--untie-embeddings-and-output-weights");
+    // RoPE: plain, or YaRN with Megatron's MLA constants (original 4096,
+    // betas 32 and 1); transformers' factor is max_position_embeddings /
+    // original_max_position_embeddings when the latter is given.
+    const json* rp = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? &j["rope_parameters"] : nullptr;
+    const json* rs = rp ? rp : j.contains("rope_scaling") && !j["rope_scaling"].is_null() ? &j["rope_scaling"] : nullptr;
+    double theta = num("rope_theta", 10000.0).value_or(10000.0);
+    if (rp && rp->contains("rope_theta") && (*rp)["rope_theta"].is_number()) theta = (*rp)["rope_theta"].get<double>();
+    add("--rotary-base", fmt_num(theta));
+    auto rstr = [&](const char* k) {
+      return rs && rs->contains(k) && (*rs)[k].is_string() ? (*rs)[k].get<std::string>() : std::string();
+    };
+    auto rnum = [&](const char* k) -> std::optional<double> {
+      if (!rs || !rs->contains(k) || !(*rs)[k].is_number()) return std::nullopt;
+      return (*rs)[k].get<double>();
+    };
+    const std::string kind = !rstr("rope_type").empty() ? rstr("rope_type") : !rstr("type").empty() ? rstr("type") : "default";
+    if (rs && !rs->is_object()) {
+      why.push_back(fmt::format("rope_scaling is {}, expected an object or null", json_brief(*rs)));
+    } else if (kind == "default") {
+      // Plain RoPE: MLA's default YaRN with --rotary-scaling-factor 1 (the
+      // default) computes it (no --rope-type rope, which Megatron wants
+      // with --no-rope-fusion).
+    } else if (kind != "yarn") {
+      why.push_back(fmt::format("rope_type \"{}\" (Megatron's MLA takes plain RoPE or YaRN)", kind.substr(0, 40)));
+    } else {
+      const double f = rnum("factor").value_or(0), orig = rnum("original_max_position_embeddings").value_or(4096);
+      const double m = rnum("mscale").value_or(0), mad = rnum("mscale_all_dim").value_or(0);
+      if (f < 1) why.push_back(fmt::format("rope_scaling factor {} (YaRN takes a factor >= 1)", f));
+      if (orig != 4096 || rnum("beta_fast").value_or(32) != 32 || rnum("beta_slow").value_or(1) != 1)
+        why.push_back(fmt::format("YaRN with original_max_position_embeddings {}, beta_fast {}, beta_slow {} (Megatron's "
+                                  "MLA has 4096, 32 and 1)",
+                                  orig, rnum("beta_fast").value_or(32), rnum("beta_slow").value_or(1)));
+      if (rs->contains("original_max_position_embeddings") && std::abs(static_cast<double>(P) / orig - f) > 1e-9 * f)
+        why.push_back(fmt::format("max_position_embeddings {} / original_max_position_embeddings {} != factor {} "
+                                  "(transformers takes the ratio for the frequencies, the factor for the softmax scale)",
+                                  P, orig, f));
+      if (rs->contains("attention_factor")) why.push_back("rope_scaling attention_factor (Megatron has no such flag)");
+      if (m == 0 && mad != 0) {
+        why.push_back("rope_scaling mscale 0 with mscale_all_dim (transformers' attention factor 0.1 ln(factor) + 1 has "
+                      "no Megatron --mscale)");
+      }
+      add("--rotary-scaling-factor", fmt_num(f));
+      // Transformers' attention factor: mscale / mscale_all_dim's ratio when
+      // both are non-zero, else 0.1 ln(factor) + 1 (Megatron's with mscale 1).
+      const bool both = m != 0 && mad != 0;
+      add("--mscale", fmt_num(both ? m : 1.0)), add("--mscale-all-dim", fmt_num(mad));
+    }
+    // Experts: layers first_k_dense_replace.. are DeepseekV3MoE.
+    const int64_t k_dense = j.contains("first_k_dense_replace") ? static_cast<int64_t>(num("first_k_dense_replace", 3.0).value_or(3))
+                                                                 : 3;
+    if (k_dense < 0) why.push_back(fmt::format("first_k_dense_replace {} is negative", k_dense));
+    if (k_dense < L) {
+      const int64_t E = integer("n_routed_experts", 256), k = integer("num_experts_per_tok", 8);
+      const int64_t Fe = integer("moe_intermediate_size", 2048), S = integer("n_shared_experts", 1);
+      const int64_t G = integer("n_group", 8), gk = integer("topk_group", 4);
+      add("--num-experts", std::to_string(E)), add("--moe-router-topk", std::to_string(k));
+      add("--moe-ffn-hidden-size", std::to_string(Fe));
+      add("--moe-shared-expert-intermediate-size", std::to_string(S * Fe));
+      add("--moe-router-score-function", "sigmoid"), add("--moe-router-enable-expert-bias");
+      if (k_dense > 0) add("--moe-layer-freq", fmt::format("[0]*{}+[1]*{}", k_dense, L - k_dense));
+      if (G > 1) {
+        add("--moe-router-num-groups", std::to_string(G)), add("--moe-router-group-topk", std::to_string(gk));
+        if (k / gk != 2 || k % gk)
+          why.push_back(fmt::format("num_experts_per_tok {} / topk_group {} != 2 (transformers ranks the groups by their "
+                                    "top 2 scores, Megatron by their top num_experts_per_tok / topk_group)",
+                                    k, gk));
+      }
+      const bool norm = flag_b("norm_topk_prob", true);
+      if (norm != (k > 1))
+        why.push_back(fmt::format("norm_topk_prob {} with num_experts_per_tok {} (Megatron's sigmoid router "
+                                  "renormalises the chosen experts exactly when there are several)",
+                                  norm, k));
+      const double rsf = num("routed_scaling_factor", 2.5).value_or(2.5);
+      if (rsf != 1.0) add("--moe-router-topk-scaling-factor", fmt_num(rsf));
+    }
   } else {
     why.push_back(fmt::format("architectures {} (this build imports GPT2LMHeadModel, LlamaForCausalLM, "
                               "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, "
-                              "Qwen3ForCausalLM and Qwen3MoeForCausalLM)",
+                              "Qwen3ForCausalLM, Qwen3MoeForCausalLM and DeepseekV3ForCausalLM)",
                               j.contains("architectures") ? json_brief(j["architectures"]) : "missing"));
+  }
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    const json& q = j["quantization_config"];
+    why.push_back(fmt::format("quantization_config ({}): the weights are stored quantized (with their scales as extra "
+                              "tensors); import a dequantized bf16 or fp32 copy",
+                              q.is_object() && q.contains("quant_method") ? json_brief(q["quant_method"]) : json_brief(q)));
   }
   if (!why.empty()) {
     std::string msg = fmt::format("{}: cannot be imported:", where);
@@ -1155,8 +1276,10 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
     vals.resize(static_cast<size_t>(t.shape.numel()));
     if (Status st = mapped_to_floats(t, vals.data()); !st)
       return Status::invalid(fmt::format("'{}': tensor '{}': {}", file.path(), it->second.second, st.message()));
-    const int i = m.find(map.meg);
-    float* dst = m.params()[static_cast<size_t>(i)].ptr<float>();
+    float* dst = nullptr;
+    for (const auto& [name, t] : m.expert_bias_tensors())  // DeepSeek-V3's e_score_correction_bias: state here
+      if (name == map.meg) dst = t.ptr<float>();
+    if (!dst) dst = m.params()[static_cast<size_t>(m.find(map.meg))].ptr<float>();
     const int64_t n = static_cast<int64_t>(map.src.size()), C = map.cols;
     for (int64_t jj = 0; jj < n; ++jj)
       for (int64_t k = 0; k < C; ++k) {
@@ -1183,6 +1306,7 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
   // Tensors left over: transformers' buffers are expected; anything else
   // would be a part of the model this build does not compute.
   std::vector<std::string> unknown;
+  std::set<int64_t> mtp;
   for (const auto& [name, loc] : where) {
     if (used.count(name)) continue;
     auto ends_with = [&](std::string_view tail) {
@@ -1191,6 +1315,14 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
     const bool buffer = ends_with("rotary_emb.inv_freq") ||
                         (arch == HfArch::kGpt2 && (ends_with(".attn.bias") || ends_with(".attn.masked_bias")));
     const bool tied_head = name == "lm_head.weight" && !c.untie_embeddings_and_output_weights;
+    // DeepSeek-V3's multi-token prediction layers follow the decoder's
+    // (model.layers.{L}..., num_nextn_predict_layers): transformers skips them too.
+    int64_t layer = -1;
+    if (arch == HfArch::kDeepseekV3 && std::sscanf(name.c_str(), "model.layers.%" SCNd64 ".", &layer) == 1 &&
+        layer >= c.num_layers) {
+      mtp.insert(layer);
+      continue;
+    }
     if (!buffer && !tied_head) unknown.push_back(loc.second);
   }
   if (!unknown.empty()) {
@@ -1201,6 +1333,11 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
                                        "build does not model?)",
                                        dir, list));
   }
+  if (!mtp.empty() && notes)
+    notes->push_back(fmt::format("the multi-token prediction layer{} {} (model.layers.{}...) {} not imported: this build "
+                                 "trains no MTP module",
+                                 mtp.size() > 1 ? "s" : "", fmt::join(mtp, ", "), *mtp.begin(),
+                                 mtp.size() > 1 ? "are" : "is"));
   return Status::ok();
 }
 

@@ -76,7 +76,7 @@ inline std::vector<double> rope_inv_freq(const RopeSpec& s) {
     }
     f[static_cast<size_t>(i)] = inv;
   }
-  if (s.yarn) {
+  if (s.yarn && s.yarn_factor != 1) {  // (factor 1: the blend of equal frequencies, exactly these)
     const double dim = denom;
     auto corr = [&](double rot) { return dim * std::log(s.yarn_original / (rot * 2 * M_PI)) / (2 * std::log(s.base)); };
     const double lo = std::max(std::floor(corr(s.beta_fast)), 0.0);

@@ -306,6 +306,35 @@ hf_family qwen2moe 300 "
 assert c['architectures']==['Qwen2MoeForCausalLM'] and c['model_type']=='qwen2_moe', c
 assert c['shared_expert_intermediate_size']==32 and c['norm_topk_prob'] is True and c['mlp_only_layers']==[], c" \
   "--moe-shared-expert-gate" "${MIXTRAL[@]}" --add-qkv-bias --moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate
+# DeepSeek-V3 style (--multi-latent-attention with low-rank q and kv, their
+# norms, YaRN x40; a dense first layer, then sigmoid-scored experts in 2
+# groups with the expert bias and a shared expert): exported as
+# DeepseekV3ForCausalLM, imported back with the same flags.
+DSV3=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 96 --normalization RMSNorm --swiglu
+  --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights --norm-epsilon 1e-6
+  --multi-latent-attention --q-lora-rank 32 --kv-lora-rank 24 --qk-head-dim 16 --qk-pos-emb-head-dim 8
+  --v-head-dim 12 --qk-layernorm --rotary-scaling-factor 40 --mscale-all-dim 0.707)
+hf_family deepseekv3 300 "
+assert c['architectures']==['DeepseekV3ForCausalLM'] and c['model_type']=='deepseek_v3', c
+assert c['q_lora_rank']==32 and c['kv_lora_rank']==24 and c['qk_nope_head_dim']==16 and c['qk_rope_head_dim']==8, c
+assert c['v_head_dim']==12 and c['rope_interleave'] is True and c['rope_scaling']['factor']==40, c
+assert c['first_k_dense_replace']==1 and c['n_routed_experts']==4 and c['n_shared_experts']==1 and c['n_group']==2, c" \
+  "--multi-latent-attention
+--q-lora-rank 32
+--rotary-scaling-factor 40
+--moe-router-enable-expert-bias
+--moe-router-num-groups 2" "${DSV3[@]}" --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 \
+  --moe-shared-expert-intermediate-size 48 --moe-layer-freq "[0]+[1]" --moe-router-score-function sigmoid \
+  --moe-router-enable-expert-bias --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-aux-loss-coeff 1e-2
+# MLA on the GPT base (LayerNorm, learned positions, biases, no q/kv norms):
+# every reason DeepseekV3ForCausalLM cannot take it, nothing written.
+"$BIN" train "${COMMON[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --multi-latent-attention \
+  --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 4 --v-head-dim 8 --train-iters 6 --save "$TMP/mlagpt" \
+  >"$TMP/mlagpt.log" 2>&1 || { fail "train mla gpt"; tail -5 "$TMP/mlagpt.log"; }
+"$BIN" export --load "$TMP/mlagpt" --output "$TMP/hf-mlagpt" 2>"$TMP/err"; rc=$?
+[ $rc = 2 ] && grep -q "learned absolute position embeddings (DeepseekV3ForCausalLM" "$TMP/err" \
+  && grep -q "always has q_a_layernorm and kv_a_layernorm" "$TMP/err" && [ ! -e "$TMP/hf-mlagpt" ] \
+  || { fail "mla gpt export should be refused: rc $rc"; cat "$TMP/err"; }
 # A MoE model no transformers class computes: named, nothing written.
 "$BIN" train "${COMMON[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --disable-bias-linear \
   --num-experts 2 --moe-router-topk 1 --moe-router-pre-softmax --train-iters 10 --save "$TMP/moegpt" >"$TMP/moegpt.log" 2>&1 \

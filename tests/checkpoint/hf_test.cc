@@ -180,6 +180,14 @@ std::unique_ptr<model::GPTModel> random_model(const ModelConfig& cfg, int64_t B)
     const bool gamma = sp.name.find("norm.weight") != std::string::npos && !cfg.apply_layernorm_1p;
     for (int64_t j = 0; j < (*m)->params()[i].numel(); ++j) p[j] = (gamma ? 1.f : 0.f) + nd(gen);
   }
+  // --moe-router-enable-expert-bias: a bias that changes the choice
+  // (e_score_correction_bias), positive so that the biased scores are:
+  // transformers masks the groups it drops with 0, Megatron with -inf, which
+  // differ only for negative scores (the export notes it; with biases in
+  // [-0.5, 0.5) the deepseek_v3_moe logits differ by 0.34).
+  std::uniform_real_distribution<float> bias(0.f, 0.5f);
+  for (const auto& [name, b] : (*m)->expert_bias_tensors())
+    for (int64_t j = 0; j < b.numel(); ++j) b.ptr<float>()[j] = bias(gen);
   return std::move(*m);
 }
 
@@ -228,14 +236,6 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
   std::vector<int32_t> tok(static_cast<size_t>(B * T)), lab(tok.size(), 0);
   std::mt19937 g(3);
   for (auto& t : tok) t = static_cast<int32_t>(g() % 91);
-  // --moe-router-enable-expert-bias: a bias that changes the choice
-  // (e_score_correction_bias), positive so that the biased scores are:
-  // transformers masks the groups it drops with 0, Megatron with -inf, which
-  // differ only for negative scores (the export notes it; with biases in
-  // [-0.5, 0.5) this test's logits differ by 0.34).
-  std::uniform_real_distribution<float> bias(0.f, 0.5f);
-  for (const auto& [name, b] : m->expert_bias_tensors())
-    for (int64_t i = 0; i < b.numel(); ++i) b.ptr<float>()[i] = bias(g);
   Tensor tt(tok.data(), {B, T}, DType::kI32), lt(lab.data(), {B, T}, DType::kI32);
   m->forward(0, tt, lt, 0, false);
   const Tensor lg = m->logits(0);
@@ -570,6 +570,11 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
       }
     }
   }
+  // DeepSeek-V3's e_score_correction_bias comes back as the expert bias.
+  const auto b1 = m->expert_bias_tensors(), b2 = (*m2)->expert_bias_tensors();
+  ASSERT_EQ(b1.size(), b2.size());
+  for (size_t i = 0; i < b1.size(); ++i)
+    EXPECT_EQ(std::memcmp(b1[i].second.data(), b2[i].second.data(), b1[i].second.nbytes()), 0) << b1[i].first;
   // The same function: logits over the real vocabulary agree exactly.
   const int64_t T = c.cfg.seq_length;
   std::vector<int32_t> tok(static_cast<size_t>(T)), lab(tok.size(), 0);
@@ -590,7 +595,7 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
   EXPECT_LT(diff / mag, 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 14), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 16), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -717,6 +722,100 @@ TEST(HfImport, ReadsHubGpt2NamingAndF16AndNamesWhatDoesNotFit) {
 
 // config.json files as the Hub has them (defaults left out) give exactly
 // the Megatron flags of the same model.
+// deepseek-ai/DeepSeek-V3's config.json (a dequantized copy: the Hub's
+// holds fp8 blocks, refused with their quantization_config): MLA with YaRN,
+// 3 dense layers, 256 sigmoid-scored experts in 8 groups (4 kept) with the
+// expert bias, top 8 scaled by 2.5, one shared expert. The flags describe
+// the 671B model (ModelConfig.DeepSeekV3ParameterCount).
+TEST(HfImport, DeepSeekV3ConfigGivesItsMegatronFlags) {
+  const std::string v3 = R"({"architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false,
+      "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1,
+      "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02,
+      "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+      "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1,
+      "norm_topk_prob": true, "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+      "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+      "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
+      "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+      "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true,
+      "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+      "use_cache": true, "v_head_dim": 128, "vocab_size": 129280)";
+  auto r = hf_import_flags(nlohmann::json::parse(v3 + "}"), "config.json");
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->arch, HfArch::kDeepseekV3);
+  std::string joined;
+  for (const auto& t : r->flags) joined += (joined.empty() ? "" : " ") + t;
+  EXPECT_EQ(joined,
+            "--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432 --num-attention-heads 128 "
+            "--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 "
+            "--v-head-dim 128 --qk-layernorm --normalization RMSNorm --swiglu --position-embedding-type rope "
+            "--norm-epsilon 1e-06 --max-position-embeddings 163840 --hidden-dropout 0 --attention-dropout 0 "
+            "--disable-bias-linear --untie-embeddings-and-output-weights --rotary-base 10000 --rotary-scaling-factor 40 "
+            "--mscale 1 --mscale-all-dim 1 --num-experts 256 --moe-router-topk 8 --moe-ffn-hidden-size 2048 "
+            "--moe-shared-expert-intermediate-size 2048 --moe-router-score-function sigmoid "
+            "--moe-router-enable-expert-bias --moe-layer-freq [0]*3+[1]*58 --moe-router-num-groups 8 "
+            "--moe-router-group-topk 4 --moe-router-topk-scaling-factor 2.5");
+  ModelConfig mc;
+  FlagSet fs_("import");
+  model::register_model_flags(fs_, mc);
+  ASSERT_TRUE(fs_.parse(r->flags).is_ok());
+  mc.vocab_size = r->vocab_size;
+  EXPECT_EQ(model::model_params(mc, mc.padded_vocab(1)).total(), int64_t{671026404352});
+  // The Hub's own file: fp8 weights with scales.
+  auto q = hf_import_flags(nlohmann::json::parse(v3 + R"(, "quantization_config": {"activation_scheme": "dynamic",
+      "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}})"), "config.json");
+  ASSERT_FALSE(q.is_ok());
+  EXPECT_NE(q.status().message().find("quantization_config (\"fp8\")"), std::string::npos) << q.status().message();
+  // What Megatron's MLA cannot express.
+  auto bad = hf_import_flags(nlohmann::json::parse(R"({"architectures": ["DeepseekV3ForCausalLM"], "rms_norm_eps": 1e-5,
+      "rope_interleave": false, "num_key_value_heads": 64, "n_group": 8, "topk_group": 2, "norm_topk_prob": false,
+      "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 8192}})"), "config.json");
+  ASSERT_FALSE(bad.is_ok());
+  for (const char* want : {"rms_norm_eps 1e-05", "rope_interleave false", "num_key_value_heads 64",
+                           "num_experts_per_tok 8 / topk_group 2 != 2", "norm_topk_prob false",
+                           "original_max_position_embeddings 8192"})
+    EXPECT_NE(bad.status().message().find(want), std::string::npos) << want << " in " << bad.status().message();
+}
+
+// DeepSeek-V3's files carry its multi-token prediction layer after the
+// decoder's (model.layers.61.* there): skipped with a note, as transformers
+// skips it; any other tensor without a place is still refused.
+TEST(HfImport, DeepSeekV3SkipsTheMtpLayers) {
+  Case c = cases()[14];
+  ASSERT_STREQ(c.name, "deepseek_v3_moe");
+  auto m = random_model(c.cfg, 1);
+  const std::string dir = artifacts() + "/deepseek_v3_mtp";
+  fs::remove_all(dir);
+  ASSERT_TRUE(export_hf(*m, null_tokenizer(), HfExportOptions{}, dir).is_ok());
+  auto file = read_safetensors(dir + "/model.safetensors");
+  ASSERT_TRUE(file.is_ok());
+  std::vector<NamedTensor> all;
+  for (const auto& [name, t] : file->tensors) all.push_back({name, t});
+  std::vector<float> extra(48 * 96, 0.5f);
+  all.push_back({"model.layers.2.eh_proj.weight", Tensor(extra.data(), {48, 96}, DType::kF32)});
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", all).is_ok());
+  auto flags = hf_import_flags(read_json(dir + "/config.json"), "config.json");
+  ASSERT_TRUE(flags.is_ok()) << flags.status().message();
+  ModelConfig mc;
+  FlagSet fs_("import");
+  model::register_model_flags(fs_, mc);
+  ASSERT_TRUE(fs_.parse(flags->flags).is_ok());
+  mc.seq_length = c.cfg.seq_length, mc.vocab_size = 91, mc.make_vocab_size_divisible_by = 16;
+  auto m2 = model::GPTModel::create(mc, model::GPTOptions{});
+  ASSERT_TRUE(m2.is_ok()) << m2.status().message();
+  std::vector<std::string> notes;
+  Status st = hf_import_weights(dir, flags->arch, **m2, &notes);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("multi-token prediction layer 2 (model.layers.2...) is not imported"), std::string::npos)
+      << notes[0];
+  all.push_back({"model.layers.1.mlp.extra.weight", Tensor(extra.data(), {48, 96}, DType::kF32)});
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", all).is_ok());
+  st = hf_import_weights(dir, flags->arch, **m2, &notes);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("model.layers.1.mlp.extra.weight"), std::string::npos) << st.message();
+}
+
 TEST(HfImport, HubConfigsGiveTheirMegatronFlags) {
   auto flags = [](const char* text) {
     auto r = hf_import_flags(nlohmann::json::parse(text), "config.json");
