@@ -64,6 +64,9 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
     if (!c.qk_layernorm)
       why.push_back("no q/kv norms (DeepseekV3ForCausalLM always has q_a_layernorm and kv_a_layernorm; train with "
                     "--qk-layernorm)");
+    if (!c.q_lora_rank)
+      why.push_back("no --q-lora-rank (DeepseekV3ForCausalLM's q_proj comes with kv_a_layernorm, and Megatron's "
+                    "kv norm, --qk-layernorm, needs --q-lora-rank)");
     if (c.qk_layernorm && c.norm_epsilon != 1e-6)
       why.push_back(fmt::format("--norm-epsilon {} (DeepseekV3ForCausalLM's q_a_layernorm and kv_a_layernorm use "
                                 "1e-6 whatever rms_norm_eps says)",
@@ -78,6 +81,10 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
                       "the softmax, which transformers does only with rope_scaling)");
     } else if (f < 1) {
       why.push_back(fmt::format("--rotary-scaling-factor {} below 1 (transformers' YaRN takes a factor >= 1)", f));
+    } else if (f > 1 && 4096 * f != std::floor(4096 * f)) {
+      why.push_back(fmt::format("--rotary-scaling-factor {}: transformers takes YaRN's factor as "
+                                "max_position_embeddings / 4096, which must then be a whole number",
+                                f));
     } else if (f > 1 && ((c.mscale_all_dim == 0 && c.mscale != 1) || (c.mscale == 0 && c.mscale_all_dim != 0))) {
       why.push_back(fmt::format("--mscale {} with --mscale-all-dim {} (transformers' YaRN takes its attention factor "
                                 "from the two only when both are non-zero, else 0.1 ln(factor) + 1)",
@@ -459,14 +466,11 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
       const std::string p = fmt::format("decoder.layers.{}.", l), o = fmt::format("model.layers.{}.", l);
       const std::string sa = p + "self_attention.", at = o + "self_attn.";
       rows(o + "input_layernorm.weight", p + "input_layernorm.weight", 0, h, 1, one_p);
-      if (c.q_lora_rank) {
-        const int64_t ql = *c.q_lora_rank;
-        rows(at + "q_a_proj.weight", sa + "linear_q_down_proj.weight", 0, ql, h);
-        rows(at + "q_a_layernorm.weight", sa + "q_layernorm.weight", 0, ql, 1, one_p);
-        rows(at + "q_b_proj.weight", sa + "linear_q_up_proj.weight", 0, a * D, ql);
-      } else {
-        rows(at + "q_proj.weight", sa + "linear_q_proj.weight", 0, a * D, h);
-      }
+      MT_CHECK(c.q_lora_rank.has_value(), "hf_maps: DeepseekV3 needs --q-lora-rank");
+      const int64_t ql = *c.q_lora_rank;
+      rows(at + "q_a_proj.weight", sa + "linear_q_down_proj.weight", 0, ql, h);
+      rows(at + "q_a_layernorm.weight", sa + "q_layernorm.weight", 0, ql, 1, one_p);
+      rows(at + "q_b_proj.weight", sa + "linear_q_up_proj.weight", 0, a * D, ql);
       rows(at + "kv_a_proj_with_mqa.weight", sa + "linear_kv_down_proj.weight", 0, kl + dr, h);
       rows(at + "kv_a_layernorm.weight", sa + "kv_layernorm.weight", 0, kl, 1, one_p);
       rows(at + "kv_b_proj.weight", sa + "linear_kv_up_proj.weight", 0, a * (c.qk_head_dim + c.v_head_dim), kl);
@@ -1081,10 +1085,11 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     add("--num-layers", std::to_string(L)), add("--hidden-size", std::to_string(h));
     add("--ffn-hidden-size", std::to_string(F)), add("--num-attention-heads", std::to_string(a));
     add("--multi-latent-attention");
-    if (j.contains("q_lora_rank") && !j["q_lora_rank"].is_null())
-      add("--q-lora-rank", std::to_string(integer("q_lora_rank", std::nullopt)));
-    else if (!j.contains("q_lora_rank"))
-      add("--q-lora-rank", "1536");  // DeepseekV3Config's default
+    if (j.contains("q_lora_rank") && j["q_lora_rank"].is_null())
+      why.push_back("q_lora_rank null (q_proj beside kv_a_layernorm: Megatron's kv norm, --qk-layernorm, needs "
+                    "--q-lora-rank; without one it normalises the hidden state before linear_q_proj instead)");
+    else
+      add("--q-lora-rank", std::to_string(integer("q_lora_rank", 1536)));  // DeepseekV3Config's default
     add("--kv-lora-rank", std::to_string(integer("kv_lora_rank", 512)));
     add("--qk-head-dim", std::to_string(integer("qk_nope_head_dim", 128)));
     add("--qk-pos-emb-head-dim", std::to_string(integer("qk_rope_head_dim", 64)));

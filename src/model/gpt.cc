@@ -91,6 +91,7 @@ struct GPTModel::LayerActs {
   Tensor r_idx, r_probs, r_scores, r_lse, pos, src, counts, xp, y;  // --num-experts
   Tensor s_fc1, s_act;                                             // its shared expert
   Tensor cq, cq_raw, cq_mean, cq_rstd, ckv, ckv_raw, ckv_mean, ckv_rstd;  // --multi-latent-attention
+  Tensor kpe;  // its position key [N, dr], kept for --recompute-modules mla_up_proj (qkv then not)
 };
 
 namespace {
@@ -98,14 +99,14 @@ namespace {
 constexpr int kLayerFields = GPTModel::kLayerFields;
 enum LayerField { kXMid, kLn1, kLn1Mean, kLn1Rstd, kQkv, kCtx, kLse, kLn2, kLn2Mean, kLn2Rstd, kFc1, kAct,
                   kQkRaw, kQkMean, kQkRstd, kRIdx, kRProbs, kRScores, kRLse, kPos, kSrc, kCounts, kXp, kY,
-                  kSFc1, kSAct, kCq, kCqRaw, kCqMean, kCqRstd, kCkv, kCkvRaw, kCkvMean, kCkvRstd };
+                  kSFc1, kSAct, kCq, kCqRaw, kCqMean, kCqRstd, kCkv, kCkvRaw, kCkvMean, kCkvRstd, kKpe };
 const char* const kLayerFieldNames[kLayerFields] = {"x_mid", "ln1",   "ln1_mean", "ln1_rstd", "qkv",     "ctx",
                                                     "lse",   "ln2",   "ln2_mean", "ln2_rstd", "fc1",     "act",
                                                     "qk_raw", "qk_mean", "qk_rstd", "r_idx",  "r_probs", "r_scores",
                                                     "r_lse", "pos",   "src",      "counts",   "xp",      "y",
                                                     "shared.fc1", "shared.act", "mla.cq", "mla.cq_raw",
                                                     "mla.cq_mean", "mla.cq_rstd", "mla.ckv", "mla.ckv_raw",
-                                                    "mla.ckv_mean", "mla.ckv_rstd"};
+                                                    "mla.ckv_mean", "mla.ckv_rstd", "mla.kpe"};
 using FieldIdx = std::array<int, kLayerFields>;  // entry index in a SizeTable, -1: not kept
 
 // The sizes every table and the scratch plan are built from.
@@ -215,6 +216,7 @@ Shape field_shape(int f, const Dims& d, int kinds) {
     case kCkv: return {d.N, d.kl};
     case kCkvRaw: return {d.Ns, d.kl};
     case kCqMean: case kCqRstd: case kCkvMean: case kCkvRstd: return {d.Ns};
+    case kKpe: return {d.N, d.dr};
     default: return {};
   }
 }
@@ -224,7 +226,7 @@ DType field_dtype(int f, const Dims& d) {
   if (f == kLn1 || f == kLn2) return d.ln;
   if (f == kAct || f == kSAct) return d.gemm_in;
   if (f == kQkv || f == kCtx || f == kFc1 || f == kQkRaw || f == kSFc1 || f == kCq || f == kCqRaw || f == kCkv ||
-      f == kCkvRaw)
+      f == kCkvRaw || f == kKpe)
     return d.mid;
   if (f == kRIdx || f == kPos || f == kSrc || f == kCounts) return DType::kI32;
   if (f == kXp) return d.ln;
@@ -236,7 +238,7 @@ DType field_dtype(int f, const Dims& d) {
 // MoE layer's act (a position that can also hold a dense layer keeps the
 // dense act).
 FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool keep_attention, int kinds,
-                   bool keep_moe_act = true) {
+                   bool keep_moe_act = true, bool keep_qkv = true) {
   FieldIdx idx;
   idx.fill(-1);
   for (int f = 0; f < kLayerFields; ++f) {
@@ -254,6 +256,8 @@ FieldIdx add_layer(SizeTable& t, const std::string& prefix, const Dims& d, bool 
     if ((f == kCqRaw || f == kCqRstd || f == kCkvRaw || f == kCkvRstd) && !d.qk) continue;
     if ((f == kCqMean || f == kCkvMean) && (!d.qk || !d.layernorm)) continue;
     if ((f == kCtx || f == kLse) && !keep_attention) continue;
+    if (f == kQkv && !keep_qkv) continue;
+    if (f == kKpe && keep_qkv) continue;  // (MLA: only where qkv is recomputed from it)
     idx[f] = t.add(prefix + kLayerFieldNames[f], field_shape(f, d, kinds), field_dtype(f, d));
   }
   return idx;
@@ -344,7 +348,7 @@ GPTModel::LayerActs GPTModel::bind_layer(const std::vector<Tensor>& v, const std
                                   &a.qk_raw,  &a.qk_mean, &a.qk_rstd, &a.r_idx,    &a.r_probs, &a.r_scores,
                                   &a.r_lse,   &a.pos,    &a.src,      &a.counts,   &a.xp,      &a.y,
                                   &a.s_fc1,   &a.s_act,   &a.cq,       &a.cq_raw,   &a.cq_mean, &a.cq_rstd,
-                                  &a.ckv,     &a.ckv_raw, &a.ckv_mean, &a.ckv_rstd};
+                                  &a.ckv,     &a.ckv_raw, &a.ckv_mean, &a.ckv_rstd, &a.kpe};
   for (int f = 0; f < kLayerFields; ++f)
     if (idx[f] >= 0) *fields[f] = v[static_cast<size_t>(idx[f])];
   return a;
@@ -380,6 +384,7 @@ Result<RecomputeOptions> RecomputeOptions::from_flags(const std::optional<std::s
       if (std::string why = module_problem(m); !why.empty()) errs.push_back(why);
       r.core_attn = r.core_attn || m == "core_attn";
       r.moe_act = r.moe_act || m == "moe_act";
+      r.mla_up = r.mla_up || m == "mla_up_proj";
     }
   } else if (g.empty()) {
     if (method || num_layers)
@@ -399,11 +404,12 @@ Result<RecomputeOptions> RecomputeOptions::from_flags(const std::optional<std::s
 }
 
 std::string RecomputeOptions::module_problem(const std::string& m) {
-  if (m == "core_attn" || m == "moe_act") return "";
-  if (m == "layernorm" || m == "mla_up_proj" || m == "mlp" || m == "moe" || m == "shared_experts" ||
+  if (m == "core_attn" || m == "moe_act" || m == "mla_up_proj") return "";
+  if (m == "layernorm" || m == "mlp" || m == "moe" || m == "shared_experts" ||
       m == "gdn_norm_out" || m == "gdp_in_proj" || m == "gdp_qkv" || m == "mhc")
     return fmt::format("--recompute-modules {}: recomputing that module is not implemented here (core_attn and "
-                       "moe_act are; full recomputation, --recompute-granularity full, recomputes whole layers)",
+                       "moe_act and mla_up_proj are; full recomputation, --recompute-granularity full, recomputes "
+                       "whole layers)",
                        m);
   return fmt::format("--recompute-modules {}: not a module Megatron recomputes (core_attn, moe_act, layernorm, "
                      "mla_up_proj, mlp, moe, shared_experts, ...)",
@@ -413,9 +419,13 @@ std::string RecomputeOptions::module_problem(const std::string& m) {
 std::string RecomputeOptions::str() const {
   switch (granularity) {
     case RecomputeGranularity::kNone: return "none";
-    case RecomputeGranularity::kSelective:
-      if (core_attn && !moe_act) return "selective";
-      return core_attn ? "selective (core_attn, moe_act)" : moe_act ? "selective (moe_act)" : "selective (nothing)";
+    case RecomputeGranularity::kSelective: {
+      if (core_attn && !moe_act && !mla_up) return "selective";
+      std::string list;
+      for (auto [on, name] : {std::pair{core_attn, "core_attn"}, {moe_act, "moe_act"}, {mla_up, "mla_up_proj"}})
+        if (on) list += (list.empty() ? "" : ", ") + std::string(name);
+      return "selective (" + (list.empty() ? std::string("nothing") : list) + ")";
+    }
     case RecomputeGranularity::kFull:
       return fmt::format("full {} {}", method == RecomputeMethod::kUniform ? "uniform" : "block", num_layers);
   }
@@ -465,6 +475,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                  "least {}",
                                  cfg.rotary_percent, cfg.head_dim(), cfg.head_dim(), cfg.rotary_percent,
                                  1.0 / static_cast<double>(cfg.head_dim())));
+    if (opt.recompute.recomputes_mla_up() && !cfg.mla())
+      errs.push_back("--recompute-modules mla_up_proj needs --multi-latent-attention (Megatron refuses it without)");
     if (cfg.mla()) {
       if (cfg.group_query_attention)
         errs.push_back("--multi-latent-attention with --group-query-attention: MLA has one key/value head per query "
@@ -482,9 +494,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
         errs.push_back(fmt::format("--v-head-dim {} above --qk-head-dim + --qk-pos-emb-head-dim = {}: the attention "
                                    "kernel here pads the values to the query/key width and cannot take wider ones",
                                    cfg.v_head_dim, cfg.head_dim()));
-      if (cfg.add_qkv_bias)
-        errs.push_back("--add-qkv-bias with --multi-latent-attention: MLA's projections have no biases (Megatron "
-                       "builds them with bias=False); drop --add-qkv-bias");
+      if (cfg.qk_layernorm && !cfg.q_lora_rank)
+        errs.push_back("--qk-layernorm without --q-lora-rank: Megatron then normalises the hidden state before "
+                       "linear_q_proj (Transformer Engine's fused norm and linear), a norm this build does not have; "
+                       "give --q-lora-rank or drop --qk-layernorm");
     }
     if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute && cfg.max_position_embeddings < Tg)
       errs.push_back(fmt::format("--max-position-embeddings {} is below the sequence length {}",
@@ -739,7 +752,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     FieldIdx& f = ai.layers[static_cast<size_t>(l)];
     f.fill(-1);
     if (keep_layer[static_cast<size_t>(l)])
-      f = add_layer(at, fmt::format("layers.{}.", l), d, !selective, keep_layer[static_cast<size_t>(l)], !moe_act);
+      f = add_layer(at, fmt::format("layers.{}.", l), d, !selective, keep_layer[static_cast<size_t>(l)], !moe_act,
+                    !rc.recomputes_mla_up());
   }
   if (opt.post_process) {
     ai.lnf = at.add("final.ln", {N, h}, d.gemm_in);
@@ -843,6 +857,12 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // them (each linear's bf16 casts of fp32 operands and SP's full-sequence
   // buffer free as it returns).
   size_t mla_fwd = 0, mla_bwd = 0;
+  // --recompute-modules mla_up_proj: a kept layer's Q/K/V in scratch for the
+  // whole of its forward and backward, and backward's recompute of the up
+  // projections before anything else of the attention's.
+  const bool mla_up = d.mla && rc.recomputes_mla_up();
+  const size_t qkv_scratch = mla_up ? abytes(N * d.qkv, d.mid) : 0;
+  size_t mla_up_bwd = 0;
   if (d.mla) {
     struct Stack {
       size_t used = 0, peak = 0;
@@ -855,11 +875,16 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     // Column-parallel backward: SP's full-sequence dx (the model dtype), then the casts.
     const auto column_bwd = [&](int64_t width, size_t casts) { return (sp ? abytes(N * width, dt) : 0) + casts; };
     Stack f;
-    f.take(abytes(N * d.qw, d.mid));                                  // q
-    f.brief(d.ql ? x_own : cast(N * h, d.ln));                        // q_down's or linear_q_proj's input cast
-    f.take(abytes(N * dr, d.mid));                                    // the position key
+    if (d.ql) f.brief(x_own);                                         // q_down's input cast
+    if (!mla_up) f.take(abytes(N * dr, d.mid));                       // the position key (else kept)
     f.brief(x_own);                                                   // kv_down's two products
-    f.take(abytes(N * d.kvw, d.mid));                                 // kv
+    // The up projections (GPTModel::mla_up_fwd), in forward and in the recompute.
+    Stack up;
+    up.take(abytes(N * d.qw, d.mid));                                 // q
+    up.brief(d.ql ? 0 : cast(N * h, d.ln));                           // linear_q_proj's input cast
+    up.take(abytes(N * d.kvw, d.mid));                                // kv
+    f.brief(up.peak);
+    mla_up_bwd = mla_up ? up.peak : 0;
     Stack proj;
     proj.take(abytes(N * d.pw, d.mid));                               // ctx's value dims
     proj.brief(full);                                                 // row-parallel output before reduction
@@ -885,7 +910,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     m.brief(cast(Ns * dr, dt) + x_own);                               // and [kl, kl + dr)
     mla_bwd = std::max(b.peak, m.peak);
   }
-  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd, mla_fwd});  // tmp (+ ctx, lse) + full + cast
+  const size_t layer_fwd_kept = abytes(Ns * h, dt) + attn_tmp + qkv_scratch + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd, mla_fwd});  // tmp (+ ctx, lse, MLA's qkv) + full + cast
   const size_t layer_fwd_ws = abytes(Ns * h, dt) + qk_heads + std::max({full + cast_fwd, cp_fwd, moe_fwd, mla_fwd});
   // Backward's transients after the layer's own buffers: each linear's
   // full-sequence buffer (SP) and bf16 casts, freed as it returns; the q/k
@@ -931,9 +956,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
           layer_bwd,
           abytes(Ns * h, d.rs) + abytes(Ns * h, d.dn) + abytes(mlp_shape(kAct, d, moe).numel(), d.mid) +
               abytes(mlp_shape(kFc1, d, moe).numel(), d.mid) + abytes(N * ad, d.mid) + abytes(N * d.qkv, d.mid) +
-              attn_tmp +
-              std::max({full + std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0), cp_bwd,
-                        moe ? moe_bwd : 0, mla_bwd}));
+              qkv_scratch +
+              std::max(mla_up_bwd,
+                       attn_tmp + std::max({full + std::max(cast_bwd, d.qk ? (bf ? ln_cast : 0) + 2 * qk_heads : 0),
+                                            cp_bwd, moe ? moe_bwd : 0, mla_bwd})));
   bool any_kept = false;
   for (int k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
@@ -1655,31 +1681,38 @@ k::MlaDims GPTModel::mla_dims() const {
   return k::MlaDims{N_, a_, cfg_.qk_head_dim, cfg_.qk_pos_emb_head_dim, cfg_.v_head_dim};
 }
 
-void GPTModel::mla_fwd(const LayerIdx& p, const LayerActs& a, const Tensor& ln1_own) {
+void GPTModel::mla_fwd(const LayerIdx& p, const LayerActs& a, const Tensor& ln1_own, const Tensor& qkv) {
   ArenaScope scope(scratch_);
   const int64_t kl = cfg_.kv_lora_rank, dr = cfg_.qk_pos_emb_head_dim;
   const bool qn = cfg_.qk_layernorm;
-  const Tensor q = scratch({N_, a_ * cfg_.head_dim()}, mid_);
   if (p.q_down_w >= 0) {
     const Tensor cq_own = own_rows(a.cq);
     linear_fwd(ln1_own, p.q_down_w, -1, qn ? a.cq_raw : cq_own);
     if (qn) norm_fwd(a.cq_raw, p.q_ln_w, p.q_ln_b, cq_own, a.cq_mean, a.cq_rstd);
     column_fwd_input(cq_own, a.cq);
-    linear_fwd(a.cq, p.q_up_w, -1, q);
   } else {
     column_fwd_input(ln1_own, a.ln1);
-    linear_fwd(a.ln1, p.q_proj_w, -1, q);
   }
-  const Tensor kpe = scratch({N_, dr}, mid_), ckv_own = own_rows(a.ckv), kpe_own = own_rows(kpe);
+  // The position key: kept with --recompute-modules mla_up_proj, else scratch.
+  const Tensor kpe = a.kpe.defined() ? a.kpe : scratch({N_, dr}, mid_), ckv_own = own_rows(a.ckv),
+               kpe_own = own_rows(kpe);
   linear_fwd(ln1_own, p.kv_down_w, -1, qn ? a.ckv_raw : ckv_own, 0, kl);
   linear_fwd(ln1_own, p.kv_down_w, -1, kpe_own, kl, kl + dr);
   if (qn) norm_fwd(a.ckv_raw, p.kv_ln_w, p.kv_ln_b, ckv_own, a.ckv_mean, a.ckv_rstd);
   column_fwd_input(ckv_own, a.ckv);
   column_fwd_input(kpe_own, kpe);
+  mla_up_fwd(p, a, kpe, qkv);
+}
+
+void GPTModel::mla_up_fwd(const LayerIdx& p, const LayerActs& a, const Tensor& kpe, const Tensor& qkv) {
+  ArenaScope scope(scratch_);
+  const Tensor q = scratch({N_, a_ * cfg_.head_dim()}, mid_);
+  if (p.q_down_w >= 0) linear_fwd(a.cq, p.q_up_w, -1, q);
+  else linear_fwd(a.ln1, p.q_proj_w, -1, q);
   const Tensor kv = scratch({N_, a_ * (cfg_.qk_head_dim + cfg_.v_head_dim)}, mid_);
   linear_fwd(a.ckv, p.kv_up_w, -1, kv);
-  k::mla_pack(q, kv, kpe, mla_dims(), a.qkv);
-  rope(a.qkv, false);
+  k::mla_pack(q, kv, kpe, mla_dims(), qkv);
+  rope(qkv, false);
 }
 
 // Backward from d(qkv) (RoPE already undone): the up projections' backward
@@ -2272,17 +2305,19 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& held, const Tens
   const double hd = s.training ? cfg_.hidden_dropout : 0.0;
   ArenaScope scope(scratch_);
   Tensor tmp = scratch({Ns_, h_}, opt_.dtype);
-  // Selective recomputation: the attention output and lse live only in scratch.
-  Tensor ctx = a.ctx, lse = a.lse;
+  // Selective recomputation: the attention output and lse live only in
+  // scratch; MLA's Q/K/V too with mla_up_proj.
+  Tensor ctx = a.ctx, lse = a.lse, qkv = a.qkv;
   if (!ctx.defined()) {
     ctx = scratch({N_, a_ * cfg_.head_dim()}, mid_);
     lse = scratch({B_, a_, T_}, opt_.dtype);
   }
+  if (!qkv.defined()) qkv = scratch({N_, qkv_}, mid_);
   // Attention block.
   const Tensor ln1 = own_rows(a.ln1), ln2 = own_rows(a.ln2);
   norm_fwd(x, p.ln1_w, p.ln1_b, ln1, a.ln1_mean, a.ln1_rstd);
   if (cfg_.mla()) {
-    mla_fwd(p, a, ln1);
+    mla_fwd(p, a, ln1, qkv);
   } else {
     column_fwd_input(ln1, a.ln1);
     linear_fwd(a.ln1, p.qkv_w, p.qkv_b, a.qkv);
@@ -2290,7 +2325,7 @@ void GPTModel::layer_forward(int l, const Tensor& x, LayerActs& held, const Tens
     if (cfg_.qk_layernorm) qk_norm_fwd(p, L, a);
     if (cfg_.applies_rope()) rope(a.qkv, false);
   }
-  attention_fwd(a.qkv, attention_options(s, l), ctx, lse);
+  attention_fwd(qkv, attention_options(s, l), ctx, lse);
   if (cfg_.mla()) {  // linear_proj reads each head's value dims of the padded output
     ArenaScope proj(scratch_);
     const Tensor ctx_v = scratch({N_, a_ * cfg_.v_head_dim}, mid_);
@@ -2334,13 +2369,19 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& held, const Slo
          dfc1 = scratch(a.fc1.shape(), mid_), dctx = scratch({N_, adim}, mid_), dqkv = scratch({N_, qkv_}, mid_);
   k::QkvLayout L{T_, B_, a_, g_, cfg_.head_dim()};
   const k::AttentionOptions ao = attention_options(s, l);
-  Tensor ctx = a.ctx, lse = a.lse;
+  Tensor ctx = a.ctx, lse = a.lse, qkv = a.qkv;
+  if (!qkv.defined()) {
+    // --recompute-modules mla_up_proj: MLA's Q/K/V again from the kept up
+    // projections' inputs and position key, bitwise the forward's.
+    qkv = scratch({N_, qkv_}, mid_);
+    mla_up_fwd(p, a, a.kpe, qkv);
+  }
   if (!ctx.defined()) {
     // Selective recomputation: core attention again from the saved (roped)
     // Q/K/V, same dropout stream, so ctx and lse are bitwise the forward's.
     ctx = scratch({N_, adim}, mid_);
     lse = scratch({B_, a_, T_}, dt);
-    attention_fwd(a.qkv, ao, ctx, lse);
+    attention_fwd(qkv, ao, ctx, lse);
   }
   // out = res2 + dropout(fc2(act)), res2 = post ? ln2 : x_mid
   if (hd > 0) hidden_dropout(dresid, dtmp, hd, dropout_stream(s.dropout_step, l, 2));
@@ -2371,7 +2412,7 @@ void GPTModel::layer_backward(int l, const Tensor& x, LayerActs& held, const Slo
   } else {
     row_linear_bwd(ctx, p.proj_w, p.proj_b, dproj, dctx);
   }
-  attention_bwd(a.qkv, ctx, dctx, lse, ao, dqkv);
+  attention_bwd(qkv, ctx, dctx, lse, ao, dqkv);
   if (cfg_.applies_rope()) rope(dqkv, true);
   if (cfg_.mla()) {
     mla_bwd(p, a, dqkv, own_rows(a.ln1), dln);

@@ -112,10 +112,13 @@ struct RecomputeOptions {
   int64_t num_layers = 0;  // full only: layers per group (uniform) or recomputed layers (block)
   // Selective only (--recompute-modules): core attention's output and
   // log-sum-exp (core_attn, the default), the experts' activation output
-  // (moe_act: recomputed from their fc1 output in backward).
-  bool core_attn = true, moe_act = false;
+  // (moe_act: recomputed from their fc1 output in backward), MLA's roped
+  // Q/K/V (mla_up_proj: recomputed in backward from the up projections'
+  // inputs and the position key, which are kept).
+  bool core_attn = true, moe_act = false, mla_up = false;
   bool recomputes_attention() const { return granularity == RecomputeGranularity::kSelective && core_attn; }
   bool recomputes_moe_act() const { return granularity == RecomputeGranularity::kSelective && moe_act; }
+  bool recomputes_mla_up() const { return granularity == RecomputeGranularity::kSelective && mla_up; }
 
   // From Megatron's flags (--recompute-granularity, --recompute-method,
   // --recompute-num-layers, --recompute-activations), with Megatron's rules
@@ -128,7 +131,7 @@ struct RecomputeOptions {
   // "none", "selective", "selective (core_attn, moe_act)", "full uniform 2", "full block 1"
   std::string str() const;
   // What is wrong with --recompute-modules `module` ("--recompute-modules X:
-  // ..."), or "" for one this model recomputes (core_attn, moe_act).
+  // ..."), or "" for one this model recomputes (core_attn, moe_act, mla_up_proj).
   static std::string module_problem(const std::string& module);
 };
 
@@ -312,7 +315,7 @@ struct GPTCommPlan {
 
 class GPTModel {
  public:
-  static constexpr int kLayerFields = 34;  // the activation tensors one layer can keep (gpt.cc's LayerActs)
+  static constexpr int kLayerFields = 35;  // the activation tensors one layer can keep (gpt.cc's LayerActs)
   // Validates cfg (Status for user errors) and allocates every arena.
   static Result<std::unique_ptr<GPTModel>> create(const ModelConfig& cfg, const GPTOptions& opt);
   // The bytes create() would allocate, without allocating (for the planner);
@@ -586,7 +589,11 @@ class GPTModel {
   // --multi-latent-attention: the fused Q/K/V (roped) from the input norm's
   // rows, and the gradients back to them (dln_own written). See gpt.cc.
   kernels::MlaDims mla_dims() const;
-  void mla_fwd(const LayerIdx& p, const LayerActs& a, const Tensor& ln1_own);
+  // qkv: a.qkv, or scratch when --recompute-modules mla_up_proj keeps it not.
+  void mla_fwd(const LayerIdx& p, const LayerActs& a, const Tensor& ln1_own, const Tensor& qkv);
+  // The up projections, packing and RoPE from the kept cq/ckv (or ln1) and
+  // the position key kpe: mla_fwd's second half, and mla_up_proj's recompute.
+  void mla_up_fwd(const LayerIdx& p, const LayerActs& a, const Tensor& kpe, const Tensor& qkv);
   void mla_bwd(const LayerIdx& p, const LayerActs& a, const Tensor& dqkv, const Tensor& ln1_own, const Tensor& dln_own);
   void qk_norm_fwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a);
   void qk_norm_bwd(const LayerIdx& p, const kernels::QkvLayout& L, const LayerActs& a, const Tensor& dqkv);

@@ -82,7 +82,8 @@ void register_job_flags(FlagSet& f, JobConfig& j) {
   f.add_switch("recompute-activations", &j.recompute.recompute_activations, "same as --recompute-granularity selective");
   f.add_list("recompute-modules", &j.recompute.modules,
              "with --recompute-granularity selective, what backward recomputes instead of keeping: core_attn (the "
-             "default: attention's output), moe_act (the experts' activation function, from their fc1 output)");
+             "default: attention's output), moe_act (the experts' activation function, from their fc1 output), "
+             "mla_up_proj (multi-latent attention's up projections and RoPE, from their inputs)");
   f.add_switch("distribute-saved-activations", &j.recompute.distribute_saved_activations, "split the saved layer inputs of full recomputation over TP");
 }
 
@@ -137,6 +138,7 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"no-bias-swiglu-fusion", {}, false, kFusion},
       {"no-bias-dropout-fusion", {}, false, kFusion},
       {"no-rope-fusion", {}, false, kFusion},
+      {"mla-down-proj-fusion", {}, false, kFusion},
       {"no-persist-layer-norm", {}, false, kFusion},
       {"no-gradient-accumulation-fusion", {}, false, kFusion},
       {"cross-entropy-loss-fusion", {}, false, kFusion},
@@ -293,6 +295,9 @@ void register_megatron_compat_flags(FlagSet& f, JobConfig& j) {
       {"fp8-amax-compute-algo", true, "no fp8 training", "fp8 training is not implemented: use --bf16"},
       {"fp8-param-gather", false, "no fp8 training", "fp8 training is not implemented: use --bf16"},
       {"dist-ckpt-strictness", true, kCk, kCkpt},
+      {"cache-mla-latents", false, "training only",
+       "--cache-mla-latents caches multi-latent attention's latents for Megatron's dynamic inference engine, and "
+       "Megatron refuses it in training: drop the flag"},
       {"fp16-lm-cross-entropy", false, "no fp16 cross entropy",
        "the cross entropy takes fp32 logits here (Megatron's default); computing it on fp16 logits is not "
        "offered: drop the flag"},

@@ -106,7 +106,9 @@ double layer_activation_bytes(const JobConfig& job, const MemoryLayout& l, bool 
   const double hs = s.tok * s.h / s.sp;  // a hidden-sized tensor, sequence-sharded under SP
   double bytes = 0;
   bytes += 4 * s.e * hs;                                  // ln1 in/out, ln2 in/out
-  bytes += s.e * s.tok * (s.heads_rank + 2 * s.kv_rank) * s.d;  // Q, K, V
+  // Q, K, V (MLA with --recompute-modules mla_up_proj: its position key instead)
+  if (m.mla() && job.recompute.recomputes("mla_up_proj")) bytes += s.e * s.tok * static_cast<double>(m.qk_pos_emb_head_dim);
+  else bytes += s.e * s.tok * (s.heads_rank + 2 * s.kv_rank) * s.d;
   if (m.qk_layernorm && !m.mla()) bytes += s.e * s.tok * (s.heads_rank + s.kv_rank) * s.d;  // Q, K before their norms
   if (m.mla()) {
     // The up projections' inputs (gathered under SP), and with --qk-layernorm

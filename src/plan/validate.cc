@@ -385,15 +385,20 @@ void validate(PlanReport& r) {
                             m.v_head_dim, m.qk_head_dim, m.qk_pos_emb_head_dim),
                 fmt::format("use --v-head-dim {} or less", m.head_dim()));
       if (m.add_qkv_bias)
-        c.error("mla-qkv-bias", {"--multi-latent-attention", "--add-qkv-bias"},
-                "MLA's projections have no biases (Megatron builds them without, whatever --add-qkv-bias says)",
-                "drop --add-qkv-bias");
+        c.warn("--add-qkv-bias has no effect with --multi-latent-attention: MLA's projections have no biases (Megatron "
+               "builds them without, whatever --add-qkv-bias says)");
+      if (m.qk_layernorm && !m.q_lora_rank)
+        c.error("mla-qk-norm-without-q-lora", {"--qk-layernorm", "--q-lora-rank"},
+                "--qk-layernorm without --q-lora-rank: Megatron then normalises the hidden state before linear_q_proj "
+                "(Transformer Engine's fused norm and linear; its local implementation refuses the pair), a norm "
+                "this build does not have",
+                "give --q-lora-rank (the query's norm then acts on its low-rank projection), or drop --qk-layernorm");
     } else if (m.rope_type == "yarn") {
       c.error("rope-type-yarn-without-mla", {"--rope-type", "--multi-latent-attention"},
               "--rope-type yarn is multi-latent attention's RoPE: Megatron's other attention takes only rope",
               "add --multi-latent-attention, or drop --rope-type");
     }
-    if (!m.mla() && !m.kv_channels && h % a != 0)
+    if (!m.kv_channels && h % a != 0)  // (also with MLA, which ignores --kv-channels: Megatron asserts it)
       c.error("hidden-heads", {"--hidden-size", "--num-attention-heads", "--kv-channels"},
               fmt::format("hidden size {} is not divisible by {} heads, and --kv-channels is not given", h, a),
               fmt::format("use {}, or give --kv-channels", list_or(nearby_multiples(a, h), "--hidden-size")));
@@ -640,7 +645,12 @@ void validate(PlanReport& r) {
             "add --recompute-granularity selective, or drop --recompute-modules");
   for (const std::string& m : rc.modules)
     if (std::string why = model::RecomputeOptions::module_problem(m); !why.empty())
-      c.error("recompute-modules-known", {"--recompute-modules"}, why, "give core_attn and/or moe_act");
+      c.error("recompute-modules-known", {"--recompute-modules"}, why, "give core_attn, moe_act or mla_up_proj");
+  if (rc.recomputes("mla_up_proj") && !m.mla())
+    c.error("recompute-mla-up-proj", {"--recompute-modules", "--multi-latent-attention"},
+            "--recompute-modules mla_up_proj recomputes multi-latent attention's up projections, and there is none "
+            "(Megatron refuses it)",
+            "drop mla_up_proj, or add --multi-latent-attention");
   if (rc.recompute_activations && rc.granularity == "full")
     c.error("recompute-both", {"--recompute-activations", "--recompute-granularity"},
             "--recompute-activations means selective, but --recompute-granularity full is given", "keep one of them");

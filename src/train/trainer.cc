@@ -571,7 +571,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                              .beta1 = cfg.adam_beta1,
                              .beta2 = cfg.adam_beta2,
                              .eps = cfg.adam_eps,
-                             .apply_wd_to_qk_layernorm = cfg.apply_wd_to_qk_layernorm,
+                             // MLA's q/kv norms: Megatron's default (Transformer Engine)
+                             // fuses them into the up projections
+                             // (linear_q_up_proj.layer_norm_weight), which its
+                             // "q_layernorm." test does not match: no weight decay.
+                             .apply_wd_to_qk_layernorm = cfg.apply_wd_to_qk_layernorm && !mc.mla(),
                              .decoupled_lr = cfg.decoupled_lr,
                              .decoupled_min_lr = cfg.decoupled_min_lr},
       po);

@@ -145,14 +145,14 @@ std::vector<Case> cases() {
     v.push_back({"deepseek_v3_moe", c, "DeepseekV3ForCausalLM"});
   }
   {
-    // MLA without a q rank (q_proj), RoPE without YaRN, dense, tied,
-    // zero-centred norms (exported as 1 + gamma), values as wide as the heads.
+    // MLA with RoPE without YaRN, dense, tied, zero-centred norms (exported
+    // as 1 + gamma), values as wide as the heads.
     ModelConfig c = llama_cfg();
     c.group_query_attention = false, c.num_query_groups.reset();
-    c.multi_latent_attention = true, c.kv_lora_rank = 12, c.qk_head_dim = 6, c.qk_pos_emb_head_dim = 4;
-    c.v_head_dim = 10, c.qk_layernorm = true, c.rope_type = "rope";
+    c.multi_latent_attention = true, c.q_lora_rank = 16, c.kv_lora_rank = 12, c.qk_head_dim = 6;
+    c.qk_pos_emb_head_dim = 4, c.v_head_dim = 10, c.qk_layernorm = true, c.rope_type = "rope";
     c.untie_embeddings_and_output_weights = false, c.apply_layernorm_1p = true;
-    v.push_back({"deepseek_v3_dense_q_proj", c, "DeepseekV3ForCausalLM"});
+    v.push_back({"deepseek_v3_dense_rope_tied_1p", c, "DeepseekV3ForCausalLM"});
   }
   return v;
 }
@@ -476,6 +476,9 @@ TEST(HfExportArch, RefusesModelsNoTransformersClassComputes) {
   const std::string rope = why(c);
   EXPECT_NE(rope.find("--rotary-percent 0.5"), std::string::npos) << rope;
   EXPECT_NE(rope.find("Megatron then scales the softmax"), std::string::npos) << rope;
+  EXPECT_NE(rope.find("no --q-lora-rank"), std::string::npos) << rope;
+  c.rope_type = "", c.rotary_percent = 1, c.q_lora_rank = 8, c.rotary_scaling_factor = 1.00001;
+  EXPECT_NE(why(c).find("must then be a whole number"), std::string::npos) << why(c);
 }
 
 // DeepSeek-V3's own routing (group-limited, with the expert bias) exports
@@ -769,9 +772,10 @@ TEST(HfImport, DeepSeekV3ConfigGivesItsMegatronFlags) {
   // What Megatron's MLA cannot express.
   auto bad = hf_import_flags(nlohmann::json::parse(R"({"architectures": ["DeepseekV3ForCausalLM"], "rms_norm_eps": 1e-5,
       "rope_interleave": false, "num_key_value_heads": 64, "n_group": 8, "topk_group": 2, "norm_topk_prob": false,
+      "q_lora_rank": null,
       "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 8192}})"), "config.json");
   ASSERT_FALSE(bad.is_ok());
-  for (const char* want : {"rms_norm_eps 1e-05", "rope_interleave false", "num_key_value_heads 64",
+  for (const char* want : {"rms_norm_eps 1e-05", "rope_interleave false", "num_key_value_heads 64", "q_lora_rank null",
                            "num_experts_per_tok 8 / topk_group 2 != 2", "norm_topk_prob false",
                            "original_max_position_embeddings 8192"})
     EXPECT_NE(bad.status().message().find(want), std::string::npos) << want << " in " << bad.status().message();

@@ -121,9 +121,9 @@ RecomputeOptions full(RecomputeMethod m, int64_t n) {
   r.granularity = RecomputeGranularity::kFull, r.method = m, r.num_layers = n;
   return r;
 }
-RecomputeOptions selective(bool core_attn = true, bool moe_act = false) {
+RecomputeOptions selective(bool core_attn = true, bool moe_act = false, bool mla_up = false) {
   RecomputeOptions r;
-  r.granularity = RecomputeGranularity::kSelective, r.core_attn = core_attn, r.moe_act = moe_act;
+  r.granularity = RecomputeGranularity::kSelective, r.core_attn = core_attn, r.moe_act = moe_act, r.mla_up = mla_up;
   return r;
 }
 
@@ -198,6 +198,10 @@ TEST_P(RecomputeNumerics, BitwiseIdenticalLossesLogitsAndGradients) {
       {"selective", selective()},
       {"selective core_attn + moe_act", selective(true, true)},  // --recompute-modules core_attn moe_act
       {"selective moe_act", selective(false, true)}};
+  if (cfg.mla()) {  // --recompute-modules mla_up_proj: Q/K/V recomputed from the up projections' inputs
+    modes.push_back({"selective mla_up_proj", selective(false, false, true)});
+    modes.push_back({"selective core_attn + mla_up_proj", selective(true, false, true)});
+  }
   for (const auto& [name, rc] : modes) {
     SCOPED_TRACE(name);
     const RunResult r = run(cfg, rc, c.bf16, c.fp32_residual);
@@ -208,7 +212,7 @@ TEST_P(RecomputeNumerics, BitwiseIdenticalLossesLogitsAndGradients) {
     EXPECT_TRUE(r.logits == base.logits) << "logits differ";
     for (size_t p = 0; p < base.grads.size(); ++p) EXPECT_TRUE(r.grads[p] == base.grads[p]) << "gradient " << p;
     // (moe_act alone keeps everything a model without experts keeps.)
-    if (rc.core_attn || rc.granularity != RecomputeGranularity::kSelective || cfg.is_moe())
+    if (rc.core_attn || rc.mla_up || rc.granularity != RecomputeGranularity::kSelective || cfg.is_moe())
       EXPECT_LT(r.plan.activations, base.plan.activations);
     else
       EXPECT_EQ(r.plan.activations, base.plan.activations);
@@ -353,6 +357,19 @@ TEST(RecomputeFlags, MegatronRulesWithFlagNames) {
   EXPECT_EQ(RecomputeOptions::from_flags(std::string("selective"), std::nullopt, std::nullopt, false,
                                          {"core_attn", "moe_act"})->str(),
             "selective (core_attn, moe_act)");
+  auto up = RecomputeOptions::from_flags(std::string("selective"), std::nullopt, std::nullopt, false,
+                                         {"mla_up_proj", "core_attn"});
+  ASSERT_TRUE(up.is_ok());
+  EXPECT_TRUE(up->recomputes_mla_up() && up->recomputes_attention() && !up->recomputes_moe_act());
+  EXPECT_EQ(up->str(), "selective (core_attn, mla_up_proj)");
+  {  // MLA's up projections recomputed in a model without MLA: refused, as Megatron does.
+    GPTOptions o;
+    o.recompute = *up;
+    auto no_mla = GPTModel::create(gpt2_style(), o);
+    ASSERT_FALSE(no_mla.is_ok());
+    EXPECT_NE(no_mla.status().message().find("mla_up_proj needs --multi-latent-attention"), std::string::npos)
+        << no_mla.status().message();
+  }
   for (const auto& [g, modules, want] :
        std::vector<std::tuple<std::string, std::vector<std::string>, std::string>>{
            {"full", {"core_attn"}, "--recompute-modules applies to --recompute-granularity selective"},

@@ -36,7 +36,7 @@ TEST(Validate, MultiLatentAttentionMegatronAccepts) {
        {"--multi-latent-attention", "--multi-latent-attention --q-lora-rank 64 --kv-lora-rank 32 --qk-layernorm",
         "--multi-latent-attention --position-embedding-type rope --rope-type rope --no-rope-fusion",
         "--multi-latent-attention --position-embedding-type rope --rotary-scaling-factor 40 --mscale-all-dim 1",
-        "--kv-lora-rank 64 --q-lora-rank 32"}) {
+        "--kv-lora-rank 64 --q-lora-rank 32", "--multi-latent-attention --add-qkv-bias"}) {
     PlanReport r = plan_from(kBase + extra);
     EXPECT_TRUE(r.valid()) << extra << " -> " << rules_of(r);
   }
@@ -150,8 +150,9 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--multi-latent-attention --qk-pos-emb-head-dim 7", "mla-pos-dims-even", "--qk-pos-emb-head-dim"},
         RuleCase{"--multi-latent-attention --rope-type rope --rotary-percent 0.01", "mla-rotary-percent", "--rotary-percent"},
         RuleCase{"--multi-latent-attention --v-head-dim 200", "mla-v-head-dim", "--v-head-dim"},
-        RuleCase{"--multi-latent-attention --add-qkv-bias", "mla-qkv-bias", "--add-qkv-bias"},
+        RuleCase{"--multi-latent-attention --qk-layernorm", "mla-qk-norm-without-q-lora", "--q-lora-rank"},
         RuleCase{"--rope-type yarn", "rope-type-yarn-without-mla", "--rope-type"},
+        RuleCase{"--recompute-granularity selective --recompute-modules mla_up_proj", "recompute-mla-up-proj", "--multi-latent-attention"},
         RuleCase{"--overlap-param-gather", "overlap-param-gather", "--use-distributed-optimizer"},
         RuleCase{"--distribute-saved-activations", "distribute-saved-activations", "--distribute-saved-activations"},
         RuleCase{"--num-parameters 13e9", "num-parameters-with-architecture", "--num-parameters"}),

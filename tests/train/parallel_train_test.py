@@ -784,6 +784,10 @@ MLA_LAYOUTS = [
     ("tp2spcp2full", 2, 1, 1, ["--sequence-parallel", "--context-parallel-size", "2", "--recompute-granularity",
                                "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"]),
     ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    # --recompute-modules mla_up_proj: Q/K/V recomputed from the kept up
+    # projections' inputs and position key, with core attention, under CP.
+    ("tp2spcp2_mlaup", 2, 1, 1, ["--sequence-parallel", "--context-parallel-size", "2", "--recompute-granularity",
+                                 "selective", "--recompute-modules", "core_attn", "mla_up_proj"]),
 ]
 if QUICK:
     MLA_LAYOUTS = [l for l in MLA_LAYOUTS if l[0] in ("tp2spdp2do", "tp2spcp2full")]
