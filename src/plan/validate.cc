@@ -398,6 +398,11 @@ void validate(PlanReport& r) {
               "--rope-type yarn is multi-latent attention's RoPE: Megatron's other attention takes only rope",
               "add --multi-latent-attention, or drop --rope-type");
     }
+    if (r.job.compat.has("mla-down-proj-fusion") && (!m.mla() || !m.q_lora_rank))
+      c.error("mla-down-proj-fusion", {"--mla-down-proj-fusion", "--multi-latent-attention", "--q-lora-rank"},
+              "--mla-down-proj-fusion fuses multi-latent attention's q and kv down projections: Megatron requires "
+              "--multi-latent-attention and --q-lora-rank",
+              "drop --mla-down-proj-fusion, or use it with --multi-latent-attention --q-lora-rank N");
     if (!m.kv_channels && h % a != 0)  // (also with MLA, which ignores --kv-channels: Megatron asserts it)
       c.error("hidden-heads", {"--hidden-size", "--num-attention-heads", "--kv-channels"},
               fmt::format("hidden size {} is not divisible by {} heads, and --kv-channels is not given", h, a),

@@ -36,7 +36,8 @@ TEST(Validate, MultiLatentAttentionMegatronAccepts) {
        {"--multi-latent-attention", "--multi-latent-attention --q-lora-rank 64 --kv-lora-rank 32 --qk-layernorm",
         "--multi-latent-attention --position-embedding-type rope --rope-type rope --no-rope-fusion",
         "--multi-latent-attention --position-embedding-type rope --rotary-scaling-factor 40 --mscale-all-dim 1",
-        "--kv-lora-rank 64 --q-lora-rank 32", "--multi-latent-attention --add-qkv-bias"}) {
+        "--kv-lora-rank 64 --q-lora-rank 32", "--multi-latent-attention --add-qkv-bias",
+        "--multi-latent-attention --q-lora-rank 64 --mla-down-proj-fusion"}) {
     PlanReport r = plan_from(kBase + extra);
     EXPECT_TRUE(r.valid()) << extra << " -> " << rules_of(r);
   }
@@ -152,6 +153,7 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--multi-latent-attention --v-head-dim 200", "mla-v-head-dim", "--v-head-dim"},
         RuleCase{"--multi-latent-attention --qk-layernorm", "mla-qk-norm-without-q-lora", "--q-lora-rank"},
         RuleCase{"--rope-type yarn", "rope-type-yarn-without-mla", "--rope-type"},
+        RuleCase{"--multi-latent-attention --mla-down-proj-fusion", "mla-down-proj-fusion", "--q-lora-rank"},
         RuleCase{"--recompute-granularity selective --recompute-modules mla_up_proj", "recompute-mla-up-proj", "--multi-latent-attention"},
         RuleCase{"--overlap-param-gather", "overlap-param-gather", "--use-distributed-optimizer"},
         RuleCase{"--distribute-saved-activations", "distribute-saved-activations", "--distribute-saved-activations"},
