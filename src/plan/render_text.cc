@@ -91,6 +91,12 @@ std::string render_text(const PlanReport& r) {
                      r.query_groups, r.head_dim, r.ffn, m.seq_length, model::normalization_name(m.normalization),
                      m.swiglu ? " SwiGLU" : " GELU", m.position_embedding == model::PositionEmbedding::kRope ? " RoPE" : "",
                      m.untie_embeddings_and_output_weights ? " untied" : " tied"));
+    if (m.mla())
+      line(fmt::format("  attention           multi-latent: q {}, kv rank {}, heads of {} + {} rotated ({}), values {}",
+                       m.q_lora_rank ? fmt::format("rank {}", *m.q_lora_rank) : std::string("full rank"),
+                       m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim,
+                       m.mla_yarn() ? fmt::format("YaRN x{}", m.rotary_scaling_factor) : std::string("RoPE"),
+                       m.v_head_dim));
     line(fmt::format("  vocabulary          {} padded to {} (multiple of {} x TP {})", *m.vocab_size, r.padded_vocab,
                      m.make_vocab_size_divisible_by, par.tp));
     const std::string per_layer =

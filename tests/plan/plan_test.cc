@@ -255,6 +255,26 @@ TEST(Render, JsonCarriesTheGridAndTimeline) {
   EXPECT_EQ(j["memory"]["stages"].size(), 2u);
 }
 
+// --multi-latent-attention: its shape in the text and the JSON, the
+// softmax scale it implies (YaRN x40 with --mscale-all-dim 1:
+// (0.1 ln 40 + 1)^2 / sqrt(128 + 64)).
+TEST(Render, MultiLatentAttentionShape) {
+  PlanReport r = plan_from(
+      "--world-size 8 --num-layers 4 --hidden-size 512 --num-attention-heads 8 --seq-length 512 "
+      "--max-position-embeddings 512 --vocab-size 50257 --micro-batch-size 1 --global-batch-size 8 "
+      "--multi-latent-attention --q-lora-rank 192 --kv-lora-rank 64 --rotary-scaling-factor 40 --mscale-all-dim 1");
+  ASSERT_TRUE(r.valid()) << rules_of(r);
+  const std::string text = render_text(r);
+  EXPECT_NE(text.find("multi-latent: q rank 192, kv rank 64, heads of 128 + 64 rotated (YaRN x40), values 128"),
+            std::string::npos)
+      << text;
+  const nlohmann::json m = to_json(r)["model"]["multi_latent_attention"];
+  EXPECT_EQ(m["q_lora_rank"], 192);
+  EXPECT_EQ(m["rope_type"], "yarn");
+  const double s = 0.1 * std::log(40.0) + 1;
+  EXPECT_NEAR(m["softmax_scale"].get<double>(), s * s / std::sqrt(192.0), 1e-15);
+}
+
 TEST(Render, HtmlIsSelfContained) {
   PlanReport r = plan_from("--world-size 4 --tensor-model-parallel-size 2 --num-layers 2 --hidden-size 64 "
                            "--num-attention-heads 4 --seq-length 64 --max-position-embeddings 64 --vocab-size 100 --micro-batch-size 1");
