@@ -29,7 +29,7 @@
       const input = f.elements[k];
       if (!input) continue;
       if (input.type === "checkbox") input.checked = !!v;
-      else input.value = (v === 0 && (k === "global-batch-size" || k === "ffn-hidden-size")) ? "" : v;
+      else input.value = (v === 0 && (k === "global-batch-size" || k === "ffn-hidden-size" || k === "q-lora-rank")) ? "" : v;
     }
   }
   function formArgs() {
@@ -54,6 +54,12 @@
     if (g !== "" && Number(g) > 0) args.push("--group-query-attention", "--num-query-groups", g);
     for (const name of ["swiglu", "untie-embeddings-and-output-weights", "sequence-parallel", "use-distributed-optimizer"]) {
       if (f.elements[name].checked) args.push("--" + name);
+    }
+    // Multi-latent attention: its ranks count only with it (Megatron ignores them otherwise).
+    if (f.elements["multi-latent-attention"].checked) {
+      args.push("--multi-latent-attention");
+      for (const name of ["q-lora-rank", "kv-lora-rank"])
+        if (num(name) !== "" && Number(num(name)) > 0) args.push("--" + name, num(name));
     }
     const prec = f.elements["precision"].value;
     if (prec !== "fp32") args.push("--" + prec);

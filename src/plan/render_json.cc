@@ -31,6 +31,9 @@ json form_values(const PlanReport& r) {
   f["max-position-embeddings"] = m.max_position_embeddings;
   f["vocab-size"] = m.vocab_size.value_or(0);
   f["num-experts"] = m.num_experts;
+  f["multi-latent-attention"] = m.mla();
+  f["q-lora-rank"] = m.q_lora_rank.value_or(0);
+  f["kv-lora-rank"] = m.kv_lora_rank;
   f["micro-batch-size"] = r.job.batch.micro_batch_size;
   f["global-batch-size"] = r.job.batch.global_batch_size.value_or(0);
   f["step-batch-size-schedule"] = r.job.batch.step_batch_size_schedule.value_or("");

@@ -339,6 +339,22 @@ async function servedPage(browser, server) {
   const summary = await page.locator("#summary").textContent();
   check(summary.includes("= 16"), `served page, step schedule: the global batch card lacks '= 16': ${summary}`);
 
+  // Multi-latent attention: the checkbox, then its q rank; the planner's
+  // parameter count changes with each (the summary shows it).
+  const params = async () => (await page.locator("#summary").textContent());
+  const before = await params();
+  const mlaOn = page.waitForResponse((r) => r.url().endsWith("/api/plan"));
+  await page.locator('#plan-form [name="multi-latent-attention"]').check();
+  const mlaBody = (await mlaOn.then((r) => r.request())).postDataJSON();
+  check(mlaBody.args.includes("--multi-latent-attention"),
+        `served page, MLA: the page posted args without --multi-latent-attention: ${JSON.stringify(mlaBody.args)}`);
+  await page.waitForFunction((b) => document.body.dataset.valid === "1" && document.querySelector("#summary").textContent !== b,
+                             before, { timeout: STEP_MS })
+    .catch(async () => { throw new TestFailure("served page, MLA: no new valid plan:\n  " +
+                                               (await page.locator("#errors li").allTextContents()).join("\n  ")); });
+  await setInput(page, "q-lora-rank", 64);
+  await page.waitForFunction(() => document.body.dataset.valid === "1", null, { timeout: STEP_MS });
+
   const foreign = w.requests.filter((u) => !u.startsWith(server.url));
   checkEq(foreign, [], "served page: requests to anything but the server");
   checkNoProblems(w);
