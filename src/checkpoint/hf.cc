@@ -717,7 +717,8 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
   const model::ModelConfig& mc = m.config();
   if (*arch == HfArch::kDeepseekV3 && mc.group_limited() && mc.has_expert_bias())
     sum.notes.push_back(
-        "DeepseekV3ForCausalLM masks the experts of the groups it does not keep with a score of 0 (Megatron: -inf), so "
+        "transformers' DeepseekV3ForCausalLM (its sources from 4.51 on) masks the experts of the groups it does not "
+        "keep with a score of 0 (Megatron: -inf), so "
         "where a token's biased scores (sigmoid + e_score_correction_bias) in the kept groups fall below 0 it may choose "
         "an expert of another group, and the logits then differ from this model's; where those scores are positive "
         "they are the same");
@@ -725,11 +726,18 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
   // Shards in order, each closed before it passes max_shard_bytes (a single
   // tensor larger than that gets a shard of its own); each shard's tensors
   // are computed only while it is written.
-  const int64_t esize = static_cast<int64_t>(dtype_size(opt.dtype));
+  // DeepSeek-V3's e_score_correction_bias stays fp32 whatever --dtype says
+  // (as DeepSeek ships it and transformers keeps it): bf16's spacing near 0.5
+  // exceeds the bias's update rate, and rounding could change the choice.
+  auto dtype_of_map = [&](const HfMap& map) {
+    const std::string tail = "e_score_correction_bias";
+    const bool fp32 = map.hf.size() >= tail.size() && map.hf.compare(map.hf.size() - tail.size(), tail.size(), tail) == 0;
+    return fp32 ? DType::kF32 : opt.dtype;
+  };
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0;
   for (size_t i = 0; i < maps.size(); ++i) {
-    const int64_t b = maps[i].hf_shape.numel() * esize;
+    const int64_t b = maps[i].hf_shape.numel() * static_cast<int64_t>(dtype_size(dtype_of_map(maps[i])));
     if (in_shard > 0 && in_shard + b > opt.max_shard_bytes) shards.emplace_back(), in_shard = 0;
     shards.back().push_back(i);
     in_shard += b;
@@ -748,7 +756,7 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
     for (size_t i : shards[s]) {
       const HfMap& map = maps[i];
       f32.push_back(gather(m, map));
-      if (opt.dtype != DType::kF32) {
+      if (dtype_of_map(map) != DType::kF32) {
         // Rounded once to nearest even; fp16 turns values beyond 65504 into inf.
         lowp.emplace_back(f32.back().size());
         for (size_t j = 0; j < f32.back().size(); ++j) {
@@ -1124,7 +1132,10 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     } else if (kind != "yarn") {
       why.push_back(fmt::format("rope_type \"{}\" (Megatron's MLA takes plain RoPE or YaRN)", kind.substr(0, 40)));
     } else {
-      const double f = rnum("factor").value_or(0), orig = rnum("original_max_position_embeddings").value_or(4096);
+      // (transformers: the original context is max_position_embeddings when
+      // not given, and the factor their ratio when only the original is.)
+      const double orig = rnum("original_max_position_embeddings").value_or(static_cast<double>(P));
+      const double f = rnum("factor").value_or(rs->contains("original_max_position_embeddings") ? P / orig : 0);
       const double m = rnum("mscale").value_or(0), mad = rnum("mscale_all_dim").value_or(0);
       if (f < 1) why.push_back(fmt::format("rope_scaling factor {} (YaRN takes a factor >= 1)", f));
       if (orig != 4096 || rnum("beta_fast").value_or(32) != 32 || rnum("beta_slow").value_or(1) != 1)
@@ -1136,6 +1147,8 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
                                   "(transformers takes the ratio for the frequencies, the factor for the softmax scale)",
                                   P, orig, f));
       if (rs->contains("attention_factor")) why.push_back("rope_scaling attention_factor (Megatron has no such flag)");
+      if (rs->contains("truncate") && (*rs)["truncate"].is_boolean() && !(*rs)["truncate"].get<bool>())
+        why.push_back("rope_scaling truncate false (Megatron's YaRN rounds its correction range to whole dims)");
       if (m == 0 && mad != 0) {
         why.push_back("rope_scaling mscale 0 with mscale_all_dim (transformers' attention factor 0.1 ln(factor) + 1 has "
                       "no Megatron --mscale)");
@@ -1161,7 +1174,7 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
       if (k_dense > 0) add("--moe-layer-freq", fmt::format("[0]*{}+[1]*{}", k_dense, L - k_dense));
       if (G > 1) {
         add("--moe-router-num-groups", std::to_string(G)), add("--moe-router-group-topk", std::to_string(gk));
-        if (k / gk != 2 || k % gk)
+        if (k / gk != 2)
           why.push_back(fmt::format("num_experts_per_tok {} / topk_group {} != 2 (transformers ranks the groups by their "
                                     "top 2 scores, Megatron by their top num_experts_per_tok / topk_group)",
                                     k, gk));

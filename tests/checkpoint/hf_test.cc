@@ -495,6 +495,20 @@ TEST(HfExportArch, DeepseekV3GroupMaskNote) {
   ASSERT_EQ(sum->notes.size(), 1u);
   EXPECT_NE(sum->notes[0].find("score of 0 (Megatron: -inf)"), std::string::npos) << sum->notes[0];
   const auto cfg = read_json(dir + "/config.json");
+  // --dtype bf16: every tensor bf16 but the expert bias, kept fp32.
+  fs::remove_all(dir + "_bf16");
+  HfExportOptions bf;
+  bf.dtype = DType::kBF16;
+  ASSERT_TRUE(export_hf(*m, null_tokenizer(), bf, dir + "_bf16").is_ok());
+  auto mapped = MappedSafetensors::open(dir + "_bf16/model.safetensors");
+  ASSERT_TRUE(mapped.is_ok()) << mapped.status().message();
+  int fp32 = 0;
+  for (const auto& [name, t] : mapped->tensors()) {
+    const bool bias = name.find("e_score_correction_bias") != std::string::npos;
+    EXPECT_EQ(t.dtype, bias ? "F32" : "BF16") << name;
+    fp32 += bias;
+  }
+  EXPECT_EQ(fp32, 1);
   EXPECT_EQ(cfg["n_group"], 2);
   EXPECT_EQ(cfg["topk_group"], 1);
   EXPECT_EQ(cfg["first_k_dense_replace"], 1);
@@ -775,6 +789,15 @@ TEST(HfImport, DeepSeekV3ConfigGivesItsMegatronFlags) {
       "q_lora_rank": null,
       "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 8192}})"), "config.json");
   ASSERT_FALSE(bad.is_ok());
+  // YaRN's original context defaults to max_position_embeddings in
+  // transformers; Megatron's MLA has 4096 only; truncate false is not Megatron's rounding.
+  auto yarn = hf_import_flags(nlohmann::json::parse(R"({"architectures": ["DeepseekV3ForCausalLM"],
+      "max_position_embeddings": 8192, "rope_scaling": {"type": "yarn", "factor": 2.0, "truncate": false}})"),
+                              "config.json");
+  ASSERT_FALSE(yarn.is_ok());
+  EXPECT_NE(yarn.status().message().find("original_max_position_embeddings 8192"), std::string::npos)
+      << yarn.status().message();
+  EXPECT_NE(yarn.status().message().find("truncate false"), std::string::npos) << yarn.status().message();
   for (const char* want : {"rms_norm_eps 1e-05", "rope_interleave false", "num_key_value_heads 64", "q_lora_rank null",
                            "num_experts_per_tok 8 / topk_group 2 != 2", "norm_topk_prob false",
                            "original_max_position_embeddings 8192"})
