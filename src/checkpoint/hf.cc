@@ -409,6 +409,14 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     const int64_t n = static_cast<int64_t>(src.size());
     v.push_back(HfMap{std::move(hf), Shape{n}, std::move(meg), 1, std::move(src), false, 0.f});
   };
+  // A SwiGLU MLP of width W under HF prefix x: its gate, up and down
+  // projections from Megatron's fc1 [gate; up] and fc2 under prefix m.
+  auto glu = [&](const std::string& x, const char* gate, const char* up, const char* down, const std::string& m,
+                 int64_t W) {
+    rows(x + gate + ".weight", m + "linear_fc1.weight", 0, W, h);
+    rows(x + up + ".weight", m + "linear_fc1.weight", W, W, h);
+    rows(x + down + ".weight", m + "linear_fc2.weight", 0, h, W);
+  };
   // The linear_qkv row of head dim t of q head j, of group j's k, or its v.
   auto q_row = [&](int64_t head, int64_t t) { return (head / qpg) * (qpg + 2) * d + (head % qpg) * d + t; };
   auto k_row = [&](int64_t grp, int64_t t) { return grp * (qpg + 2) * d + qpg * d + t; };
@@ -457,10 +465,8 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     // dims as Megatron's MLA does.
     rows("model.embed_tokens.weight", "embedding.word_embeddings.weight", 0, vocab_rows, h);
     const int64_t D = c.head_dim(), kl = c.kv_lora_rank, dr = c.qk_pos_emb_head_dim;
-    auto glu = [&](const std::string& x, const std::string& m, int64_t W) {
-      rows(x + "gate_proj.weight", m + "linear_fc1.weight", 0, W, h);
-      rows(x + "up_proj.weight", m + "linear_fc1.weight", W, W, h);
-      rows(x + "down_proj.weight", m + "linear_fc2.weight", 0, h, W);
+    auto mlp = [&](const std::string& x, const std::string& m, int64_t W) {
+      glu(x, "gate_proj", "up_proj", "down_proj", m, W);
     };
     for (int64_t l = 0; l < L; ++l) {
       const std::string p = fmt::format("decoder.layers.{}.", l), o = fmt::format("model.layers.{}.", l);
@@ -477,7 +483,7 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
       rows(at + "o_proj.weight", sa + "linear_proj.weight", 0, h, a * c.v_head_dim);
       rows(o + "post_attention_layernorm.weight", p + "pre_mlp_layernorm.weight", 0, h, 1, one_p);
       if (!c.is_moe_layer(l)) {
-        glu(o + "mlp.", p + "mlp.", F);
+        mlp(o + "mlp.", p + "mlp.", F);
         continue;
       }
       rows(o + "mlp.gate.weight", p + "mlp.router.weight", 0, c.num_experts, h);
@@ -485,8 +491,8 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
       gather(o + "mlp.gate.e_score_correction_bias", c.has_expert_bias() ? p + "mlp.router.expert_bias" : "",
              iota(0, c.num_experts));
       for (int64_t e = 0; e < c.num_experts; ++e)
-        glu(fmt::format("{}mlp.experts.{}.", o, e), fmt::format("{}mlp.experts.local_experts.{}.", p, e), c.moe_ffn());
-      glu(o + "mlp.shared_experts.", p + "mlp.shared_experts.", c.moe_shared_expert_intermediate_size);
+        mlp(fmt::format("{}mlp.experts.{}.", o, e), fmt::format("{}mlp.experts.local_experts.{}.", p, e), c.moe_ffn());
+      mlp(o + "mlp.shared_experts.", p + "mlp.shared_experts.", c.moe_shared_expert_intermediate_size);
     }
     rows("model.norm.weight", "decoder.final_layernorm.weight", 0, h, 1, one_p);
     if (c.untie_embeddings_and_output_weights) rows("lm_head.weight", "output_layer.weight", 0, vocab_rows, h);
@@ -521,14 +527,6 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     rows(o + "self_attn.o_proj.weight", p + "self_attention.linear_proj.weight", 0, h, a * d);
     if (bias) rows(o + "self_attn.o_proj.bias", p + "self_attention.linear_proj.bias", 0, h, 1);
     rows(o + "post_attention_layernorm.weight", p + "pre_mlp_layernorm.weight", 0, h, 1, one_p);
-    // A SwiGLU MLP of width W under HF prefix x: its gate, up and down
-    // projections from Megatron's fc1 [gate; up] and fc2 under prefix m.
-    auto glu = [&](const std::string& x, const char* gate, const char* up, const char* down, const std::string& m,
-                   int64_t W) {
-      rows(x + gate + ".weight", m + "linear_fc1.weight", 0, W, h);
-      rows(x + up + ".weight", m + "linear_fc1.weight", W, W, h);
-      rows(x + down + ".weight", m + "linear_fc2.weight", 0, h, W);
-    };
     // The router as `gate` and expert e's MLP under `experts` + "e.".
     auto routed = [&](const std::string& gate, const std::string& experts, const char* g, const char* u,
                       const char* dn) {
@@ -579,10 +577,17 @@ Status check_whole_fp32(const model::GPTModel& m, const char* what) {
   return Status::ok();
 }
 
-const float* param_data(const model::GPTModel& m, const std::string& name) {
-  // --moe-router-enable-expert-bias: state beside the parameters.
-  for (const auto& [n, t] : m.expert_bias_tensors())
-    if (n == name) return t.ptr<float>();
+// A parameter's values, or an MoE layer's expert bias
+// ("decoder.layers.{l}.mlp.router.expert_bias", --moe-router-enable-expert-bias:
+// state beside the parameters, DeepSeek-V3's e_score_correction_bias).
+float* param_data(const model::GPTModel& m, const std::string& name) {
+  static constexpr std::string_view kBias = ".mlp.router.expert_bias", kLayers = "decoder.layers.";
+  if (name.size() > kBias.size() + kLayers.size() && name.compare(0, kLayers.size(), kLayers) == 0 &&
+      name.compare(name.size() - kBias.size(), kBias.size(), kBias) == 0) {
+    const Tensor& b = m.expert_bias(std::stoi(name.substr(kLayers.size())));
+    MT_CHECK(b.defined(), "hf: no expert bias " + name);
+    return b.ptr<float>();
+  }
   const int i = m.find(name);
   MT_CHECK(i >= 0, "hf: no parameter " + name);
   return m.params()[static_cast<size_t>(i)].ptr<float>();
@@ -858,6 +863,31 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     return j[key].get<std::string>().substr(0, 60);
   };
   auto fmt_num = [](double v) { return fmt::format("{}", v); };
+  // RoPE: rope_theta and rope_scaling (transformers 4.x), or one
+  // rope_parameters object (transformers 5), which wins; rope_type
+  // "default" (or none) is plain RoPE. rope_base() adds --rotary-base.
+  const json* rp = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? &j["rope_parameters"] : nullptr;
+  const json* rs = rp ? rp : j.contains("rope_scaling") && !j["rope_scaling"].is_null() ? &j["rope_scaling"] : nullptr;
+  auto rope_base = [&] {
+    double theta = num("rope_theta", 10000.0).value_or(10000.0);
+    if (rp && rp->contains("rope_theta")) {
+      if ((*rp)["rope_theta"].is_number())
+        theta = (*rp)["rope_theta"].get<double>();
+      else
+        why.push_back(fmt::format("rope_parameters.rope_theta is {}, expected a number", json_brief((*rp)["rope_theta"])));
+    }
+    return theta;
+  };
+  auto rstr = [&](const char* k) {
+    return rs && rs->is_object() && rs->contains(k) && (*rs)[k].is_string() ? (*rs)[k].get<std::string>()
+                                                                             : std::string();
+  };
+  auto rnum = [&](const char* k) -> std::optional<double> {
+    if (!rs || !rs->is_object() || !rs->contains(k) || !(*rs)[k].is_number()) return std::nullopt;
+    return (*rs)[k].get<double>();
+  };
+  const std::string rope_kind = !rstr("rope_type").empty() ? rstr("rope_type") : !rstr("type").empty() ? rstr("type")
+                                                                                                        : "default";
   std::string arch_name;
   if (j.contains("architectures") && j["architectures"].is_array() && j["architectures"].size() == 1 &&
       j["architectures"][0].is_string())
@@ -1019,30 +1049,11 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
                       "top-1 softmax over the chosen logit)");
     }
     if (!flag_b("tie_word_embeddings", false)) add("--untie-embeddings-and-output-weights");
-    // RoPE: rope_theta and rope_scaling (transformers 4.x), or one
-    // rope_parameters object (transformers 5), which wins; rope_type
-    // "default" (or none) is plain RoPE.
-    const json* rp = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? &j["rope_parameters"] : nullptr;
-    const json* rs = rp ? rp : j.contains("rope_scaling") && !j["rope_scaling"].is_null() ? &j["rope_scaling"] : nullptr;
-    double theta = num("rope_theta", 10000.0).value_or(10000.0);
-    if (rp && rp->contains("rope_theta")) {
-      if ((*rp)["rope_theta"].is_number())
-        theta = (*rp)["rope_theta"].get<double>();
-      else
-        why.push_back(fmt::format("rope_parameters.rope_theta is {}, expected a number", json_brief((*rp)["rope_theta"])));
-    }
-    add("--rotary-base", fmt_num(theta));
+    add("--rotary-base", fmt_num(rope_base()));
     if (rs && !rs->is_object()) {
       why.push_back(fmt::format("rope_scaling is {}, expected an object or null", json_brief(*rs)));
     } else if (rs) {
-      auto rstr = [&](const char* k) {
-        return rs->contains(k) && (*rs)[k].is_string() ? (*rs)[k].get<std::string>() : std::string();
-      };
-      const std::string kind = !rstr("rope_type").empty() ? rstr("rope_type") : !rstr("type").empty() ? rstr("type") : "default";
-      auto rnum = [&](const char* k) -> std::optional<double> {
-        if (!rs->contains(k) || !(*rs)[k].is_number()) return std::nullopt;
-        return (*rs)[k].get<double>();
-      };
+      const std::string& kind = rope_kind;
       const auto fac = rnum("factor");
       if (kind == "default") {
       } else if (kind == "llama3") {
@@ -1110,19 +1121,8 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     // RoPE: plain, or YaRN with Megatron's MLA constants (original 4096,
     // betas 32 and 1); transformers' factor is max_position_embeddings /
     // original_max_position_embeddings when the latter is given.
-    const json* rp = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? &j["rope_parameters"] : nullptr;
-    const json* rs = rp ? rp : j.contains("rope_scaling") && !j["rope_scaling"].is_null() ? &j["rope_scaling"] : nullptr;
-    double theta = num("rope_theta", 10000.0).value_or(10000.0);
-    if (rp && rp->contains("rope_theta") && (*rp)["rope_theta"].is_number()) theta = (*rp)["rope_theta"].get<double>();
-    add("--rotary-base", fmt_num(theta));
-    auto rstr = [&](const char* k) {
-      return rs && rs->contains(k) && (*rs)[k].is_string() ? (*rs)[k].get<std::string>() : std::string();
-    };
-    auto rnum = [&](const char* k) -> std::optional<double> {
-      if (!rs || !rs->contains(k) || !(*rs)[k].is_number()) return std::nullopt;
-      return (*rs)[k].get<double>();
-    };
-    const std::string kind = !rstr("rope_type").empty() ? rstr("rope_type") : !rstr("type").empty() ? rstr("type") : "default";
+    add("--rotary-base", fmt_num(rope_base()));
+    const std::string& kind = rope_kind;
     if (rs && !rs->is_object()) {
       why.push_back(fmt::format("rope_scaling is {}, expected an object or null", json_brief(*rs)));
     } else if (kind == "default") {
@@ -1294,10 +1294,7 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
     vals.resize(static_cast<size_t>(t.shape.numel()));
     if (Status st = mapped_to_floats(t, vals.data()); !st)
       return Status::invalid(fmt::format("'{}': tensor '{}': {}", file.path(), it->second.second, st.message()));
-    float* dst = nullptr;
-    for (const auto& [name, t] : m.expert_bias_tensors())  // DeepSeek-V3's e_score_correction_bias: state here
-      if (name == map.meg) dst = t.ptr<float>();
-    if (!dst) dst = m.params()[static_cast<size_t>(m.find(map.meg))].ptr<float>();
+    float* dst = param_data(m, map.meg);
     const int64_t n = static_cast<int64_t>(map.src.size()), C = map.cols;
     for (int64_t jj = 0; jj < n; ++jj)
       for (int64_t k = 0; k < C; ++k) {

@@ -320,7 +320,7 @@ void Decoder::run_chunk(const int32_t* tokens, int64_t n, const Tensor& logits_r
   k::embedding_forward(ids, P[static_cast<size_t>(word_)], 0, x);
   if (pos_ >= 0) k::position_add_forward(P[static_cast<size_t>(pos_)].slice(p0, p0 + n), 1, x);
   const k::QkvLayout L{n, 1, a_, g_, d_};
-  const double scale = c.mla() ? c.mla_softmax_scale() : 1.0 / std::sqrt(static_cast<double>(d_));
+  const double scale = c.softmax_scale();
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& p = layers_[l];
     norm(x, p.ln1_w, p.ln1_b, ln, mean, rstd);

@@ -59,6 +59,29 @@ inline void check_mla(const MlaDims& m, const Tensor& q, const Tensor& kv, const
                        m.dv));
   MT_CHECK(q.dtype() == qkv.dtype() && kv.dtype() == qkv.dtype(),
            fmt::format("{}: q, kv and qkv must have one dtype", op));
+  MT_CHECK(qkv.dtype() == DType::kF32 || qkv.dtype() == DType::kF64 || qkv.dtype() == DType::kBF16,
+           fmt::format("{}: {} tensors, expected fp32, fp64 or bf16", op, dtype_name(qkv.dtype())));
+}
+
+// mla_unpack's dkpe: qkv's dtype (true) or the accumulation type (false: fp32
+// for fp32 and bf16, fp64 for fp64); anything else fails naming the op.
+inline bool mla_dkpe_in_storage_type(const Tensor& dkpe, const Tensor& dqkv, const char* op) {
+  if (dkpe.dtype() == dqkv.dtype()) return true;
+  const DType acc = dqkv.dtype() == DType::kF64 ? DType::kF64 : DType::kF32;
+  MT_CHECK(dkpe.dtype() == acc, fmt::format("{}: dkpe is {}, expected {} or {}", op, dtype_name(dkpe.dtype()),
+                                            dtype_name(dqkv.dtype()), dtype_name(acc)));
+  return false;
+}
+
+// mla_ctx's shapes: ctx [N, a D] and ctx_v [N, a dv], one dtype.
+inline void check_mla_ctx(const MlaDims& m, const Tensor& ctx, const Tensor& ctx_v) {
+  m.check();
+  MT_CHECK(ctx.numel() == m.tokens * m.heads * m.D() && ctx_v.numel() == m.tokens * m.heads * m.dv &&
+               ctx.dtype() == ctx_v.dtype(),
+           fmt::format("mla_ctx: ctx {} and ctx_v {} must be [N, a D] and [N, a dv] of one dtype", ctx.shape().str(),
+                       ctx_v.shape().str()));
+  MT_CHECK(ctx.dtype() == DType::kF32 || ctx.dtype() == DType::kF64 || ctx.dtype() == DType::kBF16,
+           fmt::format("mla_ctx: {} tensors, expected fp32, fp64 or bf16", dtype_name(ctx.dtype())));
 }
 
 namespace cpu {

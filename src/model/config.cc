@@ -207,10 +207,10 @@ namespace {
 double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
 }  // namespace
 
-double ModelConfig::mla_softmax_scale() const {
+double ModelConfig::softmax_scale() const {
   // MultiLatentAttention: mscale = _yarn_get_mscale(rotary_scaling_factor,
   // mscale_all_dim), whatever --rope-type; softmax_scale = mscale^2 / sqrt(q_head_dim).
-  const double m = yarn_mscale(rotary_scaling_factor, mscale_all_dim);
+  const double m = mla() ? yarn_mscale(rotary_scaling_factor, mscale_all_dim) : 1.0;
   return m * m / std::sqrt(static_cast<double>(head_dim()));
 }
 

@@ -173,8 +173,9 @@ struct ModelConfig {
   // RoPE pairs dims (2i, 2i+1): --rotary-interleaved, and MLA's position
   // dims as kernels/mla.h packs them.
   bool rope_pairs_adjacent() const { return rotary_interleaved || mla(); }
-  // MLA's softmax scale: yarn_mscale(--rotary-scaling-factor, --mscale-all-dim)^2 / sqrt(d).
-  double mla_softmax_scale() const;
+  // The attention's softmax scale: 1/sqrt(d); with MLA
+  // yarn_mscale(--rotary-scaling-factor, --mscale-all-dim)^2 / sqrt(d).
+  double softmax_scale() const;
   // MLA's cos/sin factor (1 without yarn).
   double mla_rope_mscale() const;
 

@@ -1613,7 +1613,7 @@ void GPTModel::hidden_dropout(const Tensor& x, const Tensor& y, double p, uint64
 }
 
 k::AttentionOptions GPTModel::attention_options(const Slot& s, int l) const {
-  k::AttentionOptions ao{cfg_.mla() ? cfg_.mla_softmax_scale() : 1.0 / std::sqrt(static_cast<double>(cfg_.head_dim())),
+  k::AttentionOptions ao{cfg_.softmax_scale(),
                          s.training ? cfg_.attention_dropout : 0.0, kDropoutSeedSalt, dropout_stream(s.dropout_step, l, 0),
                          opt_.tp_rank * a_};
   ao.bf16_matmul = opt_.half_compute;  // tensor cores where the backend has them

@@ -120,7 +120,7 @@ json to_json(const PlanReport& r) {
           {"q_lora_rank", m.q_lora_rank ? json(*m.q_lora_rank) : json(nullptr)}, {"kv_lora_rank", m.kv_lora_rank},
           {"qk_head_dim", m.qk_head_dim}, {"qk_pos_emb_head_dim", m.qk_pos_emb_head_dim}, {"v_head_dim", m.v_head_dim},
           {"rope_type", m.mla_yarn() ? "yarn" : "rope"}, {"rotary_scaling_factor", m.rotary_scaling_factor},
-          {"softmax_scale", m.mla_softmax_scale()}};
+          {"softmax_scale", m.softmax_scale()}};
   }
   j["model"] = model;
   j["chunks"] = json::array();

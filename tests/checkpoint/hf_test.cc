@@ -535,6 +535,16 @@ namespace {
 // parametrisation (not --apply-layernorm-1p, --rotary-interleaved, or a
 // GPT-2 without biases), the same parameters bit for bit (Megatron's padding
 // rows: copies of the last row).
+// The ModelConfig that `megatron import`'s printed flags describe (`ok`:
+// whether they parse).
+ModelConfig model_from_flags(const std::vector<std::string>& flags, bool* ok) {
+  ModelConfig mc;
+  FlagSet fs_("import");
+  model::register_model_flags(fs_, mc);
+  *ok = fs_.parse(flags).is_ok();
+  return mc;
+}
+
 class HfRoundTrip : public ::testing::TestWithParam<int> {};
 
 TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
@@ -552,12 +562,11 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
   ASSERT_TRUE(flags.is_ok()) << flags.status().message();
   EXPECT_STREQ(hf_arch_name(flags->arch), c.arch);
   EXPECT_EQ(flags->vocab_size, 91);
-  ModelConfig mc;
-  FlagSet fs_("import");
-  model::register_model_flags(fs_, mc);
+  bool parsed = false;
+  ModelConfig mc = model_from_flags(flags->flags, &parsed);
   std::string joined;
   for (const auto& t : flags->flags) joined += t + " ";
-  ASSERT_TRUE(fs_.parse(flags->flags).is_ok()) << joined;
+  ASSERT_TRUE(parsed) << joined;
   mc.seq_length = c.cfg.seq_length, mc.vocab_size = 91, mc.make_vocab_size_divisible_by = 16;
   model::GPTOptions opt;
   auto m2 = model::GPTModel::create(mc, opt);
@@ -772,10 +781,9 @@ TEST(HfImport, DeepSeekV3ConfigGivesItsMegatronFlags) {
             "--moe-shared-expert-intermediate-size 2048 --moe-router-score-function sigmoid "
             "--moe-router-enable-expert-bias --moe-layer-freq [0]*3+[1]*58 --moe-router-num-groups 8 "
             "--moe-router-group-topk 4 --moe-router-topk-scaling-factor 2.5");
-  ModelConfig mc;
-  FlagSet fs_("import");
-  model::register_model_flags(fs_, mc);
-  ASSERT_TRUE(fs_.parse(r->flags).is_ok());
+  bool parsed = false;
+  ModelConfig mc = model_from_flags(r->flags, &parsed);
+  ASSERT_TRUE(parsed);
   mc.vocab_size = r->vocab_size;
   EXPECT_EQ(model::model_params(mc, mc.padded_vocab(1)).total(), int64_t{671026404352});
   // The Hub's own file: fp8 weights with scales.
@@ -823,10 +831,9 @@ TEST(HfImport, DeepSeekV3SkipsTheMtpLayers) {
   ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", all).is_ok());
   auto flags = hf_import_flags(read_json(dir + "/config.json"), "config.json");
   ASSERT_TRUE(flags.is_ok()) << flags.status().message();
-  ModelConfig mc;
-  FlagSet fs_("import");
-  model::register_model_flags(fs_, mc);
-  ASSERT_TRUE(fs_.parse(flags->flags).is_ok());
+  bool parsed = false;
+  ModelConfig mc = model_from_flags(flags->flags, &parsed);
+  ASSERT_TRUE(parsed);
   mc.seq_length = c.cfg.seq_length, mc.vocab_size = 91, mc.make_vocab_size_divisible_by = 16;
   auto m2 = model::GPTModel::create(mc, model::GPTOptions{});
   ASSERT_TRUE(m2.is_ok()) << m2.status().message();

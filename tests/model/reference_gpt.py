@@ -131,34 +131,24 @@ def forward(P, tokens, labels, cfg):
         p = f"decoder.layers.{i}."
         ln1 = norm(x, P[p + "input_layernorm.weight"], bias(p + "input_layernorm.bias"), cfg)
         if cfg.get("multi_latent_attention", False):
-            ctx = mla(ln1, p + "self_attention.", cfg, linear, bias, mla_rope, mask)
-            x_mid = (ln1 if post else x) + linear(ctx, p + "self_attention.linear_proj")
-            ln2 = norm(x_mid, P[p + "pre_mlp_layernorm.weight"], bias(p + "pre_mlp_layernorm.bias"), cfg)
-            if cfg.get("num_experts", 0) and moe_pattern(cfg)[i]:
-                mlp_out, aux, z = moe(ln2.reshape(T * B, h), p + "mlp.", cfg, linear, B)
-                aux_total = aux_total + aux
-                z_total = z_total + z
-                x = x_mid + mlp_out.reshape(T, B, h)
-                continue
-            fc1 = linear(ln2, p + "mlp.linear_fc1")
-            x = (ln2 if post else x_mid) + linear(activation(fc1, cfg), p + "mlp.linear_fc2")
-            continue
-        qkv = linear(ln1, p + "self_attention.linear_qkv").view(T, B, g, (qpg + 2) * d)
-        q = qkv[..., : qpg * d].reshape(T, B, a, d)
-        k = qkv[..., qpg * d: (qpg + 1) * d]  # [s, b, g, d]
-        v = qkv[..., (qpg + 1) * d:]
-        if cfg.get("qk_layernorm", False):  # one norm over each head's d values, before RoPE
-            q = norm(q, P[p + "self_attention.q_layernorm.weight"], bias(p + "self_attention.q_layernorm.bias"), cfg)
-            k = norm(k, P[p + "self_attention.k_layernorm.weight"], bias(p + "self_attention.k_layernorm.bias"), cfg)
-        if cfg["position_embedding_type"] == "rope":
-            q = rope(q)
-            k = rope(k)
-        k = k.repeat_interleave(qpg, dim=2)  # head j uses group j // qpg
-        v = v.repeat_interleave(qpg, dim=2)
-        qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, a, s, d]
-        s = (qh @ kh.transpose(-1, -2)) / math.sqrt(d)
-        s = s.masked_fill(mask, float("-inf"))
-        ctx = (torch.softmax(s, dim=-1) @ vh).permute(2, 0, 1, 3).reshape(T, B, a * d)
+            ctx = mla(ln1, P, p + "self_attention.", cfg, linear, bias, mla_rope, mask)
+        else:
+            qkv = linear(ln1, p + "self_attention.linear_qkv").view(T, B, g, (qpg + 2) * d)
+            q = qkv[..., : qpg * d].reshape(T, B, a, d)
+            k = qkv[..., qpg * d: (qpg + 1) * d]  # [s, b, g, d]
+            v = qkv[..., (qpg + 1) * d:]
+            if cfg.get("qk_layernorm", False):  # one norm over each head's d values, before RoPE
+                q = norm(q, P[p + "self_attention.q_layernorm.weight"], bias(p + "self_attention.q_layernorm.bias"), cfg)
+                k = norm(k, P[p + "self_attention.k_layernorm.weight"], bias(p + "self_attention.k_layernorm.bias"), cfg)
+            if cfg["position_embedding_type"] == "rope":
+                q = rope(q)
+                k = rope(k)
+            k = k.repeat_interleave(qpg, dim=2)  # head j uses group j // qpg
+            v = v.repeat_interleave(qpg, dim=2)
+            qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [b, a, s, d]
+            s = (qh @ kh.transpose(-1, -2)) / math.sqrt(d)
+            s = s.masked_fill(mask, float("-inf"))
+            ctx = (torch.softmax(s, dim=-1) @ vh).permute(2, 0, 1, 3).reshape(T, B, a * d)
         x_mid = (ln1 if post else x) + linear(ctx, p + "self_attention.linear_proj")
         ln2 = norm(x_mid, P[p + "pre_mlp_layernorm.weight"], bias(p + "pre_mlp_layernorm.bias"), cfg)
         if cfg.get("num_experts", 0) and moe_pattern(cfg)[i]:
@@ -223,7 +213,7 @@ def mla_rope(t, table):
     return torch.cat((x * cos + rotate_half(x) * sin, rest), dim=-1)
 
 
-def mla(x, p, cfg, linear, bias, table, mask):
+def mla(x, P, p, cfg, linear, bias, table, mask):
     """Megatron's MLASelfAttention on x [s, b, h]: the attention output [s, b, a dv]."""
     T, B, _ = x.shape
     a, dn, dr, dv = cfg["num_attention_heads"], cfg["qk_head_dim"], cfg["qk_pos_emb_head_dim"], cfg["v_head_dim"]
@@ -232,7 +222,7 @@ def mla(x, p, cfg, linear, bias, table, mask):
     if cfg.get("q_lora_rank"):
         cq = linear(x, p + "linear_q_down_proj")
         if qk_norm:
-            cq = norm(cq, P_ROUTER(p, "q_layernorm.weight"), bias(p + "q_layernorm.bias"), cfg)
+            cq = norm(cq, P[p + "q_layernorm.weight"], bias(p + "q_layernorm.bias"), cfg)
         q = linear(cq, p + "linear_q_up_proj")
     else:
         q = linear(x, p + "linear_q_proj")
@@ -240,7 +230,7 @@ def mla(x, p, cfg, linear, bias, table, mask):
     kv_combined = linear(x, p + "linear_kv_down_proj")
     c, k_pe = kv_combined[..., :kl], kv_combined[..., kl:]
     if qk_norm:
-        c = norm(c, P_ROUTER(p, "kv_layernorm.weight"), bias(p + "kv_layernorm.bias"), cfg)
+        c = norm(c, P[p + "kv_layernorm.weight"], bias(p + "kv_layernorm.bias"), cfg)
     kv = linear(c, p + "linear_kv_up_proj").view(T, B, a, dn + dv)
     q_nope, q_pe = q[..., :dn], q[..., dn:]
     k_nope, v = kv[..., :dn], kv[..., dn:]

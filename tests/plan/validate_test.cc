@@ -32,7 +32,7 @@ TEST(Validate, BaseIsValid) {
 // rope, or with YaRN; the MLA-only sizes alone without it are ignored, as
 // Megatron ignores them.
 TEST(Validate, MultiLatentAttentionMegatronAccepts) {
-  for (const std::string& extra :
+  for (const char* extra :
        {"--multi-latent-attention", "--multi-latent-attention --q-lora-rank 64 --kv-lora-rank 32 --qk-layernorm",
         "--multi-latent-attention --position-embedding-type rope --rope-type rope --no-rope-fusion",
         "--multi-latent-attention --position-embedding-type rope --rotary-scaling-factor 40 --mscale-all-dim 1",

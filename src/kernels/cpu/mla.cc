@@ -6,25 +6,11 @@
 #include "kernels/cpu/common.h"
 
 namespace mt::kernels::cpu {
-namespace {
-
-// The element type every MLA tensor but dkpe stores.
-template <typename F>
-void mla_types(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::kF32: return f(float{});
-    case DType::kF64: return f(double{});
-    case DType::kBF16: return f(bf16{});
-    default: MT_CHECK(false, fmt::format("{}: {} tensors, expected fp32, fp64 or bf16", op, dtype_name(dt)));
-  }
-}
-
-}  // namespace
 
 void mla_pack(const Tensor& q, const Tensor& kv, const Tensor& kpe, const MlaDims& m, const Tensor& qkv) {
   check_mla(m, q, kv, kpe, qkv, "mla_pack");
   MT_CHECK(kpe.dtype() == qkv.dtype(), "mla_pack: kpe must have qkv's dtype");
-  mla_types(qkv.dtype(), "mla_pack", [&](auto tag) {
+  storage_types(qkv.dtype(), [&](auto tag) {
     using S = decltype(tag);
     const int64_t a = m.heads, dn = m.dn, dr = m.dr, dv = m.dv, D = m.D();
     const S* Q = q.ptr<S>();
@@ -50,7 +36,8 @@ void mla_pack(const Tensor& q, const Tensor& kv, const Tensor& kpe, const MlaDim
 
 void mla_unpack(const Tensor& dqkv, const MlaDims& m, const Tensor& dq, const Tensor& dkv, const Tensor& dkpe) {
   check_mla(m, dq, dkv, dkpe, dqkv, "mla_unpack");
-  mla_types(dqkv.dtype(), "mla_unpack", [&](auto tag) {
+  const bool dkpe_storage = mla_dkpe_in_storage_type(dkpe, dqkv, "mla_unpack");
+  storage_types(dqkv.dtype(), [&](auto tag) {
     using S = decltype(tag);
     using T = compute_t<S>;
     const auto run = [&](auto ytag) {
@@ -79,21 +66,14 @@ void mla_unpack(const Tensor& dqkv, const MlaDims& m, const Tensor& dq, const Te
         }
       }
     };
-    if (dkpe.dtype() == dqkv.dtype()) return run(S{});
-    MT_CHECK(dkpe.dtype() == dtype_of<T>(),
-             fmt::format("mla_unpack: dkpe is {}, expected {} or {}", dtype_name(dkpe.dtype()),
-                         dtype_name(dqkv.dtype()), dtype_name(dtype_of<T>())));
+    if (dkpe_storage) return run(S{});
     if constexpr (!std::is_same_v<S, T>) run(T{});
   });
 }
 
 void mla_ctx(const Tensor& ctx, const Tensor& ctx_v, const MlaDims& m, bool backward) {
-  m.check();
-  MT_CHECK(ctx.numel() == m.tokens * m.heads * m.D() && ctx_v.numel() == m.tokens * m.heads * m.dv &&
-               ctx.dtype() == ctx_v.dtype(),
-           fmt::format("mla_ctx: ctx {} and ctx_v {} must be [N, a D] and [N, a dv] of one dtype", ctx.shape().str(),
-                       ctx_v.shape().str()));
-  mla_types(ctx.dtype(), "mla_ctx", [&](auto tag) {
+  check_mla_ctx(m, ctx, ctx_v);
+  storage_types(ctx.dtype(), [&](auto tag) {
     using S = decltype(tag);
     const int64_t rows = m.tokens * m.heads, D = m.D(), dv = m.dv;
     S* c = ctx.ptr<S>();

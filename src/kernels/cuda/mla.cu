@@ -15,16 +15,6 @@ namespace {
 
 using namespace ::mt::kernels::cuda::pointwise;
 
-template <typename F>
-void mla_types(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::kF32: return f(float{});
-    case DType::kF64: return f(double{});
-    case DType::kBF16: return f(bf16{});
-    default: MT_CHECK(false, fmt::format("{}: {} tensors, expected fp32, fp64 or bf16", op, dtype_name(dt)));
-  }
-}
-
 // Item e: element c of slot s (0 q, 1 k, 2 v) of head h of token r in qkv,
 // e = ((r a + h) 3 + s) D + c.
 template <typename S>
@@ -95,7 +85,7 @@ void mla_pack(const Tensor& q, const Tensor& kv, const Tensor& kpe, const MlaDim
   check_on_gpu({&q, &kv, &kpe, &qkv}, "mla_pack");
   const int64_t n = qkv.numel();
   if (n == 0) return;
-  mla_types(qkv.dtype(), "mla_pack", [&](auto tag) {
+  storage_types(qkv.dtype(), [&](auto tag) {
     using S = decltype(tag);
     mla_pack_k<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, m.heads, m.dn, m.dr, m.dv, q.ptr<S>(),
                                                                        kv.ptr<S>(), kpe.ptr<S>(), qkv.ptr<S>());
@@ -106,9 +96,10 @@ void mla_pack(const Tensor& q, const Tensor& kv, const Tensor& kpe, const MlaDim
 void mla_unpack(const Tensor& dqkv, const MlaDims& m, const Tensor& dq, const Tensor& dkv, const Tensor& dkpe) {
   check_mla(m, dq, dkv, dkpe, dqkv, "mla_unpack");
   check_on_gpu({&dqkv, &dq, &dkv, &dkpe}, "mla_unpack");
+  const bool dkpe_storage = mla_dkpe_in_storage_type(dkpe, dqkv, "mla_unpack");
   const int64_t nq = dq.numel(), nkv = dkv.numel(), n = nq + nkv + dkpe.numel();
   if (n == 0) return;
-  mla_types(dqkv.dtype(), "mla_unpack", [&](auto tag) {
+  storage_types(dqkv.dtype(), [&](auto tag) {
     using S = decltype(tag);
     using T = compute_t<S>;
     const auto run = [&](auto ytag) {
@@ -117,24 +108,17 @@ void mla_unpack(const Tensor& dqkv, const MlaDims& m, const Tensor& dq, const Te
           nq, nkv, n, m.heads, m.dn, m.dr, m.dv, dqkv.ptr<S>(), dq.ptr<S>(), dkv.ptr<S>(), dkpe.ptr<Y>());
       MT_CUDA_CHECK_LAUNCH();
     };
-    if (dkpe.dtype() == dqkv.dtype()) return run(S{});
-    MT_CHECK(dkpe.dtype() == dtype_of<T>(),
-             fmt::format("mla_unpack: dkpe is {}, expected {} or {}", dtype_name(dkpe.dtype()),
-                         dtype_name(dqkv.dtype()), dtype_name(dtype_of<T>())));
+    if (dkpe_storage) return run(S{});
     if constexpr (!std::is_same_v<S, T>) run(T{});
   });
 }
 
 void mla_ctx(const Tensor& ctx, const Tensor& ctx_v, const MlaDims& m, bool backward) {
-  m.check();
-  MT_CHECK(ctx.numel() == m.tokens * m.heads * m.D() && ctx_v.numel() == m.tokens * m.heads * m.dv &&
-               ctx.dtype() == ctx_v.dtype(),
-           fmt::format("mla_ctx: ctx {} and ctx_v {} must be [N, a D] and [N, a dv] of one dtype", ctx.shape().str(),
-                       ctx_v.shape().str()));
+  check_mla_ctx(m, ctx, ctx_v);
   check_on_gpu({&ctx, &ctx_v}, "mla_ctx");
   const int64_t n = backward ? ctx.numel() : ctx_v.numel();
   if (n == 0) return;
-  mla_types(ctx.dtype(), "mla_ctx", [&](auto tag) {
+  storage_types(ctx.dtype(), [&](auto tag) {
     using S = decltype(tag);
     mla_ctx_k<S><<<grid_for(n), kThreads, 0, ::mt::cuda::stream()>>>(n, m.D(), m.dv, ctx.ptr<S>(), ctx_v.ptr<S>(),
                                                                       backward);
