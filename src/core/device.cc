@@ -63,6 +63,33 @@ void copy_tensor(const Tensor& src, const Tensor& dst) {
 #endif
 }
 
+void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width) {
+  MT_CHECK(src.dtype() == dst.dtype() && src.device() == dst.device() && src.ndim() == 2 && dst.ndim() == 2 &&
+               src.dim(0) == dst.dim(0) && width >= 0 && src_col >= 0 && dst_col >= 0 &&
+               src_col + width <= src.dim(1) && dst_col + width <= dst.dim(1),
+           fmt::format("copy_columns: {} columns [{}, {}) of {} {} into [{}, {}) of {} {}", width, src_col,
+                       src_col + width, dtype_name(src.dtype()), src.shape().str(), dst_col, dst_col + width,
+                       dtype_name(dst.dtype()), dst.shape().str()));
+  const size_t es = dtype_size(src.dtype()), rows = static_cast<size_t>(src.dim(0));
+  const size_t sp = static_cast<size_t>(src.dim(1)) * es, dp = static_cast<size_t>(dst.dim(1)) * es;
+  const size_t wb = static_cast<size_t>(width) * es;
+  const char* s = static_cast<const char*>(src.data()) + static_cast<size_t>(src_col) * es;
+  char* d = static_cast<char*>(dst.data()) + static_cast<size_t>(dst_col) * es;
+  auto host = [&] {
+    for (size_t r = 0; r < rows; ++r) std::memmove(d + r * dp, s + r * sp, wb);
+  };
+  if (src.device() == Device::kCpu) return host();
+  if (simdev::enabled()) {
+    simdev::HostScope open;
+    return host();
+  }
+#ifdef MT_HAVE_CUDA
+  cuda::copy_d2d_2d(d, dp, s, sp, wb, rows);
+#else
+  MT_CHECK(false, "copy_columns: a CUDA tensor in a build without the CUDA backend");
+#endif
+}
+
 void device_profiler_capture(bool on) {
   if (simdev::enabled()) return;
 #ifdef MT_HAVE_CUDA

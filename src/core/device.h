@@ -22,6 +22,13 @@ BackendInfo backend_info();
 // of devices. Waits when dst is on the host, so the caller can read it.
 void copy_tensor(const Tensor& src, const Tensor& dst);
 
+// Copies columns [src_col, src_col + width) of every row of the 2-D src
+// [R, Ws] into columns [dst_col, dst_col + width) of dst [R, Wd] (same
+// dtype, same rows, one device): concatenating or splitting along the last
+// dimension (multi-token prediction's [embedding | hidden] input, and a
+// column-parallel output gathered along its features).
+void copy_columns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col, int64_t width);
+
 // Opens (on) or closes the CUDA profiler's capture range (cudaProfilerStart /
 // cudaProfilerStop, what nsys --capture-range=cudaProfilerApi records) on a
 // real GPU; nothing on the CPU or the simulated device.

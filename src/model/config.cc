@@ -161,7 +161,13 @@ Result<std::vector<int>> moe_layer_pattern(const std::string& freq, int64_t num_
   return v;
 }
 
+std::string ModelConfig::layer_prefix(int64_t l) const {
+  return l < num_layers ? fmt::format("decoder.layers.{}.", l)
+                        : fmt::format("mtp.layers.{}.mtp_model_layer.", l - num_layers);
+}
+
 bool ModelConfig::is_moe_layer(int64_t l) const {
+  if (l >= num_layers && l < total_layers()) l = num_layers - 1;
   if (!is_moe() || l < 0 || l >= num_layers) return false;
   if (moe_layer_freq == "1") return true;
   auto p = moe_layer_pattern(moe_layer_freq, num_layers);
@@ -331,6 +337,14 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                "yarn_mscale(factor, mscale-all-dim)", 0, 1e6);
   f.add_double("mscale-all-dim", &c.mscale_all_dim,
                "YaRN's mscale_all_dim (MLA: also the softmax scale's yarn_mscale(factor, this)^2)", 0, 1e6);
+  f.add_int("mtp-num-layers", &c.mtp_num_layers,
+            "multi-token prediction (DeepSeek-V3): this many sequential MTP layers on the last stage, depth k "
+            "predicting the token k + 1 ahead from depth k - 1's hidden state and the embedding of the token k ahead",
+            0, 64);
+  f.add_double("mtp-loss-scaling-factor", &c.mtp_loss_scaling_factor,
+               "weight of the MTP loss: this times the mean over the depths of their losses joins the language-model "
+               "loss's gradient",
+               0, 1e6);
   f.add_int("num-experts", &c.num_experts, "MoE experts per layer (0: dense)", 0, 1 << 20);
   f.add_int("moe-router-topk", &c.moe_router_topk, "experts each token is routed to", 1, 1 << 20);
   f.add_int("moe-ffn-hidden-size", &c.moe_ffn_hidden_size, "expert MLP hidden size; default --ffn-hidden-size", 1, kMaxDim);

@@ -180,6 +180,26 @@ struct ModelConfig {
   double mla_rope_mscale() const;
 
   // Derived values (valid once the required fields are set).
+  // --mtp-num-layers D: multi-token prediction (DeepSeek-V3, Megatron's
+  // MultiTokenPredictionBlock) on the last pipeline stage. Depth k = 1..D
+  // takes h_{k-1} (h_0: the final norm's output of the decoder, h_k: depth
+  // k's own final norm output) and the embedding of the tokens k positions
+  // ahead (the sequence rolled left k times, zeros rolled in):
+  //   x_k = eh_proj([enorm(embed(tokens << k)) | hnorm(h_{k-1})])   (2h -> h, column-parallel, gathered)
+  //   h_k = final_layernorm_k(transformer_layer_k(x_k))            (a layer like the decoder's last)
+  // and predicts the labels k positions ahead through the shared output
+  // layer. Its loss, --mtp-loss-scaling-factor / D times the sum over the
+  // depths of each depth's mean over its counted labels, is added to the
+  // language-model loss for the gradients only; the log reports each
+  // depth's ("mtp_k loss"). The layers count as global layers L .. L+D-1
+  // (Megatron's MoE tracker numbers them so too).
+  std::optional<int64_t> mtp_num_layers;
+  double mtp_loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
+  int64_t mtp_layers() const { return mtp_num_layers.value_or(0); }
+  int64_t total_layers() const { return num_layers + mtp_layers(); }  // decoder + MTP layers
+  // The parameter-name prefix of global layer l ("decoder.layers.{l}." or,
+  // for an MTP depth's transformer layer, "mtp.layers.{l-L}.mtp_model_layer.").
+  std::string layer_prefix(int64_t l) const;
   int64_t ffn() const;
   int64_t head_dim() const;            // d (MLA: qk_head_dim + qk_pos_emb_head_dim, the q/k head width)
   int64_t rotary_dim() const;          // the leading dims RoPE rotates: rotary_freq_dim() rounded up to even
@@ -190,7 +210,8 @@ struct ModelConfig {
   bool is_moe() const { return num_experts > 0; }
   // Layer l's MLP is MoE (--num-experts and --moe-layer-freq; false for
   // every layer of a dense model, and where the pattern does not parse:
-  // moe_layer_pattern() reports that).
+  // moe_layer_pattern() reports that). An MTP layer (l >= num_layers) is
+  // like the decoder's last layer (Megatron builds it from that spec).
   bool is_moe_layer(int64_t l) const;
   int64_t num_moe_layers() const;
   // Some layer keeps the dense MLP (a dense model, or --moe-layer-freq).

@@ -275,6 +275,16 @@ bool tp_partial_grad(const ParamSpec& s, bool sequence_parallel, bool mla) {
   return sequence_parallel || (is_qk_norm(s.name) && !mla);
 }
 
+// The global layers a rank holds: its chunks' and, on the last stage, the
+// MTP layers (--mtp-num-layers).
+std::vector<int64_t> held_layers(const ModelConfig& cfg, const std::vector<LayerRange>& chunks, bool post_process) {
+  std::vector<int64_t> v;
+  for (const LayerRange& c : chunks)
+    for (int64_t l = c.first; l < c.first + c.count; ++l) v.push_back(l);
+  for (int64_t l = cfg.num_layers; post_process && l < cfg.total_layers(); ++l) v.push_back(l);
+  return v;
+}
+
 // Aligned bytes of one scratch allocation (Arena::alloc rounds each up).
 size_t abytes(int64_t elements, DType dt) { return align_up(static_cast<size_t>(elements) * dtype_size(dt)); }
 
@@ -287,6 +297,28 @@ struct ActIndex {
   std::vector<int> resid;       // L+1, -1 where not kept
   std::vector<FieldIdx> layers;  // L
   int lnf = -1, lnf_mean = -1, lnf_rstd = -1, logits = -1, mx = -1, se = -1, tl = -1, loss = -1;
+  // --mtp-num-layers: each depth's (GPTModel::MtpActs).
+  struct Mtp {
+    int tokens = -1, labels = -1, emb = -1, e_mean = -1, e_rstd = -1, h_mean = -1, h_rstd = -1, cat = -1, x = -1,
+        y = -1, lnf = -1, f_mean = -1, f_rstd = -1, logits = -1, mx = -1, se = -1, tl = -1, loss = -1;
+    FieldIdx layer{};
+  };
+  std::vector<Mtp> mtp;
+};
+
+// What backward needs from one MTP depth k (the last stage; N, Ns, h as a
+// layer's): tokens, labels [N] int32 this rank's rows of the sequence
+// rolled left k times (token 0 and label -1 rolled in); emb [Ns, h] the
+// embedding of those tokens after dropout (enorm's input) with enorm's
+// statistics e_*; hnorm's statistics h_* of h_{k-1} (the decoder's final
+// norm output for k = 1, depth k-1's lnf after); cat [N, 2h] eh_proj's
+// input [enorm | hnorm] (with SP all-gathered, this rank's rows computed
+// here); x [Ns, h] eh_proj's output, the layer's input; the layer's
+// activations; y [Ns, h] its output; lnf [N, h], f_* its final norm; and
+// the output layer's logits and loss statistics, as the decoder's.
+struct GPTModel::MtpActs {
+  Tensor tokens, labels, emb, e_mean, e_rstd, h_mean, h_rstd, cat, x, y, lnf, f_mean, f_rstd, logits, mx, se, tl, loss;
+  LayerActs layer;
 };
 
 // Everything create() allocates, computed without allocating.
@@ -333,6 +365,9 @@ struct GPTModel::Slot {
   mutable std::vector<std::vector<int64_t>> moe_send, moe_recv;
   // --moe-router-enable-expert-bias: this rank's tokens per expert per layer.
   mutable std::vector<std::vector<double>> moe_routed;
+  // --mtp-num-layers: each depth's activations, counted labels and loss sum.
+  std::vector<MtpActs> mtp;
+  std::vector<double> mtp_count, mtp_loss;
 };
 
 // One recomputed group's activations, carved from scratch.
@@ -499,6 +534,9 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                        "linear_q_proj (Transformer Engine's fused norm and linear), a norm this build does not have; "
                        "give --q-lora-rank or drop --qk-layernorm");
     }
+    if (cfg.mtp_layers() && cfg.position_embedding == PositionEmbedding::kLearnedAbsolute)
+      errs.push_back("--mtp-num-layers with --position-embedding-type learned_absolute: Megatron supports multi-token "
+                     "prediction with rope and none only (fix: --position-embedding-type rope)");
     if (cfg.position_embedding == PositionEmbedding::kLearnedAbsolute && cfg.max_position_embeddings < Tg)
       errs.push_back(fmt::format("--max-position-embeddings {} is below the sequence length {}",
                                  cfg.max_position_embeddings, Tg));
@@ -685,9 +723,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   };
   for (ParamSpec& s : gpt_param_specs(cfg, opt.tp)) {
     bool keep = false;
-    if (s.layer >= 0) keep = holds_layer(s.layer);
-    else if (s.name == "embedding.word_embeddings.weight")
-      keep = opt.pre_process || (opt.post_process && !cfg.untie_embeddings_and_output_weights);
+    if (s.layer >= cfg.num_layers) keep = opt.post_process;  // an MTP depth's: the last stage's
+    else if (s.layer >= 0) keep = holds_layer(s.layer);
+    else if (s.name == "embedding.word_embeddings.weight")  // the last stage's copy: tied, or MTP's embedding
+      keep = opt.pre_process || (opt.post_process && (!cfg.untie_embeddings_and_output_weights || cfg.mtp_layers()));
     else if (s.name.rfind("embedding.", 0) == 0) keep = opt.pre_process;
     else keep = opt.post_process;  // final norm, output layer
     // Expert parallelism: this rank's experts only.
@@ -735,6 +774,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     }
   }
   keep_resid[0] = 1;  // the chunk's input
+  // --mtp-num-layers: the last stage's MTP layers keep everything (as a
+  // group of one; not recomputed under full granularity).
+  const int64_t D = opt.post_process ? cfg.mtp_layers() : 0;
+  if (D) held_kinds |= kind(cfg.num_layers);
   SizeTable& at = t.acts;
   ActIndex& ai = t.act;
   ai.tokens = at.add("tokens", {N}, DType::kI32);
@@ -765,6 +808,30 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
     ai.tl = at.add("xent.target", {N}, dt);
     ai.loss = at.add("xent.loss", {N}, dt);
   }
+  for (int64_t j = 0; j < D; ++j) {
+    ActIndex::Mtp m;
+    const std::string p = fmt::format("mtp.{}.", j);
+    m.tokens = at.add(p + "tokens", {N}, DType::kI32);
+    m.labels = at.add(p + "labels", {N}, DType::kI32);
+    m.emb = at.add(p + "emb", {Ns, h}, d.rs);
+    if (d.layernorm) m.e_mean = at.add(p + "enorm.mean", {Ns}, dt);
+    m.e_rstd = at.add(p + "enorm.rstd", {Ns}, dt);
+    if (d.layernorm) m.h_mean = at.add(p + "hnorm.mean", {Ns}, dt);
+    m.h_rstd = at.add(p + "hnorm.rstd", {Ns}, dt);
+    m.cat = at.add(p + "cat", {N, 2 * h}, d.gemm_in);
+    m.x = at.add(p + "x", {Ns, h}, d.rs);
+    m.layer = add_layer(at, p + "layer.", d, !selective, kind(cfg.num_layers + j), !moe_act, !rc.recomputes_mla_up());
+    m.y = at.add(p + "y", {Ns, h}, d.rs);
+    m.lnf = at.add(p + "final.ln", {N, h}, d.gemm_in);
+    if (d.layernorm) m.f_mean = at.add(p + "final.mean", {Ns}, dt);
+    m.f_rstd = at.add(p + "final.rstd", {Ns}, dt);
+    m.logits = at.add(p + "logits", {N, d.V}, dt);
+    m.mx = at.add(p + "xent.max", {N}, dt);
+    m.se = at.add(p + "xent.sumexp", {N}, dt);
+    m.tl = at.add(p + "xent.target", {N}, dt);
+    m.loss = at.add(p + "xent.loss", {N}, dt);
+    ai.mtp.push_back(m);
+  }
 
   // The recompute workspace: the largest recomputed group, everything kept.
   for (int64_t i = 0; i < max_group; ++i) {
@@ -787,9 +854,8 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   // update's counts buffer (GPTModel::update_expert_bias).
   if (cfg.has_expert_bias()) {
     int64_t held = 0;
-    for (const LayerRange& c : chunks)
-      for (int64_t l = c.first; l < c.first + c.count; ++l)
-        if (cfg.is_moe_layer(l)) t.rope.add(fmt::format("expert_bias.{}", l), {d.E}, dt), ++held;
+    for (int64_t l : held_layers(cfg, chunks, opt.post_process))
+      if (cfg.is_moe_layer(l)) t.rope.add(fmt::format("expert_bias.{}", l), {d.E}, dt), ++held;
     t.rope.add("expert_bias.counts", {held, d.E}, dt);
   }
   // --moe-shared-expert-gate: the rows 0..N-1 as an [N, 1] dispatch map, the
@@ -964,15 +1030,39 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
   for (int k : keep_layer) any_kept = any_kept || k;
   const size_t fwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, any_kept ? layer_fwd_kept : 0);
   const size_t fwd_out = std::max(full, tp > 1 ? abytes(N, dt) : 0);  // the final norm output is bf16 already
-  const size_t bwd_base = abytes(N, dt) + abytes(Ns * h, d.dn) + abytes(Ns * h, d.rs);  // dloss, dlnf, dresid
-  const size_t bwd_out = full + (bf ? abytes(N * d.V, hb) : 0);  // bf16 dlogits
+  const size_t bwd_base = abytes(Ns * h, d.dn) + abytes(Ns * h, d.rs);  // dlnf, dresid
+  const size_t bwd_out = abytes(N, dt) + full + (bf ? abytes(N * d.V, hb) : 0);  // dloss, SP's dx, bf16 dlogits
   const size_t bwd_layers = L == 0 ? 0 : ws + std::max(max_group ? layer_fwd_ws : 0, layer_bwd);
   // --reset-position-ids with learned positions: the first stage gathers
   // each own row's position embedding ([Ns, h]) before adding it.
   const size_t emb_fwd =
       d.pos_ids && opt.pre_process && cfg.position_embedding == PositionEmbedding::kLearnedAbsolute ? abytes(Ns * h, dt) : 0;
-  const size_t forward_peak = std::max({fwd_layers, fwd_out, emb_fwd});
-  const size_t backward_peak = bwd_base + std::max({bwd_out, bwd_layers, full});
+  // --mtp-num-layers (GPTModel::mtp_forward/_backward), per depth. Forward:
+  // the embedding before its SP reduce-scatter; a norm output before it is
+  // copied into eh_proj's input; with TP eh_proj's own columns and the
+  // all-gathered ones; the layer; the loss's global max. Backward, beside
+  // d(h_k) from the next depth: d(lnf_k) and d(y), then the loss's
+  // backward, the layer's, or d(cat) with eh_proj's backward (with TP this
+  // rank's columns of d(x), SP gathering them first; SP's full dx; the bf16
+  // cast of d(x)) and then d(norm input) with the embedding's gathered d (SP).
+  size_t mtp_fwd = 0, mtp_bwd = 0;
+  if (D) {
+    const int64_t w = h / tp;
+    const size_t rs_cast = bf && d.rs != hb ? 1 : 0;
+    mtp_fwd = std::max({sp ? abytes(N * h, d.rs) : 0, abytes(Ns * h, d.gemm_in),
+                        tp > 1 ? abytes(N * w, d.rs) + abytes(N * h, d.rs) : 0, layer_fwd_kept,
+                        tp > 1 ? abytes(N, dt) : 0});
+    const size_t eh_bwd = tp > 1 ? abytes(N * w, d.rs) + std::max(sp ? abytes(N * h, d.rs) : 0,
+                                                                  (sp ? abytes(N * 2 * h, d.dn) : 0) +
+                                                                      rs_cast * abytes(N * w, hb))
+                                 : rs_cast * abytes(N * h, hb);
+    const size_t after_layer = abytes(Ns * 2 * h, d.dn) +
+                               std::max(eh_bwd, abytes(Ns * h, d.dn) + (sp ? abytes(N * h, d.rs) : 0));
+    mtp_bwd = abytes(Ns * h, d.dn) + abytes(Ns * h, d.dn) + abytes(Ns * h, d.rs) +
+              std::max({bwd_out, layer_bwd, after_layer});
+  }
+  const size_t forward_peak = std::max({fwd_layers, fwd_out, emb_fwd, mtp_fwd});
+  const size_t backward_peak = bwd_base + std::max({bwd_out, bwd_layers, full, mtp_bwd});
 
   GPTMemoryPlan& p = t.plan;
   // A whole number of elements per DP rank and of arena alignment units (the
@@ -1193,8 +1283,8 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
   final_w_ = find("decoder.final_layernorm.weight");
   final_b_ = find("decoder.final_layernorm.bias");
   out_ = cfg.untie_embeddings_and_output_weights ? find("output_layer.weight") : word_;
-  for (int l = 0; l < cfg.num_layers; ++l) {  // indexed by global layer; -1 where another stage holds it
-    const std::string p = fmt::format("decoder.layers.{}.", l);
+  for (int l = 0; l < cfg.total_layers(); ++l) {  // indexed by global layer; -1 where another stage holds it
+    const std::string p = cfg.layer_prefix(l);
     LayerIdx x;
     x.ln1_w = find(p + "input_layernorm.weight"), x.ln1_b = find(p + "input_layernorm.bias");
     x.qkv_w = find(p + "self_attention.linear_qkv.weight"), x.qkv_b = find(p + "self_attention.linear_qkv.bias");
@@ -1221,6 +1311,15 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     x.sh_gate = find(p + "mlp.shared_experts.gate_weight");
     layers_.push_back(x);
   }
+  for (int64_t k = 0; k < cfg.mtp_layers() && opt.post_process; ++k) {
+    const std::string p = fmt::format("mtp.layers.{}.", k);
+    MtpIdx m;
+    m.enorm_w = find(p + "enorm.weight"), m.enorm_b = find(p + "enorm.bias");
+    m.hnorm_w = find(p + "hnorm.weight"), m.hnorm_b = find(p + "hnorm.bias");
+    m.eh_w = find(p + "eh_proj.weight");
+    m.final_w = find(p + "final_layernorm.weight"), m.final_b = find(p + "final_layernorm.bias");
+    mtp_.push_back(m);
+  }
   // bf16 copies of every matrix a GEMM reads.
   lowp_.assign(params_.size(), Tensor());
   if (plan_.lowp) {
@@ -1241,8 +1340,18 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       for (const FieldIdx& f : ai.layers) sl.layers.push_back(bind_layer(v, f));
       sl.lnf = at(ai.lnf), sl.lnf_mean = at(ai.lnf_mean), sl.lnf_rstd = at(ai.lnf_rstd), sl.logits = at(ai.logits);
       sl.mx = at(ai.mx), sl.se = at(ai.se), sl.tl = at(ai.tl), sl.loss = at(ai.loss);
+      for (const ActIndex::Mtp& m : ai.mtp) {
+        MtpActs x;
+        x.tokens = at(m.tokens), x.labels = at(m.labels), x.emb = at(m.emb), x.e_mean = at(m.e_mean);
+        x.e_rstd = at(m.e_rstd), x.h_mean = at(m.h_mean), x.h_rstd = at(m.h_rstd), x.cat = at(m.cat), x.x = at(m.x);
+        x.layer = bind_layer(v, m.layer);
+        x.y = at(m.y), x.lnf = at(m.lnf), x.f_mean = at(m.f_mean), x.f_rstd = at(m.f_rstd), x.logits = at(m.logits);
+        x.mx = at(m.mx), x.se = at(m.se), x.tl = at(m.tl), x.loss = at(m.loss);
+        sl.mtp.push_back(x);
+      }
+      sl.mtp_count.assign(ai.mtp.size(), 0.0), sl.mtp_loss.assign(ai.mtp.size(), 0.0);
       if (cfg.is_moe()) {
-        const size_t L = static_cast<size_t>(cfg.num_layers);
+        const size_t L = static_cast<size_t>(cfg.total_layers());
         sl.moe_counts.assign(L, {}), sl.moe_aux.assign(L, 0.0), sl.moe_z.assign(L, 0.0);
         sl.moe_send.assign(L, {}), sl.moe_recv.assign(L, {}), sl.moe_routed.assign(L, {});
       }
@@ -1283,12 +1392,11 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       copy_tensor(opt.dtype == DType::kF64 ? Tensor(one.data(), {n}, DType::kF64) : Tensor(onef.data(), {n}, DType::kF32),
                   norm_ones_);
     }
-    expert_bias_.assign(static_cast<size_t>(cfg.num_layers), Tensor());
-    bias_counts_.assign(static_cast<size_t>(cfg.num_layers), {});
+    expert_bias_.assign(static_cast<size_t>(cfg.total_layers()), Tensor());
+    bias_counts_.assign(static_cast<size_t>(cfg.total_layers()), {});
     if (cfg.has_expert_bias()) {  // zeros (the arena is zero-filled)
-      for (const LayerRange& c : chunks_)
-        for (int64_t l = c.first; l < c.first + c.count; ++l)
-          if (cfg.is_moe_layer(l)) expert_bias_[static_cast<size_t>(l)] = v[next++];
+      for (int64_t l : held_layers(cfg, chunks_, opt.post_process))
+        if (cfg.is_moe_layer(l)) expert_bias_[static_cast<size_t>(l)] = v[next++];
       expert_bias_counts_ = v[next++];
     }
     if (t.dims.gate) {
@@ -1298,8 +1406,8 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
       copy_tensor(Tensor(iota.data(), {N_, 1}, DType::kI32), gate_rows_);
     }
   } else {
-    expert_bias_.assign(static_cast<size_t>(cfg.num_layers), Tensor());
-    bias_counts_.assign(static_cast<size_t>(cfg.num_layers), {});
+    expert_bias_.assign(static_cast<size_t>(cfg.total_layers()), Tensor());
+    bias_counts_.assign(static_cast<size_t>(cfg.total_layers()), {});
   }
 }
 
@@ -1404,7 +1512,9 @@ void GPTModel::sync_low_precision(int stage) {
 }
 
 int param_stage(const ParamSpec& spec, int64_t num_layers) {
-  if (spec.layer >= 0) return spec.layer;
+  // An MTP layer's parameters finalise before the final norm's (backward
+  // runs the MTP depths first) and are first read after it: stage L.
+  if (spec.layer >= 0) return static_cast<int>(std::min<int64_t>(spec.layer, num_layers));
   if (spec.name.rfind("embedding.", 0) == 0) return -1;
   return static_cast<int>(num_layers);  // final norm, output layer
 }
@@ -1997,7 +2107,8 @@ std::vector<double> tensor_to_host(const Tensor& t) {
 std::vector<std::pair<std::string, Tensor>> GPTModel::expert_bias_tensors() const {
   std::vector<std::pair<std::string, Tensor>> v;
   for (size_t l = 0; l < expert_bias_.size(); ++l)
-    if (expert_bias_[l].defined()) v.emplace_back(fmt::format("decoder.layers.{}.mlp.router.expert_bias", l), expert_bias_[l]);
+    if (expert_bias_[l].defined())
+      v.emplace_back(cfg_.layer_prefix(static_cast<int64_t>(l)) + "mlp.router.expert_bias", expert_bias_[l]);
   return v;
 }
 
@@ -2454,6 +2565,12 @@ void GPTModel::backward(int slot, double loss_scale) {
 
 double GPTModel::label_count(int slot) const { return slots_.at(static_cast<size_t>(slot)).count; }
 double GPTModel::loss_total(int slot) const { return slots_.at(static_cast<size_t>(slot)).loss_total; }
+double GPTModel::mtp_label_count(int slot, int k) const {
+  return slots_.at(static_cast<size_t>(slot)).mtp_count.at(static_cast<size_t>(k));
+}
+double GPTModel::mtp_loss_total(int slot, int k) const {
+  return slots_.at(static_cast<size_t>(slot)).mtp_loss.at(static_cast<size_t>(k));
+}
 
 Tensor GPTModel::chunk_input(int slot) const { return slots_.at(static_cast<size_t>(slot)).resid[0]; }
 Tensor GPTModel::chunk_output(int slot) const {
@@ -2576,63 +2693,263 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
     }
   }
   s.ready = true;
-  if (training && cfg_.is_moe()) {
-    moe_stats_.load_balancing += std::accumulate(s.moe_aux.begin(), s.moe_aux.end(), 0.0);
-    moe_stats_.z += std::accumulate(s.moe_z.begin(), s.moe_z.end(), 0.0);
-    MoeStats& st = moe_stats_;
-    const size_t L = static_cast<size_t>(cfg_.num_layers);
-    if (st.layer_micro_batches.size() != L)
-      st.layer_load_balancing.assign(L, 0.0), st.layer_z.assign(L, 0.0), st.layer_micro_batches.assign(L, 0.0);
-    for (int64_t l = R.first; l < R.first + R.count; ++l) {  // the MoE layers (--moe-layer-freq: not all)
-      if (layers_[static_cast<size_t>(l)].router_w < 0) continue;
-      const size_t i = static_cast<size_t>(l);
-      st.layer_forwards += 1, st.layer_micro_batches[i] += 1;
-      st.layer_load_balancing[i] += s.moe_aux[i], st.layer_z[i] += s.moe_z[i];
-    }
-    for (int64_t l = R.first; l < R.first + R.count && cfg_.has_expert_bias(); ++l) {
-      const std::vector<double>& c = s.moe_routed[static_cast<size_t>(l)];
-      std::vector<double>& acc = bias_counts_[static_cast<size_t>(l)];
-      acc.resize(c.size(), 0.0);
-      for (size_t e = 0; e < c.size(); ++e) acc[e] += c[e];
-    }
+  std::vector<int64_t> ran;
+  for (int64_t l = R.first; l < R.first + R.count; ++l) ran.push_back(l);
+  if (last_stage(chunk))
+    for (int64_t l = cfg_.num_layers; l < cfg_.num_layers + static_cast<int64_t>(mtp_.size()); ++l) ran.push_back(l);
+  if (!last_stage(chunk)) {
+    record_moe_stats(s, ran);
+    return 0.0;
   }
-  if (!last_stage(chunk)) return 0.0;
+
   // Final norm (on the shard with SP, then all-gathered), output layer (tied:
   // the word embedding; vocab-parallel), loss (vocab-parallel cross-entropy).
   if (forward_hook_) {
     forward_hook_(static_cast<int>(cfg_.num_layers));
-    if (out_ == word_ && !opt_.pre_process) forward_hook_(-1);  // the tied output weight is the embedding's
+    // The tied output weight is the embedding's; the MTP layers embed too.
+    if ((out_ == word_ || !mtp_.empty()) && !opt_.pre_process) forward_hook_(-1);
   }
   norm_fwd(s.resid[static_cast<size_t>(R.count)], final_w_, final_b_, own_rows(s.lnf), s.lnf_mean, s.lnf_rstd);
   column_fwd_input(own_rows(s.lnf), s.lnf);
+  s.loss_total = output_loss_fwd(s.lnf, s.labels, s.logits, s.mx, s.se, s.tl, s.loss);
+  if (!mtp_.empty()) mtp_forward(s, tk, lb);
+  record_moe_stats(s, ran);
+  return s.count > 0 ? s.loss_total / s.count : 0.0;
+}
+
+// The training forward's router statistics of the layers it ran (this
+// chunk's, and the MTP layers' on the last stage), into moe_stats_ and
+// the expert-bias counts.
+void GPTModel::record_moe_stats(const Slot& s, const std::vector<int64_t>& ran) {
+  if (!s.training || !cfg_.is_moe()) return;
+  moe_stats_.load_balancing += std::accumulate(s.moe_aux.begin(), s.moe_aux.end(), 0.0);
+  moe_stats_.z += std::accumulate(s.moe_z.begin(), s.moe_z.end(), 0.0);
+  MoeStats& st = moe_stats_;
+  const size_t L = static_cast<size_t>(cfg_.total_layers());
+  if (st.layer_micro_batches.size() != L)
+    st.layer_load_balancing.assign(L, 0.0), st.layer_z.assign(L, 0.0), st.layer_micro_batches.assign(L, 0.0);
+  for (int64_t l : ran) {  // the MoE layers (--moe-layer-freq: not all)
+    if (layers_[static_cast<size_t>(l)].router_w < 0) continue;
+    const size_t i = static_cast<size_t>(l);
+    st.layer_forwards += 1, st.layer_micro_batches[i] += 1;
+    st.layer_load_balancing[i] += s.moe_aux[i], st.layer_z[i] += s.moe_z[i];
+  }
+  for (int64_t l : ran) {
+    if (!cfg_.has_expert_bias()) break;
+    const std::vector<double>& c = s.moe_routed[static_cast<size_t>(l)];
+    std::vector<double>& acc = bias_counts_[static_cast<size_t>(l)];
+    acc.resize(c.size(), 0.0);
+    for (size_t e = 0; e < c.size(); ++e) acc[e] += c[e];
+  }
+}
+
+double GPTModel::output_loss_fwd(const Tensor& lnf, const Tensor& labels, const Tensor& logits, const Tensor& mx,
+                                 const Tensor& se, const Tensor& tl, const Tensor& loss) {
   if (opt_.half_compute) {
     ArenaScope scope(scratch_);
-    k::gemm(false, true, N_, V_, h_, 1.0f, as_half(s.lnf), lowp_[out_], 0.0f, s.logits);
+    k::gemm(false, true, N_, V_, h_, 1.0f, as_half(lnf), lowp_[out_], 0.0f, logits);
   } else {
-    k::gemm(false, true, N_, V_, h_, 1.0f, s.lnf, params_[out_], 0.0f, s.logits);
+    k::gemm(false, true, N_, V_, h_, 1.0f, lnf, params_[out_], 0.0f, logits);
   }
-  k::xent_partials(s.logits, s.labels, vocab_start(), s.mx, s.se, s.tl);
+  k::xent_partials(logits, labels, vocab_start(), mx, se, tl);
   if (opt_.tp > 1) {
     // Global max, sums of exp rescaled to it, the target logit from its owner.
     ArenaScope scope(scratch_);
     Tensor gmax = scratch({N_}, opt_.dtype);
-    copy_tensor(s.mx, gmax);
+    copy_tensor(mx, gmax);
     opt_.tp_comm->all_reduce(gmax, comm::ReduceOp::kMax);
-    k::xent_rescale(s.se, s.mx, gmax);
-    copy_tensor(gmax, s.mx);
-    opt_.tp_comm->all_reduce(s.se);
-    opt_.tp_comm->all_reduce(s.tl);
+    k::xent_rescale(se, mx, gmax);
+    copy_tensor(gmax, mx);
+    opt_.tp_comm->all_reduce(se);
+    opt_.tp_comm->all_reduce(tl);
   }
-  k::xent_loss(s.mx, s.se, s.tl, s.labels, s.loss);
+  k::xent_loss(mx, se, tl, labels, loss);
   // Per-token losses to the host, summed in token order on every backend.
-  std::vector<char> host_loss(s.loss.nbytes());
-  Tensor hl(host_loss.data(), s.loss.shape(), s.loss.dtype());
-  copy_tensor(s.loss, hl);
+  std::vector<char> host_loss(loss.nbytes());
+  Tensor hl(host_loss.data(), loss.shape(), loss.dtype());
+  copy_tensor(loss, hl);
   double total = 0;
   for (int64_t i = 0; i < N_; ++i)
     total += opt_.dtype == DType::kF32 ? static_cast<double>(hl.ptr<float>()[i]) : hl.ptr<double>()[i];
-  s.loss_total = total;
-  return s.count > 0 ? total / s.count : 0.0;
+  return total;
+}
+
+void GPTModel::output_loss_bwd(const Tensor& lnf, const Tensor& labels, const Tensor& logits, const Tensor& mx,
+                               const Tensor& se, double g, const Tensor& dlnf_own) {
+  ArenaScope scope(scratch_);
+  const DType dt = opt_.dtype;
+  Tensor dloss = scratch({N_}, dt);
+  {
+    std::vector<char> host(dloss.nbytes());
+    Tensor hd(host.data(), dloss.shape(), dt);
+    for (int64_t i = 0; i < N_; ++i) {
+      if (dt == DType::kF32) hd.ptr<float>()[i] = static_cast<float>(g);
+      else hd.ptr<double>()[i] = g;
+    }
+    copy_tensor(hd, dloss);
+  }
+  // dlogits overwrite the logits (fp32); bf16 compute writes them below.
+  if (!opt_.half_compute) k::xent_backward(logits, labels, vocab_start(), mx, se, dloss, logits);
+  // Output layer: dx is partial over the vocabulary shards: all-reduce
+  // (SP: reduce-scatter to this rank's rows).
+  Tensor dx = sp() ? scratch({N_, h_}, dn_) : dlnf_own;
+  if (opt_.half_compute) {
+    // dlogits in bf16 straight from the softmax (no fp32 [N, V] pass).
+    Tensor dh = scratch({N_, V_}, opt_.half);
+    k::xent_backward_half(logits, labels, vocab_start(), mx, se, dloss, dh);
+    const Tensor xh = as_half(lnf);
+    k::gemm(false, false, N_, h_, V_, 1.0f, dh, lowp_[out_], 0.0f, dx);
+    k::gemm(true, false, V_, h_, N_, 1.0f, dh, xh, 1.0f, grads_[out_]);
+  } else {
+    k::gemm(false, false, N_, h_, V_, 1.0f, logits, params_[out_], 0.0f, dx);
+    k::gemm(true, false, V_, h_, N_, 1.0f, logits, lnf, 1.0f, grads_[out_]);
+  }
+  if (sp()) opt_.tp_comm->reduce_scatter(dx, dlnf_own);
+  else if (opt_.tp > 1) opt_.tp_comm->all_reduce(dlnf_own);
+}
+
+// --mtp-num-layers, forward of depth k = 1..D (Megatron's
+// MultiTokenPredictionLayer; see ModelConfig::mtp_num_layers). The tokens
+// and labels rolled left k times come from the host micro-batch (the whole
+// sequence is on every rank, so with CP this is Megatron's roll with the
+// neighbours' exchange, and rolling each depth once more is rolling the
+// first k times).
+void GPTModel::mtp_forward(Slot& s, const int32_t* tk, const int32_t* lb) {
+  const k::QueryChunks qc = k::query_chunks(Tg_, opt_.cp, opt_.cp_rank);
+  const double hd = s.training ? cfg_.hidden_dropout : 0.0;
+  for (size_t j = 0; j < mtp_.size(); ++j) {
+    const MtpIdx& m = mtp_[j];
+    MtpActs& a = s.mtp[j];
+    const int l = static_cast<int>(cfg_.num_layers) + static_cast<int>(j);
+    const int64_t shift = static_cast<int64_t>(j) + 1;
+    std::vector<int32_t> rt(static_cast<size_t>(N_)), rl(static_cast<size_t>(N_));
+    double count = 0;
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t t = 0; t < T_; ++t) {
+        const int64_t p = qc.position(t) + shift, r = t * B_ + b;
+        const bool in = p < Tg_;
+        rt[static_cast<size_t>(r)] = in ? tk[b * Tg_ + p] : 0;
+        rl[static_cast<size_t>(r)] = in ? lb[b * Tg_ + p] : -1;
+        if (rl[static_cast<size_t>(r)] >= 0) count += 1;
+      }
+    copy_tensor(Tensor(rt.data(), a.tokens.shape(), DType::kI32), a.tokens);
+    copy_tensor(Tensor(rl.data(), a.labels.shape(), DType::kI32), a.labels);
+    s.mtp_count[j] = count;
+    // The shared word embedding of the rolled tokens (vocab-parallel, as
+    // the decoder's), then the embedding dropout.
+    {
+      ArenaScope scope(scratch_);
+      if (sp()) {
+        Tensor full = scratch({N_, h_}, rs_);
+        k::embedding_forward(a.tokens, params_[word_], vocab_start(), full);
+        opt_.tp_comm->reduce_scatter(full, a.emb);
+      } else {
+        k::embedding_forward(a.tokens, params_[word_], vocab_start(), a.emb);
+        if (opt_.tp > 1) opt_.tp_comm->all_reduce(a.emb);
+      }
+    }
+    if (hd > 0) hidden_dropout(a.emb, a.emb, hd, dropout_stream(s.dropout_step, l, 3));
+    // eh_proj's input [enorm(emb) | hnorm(h_{k-1})], this rank's rows, then
+    // (SP) all-gathered; its output gathered along the features.
+    const Tensor cat_own = own_rows(a.cat);
+    const Tensor prev = own_rows(j == 0 ? s.lnf : s.mtp[j - 1].lnf);
+    {
+      ArenaScope scope(scratch_);
+      const Tensor tmp = scratch({Ns_, h_}, gemm_in_);
+      norm_fwd(a.emb, m.enorm_w, m.enorm_b, tmp, a.e_mean, a.e_rstd);
+      copy_columns(tmp, 0, cat_own, 0, h_);
+      norm_fwd(prev, m.hnorm_w, m.hnorm_b, tmp, a.h_mean, a.h_rstd);
+      copy_columns(tmp, 0, cat_own, h_, h_);
+    }
+    column_fwd_input(cat_own, a.cat);
+    if (opt_.tp == 1) {
+      linear_fwd(a.cat, m.eh_w, -1, a.x);
+    } else {
+      ArenaScope scope(scratch_);
+      const int64_t w = h_ / opt_.tp;
+      const Tensor y = scratch({N_, w}, rs_), all = scratch({opt_.tp * N_, w}, rs_);
+      linear_fwd(a.cat, m.eh_w, -1, y);
+      opt_.tp_comm->all_gather(y, all);
+      const int64_t r0 = sp() ? opt_.tp_rank * Ns_ : 0;  // this rank's rows of each rank's block
+      for (int64_t r = 0; r < opt_.tp; ++r) copy_columns(all.slice(r * N_ + r0, r * N_ + r0 + Ns_), 0, a.x, r * w, w);
+    }
+    {
+      ArenaScope scope(scratch_);
+      layer_forward(l, a.x, a.layer, a.y, s);
+    }
+    norm_fwd(a.y, m.final_w, m.final_b, own_rows(a.lnf), a.f_mean, a.f_rstd);
+    column_fwd_input(own_rows(a.lnf), a.lnf);
+    s.mtp_loss[j] = output_loss_fwd(a.lnf, a.labels, a.logits, a.mx, a.se, a.tl, a.loss);
+  }
+  if (s.training) {
+    mtp_stats_.loss.resize(mtp_.size(), 0.0);
+    for (size_t j = 0; j < mtp_.size(); ++j)
+      mtp_stats_.loss[j] += s.mtp_count[j] > 0 ? s.mtp_loss[j] / s.mtp_count[j] : 0.0;
+    mtp_stats_.micro_batches += 1;
+  }
+}
+
+// Backward of the MTP depths, last first: depth k's loss (weight
+// --mtp-loss-scaling-factor / D over its counted labels, times loss_scale
+// as the decoder's loss) and the gradient of h_k from depth k+1's hnorm
+// meet at its final norm; its layer, eh_proj, enorm into the word
+// embedding, and hnorm into h_{k-1}. d(h_0) is added into dlnf.
+void GPTModel::mtp_backward(Slot& s, double loss_scale, const Tensor& dlnf) {
+  ArenaScope scope(scratch_);
+  const double hd = s.training ? cfg_.hidden_dropout : 0.0;
+  const double weight = cfg_.mtp_loss_scaling_factor / static_cast<double>(cfg_.mtp_layers());
+  const Tensor dh = scratch({Ns_, h_}, dn_);  // d(h_k) from depth k+1, this rank's rows
+  for (size_t jj = mtp_.size(); jj-- > 0;) {
+    const MtpIdx& m = mtp_[jj];
+    MtpActs& a = s.mtp[jj];
+    const int l = static_cast<int>(cfg_.num_layers) + static_cast<int>(jj);
+    ArenaScope depth(scratch_);
+    const Tensor dlnf_k = scratch({Ns_, h_}, dn_), dy = scratch({Ns_, h_}, rs_);
+    const double g = s.mtp_count[jj] > 0 ? loss_scale * weight / s.mtp_count[jj] : 0.0;
+    output_loss_bwd(a.lnf, a.labels, a.logits, a.mx, a.se, g, dlnf_k);
+    if (jj + 1 < mtp_.size()) k::add_inplace(dlnf_k, dh);
+    dy.zero();
+    norm_bwd(dlnf_k, a.y, m.final_w, m.final_b, a.f_mean, a.f_rstd, dy);
+    layer_backward(l, a.x, a.layer, s, dy);  // dy: d(x)
+    // eh_proj: this rank's output columns of d(x) (SP: gathered first).
+    const Tensor dcat = scratch({Ns_, 2 * h_}, dn_);
+    if (opt_.tp == 1) {
+      column_linear_bwd(a.cat, m.eh_w, -1, dy, dcat);
+    } else {
+      ArenaScope cols(scratch_);
+      const int64_t w = h_ / opt_.tp;
+      const Tensor dyl = scratch({N_, w}, rs_);
+      if (sp()) {
+        ArenaScope full(scratch_);
+        const Tensor all = scratch({N_, h_}, rs_);
+        opt_.tp_comm->all_gather(dy, all);
+        copy_columns(all, opt_.tp_rank * w, dyl, 0, w);
+      } else {
+        copy_columns(dy, opt_.tp_rank * w, dyl, 0, w);
+      }
+      column_linear_bwd(a.cat, m.eh_w, -1, dyl, dcat);
+    }
+    const Tensor dnorm = scratch({Ns_, h_}, dn_);
+    // enorm, the embedding dropout, the word embedding's rows (SP: all-gathered d).
+    copy_columns(dcat, 0, dnorm, 0, h_);
+    dy.zero();
+    norm_bwd(dnorm, a.emb, m.enorm_w, m.enorm_b, a.e_mean, a.e_rstd, dy);
+    if (hd > 0) hidden_dropout(dy, dy, hd, dropout_stream(s.dropout_step, l, 3));
+    if (sp()) {
+      ArenaScope full(scratch_);
+      const Tensor all = scratch({N_, h_}, rs_);
+      opt_.tp_comm->all_gather(dy, all);
+      k::embedding_backward(a.tokens, all, vocab_start(), grads_[word_]);
+    } else {
+      k::embedding_backward(a.tokens, dy, vocab_start(), grads_[word_]);
+    }
+    // hnorm: d(h_{k-1}).
+    copy_columns(dcat, h_, dnorm, 0, h_);
+    const Tensor prev = own_rows(jj == 0 ? s.lnf : s.mtp[jj - 1].lnf);
+    dh.zero();
+    norm_bwd(dnorm, prev, m.hnorm_w, m.hnorm_b, a.h_mean, a.h_rstd, dh);
+  }
+  k::add_inplace(dlnf, dh);
 }
 
 void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput, const Tensor& dinput) {
@@ -2645,45 +2962,14 @@ void GPTModel::backward_chunk(int slot, double loss_scale, const Tensor& doutput
   const int chunk = s.chunk;
   const LayerRange R = chunks_[static_cast<size_t>(chunk)];
   ArenaScope scope(scratch_);
-  const DType dt = opt_.dtype;
-  Tensor dloss = scratch({N_}, dt);
   Tensor dlnf = scratch({Ns_, h_}, dn_), dresid = scratch({Ns_, h_}, rs_);
   if (!last_stage(chunk)) {
     MT_CHECK(doutput.defined() && doutput.numel() == Ns_ * h_ && doutput.dtype() == rs_,
              fmt::format("GPTModel::backward_chunk: d(output) must be [{}, {}] {}", Ns_, h_, dtype_name(rs_)));
     copy_tensor(doutput, dresid);
   } else {
-  const double g = s.count > 0 ? loss_scale / s.count : 0.0;
-  {
-    std::vector<char> host(dloss.nbytes());
-    Tensor hd(host.data(), dloss.shape(), dt);
-    for (int64_t i = 0; i < N_; ++i) {
-      if (dt == DType::kF32) hd.ptr<float>()[i] = static_cast<float>(g);
-      else hd.ptr<double>()[i] = g;
-    }
-    copy_tensor(hd, dloss);
-  }
-  // dlogits overwrite the logits (fp32); bf16 compute writes them below.
-  if (!opt_.half_compute) k::xent_backward(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, s.logits);
-  {
-    // Output layer: dx is partial over the vocabulary shards: all-reduce
-    // (SP: reduce-scatter to this rank's rows).
-    ArenaScope casts(scratch_);
-    Tensor dx = sp() ? scratch({N_, h_}, dn_) : dlnf;
-    if (opt_.half_compute) {
-      // dlogits in bf16 straight from the softmax (no fp32 [N, V] pass).
-      Tensor dh = scratch({N_, V_}, opt_.half);
-      k::xent_backward_half(s.logits, s.labels, vocab_start(), s.mx, s.se, dloss, dh);
-      const Tensor xh = as_half(s.lnf);
-      k::gemm(false, false, N_, h_, V_, 1.0f, dh, lowp_[out_], 0.0f, dx);
-      k::gemm(true, false, V_, h_, N_, 1.0f, dh, xh, 1.0f, grads_[out_]);
-    } else {
-      k::gemm(false, false, N_, h_, V_, 1.0f, s.logits, params_[out_], 0.0f, dx);
-      k::gemm(true, false, V_, h_, N_, 1.0f, s.logits, s.lnf, 1.0f, grads_[out_]);
-    }
-    if (sp()) opt_.tp_comm->reduce_scatter(dx, dlnf);
-    else if (opt_.tp > 1) opt_.tp_comm->all_reduce(dlnf);
-  }
+  output_loss_bwd(s.lnf, s.labels, s.logits, s.mx, s.se, s.count > 0 ? loss_scale / s.count : 0.0, dlnf);
+  if (!mtp_.empty()) mtp_backward(s, loss_scale, dlnf);
   dresid.zero();
   norm_bwd(dlnf, s.resid[static_cast<size_t>(R.count)], final_w_, final_b_, s.lnf_mean, s.lnf_rstd, dresid);
   if (backward_hook_) backward_hook_(static_cast<int>(cfg_.num_layers));

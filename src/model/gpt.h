@@ -484,6 +484,19 @@ class GPTModel {
     std::vector<double> layer_load_balancing, layer_z, layer_micro_batches;
   };
   MoeStats take_moe_stats() { return std::exchange(moe_stats_, MoeStats{}); }
+  // --mtp-num-layers (the last pipeline stage): the last forward of `slot`,
+  // depth k's (0-based) counted labels and the sum of their losses.
+  double mtp_label_count(int slot, int k) const;
+  double mtp_loss_total(int slot, int k) const;
+  // The training forwards' MTP losses since the last take (the trainer's
+  // log): per depth the sum over micro-batches of each one's mean over its
+  // counted labels (0 where none; Megatron's mtp_loss_for_log), and the
+  // micro-batches. Empty on a stage without the MTP layers.
+  struct MtpStats {
+    std::vector<double> loss;
+    double micro_batches = 0;
+  };
+  MtpStats take_mtp_stats() { return std::exchange(mtp_stats_, MtpStats{}); }
   // --moe-input-jitter-eps (tests; a CPU model): the factors layer `layer`'s
   // router multiplied its input by in the last forward of `slot`, [N, h]
   // row-major in [s, b] row order (this rank's N rows).
@@ -625,6 +638,28 @@ class GPTModel {
   double moe_loss_scale_ = 1;
   std::optional<double> moe_loss_scale_override_;
   MoeStats moe_stats_;
+  MtpStats mtp_stats_;
+  // --mtp-num-layers: each depth's own parameters (its transformer layer is
+  // layers_[L + k]).
+  struct MtpIdx {
+    int enorm_w = -1, enorm_b = -1, hnorm_w = -1, hnorm_b = -1, eh_w = -1, final_w = -1, final_b = -1;
+  };
+  std::vector<MtpIdx> mtp_;
+  struct MtpActs;
+  // The output layer and vocabulary-parallel cross-entropy on a final
+  // norm's output lnf [N, h] (all rows): the logits and the loss's
+  // statistics written; returns the sum of the counted labels' losses.
+  double output_loss_fwd(const Tensor& lnf, const Tensor& labels, const Tensor& logits, const Tensor& mx,
+                         const Tensor& se, const Tensor& tl, const Tensor& loss);
+  // Its backward with d(loss) = g for every counted label: dlnf_own (this
+  // rank's rows) written, the output layer's gradient accumulated.
+  void output_loss_bwd(const Tensor& lnf, const Tensor& labels, const Tensor& logits, const Tensor& mx,
+                       const Tensor& se, double g, const Tensor& dlnf_own);
+  // The MTP depths after the decoder's final norm (forward), and their
+  // backward, last depth first, adding d(h_0) into dlnf (this rank's rows).
+  void mtp_forward(Slot& s, const int32_t* tokens, const int32_t* labels);
+  void mtp_backward(Slot& s, double loss_scale, const Tensor& dlnf);
+  void record_moe_stats(const Slot& s, const std::vector<int64_t>& ran);
   // Stored dtype of qkv, ctx, fc1 and their gradients (and act's gradient):
   // bf16 under --bf16 (they only meet GEMMs and the ops between two GEMMs),
   // else the model dtype.

@@ -133,8 +133,9 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
         false, layer);
     if (ln) add(prefix + ".bias", {h}, ShardKind::kReplicated, -1, InitKind::kZeros, false, layer);
   };
-  for (int i = 0; i < static_cast<int>(c.num_layers); ++i) {
-    const std::string p = fmt::format("decoder.layers.{}.", i);
+  // One transformer layer (a decoder layer, or an MTP depth's) under its prefix.
+  auto layer = [&](int i) {
+    const std::string p = c.layer_prefix(i);
     norm(p + "input_layernorm", i);
     if (c.mla()) {
       // Megatron's MLASelfAttention: the down projections replicated over
@@ -195,14 +196,29 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
         if (c.moe_shared_expert_gate)
           add(p + "mlp.shared_experts.gate_weight", {1, h}, ShardKind::kReplicated, -1, InitKind::kNormal, true, i);
       }
-      continue;
+      return;
     }
     add(p + "mlp.linear_fc1.weight", {gate * F, h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i, int(gate));
     if (bias) add(p + "mlp.linear_fc1.bias", {gate * F}, ShardKind::kColumn, 0, InitKind::kZeros, false, i, int(gate));
     add(p + "mlp.linear_fc2.weight", {h, F}, ShardKind::kRow, 1, InitKind::kScaledNormal, true, i);
     if (bias) add(p + "mlp.linear_fc2.bias", {h}, ShardKind::kReplicated, -1, InitKind::kZeros, false, i);
-  }
+  };
+  for (int i = 0; i < static_cast<int>(c.num_layers); ++i) layer(i);
   norm("decoder.final_layernorm", -1);
+  // --mtp-num-layers: Megatron's MultiTokenPredictionLayer, depth by depth
+  // (registered after the decoder, before the output layer). The norms and
+  // eh_proj belong to the MTP layer's global index L + k as its transformer
+  // layer does. eh_proj [h, 2h] is column-parallel, its input
+  // [enorm(embedding) | hnorm(hidden)].
+  for (int k = 0; k < static_cast<int>(c.mtp_layers()); ++k) {
+    const int i = static_cast<int>(c.num_layers) + k;
+    const std::string m = fmt::format("mtp.layers.{}.", k);
+    norm(m + "enorm", i);
+    norm(m + "hnorm", i);
+    add(m + "eh_proj.weight", {h, 2 * h}, ShardKind::kColumn, 0, InitKind::kNormal, true, i);
+    layer(i);
+    norm(m + "final_layernorm", i);
+  }
   if (c.untie_embeddings_and_output_weights)
     add("output_layer.weight", {V, h}, ShardKind::kVocab, 0, InitKind::kNormal, true, -1);
   return v;

@@ -198,6 +198,32 @@ ModelConfig seq_aux_sigmoid_style() {
   return c;
 }
 
+// --mtp-num-layers: two multi-token prediction depths on the LLaMA (untied
+// output layer, RMSNorm, RoPE: the MTP layers rotate as the decoder's) with
+// a loss weight of 0.3; one on a GPT with LayerNorm (biases on the MTP
+// norms), tied embeddings and no position embedding; and DeepSeek-V3's
+// shape: MLA, the sigmoid router with its expert bias and a shared expert,
+// the first layer dense and the MTP layer an MoE layer like the last.
+ModelConfig mtp_llama_style() {
+  ModelConfig c = llama_style();
+  c.mtp_num_layers = 2, c.mtp_loss_scaling_factor = 0.3;
+  return c;
+}
+ModelConfig mtp_gpt_style() {
+  ModelConfig c = gpt2_style();
+  c.position_embedding = PositionEmbedding::kNone, c.mtp_num_layers = 1;
+  return c;
+}
+ModelConfig mtp_deepseek_style() {
+  ModelConfig c = mla_style();
+  c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24, c.moe_aux_loss_coeff = 0.3;
+  c.moe_router_score_function = "sigmoid", c.moe_router_enable_expert_bias = true;
+  c.moe_shared_expert_intermediate_size = 16, c.moe_layer_freq = "[0]+[1]";
+  c.moe_router_load_balancing_type = "seq_aux_loss";
+  c.mtp_num_layers = 1;
+  return c;
+}
+
 // --moe-layer-freq: the mixtral with 3 layers, the first dense (its MLP
 // 80 wide, the experts 24: DeepSeek's first dense layers); and the sigmoid
 // router with its bias and a shared expert on layers 0 and 2 (freq 2), layer
@@ -266,7 +292,8 @@ nlohmann::json config_json(const ModelConfig& c, int64_t capacity_segments = 1) 
           {"multi_latent_attention", c.multi_latent_attention}, {"q_lora_rank", c.q_lora_rank.value_or(0)},
           {"kv_lora_rank", c.kv_lora_rank}, {"qk_head_dim", c.qk_head_dim},
           {"qk_pos_emb_head_dim", c.qk_pos_emb_head_dim}, {"v_head_dim", c.v_head_dim}, {"rope_type", c.rope_type},
-          {"rotary_scaling_factor", c.rotary_scaling_factor}, {"mscale", c.mscale}, {"mscale_all_dim", c.mscale_all_dim}};
+          {"rotary_scaling_factor", c.rotary_scaling_factor}, {"mscale", c.mscale}, {"mscale_all_dim", c.mscale_all_dim},
+          {"mtp_num_layers", c.mtp_layers()}, {"mtp_loss_scaling_factor", c.mtp_loss_scaling_factor}};
 }
 
 void random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, std::vector<int32_t>& tok, std::vector<int32_t>& lab) {
@@ -316,6 +343,9 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "jitter_sigmoid" ? jitter_sigmoid_style()
                     : which == "mla" ? mla_style()
                     : which == "mla_gpt" ? mla_gpt_style()
+                    : which == "mtp_llama" ? mtp_llama_style()
+                    : which == "mtp_gpt" ? mtp_gpt_style()
+                    : which == "mtp_deepseek" ? mtp_deepseek_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -361,7 +391,8 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
     for (int64_t j = 0; j < b.numel(); ++j) b.ptr<float>()[j] = nd(gen);
     ++biased;
   }
-  EXPECT_EQ(biased, cfg.has_expert_bias() ? cfg.num_moe_layers() : 0);
+  EXPECT_EQ(biased, cfg.has_expert_bias() ? cfg.num_moe_layers() + (cfg.is_moe_layer(cfg.num_layers) ? cfg.mtp_layers() : 0)
+                                          : 0);
   std::vector<int32_t> tok, lab;
   random_batch(opt.micro_batch, cfg.seq_length, *cfg.vocab_size, 7, tok, lab);
   Tensor tt(tok.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32), lt(lab.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32);
@@ -369,6 +400,15 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   // Training mode for MoE (its load-balancing and z-losses are training's); no dropout here.
   const double loss = m.forward(0, tt, lt, 0, cfg.is_moe());
   std::vector<float> logits(m.logits(0).ptr<float>(), m.logits(0).ptr<float>() + m.logits(0).numel());
+  std::vector<double> mtp_loss;
+  for (int k = 0; k < cfg.mtp_layers(); ++k) {
+    // Depth k counts the labels k + 1 positions ahead: the last k + 1 of each sequence drop out.
+    int64_t counted = 0;
+    for (int64_t b = 0; b < opt.micro_batch; ++b)
+      for (int64_t t = k + 1; t < cfg.seq_length; ++t) counted += lab[static_cast<size_t>(b * cfg.seq_length + t)] >= 0;
+    EXPECT_EQ(m.mtp_label_count(0, k), static_cast<double>(counted)) << "MTP depth " << k + 1;
+    mtp_loss.push_back(m.mtp_loss_total(0, k) / m.mtp_label_count(0, k));
+  }
   m.backward(0);
 
   const std::string dir = std::string(MT_BINARY_DIR) + "/test-artifacts";
@@ -405,6 +445,11 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   EXPECT_LT(rel_err<float>(ours, *ref->get("logits")), 1e-5) << "logits";
   const double ref_loss = ref->get("loss")->ptr<float>()[0];
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << "loss";
+  for (int k = 0; k < cfg.mtp_layers(); ++k) {
+    const double r = ref->get("mtp_loss")->ptr<float>()[k];
+    EXPECT_NEAR(mtp_loss[static_cast<size_t>(k)], r, 1e-5 * r) << "MTP depth " << k + 1 << "'s loss";
+    EXPECT_GT(std::abs(mtp_loss[static_cast<size_t>(k)] - loss), 1e-3) << "a loss of its own";
+  }
   if (cfg.is_moe()) {
     const double aux = ref->get("moe_aux")->ptr<float>()[0], z = ref->get("moe_z")->ptr<float>()[0];
     EXPECT_NEAR(m.moe_load_balancing_loss(0), aux, 1e-5 * aux) << "load-balancing loss";
@@ -434,7 +479,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                                            "gptqk", "mixtral", "moegpt", "moeshared", "moesharedgate", "sigmoid", "grouped",
                                            "grouped_sigmoid", "capacity", "capacity_position", "capacity_sigmoid",
                                            "seq_aux", "seq_aux_sigmoid", "moefreq", "moefreq_sigmoid", "jitter",
-                                           "jitter_sigmoid", "mla", "mla_gpt"));
+                                           "jitter_sigmoid", "mla", "mla_gpt", "mtp_llama", "mtp_gpt", "mtp_deepseek"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

@@ -127,8 +127,9 @@ def forward(P, tokens, labels, cfg):
 
     aux_total = torch.zeros(())
     z_total = torch.zeros(())
-    for i in range(cfg["num_layers"]):
-        p = f"decoder.layers.{i}."
+
+    def layer(x, p, is_moe):
+        """One transformer layer under prefix p: (output, load-balancing loss, z-loss)."""
         ln1 = norm(x, P[p + "input_layernorm.weight"], bias(p + "input_layernorm.bias"), cfg)
         if cfg.get("multi_latent_attention", False):
             ctx = mla(ln1, P, p + "self_attention.", cfg, linear, bias, mla_rope, mask)
@@ -151,19 +152,42 @@ def forward(P, tokens, labels, cfg):
             ctx = (torch.softmax(s, dim=-1) @ vh).permute(2, 0, 1, 3).reshape(T, B, a * d)
         x_mid = (ln1 if post else x) + linear(ctx, p + "self_attention.linear_proj")
         ln2 = norm(x_mid, P[p + "pre_mlp_layernorm.weight"], bias(p + "pre_mlp_layernorm.bias"), cfg)
-        if cfg.get("num_experts", 0) and moe_pattern(cfg)[i]:
+        if is_moe:
             mlp_out, aux, z = moe(ln2.reshape(T * B, h), p + "mlp.", cfg, linear, B)
-            aux_total = aux_total + aux
-            z_total = z_total + z
-            x = x_mid + mlp_out.reshape(T, B, h)
-            continue
+            return x_mid + mlp_out.reshape(T, B, h), aux, z
         fc1 = linear(ln2, p + "mlp.linear_fc1")
-        x = (ln2 if post else x_mid) + linear(activation(fc1, cfg), p + "mlp.linear_fc2")
+        return (ln2 if post else x_mid) + linear(activation(fc1, cfg), p + "mlp.linear_fc2"), 0.0, 0.0
+
+    pattern = moe_pattern(cfg) if cfg.get("num_experts", 0) else [0] * cfg["num_layers"]
+    for i in range(cfg["num_layers"]):
+        x, aux, z = layer(x, f"decoder.layers.{i}.", pattern[i])
+        aux_total = aux_total + aux
+        z_total = z_total + z
     x = norm(x, P["decoder.final_layernorm.weight"], bias("decoder.final_layernorm.bias"), cfg)
     out_w = P["output_layer.weight"] if "output_layer.weight" in P else P["embedding.word_embeddings.weight"]
     logits = (x @ out_w.t()).reshape(T * B, -1)
     loss = F.cross_entropy(logits, labels.t().reshape(-1).long(), ignore_index=-1)
-    return logits, loss, aux_total, z_total
+    # Multi-token prediction (Megatron's MultiTokenPredictionBlock): depth k
+    # embeds the tokens rolled left k times (zeros rolled in, their labels
+    # masked), joins enorm(embedding) and hnorm(previous hidden) through
+    # eh_proj, runs a layer like the last decoder layer, its own final norm,
+    # and the shared output layer on the labels rolled as far.
+    mtp_losses = []
+    hk, tok_k, lab_k = x, tok, labels.t().long()
+    for k in range(cfg.get("mtp_num_layers", 0)):
+        m = f"mtp.layers.{k}."
+        tok_k = torch.cat((tok_k[1:], torch.zeros_like(tok_k[:1])), 0)
+        lab_k = torch.cat((lab_k[1:], torch.full_like(lab_k[:1], -1)), 0)
+        e = P["embedding.word_embeddings.weight"][tok_k]
+        cat = torch.cat((norm(e, P[m + "enorm.weight"], bias(m + "enorm.bias"), cfg),
+                         norm(hk, P[m + "hnorm.weight"], bias(m + "hnorm.bias"), cfg)), -1)
+        xk, aux, z = layer(cat @ P[m + "eh_proj.weight"].t(), m + "mtp_model_layer.", pattern[-1])
+        aux_total = aux_total + aux
+        z_total = z_total + z
+        hk = norm(xk, P[m + "final_layernorm.weight"], bias(m + "final_layernorm.bias"), cfg)
+        mtp_logits = (hk @ out_w.t()).reshape(T * B, -1)
+        mtp_losses.append(F.cross_entropy(mtp_logits, lab_k.reshape(-1), ignore_index=-1))
+    return logits, loss, aux_total, z_total, mtp_losses
 
 
 def yarn_mscale(scale, m):
@@ -375,10 +399,14 @@ def main():
     torch.set_num_threads(1)
     global P_ROUTER
     P_ROUTER = lambda p, name="router.weight": P[p + name]  # an MoE layer's router (or shared gate) weight
-    logits, loss, aux, z = forward(P, tokens, labels, cfg)
+    logits, loss, aux, z, mtp = forward(P, tokens, labels, cfg)
     total = loss + cfg.get("moe_aux_loss_coeff", 0.0) * aux + cfg.get("moe_z_loss_coeff", 0.0) * z
+    if mtp:  # the MTP loss: --mtp-loss-scaling-factor times the depths' mean
+        total = total + cfg["mtp_loss_scaling_factor"] / len(mtp) * sum(mtp)
     total.backward()
     out = {"logits": logits, "loss": loss.reshape(1), "moe_aux": aux.reshape(1), "moe_z": z.reshape(1)}
+    if mtp:
+        out["mtp_loss"] = torch.stack(mtp)
     for n, t in P.items():
         out["grad." + n] = t.grad if t.grad is not None else torch.zeros_like(t)
     write_safetensors(sys.argv[2], out)

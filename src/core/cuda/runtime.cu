@@ -107,6 +107,12 @@ void copy_d2d(void* dst, const void* src, size_t bytes) {
   if (bytes) MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
 }
 
+void copy_d2d_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes, size_t rows) {
+  if (width_bytes && rows)
+    MT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, rows, cudaMemcpyDeviceToDevice,
+                                    stream()));
+}
+
 void copy_h2d(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
   MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));

@@ -27,6 +27,8 @@ void device_free(void* p);
 // Asynchronous on the rank's stream.
 void memset_zero(void* p, size_t bytes);
 void copy_d2d(void* dst, const void* src, size_t bytes);
+// rows x width_bytes from src (row pitch src_pitch) to dst (dst_pitch), device to device.
+void copy_d2d_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes, size_t rows);
 // Host memory to device (pageable host memory: returns once the source may be reused).
 void copy_h2d(void* dst, const void* src, size_t bytes);
 // Device to host; waits for every earlier operation on the stream.
