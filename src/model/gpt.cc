@@ -1058,7 +1058,7 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                                  : rs_cast * abytes(N * h, hb);
     const size_t after_layer = abytes(Ns * 2 * h, d.dn) +
                                std::max(eh_bwd, abytes(Ns * h, d.dn) + (sp ? abytes(N * h, d.rs) : 0));
-    mtp_bwd = abytes(Ns * h, d.dn) + abytes(Ns * h, d.dn) + abytes(Ns * h, d.rs) +
+    mtp_bwd = abytes(Ns * h, d.gemm_in) + abytes(Ns * h, d.dn) + abytes(Ns * h, d.rs) +
               std::max({bwd_out, layer_bwd, after_layer});
   }
   const size_t forward_peak = std::max({fwd_layers, fwd_out, emb_fwd, mtp_fwd});
@@ -2898,7 +2898,9 @@ void GPTModel::mtp_backward(Slot& s, double loss_scale, const Tensor& dlnf) {
   ArenaScope scope(scratch_);
   const double hd = s.training ? cfg_.hidden_dropout : 0.0;
   const double weight = cfg_.mtp_loss_scaling_factor / static_cast<double>(cfg_.mtp_layers());
-  const Tensor dh = scratch({Ns_, h_}, dn_);  // d(h_k) from depth k+1, this rank's rows
+  // d(h_k) from depth k+1, this rank's rows, in h_k's dtype (the norm
+  // kernels' dx shares x's): bf16 under --bf16, added into the fp32 d(lnf).
+  const Tensor dh = scratch({Ns_, h_}, gemm_in_);
   for (size_t jj = mtp_.size(); jj-- > 0;) {
     const MtpIdx& m = mtp_[jj];
     MtpActs& a = s.mtp[jj];

@@ -116,6 +116,26 @@ ModelConfig mla_gpt_style() {
   return c;
 }
 
+// --mtp-num-layers: two depths on the LLaMA, one on the sigmoid-routed MoE
+// whose last layer (and so its MTP layer) is MoE, one on MLA. The MTP
+// layers keep their activations under full recomputation and follow the
+// selective modules as the decoder's layers.
+ModelConfig mtp_style() {
+  ModelConfig c = llama_style();
+  c.mtp_num_layers = 2;
+  return c;
+}
+ModelConfig mtp_moe_style() {
+  ModelConfig c = moe_freq_sigmoid_style();
+  c.mtp_num_layers = 1;
+  return c;
+}
+ModelConfig mtp_mla_style() {
+  ModelConfig c = mla_style();
+  c.mtp_num_layers = 1;
+  return c;
+}
+
 RecomputeOptions full(RecomputeMethod m, int64_t n) {
   RecomputeOptions r;
   r.granularity = RecomputeGranularity::kFull, r.method = m, r.num_layers = n;
@@ -241,7 +261,12 @@ INSTANTIATE_TEST_SUITE_P(Configs, RecomputeNumerics,
                                            Case{"jitter", jitter_style, false}, Case{"jitter_bf16", jitter_style, true},
                                            Case{"mla", mla_style, false}, Case{"mla_bf16", mla_style, true},
                                            Case{"mla_gpt", mla_gpt_style, false},
-                                           Case{"mla_gpt_bf16", mla_gpt_style, true}),
+                                           Case{"mla_gpt_bf16", mla_gpt_style, true},
+                                           Case{"mtp", mtp_style, false}, Case{"mtp_bf16", mtp_style, true},
+                                           Case{"mtp_bf16_fp32res", mtp_style, true, true},
+                                           Case{"mtp_moe", mtp_moe_style, false},
+                                           Case{"mtp_moe_bf16", mtp_moe_style, true},
+                                           Case{"mtp_mla", mtp_mla_style, false}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The size arithmetic, written out: every tensor rounded up to 64 bytes.
@@ -256,9 +281,10 @@ TEST(RecomputeMemory, ActivationAndScratchBytesFollowTheSizeTable) {
   const size_t resid = A(N * h);
   // tokens, labels (int32), resid[L], final norm out + mean + rstd, logits, 4 loss vectors.
   const size_t fixed = 2 * A(N) + resid + A(N * h) + 2 * A(N) + A(N * V) + 4 * A(N);
-  // Scratch of the model that keeps everything: dloss, dlnf, dresid + layer_backward's
-  // dtmp, dln [N,h], dact [N,F], dfc1 [N,F], dctx [N,ad], dqkv [N,qkv].
-  const size_t scratch_none = A(N) + 2 * A(N * h) + 2 * A(N * h) + 2 * A(N * F) + A(N * ad) + A(N * qkv);
+  // Scratch of the model that keeps everything: dlnf, dresid + layer_backward's
+  // dtmp, dln [N,h], dact [N,F], dfc1 [N,F], dctx [N,ad], dqkv [N,qkv] (the
+  // output layer's dloss [N] is freed before the layers run).
+  const size_t scratch_none = 2 * A(N * h) + 2 * A(N * h) + 2 * A(N * F) + A(N * ad) + A(N * qkv);
 
   struct Expect {
     RecomputeOptions rc;

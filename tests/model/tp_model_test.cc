@@ -77,6 +77,22 @@ ModelConfig mla_gpt_cfg() {
   return c;
 }
 
+// --mtp-num-layers: two MTP depths on the LLaMA (untied output layer), one
+// on the GPT without position embeddings (tied: the output layer and the
+// MTP embedding are the word embedding; dropout on the MTP embedding and
+// layer), and one on the DeepSeek-V3-like sigmoid-routed MoE (the MTP layer
+// an MoE layer like the last).
+ModelConfig llama_mtp_cfg() {
+  ModelConfig c = llama_cfg();
+  c.mtp_num_layers = 2, c.mtp_loss_scaling_factor = 0.3;
+  return c;
+}
+ModelConfig gpt_mtp_cfg() {
+  ModelConfig c = gpt_cfg();
+  c.position_embedding = PositionEmbedding::kNone, c.mtp_num_layers = 1;
+  return c;
+}
+
 ModelConfig mixtral_cfg() {  // MoE (TP needs SP): 4 experts of width 24, top-2, both router losses
   ModelConfig c = llama_cfg();
   c.num_experts = 4, c.moe_router_topk = 2, c.moe_ffn_hidden_size = 24;
@@ -200,6 +216,9 @@ void run_case(const Case& c) {
     const double ls = S.forward(0, tt, lt, 5 + pass, true);
     const double lp = P.forward(0, tt, lt, 5 + pass, true);
     EXPECT_NEAR(lp, ls, c.tol * std::abs(ls)) << c.name << ": loss";
+    for (int k = 0; k < cfg.mtp_layers(); ++k)
+      EXPECT_NEAR(P.mtp_loss_total(0, k), S.mtp_loss_total(0, k), c.tol * S.mtp_loss_total(0, k))
+          << c.name << ": MTP depth " << k + 1 << "'s loss";
     S.backward(0, 0.5);
     P.backward(0, 0.5);
   }
@@ -229,7 +248,12 @@ TEST(TensorParallelModel, EqualsSerialModel) {
       run_case({"gpt_qk", gpt_qk_cfg(), sp, dt, tol});
       run_case({"mla", mla_cfg(), sp, dt, tol});
       run_case({"mla_gpt", mla_gpt_cfg(), sp, dt, tol});
+      run_case({"llama mtp", llama_mtp_cfg(), sp, dt, tol});
+      run_case({"gpt mtp", gpt_mtp_cfg(), sp, dt, tol});
       if (sp || comm::world_communicator()->size() == 1) {  // MoE with TP needs SP
+        ModelConfig sig_mtp = sigmoid_cfg();
+        sig_mtp.mtp_num_layers = 1;
+        run_case({"sigmoid router mtp", sig_mtp, sp, dt, tol});
         run_case({"mixtral", mixtral_cfg(), sp, dt, tol});
         run_case({"moe_gpt", moe_gpt_cfg(), sp, dt, tol});
         run_case({"shared expert", shared_cfg(), sp, dt, tol});
@@ -307,6 +331,16 @@ void run_cp_case(const CpCase& c) {
   for (auto& t : tok) t = static_cast<int32_t>(g() % V);
   for (auto& l : lab) l = static_cast<int32_t>(g() % V);
   lab[3] = lab[20] = lab[21] = -1;  // uneven counts over the CP ranks
+  if (cfg.mtp_layers()) {
+    // Each CP rank's losses are means over its own labels (Megatron's), an
+    // MTP depth's over its own count: their gradients sum over CP to the
+    // serial model's only where every rank counts the same share at every
+    // depth. CP rank 0 holds the sequence's end, where each depth loses a
+    // label; masking labels 6, 7 of sequence 0 and 12, 13 of sequence 1
+    // evens the counts out at CP 2 (depths 0 to 2).
+    for (auto& l : lab) l = l < 0 ? 1 : l;
+    lab[6] = lab[7] = lab[T + 12] = lab[T + 13] = -1;
+  }
   // Documents: EOD (token 5) at positions 2, 6, 7 of sequence 0 and 12 of sequence 1.
   std::vector<int32_t> pos(B * T), seg(B * T);
   for (auto& t : tok) t = t == 5 ? 6 : t;
@@ -327,6 +361,12 @@ void run_cp_case(const CpCase& c) {
     const double total = cp_comm->all_reduce_scalar(P.loss_total(0));
     EXPECT_NEAR(total, S.loss_total(0), c.tol * std::abs(S.loss_total(0))) << c.name << ": loss sum";
     EXPECT_EQ(cp_comm->all_reduce_scalar(P.label_count(0)), S.label_count(0)) << c.name;
+    for (int k = 0; k < cfg.mtp_layers(); ++k) {
+      const double sum = cp_comm->all_reduce_scalar(P.mtp_loss_total(0, k));
+      EXPECT_NEAR(sum, S.mtp_loss_total(0, k), c.tol * S.mtp_loss_total(0, k)) << c.name << ": MTP loss sum";
+      EXPECT_EQ(P.mtp_label_count(0, k) * static_cast<double>(cp), S.mtp_label_count(0, k))
+          << c.name << ": MTP depth " << k + 1 << " counts evenly";
+    }
     S.backward(0, 0.5);
     P.set_moe_loss_scale(0.5);  // the router losses: each CP rank holds its share of the serial ones
     P.backward(0, 0.5 * P.label_count(0) / S.label_count(0));
@@ -361,6 +401,11 @@ TEST(ContextParallelModel, EqualsSerialModel) {
       run_cp_case({"mla", mla_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
       run_cp_case({"mla_gpt full recompute", mla_gpt_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
       run_cp_case({"mla bf16 selective", mla_cfg(), tp, sp, DType::kF32, true, sel, 3e-2});
+      if (world->size() / tp == 2) {  // the balanced label counts above are CP 2's
+        run_cp_case({"llama mtp", llama_mtp_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
+        run_cp_case({"gpt mtp selective", gpt_mtp_cfg(), tp, sp, DType::kF64, false, sel, 1e-11});
+        run_cp_case({"llama mtp bf16", llama_mtp_cfg(), tp, sp, DType::kF32, true, none, 3e-2});
+      }
       if (sp || tp == 1) {  // MoE with TP needs SP
         run_cp_case({"mixtral", mixtral_cfg(), tp, sp, DType::kF64, false, none, 1e-11});
         run_cp_case({"mixtral full recompute", mixtral_cfg(), tp, sp, DType::kF64, false, full, 1e-11});
