@@ -242,6 +242,27 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   return cudaSuccess;
 }
 
+// Device to device only (the one kind core/cuda uses): each pitch at least
+// the width, and every row of both regions inside one device allocation.
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+  if (!emu::is_valid_stream(stream)) return cudaErrorInvalidResourceHandle;
+  if (kind != cudaMemcpyDeviceToDevice)
+    return emu::invalid("cudaMemcpy2DAsync", "only DeviceToDevice is emulated", dst);
+  if (dpitch < width || spitch < width) return emu::invalid("cudaMemcpy2DAsync", "a pitch below the width", dst);
+  if (!width || !height) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!emu::on_device(dst, (height - 1) * dpitch + width))
+      return emu::invalid("cudaMemcpy2DAsync", "the destination rows are not inside one device allocation", dst);
+    if (!emu::on_device(src, (height - 1) * spitch + width))
+      return emu::invalid("cudaMemcpy2DAsync", "the source rows are not inside one device allocation", src);
+  }
+  for (size_t r = 0; r < height; ++r)
+    std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   if (flags & ~cudaStreamNonBlocking) return cudaErrorInvalidValue;
   std::lock_guard<std::mutex> lock(g_mu);

@@ -197,5 +197,20 @@ TEST(CudaModel, MlaForwardBackwardMatchesCpu) {
   compare(g, false, false, "MLA on GPT, linear_q_proj, fp32");
 }
 
+// --mtp-num-layers: the rolled tokens' embedding, enorm/hnorm into eh_proj's
+// [embedding | hidden] input (copy_columns: cudaMemcpy2DAsync), the MTP
+// layers and their losses on the device; the LLaMA with two depths, the
+// GPT (LayerNorm, tied embeddings, dropout) with one.
+TEST(CudaModel, MtpForwardBackwardMatchesCpu) {
+  MT_REQUIRE_GPU();
+  ModelConfig l = small_llama();
+  l.mtp_num_layers = 2, l.mtp_loss_scaling_factor = 0.3;
+  compare(l, false, false, "LLaMA MTP 2 fp32");
+  compare(l, true, false, "LLaMA MTP 2 bf16");
+  ModelConfig g = small_gpt();
+  g.position_embedding = PositionEmbedding::kNone, g.mtp_num_layers = 1;
+  compare(g, false, false, "GPT MTP 1 fp32");
+}
+
 }  // namespace
 }  // namespace mt::model
