@@ -470,15 +470,32 @@ ModelParams model_params(const ModelConfig& c, int64_t V) {
                              : 0;
   m.final_norm = c.norm_params_per_norm();
   m.output_layer = c.untie_embeddings_and_output_weights ? V * c.hidden_size : 0;
+  const int64_t last = c.is_moe_layer(c.num_layers - 1) ? m.per_layer : m.dense_per_layer;
+  m.mtp = c.mtp_layers() * (last + 3 * c.norm_params_per_norm() + 2 * c.hidden_size * c.hidden_size);
   return m;
 }
 
 double mlp_width_over_layers(const ModelConfig& c) {
-  const double moe = static_cast<double>(c.num_moe_layers());
-  double w = static_cast<double>(c.ffn()) * (static_cast<double>(c.num_layers) - moe);
+  // The MTP layers count as the last decoder layer's kind (Megatron adds
+  // them to its MoE or its dense layers by last_layer_is_moe).
+  const double mtp_moe = c.is_moe_layer(c.num_layers - 1) ? static_cast<double>(c.mtp_layers()) : 0.0;
+  const double moe = static_cast<double>(c.num_moe_layers()) + mtp_moe;
+  double w = static_cast<double>(c.ffn()) * (static_cast<double>(c.total_layers()) - moe);
   if (c.is_moe())
     w += static_cast<double>(c.moe_ffn() * c.moe_router_topk + c.moe_shared_expert_intermediate_size) * moe;
   return w;
+}
+
+double flops_per_token(const ModelConfig& c, int64_t padded_vocab) {
+  const double h = static_cast<double>(c.hidden_size), phi = c.swiglu ? 3 : 2, D = static_cast<double>(c.mtp_layers());
+  // --mtp-num-layers: Megatron adds each MTP layer's norms (3h) and eh_proj
+  // (2h^2), and one more logit computation per depth.
+  return 6 * h * phi * mlp_width_over_layers(c) + static_cast<double>(c.total_layers()) * attention_linear_flops(c) +
+         6 * D * (3 * h + 2 * h * h) + 6 * h * static_cast<double>(padded_vocab) * (1 + D);
+}
+
+double flops_per_token_pair(const ModelConfig& c) {
+  return static_cast<double>(c.total_layers()) * attention_core_flops(c);
 }
 
 double attention_linear_flops(const ModelConfig& c) {
@@ -526,7 +543,12 @@ MegatronParamCount megatron_param_count(const ModelConfig& c, int64_t V) {
   m.per_layer = att + mlp + 2 * c.norm_params_per_norm();
   m.embedding = h * V;
   const int64_t moe_layers = c.num_moe_layers();  // --moe-layer-freq: the others are dense
-  m.total = moe_layers * m.per_layer + (c.num_layers - moe_layers) * (att + dense_mlp + 2 * c.norm_params_per_norm()) +
+  // --mtp-num-layers: Megatron's num_parameters_in_mtp_block, the MTP
+  // layers as dense or MoE layers by the last decoder layer (their norms
+  // and eh_proj not counted).
+  const int64_t mtp_moe = c.is_moe_layer(c.num_layers - 1) ? c.mtp_layers() : 0;
+  m.total = (moe_layers + mtp_moe) * m.per_layer +
+            (c.total_layers() - moe_layers - mtp_moe) * (att + dense_mlp + 2 * c.norm_params_per_norm()) +
             c.norm_params_per_norm() + m.embedding * (c.untie_embeddings_and_output_weights ? 2 : 1);
   return m;
 }

@@ -270,8 +270,11 @@ struct ModelParams {
   int64_t position_embedding = 0;  // max_pos x h (learned absolute only)
   int64_t final_norm = 0;
   int64_t output_layer = 0;        // V x h when untied, else 0 (shared)
+  // --mtp-num-layers: every depth's layer (the last decoder layer's kind),
+  // enorm, hnorm, eh_proj (2h x h) and final norm.
+  int64_t mtp = 0;
   int64_t total() const {
-    return layers + word_embedding + position_embedding + final_norm + output_layer;
+    return layers + word_embedding + position_embedding + final_norm + output_layer + mtp;
   }
 };
 ModelParams model_params(const ModelConfig& cfg, int64_t padded_vocab);
@@ -289,6 +292,11 @@ double mlp_width_over_layers(const ModelConfig& cfg);
 // position of the sequence (QK^T and PV, halved for the causal mask).
 double attention_linear_flops(const ModelConfig& cfg);
 double attention_core_flops(const ModelConfig& cfg);
+// The whole formula: FLOPs = tokens x flops_per_token + (batch x s^2) x
+// flops_per_token_pair, forward and backward, every layer (the MTP layers
+// included) and the logits.
+double flops_per_token(const ModelConfig& cfg, int64_t padded_vocab);
+double flops_per_token_pair(const ModelConfig& cfg);
 
 // Megatron's own count (theoretical_memory_usage.py, §12.3): no biases, no
 // position embedding, the embedding counted twice when untied.

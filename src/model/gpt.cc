@@ -534,6 +534,10 @@ Result<GPTModel::Tables> GPTModel::make_tables(const ModelConfig& cfg, const GPT
                        "linear_q_proj (Transformer Engine's fused norm and linear), a norm this build does not have; "
                        "give --q-lora-rank or drop --qk-layernorm");
     }
+    if (cfg.mtp_layers() && opt.tp > 1 && cfg.hidden_size % opt.tp)
+      errs.push_back(fmt::format("--mtp-num-layers: eh_proj's {} output features do not split over "
+                                 "--tensor-model-parallel-size {}",
+                                 cfg.hidden_size, opt.tp));
     if (cfg.mtp_layers() && cfg.position_embedding == PositionEmbedding::kLearnedAbsolute)
       errs.push_back("--mtp-num-layers with --position-embedding-type learned_absolute: Megatron supports multi-token "
                      "prediction with rope and none only (fix: --position-embedding-type rope)");
@@ -1125,6 +1129,12 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
         c.cp_forward_bytes += counts;
         c.cp_backward_bytes += g.recompute ? counts : 0.0;
       }
+    // The MTP layers (last stage; never recomputed, selective aside).
+    for (int64_t l = cfg.num_layers; opt.post_process && l < cfg.total_layers(); ++l) {
+      const double counts = cfg.is_moe_layer(l) ? static_cast<double>(d.lbG * d.E * static_cast<int64_t>(dtype_size(d.dt))) : 0.0;
+      c.cp_forward_bytes += gather + counts;
+      c.cp_backward_bytes += gather + scatter + (selective ? gather : 0.0);
+    }
   }
   if (d.moe && d.ep > 1) {
     const double slots = static_cast<double>(d.kept * d.h);  // every slot the router keeps (all: dropless)
@@ -1136,6 +1146,8 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
         c.ep_forward_bytes += n * fwd;
         c.ep_backward_bytes += n * bwd + (g.recompute ? n * fwd : 0.0);
       }
+    for (int64_t l = cfg.num_layers; opt.post_process && l < cfg.total_layers(); ++l)
+      if (cfg.is_moe_layer(l)) c.ep_forward_bytes += fwd, c.ep_backward_bytes += bwd;
   }
   if (opt.tp <= 1) return c;
   const double act = static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.dt));  // one [N, h]
@@ -1206,6 +1218,18 @@ Result<GPTCommPlan> GPTModel::planned_comm(const ModelConfig& cfg, const GPTOpti
   c.tp_forward_bytes = fwd + pre * act_rs + post * ((sp ? act_lnf : 0) + 3 * row);
   // Output layer dx: all-reduce (SP: reduce-scatter); embedding dy: SP all-gather.
   c.tp_backward_bytes = bwd + post * act + pre * (sp ? act_rs : 0) + recompute;
+  // --mtp-num-layers (last stage), per depth: forward, the embedding's
+  // all-reduce (SP: reduce-scatter), eh_proj's input gathered (SP: [N, 2h])
+  // and its output gathered along the features, the layer, the final
+  // norm's gather (SP) and the loss's three [N] reductions; backward, the
+  // output layer's dx, the layer, eh_proj's gathered dy (SP) and its [N, 2h]
+  // dx reduction, and the embedding's gathered dy (SP).
+  const double act_cat = 2 * static_cast<double>(d.N * d.h) * static_cast<double>(dtype_size(d.gemm_in));
+  for (int64_t l = cfg.num_layers; opt.post_process && l < cfg.total_layers(); ++l) {
+    const LayerBytes b = layer_bytes(l);
+    c.tp_forward_bytes += act_rs + (sp ? act_cat : 0) + act_rs + b.fwd + (sp ? act_lnf : 0) + 3 * row;
+    c.tp_backward_bytes += act + b.bwd + (sp ? act_rs : 0) + 2 * act + (sp ? act_rs : 0);
+  }
   for (size_t i = 0; i < t->specs.size(); ++i)
     if (tp_partial_grad(t->specs[i], sp, cfg.mla()))
       c.tp_step_bytes += static_cast<double>(t->specs[i].global_shape.numel()) * static_cast<double>(dtype_size(d.dt));
@@ -3041,15 +3065,11 @@ double GPTModel::moe_z_loss(int slot) const {
 }
 
 double GPTModel::flops_per_micro_batch() const {
-  const double h = static_cast<double>(h_), phi = cfg_.swiglu ? 3 : 2, Lr = static_cast<double>(cfg_.num_layers);
   // With CP a rank's T / cp queries see 1/cp of the causal pairs (Megatron
   // counts the whole s^2 term per sequence; here per rank: its share).
   const double T = static_cast<double>(N_),
                Q = static_cast<double>(B_) * static_cast<double>(Tg_) * static_cast<double>(Tg_) / static_cast<double>(opt_.cp);
-  // The MLPs: dense layers' and MoE layers' top-k experts and shared expert.
-  const double F = mlp_width_over_layers(cfg_);
-  return T * (6 * h * phi * F + Lr * attention_linear_flops(cfg_) + 6 * h * static_cast<double>(Vg_)) +
-         Q * Lr * attention_core_flops(cfg_);
+  return T * flops_per_token(cfg_, Vg_) + Q * flops_per_token_pair(cfg_);
 }
 
 }  // namespace mt::model

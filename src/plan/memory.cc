@@ -38,10 +38,17 @@ MegatronMemoryEstimate megatron_theoretical_memory(const JobConfig& job, const M
     router = h * m.num_experts + (m.has_shared_expert() && m.moe_shared_expert_gate ? h : 0);  // + the shared gate
   }
   const double embedding = h * V;
-  double x_tp = ((L * p_att + mlp_tp) / p + embedding) / t;
+  // --mtp-num-layers: Megatron's most loaded shard also holds the whole MTP
+  // block, its layers dense or MoE by the last decoder layer (their norms
+  // and eh_proj not counted), whatever the pipeline size.
+  const double Dm = m.is_moe_layer(m.num_layers - 1) ? static_cast<double>(m.mtp_layers()) : 0.0;
+  const double Dd = static_cast<double>(m.mtp_layers()) - Dm;
+  const double mtp_tp = Dd * (p_att + phi * h * F) +
+                        Dm * (p_att + phi * h * static_cast<double>(m.moe_shared_expert_intermediate_size));
+  double x_tp = ((L * p_att + mlp_tp) / p + mtp_tp + embedding) / t;
   if (m.untie_embeddings_and_output_weights && par.pp == 1) x_tp += embedding / t;
-  const double x_rep = (L * p_norm + Lm * router + nu * h) / p;
-  const double x_exp = routed * (Lm / p) / static_cast<double>(l.etp * par.ep);
+  const double x_rep = (L * p_norm + Lm * router + nu * h) / p + Dd * p_norm + Dm * (p_norm + router);
+  const double x_exp = routed * (Lm / p + Dm) / static_cast<double>(l.etp * par.ep);
   auto B = [&](double x) { return par.use_distributed_optimizer ? 6 + 12 / x : 18; };
   e.params_on_most_loaded_shard = x_tp + x_rep + x_exp;
   e.weight_and_optimizer_bytes = (x_tp + x_rep) * B(static_cast<double>(l.dp)) +
@@ -186,10 +193,18 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
     }
     layers += in.chunk_layers[c];
   }
+  // --mtp-num-layers: the last stage also holds the MTP layers (the last
+  // decoder layer's kind), each with enorm, hnorm, final norm and eh_proj
+  // (2h x h over TP).
+  const int64_t D = in.last_stage ? m.mtp_layers() : 0;
+  const bool mtp_moe = m.is_moe_layer(m.num_layers - 1);
+  layers += D, moe_layers += mtp_moe ? D : 0;
   const int64_t dense_layers = layers - moe_layers;
   out.dense_params = layers * dense_layer + static_cast<double>(dense_layers) * mlp + static_cast<double>(moe_layers) * moe_dense;
   out.expert_params = static_cast<double>(moe_layers) * expert_layer;
   const double vocab_shard = s.V * h / t;
+  const double mtp_extra = static_cast<double>(D) * (3.0 * m.norm_params_per_norm() + 2 * h * h / t);
+  out.dense_params += mtp_extra;
   {
     out.stage_params = static_cast<double>(moe_layers) * static_cast<double>(model::layer_params(m, true).total()) +
                        static_cast<double>(dense_layers) * static_cast<double>(model::layer_params(m, false).total());
@@ -197,7 +212,9 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
       out.stage_params += s.V * h + (m.position_embedding == model::PositionEmbedding::kLearnedAbsolute
                                          ? static_cast<double>(m.max_position_embeddings) * h : 0);
     if (in.last_stage)
-      out.stage_params += m.norm_params_per_norm() + (m.untie_embeddings_and_output_weights || par.pp > 1 ? s.V * h : 0);
+      out.stage_params += m.norm_params_per_norm() + (m.untie_embeddings_and_output_weights || par.pp > 1 ? s.V * h : 0) +
+                          static_cast<double>(D) * (3.0 * m.norm_params_per_norm() + 2 * h * h) +
+                          (D && m.untie_embeddings_and_output_weights && par.pp > 1 ? s.V * h : 0);
   }
   if (in.first_stage) {
     out.dense_params += vocab_shard;
@@ -207,6 +224,8 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
   if (in.last_stage) {
     out.dense_params += m.norm_params_per_norm();
     if (m.untie_embeddings_and_output_weights || par.pp > 1) out.dense_params += vocab_shard;
+    // The MTP layers embed: a copy of the word embedding beside the untied output layer.
+    if (D && m.untie_embeddings_and_output_weights && par.pp > 1) out.dense_params += vocab_shard;
   }
   const BytesPerParam bpp = bytes_per_param(job.precision, job.optimizer.state_tensors());
   const double all = out.dense_params + out.expert_params;
@@ -250,8 +269,14 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
       a = full_layers(0, lc);
     }
     if (in.first_stage && c == 0) a += 8 * s.tok + s.mask * hs;  // token ids, embedding dropout mask
-    if (in.last_stage && c + 1 == in.chunk_layers.size())
+    if (in.last_stage && c + 1 == in.chunk_layers.size()) {
       a += 2 * s.e * hs + 4 * s.tok * s.V / t + 12 * s.tok;  // final-norm in, output in, fp32 logits, labels+mask
+      // Each MTP depth keeps its layer's activations (never recomputed),
+      // its embedding, eh_proj's [2h] input, its layer output and final
+      // norm output, fp32 logits, and its rolled tokens and labels.
+      a += static_cast<double>(D) * ((mtp_moe ? moe_layer : dense_layer_act) + 6 * s.e * hs +
+                                     4 * s.tok * s.V / t + 16 * s.tok);
+    }
     out.activation_per_microbatch += a;
     worst_chunk = std::max(worst_chunk, a);
   }

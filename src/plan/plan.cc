@@ -58,14 +58,8 @@ void register_plan_option_flags(FlagSet& f, PlanOptions& o) {
 }
 
 double megatron_flops_per_iteration(const model::ModelConfig& m, int64_t V, int64_t global_batch) {
-  const double B = global_batch, s = m.seq_length, h = m.hidden_size, L = m.num_layers;
-  const double T = B * s, Q = B * s * s;
-  const double phi = m.swiglu ? 3 : 2;
-  // The dense layers' MLP, and the MoE layers' routed experts each token
-  // reaches and shared expert.
-  const double mlp = 6 * h * phi * model::mlp_width_over_layers(m);
-  const double logits = 6 * h * static_cast<double>(V);
-  return T * (mlp + L * model::attention_linear_flops(m) + logits) + Q * L * model::attention_core_flops(m);
+  const double B = static_cast<double>(global_batch), s = static_cast<double>(m.seq_length);
+  return B * s * model::flops_per_token(m, V) + B * s * s * model::flops_per_token_pair(m);
 }
 
 namespace {
@@ -280,7 +274,10 @@ void trainer_buffers_for(const PlanReport& r, int64_t prank, TrainerBuffers& t, 
         const int64_t s = c * p.pp + prank;
         comm.pp_bytes += static_cast<double>(r.num_microbatches) * act * (2.0 * (s > 0) + 2.0 * (s < S - 1));
       }
-      if (!r.job.model.untie_embeddings_and_output_weights && (prank == 0 || prank == p.pp - 1))
+      // The embedding group's all-reduce of the word embedding's gradient:
+      // tied, or with --mtp-num-layers (the last stage's MTP layers embed).
+      if ((!r.job.model.untie_embeddings_and_output_weights || r.job.model.mtp_layers()) &&
+          (prank == 0 || prank == p.pp - 1))
         comm.pp_bytes += static_cast<double>(r.padded_vocab / p.tp * r.job.model.hidden_size) * 4.0;
     }
   }

@@ -34,6 +34,7 @@ json form_values(const PlanReport& r) {
   f["multi-latent-attention"] = m.mla();
   f["q-lora-rank"] = m.q_lora_rank.value_or(0);
   f["kv-lora-rank"] = m.kv_lora_rank;
+  f["mtp-num-layers"] = m.mtp_layers();
   f["micro-batch-size"] = r.job.batch.micro_batch_size;
   f["global-batch-size"] = r.job.batch.global_batch_size.value_or(0);
   f["step-batch-size-schedule"] = r.job.batch.step_batch_size_schedule.value_or("");
@@ -114,6 +115,7 @@ json to_json(const PlanReport& r) {
                               {"word_embedding", r.params.word_embedding},
                               {"position_embedding", r.params.position_embedding},
                               {"final_norm", r.params.final_norm}, {"output_layer", r.params.output_layer},
+                              {"mtp", r.params.mtp},
                               {"megatron_total", r.megatron_params.total}}}});
     if (m.mla())
       model["multi_latent_attention"] = {
@@ -121,6 +123,9 @@ json to_json(const PlanReport& r) {
           {"qk_head_dim", m.qk_head_dim}, {"qk_pos_emb_head_dim", m.qk_pos_emb_head_dim}, {"v_head_dim", m.v_head_dim},
           {"rope_type", m.mla_yarn() ? "yarn" : "rope"}, {"rotary_scaling_factor", m.rotary_scaling_factor},
           {"softmax_scale", m.softmax_scale()}};
+    if (m.mtp_layers())
+      model["multi_token_prediction"] = {{"mtp_num_layers", m.mtp_layers()},
+                                         {"mtp_loss_scaling_factor", m.mtp_loss_scaling_factor}};
   }
   j["model"] = model;
   j["chunks"] = json::array();

@@ -403,6 +403,15 @@ void validate(PlanReport& r) {
               "--mla-down-proj-fusion fuses multi-latent attention's q and kv down projections: Megatron requires "
               "--multi-latent-attention and --q-lora-rank",
               "drop --mla-down-proj-fusion, or use it with --multi-latent-attention --q-lora-rank N");
+    if (m.mtp_layers() && m.position_embedding == model::PositionEmbedding::kLearnedAbsolute)
+      c.error("mtp-position-embedding", {"--mtp-num-layers", "--position-embedding-type"},
+              "multi-token prediction with learned absolute position embeddings: Megatron supports MTP with rope and "
+              "none only (arguments.py asserts it)",
+              "use --position-embedding-type rope (or none)");
+    if (m.mtp_layers() && h % TP != 0)
+      c.error("mtp-hidden-divisible", {"--mtp-num-layers", "--hidden-size", "--tensor-model-parallel-size"},
+              fmt::format("the MTP layers' eh_proj splits its {} output features over TP = {}", h, TP),
+              fmt::format("use {}", list_or(nearby_multiples(TP, h), "--hidden-size")));
     if (!m.kv_channels && h % a != 0)  // (also with MLA, which ignores --kv-channels: Megatron asserts it)
       c.error("hidden-heads", {"--hidden-size", "--num-attention-heads", "--kv-channels"},
               fmt::format("hidden size {} is not divisible by {} heads, and --kv-channels is not given", h, a),

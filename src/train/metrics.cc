@@ -22,6 +22,13 @@ std::string now_text() {
 
 std::string mib(double b) { return fmt::format("{:.1f}", b / (1024.0 * 1024.0)); }
 
+// Megatron's " mtp_1 loss: ... |" per depth (its MTPLossLoggingHelper names).
+std::string mtp_text(const IterationStats& s) {
+  std::string t;
+  for (size_t k = 0; k < s.mtp_losses.size(); ++k) t += fmt::format(" mtp_{} loss: {:.6E} |", k + 1, s.mtp_losses[k]);
+  return t;
+}
+
 }  // namespace
 
 std::string format_log_line(const IterationStats& s) {
@@ -37,7 +44,7 @@ std::string format_log_line(const IterationStats& s) {
       s.ms_per_iteration, s.learning_rate,
       s.global_batch_size, s.advanced_iterations > 0 ? fmt::format(" lm loss: {:.6E} |", s.loss) : std::string(),
       (s.load_balancing_loss ? fmt::format(" {}: {:.6E} |", s.load_balancing_name, *s.load_balancing_loss) : std::string()) +
-          (s.z_loss ? fmt::format(" z_loss: {:.6E} |", *s.z_loss) : std::string()),
+          (s.z_loss ? fmt::format(" z_loss: {:.6E} |", *s.z_loss) : std::string()) + mtp_text(s),
       s.loss_scale, s.grad_norm ? fmt::format(" grad norm: {:.3f} |", *s.grad_norm) : std::string(),
       // Megatron reduces the count as a float32 and prints the Python float.
       s.num_zeros ? fmt::format(" num zeros: {:.1f} |", static_cast<double>(static_cast<float>(*s.num_zeros))) : std::string(),
@@ -68,6 +75,7 @@ nlohmann::json to_json(const IterationStats& s) {
   if (s.num_zeros) j["num_zeros"] = *s.num_zeros;
   if (s.load_balancing_loss) j[s.load_balancing_name] = *s.load_balancing_loss;
   if (s.z_loss) j["z_loss"] = *s.z_loss;
+  for (size_t k = 0; k < s.mtp_losses.size(); ++k) j[fmt::format("mtp_{}_loss", k + 1)] = s.mtp_losses[k];
   if (s.skipped_samples > 0) j["skipped_samples"] = s.skipped_samples;
   return j;
 }

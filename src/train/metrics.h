@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,9 @@ struct IterationStats {
   std::optional<double> load_balancing_loss, z_loss;
   // Megatron's name for it: seq_load_balancing_loss under seq_aux_loss.
   std::string load_balancing_name = "load_balancing_loss";
+  // --mtp-num-layers: each depth's loss ("mtp_1 loss", ...), the mean over
+  // the interval's advanced iterations of Megatron's per-iteration value.
+  std::vector<double> mtp_losses;
   int64_t skipped_iterations = 0, nan_iterations = 0;
   double tokens_per_s = 0;
   double tflops_per_device = 0;

@@ -582,8 +582,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   PipelineExecutor executor(model, pp_comm, *schedule);
   // Tied embeddings over several stages: first and last stage each hold the
   // word embedding and sum its gradients over the embedding group.
-  const bool shared_embedding = pp > 1 && !mc.untie_embeddings_and_output_weights && groups.embedding() != nullptr &&
-                                model.find("embedding.word_embeddings.weight") >= 0;
+  // With --mtp-num-layers the last stage holds it too (the MTP layers embed), tied or not.
+  const bool shared_embedding = pp > 1 && (!mc.untie_embeddings_and_output_weights || mc.mtp_layers()) &&
+                                groups.embedding() != nullptr && model.find("embedding.word_embeddings.weight") >= 0;
   // With --overlap-param-gather the optimizer's step only starts the
   // parameter all-gather; whoever reads parameters next waits for it.
   bool gather_pending = false;
@@ -807,7 +808,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                                ? fmt::format(" in {} of its {} layers, the others dense",
                                                              mc.num_moe_layers(), mc.num_layers)
                                                : std::string())
-                             : std::string()))
+                             : std::string()) +
+                (mc.mtp_layers() ? fmt::format(", predicting {} more token{} ahead ({} MTP layer{}, loss weight {})",
+                                               mc.mtp_layers(), mc.mtp_layers() > 1 ? "s" : "", mc.mtp_layers(),
+                                               mc.mtp_layers() > 1 ? "s" : "", mc.mtp_loss_scaling_factor)
+                                 : std::string()))
                    .c_str(),
                static_cast<long long>(plan.total_params), layout.c_str(),
                world, world == 1 ? "" : "s",
@@ -827,7 +832,9 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     for (auto kind : {parallel::GroupKind::kTensor, parallel::GroupKind::kContext, parallel::GroupKind::kPipeline,
                       parallel::GroupKind::kData, parallel::GroupKind::kEmbedding, parallel::GroupKind::kExpert,
                       parallel::GroupKind::kExpertData}) {
-      if (kind == parallel::GroupKind::kEmbedding && (pp == 1 || mc.untie_embeddings_and_output_weights)) continue;
+      if (kind == parallel::GroupKind::kEmbedding &&
+          (pp == 1 || (mc.untie_embeddings_and_output_weights && !mc.mtp_layers())))
+        continue;
       if (kind == parallel::GroupKind::kContext && cp == 1) continue;
       if ((kind == parallel::GroupKind::kExpert && ep == 1) ||
           (kind == parallel::GroupKind::kExpertData && ep == 1 && !expert_grid))
@@ -1061,6 +1068,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   const int64_t first_iteration = iteration;
   auto interval_start = Clock::now();
   double interval_loss = 0, interval_wait = 0, interval_lb = 0, interval_z = 0, interval_flops = 0;
+  std::vector<double> interval_mtp(static_cast<size_t>(mc.mtp_layers()), 0.0);
   int64_t interval_samples = 0;
   int64_t last_saved = -1;  // the iteration last saved (a batch change saves, as Megatron does)
   double bubble_simulated = plan.bubble_simulated, bubble_formula = plan.bubble_formula;  // of the schedule in force
@@ -1325,7 +1333,8 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         // --moe-per-layer-logging: each MoE layer's losses, summed over the
         // ranks (a layer lives on one pipeline stage) and divided by its
         // micro-batch forwards (TP ranks alike, CP ranks' shares adding up).
-        const size_t L = static_cast<size_t>(mc.num_layers);
+        // The MTP layers are layers L.. (Megatron's tracker numbers them so).
+        const size_t L = static_cast<size_t>(mc.total_layers());
         std::vector<double> v(3 * L, 0.0);
         for (size_t l = 0; l < L && ms.layer_micro_batches.size() == L; ++l)
           v[l] = ms.layer_load_balancing[l], v[L + l] = ms.layer_z[l], v[2 * L + l] = ms.layer_micro_batches[l];
@@ -1336,6 +1345,22 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
           const double c = std::max(1.0, v[2 * L + l] / static_cast<double>(cp));
           moe_layer_losses.push_back({static_cast<int64_t>(l), v[l] / c, v[L + l] / c});
         }
+      }
+    }
+    std::vector<double> mtp_losses;  // --mtp-num-layers: this iteration's, per depth
+    if (mc.mtp_layers()) {
+      // Megatron's MTPLossLoggingHelper: each depth's per-micro-batch means
+      // over the micro-batches, averaged over DP x CP. The last stage's
+      // ranks hold them (TP ranks alike): sums over the world, divided by
+      // their micro-batches.
+      model::GPTModel::MtpStats st = model.take_mtp_stats();
+      std::vector<double> v(static_cast<size_t>(mc.mtp_layers()) + 1, 0.0);
+      for (size_t k = 0; k < st.loss.size(); ++k) v[k] = st.loss[k];
+      v.back() = st.micro_batches;
+      world_comm->all_reduce(Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::kF64));
+      for (size_t k = 0; k + 1 < v.size(); ++k) {
+        mtp_losses.push_back(v[k] / std::max(1.0, v.back()));
+        interval_mtp[k] += mtp_losses.back();
       }
     }
     interval_wait += executor.last_wait_seconds();
@@ -1357,6 +1382,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (ep > 1) row["ep_bytes"] = ep_bytes;
     if (lb_loss) row[lb_name] = *lb_loss;
     if (z_loss) row["z_loss"] = *z_loss;
+    for (size_t k = 0; k < mtp_losses.size(); ++k) row[fmt::format("mtp_{}_loss", k + 1)] = mtp_losses[k];
     for (const LayerLosses& x : moe_layer_losses) {
       if (lb_loss) row[fmt::format("{}_layer_{}", lb_name, x.layer)] = x.load_balancing;
       if (z_loss) row[fmt::format("z_loss_layer_{}", x.layer)] = x.z;
@@ -1364,6 +1390,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (tb.is_open()) {  // Megatron's MoE tracker writes every iteration: the means, and per layer under moe/
       if (lb_loss) tb.add_scalar(lb_name, *lb_loss, it);
       if (z_loss) tb.add_scalar("z_loss", *z_loss, it);
+      for (size_t k = 0; k < mtp_losses.size(); ++k) tb.add_scalar(fmt::format("mtp_{} loss", k + 1), mtp_losses[k], it);
       for (const LayerLosses& x : moe_layer_losses) {
         if (lb_loss) tb.add_scalar(fmt::format("moe/{}_layer_{}", lb_name, x.layer), x.load_balancing, it);
         if (z_loss) tb.add_scalar(fmt::format("moe/z_loss_layer_{}", x.layer), x.z, it);
@@ -1417,6 +1444,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       if (moe_lb_active) s.load_balancing_loss = interval_lb / static_cast<double>(interval_iters);
       s.load_balancing_name = lb_name;
       if (mc.moe_z_loss_coeff) s.z_loss = interval_z / static_cast<double>(interval_iters);
+      // (Megatron divides every tracked loss by the interval's advanced iterations.)
+      for (double& x : interval_mtp) {
+        s.mtp_losses.push_back(x / static_cast<double>(std::max<int64_t>(1, interval_advanced)));
+        x = 0;
+      }
       s.grad_norm = last_norm, s.params_norm = params_norm, s.num_zeros = num_zeros, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;
       s.tokens_per_s = static_cast<double>(interval_samples * seq) / secs;
       s.tflops_per_device = interval_flops / secs / 1e12 / static_cast<double>(world);

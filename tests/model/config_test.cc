@@ -1,4 +1,5 @@
 #include "model/config.h"
+#include "model/params.h"
 
 #include <gtest/gtest.h>
 
@@ -73,6 +74,44 @@ TEST(ModelConfig, DeepSeekV3ParameterCount) {
   // Megatron's count (theoretical_memory_usage.py's MLA term) has the same
   // tensors here: no biases, and the q/kv norms it counts exist.
   EXPECT_EQ(megatron_param_count(m, m.padded_vocab(1)).total, want);
+  // With its one MTP depth (--mtp-num-layers 1): an MoE layer like the
+  // last, enorm, hnorm, the final norm and eh_proj [h, 2h]; 11.61e9 more
+  // (DeepSeek's 14B MTP module adds copies of the embedding and the head,
+  // which Megatron shares). Megatron's count takes the layer alone.
+  m.mtp_num_layers = 1;
+  const int64_t mtp_layer = attention + moe + norms;
+  EXPECT_EQ(model_params(m, m.padded_vocab(1)).mtp, mtp_layer + 3 * h + 2 * h * h);
+  EXPECT_EQ(model_params(m, m.padded_vocab(1)).total(), want + int64_t{11610067968});
+  EXPECT_EQ(megatron_param_count(m, m.padded_vocab(1)).total, want + mtp_layer);
+  // The FLOPs formula's MLP widths: the MTP layer's top-8 and shared experts too.
+  EXPECT_DOUBLE_EQ(mlp_width_over_layers(m), 3 * 18432 + 59 * (8 * 2048 + 2048));
+}
+
+// --mtp-num-layers: the registry's parameters (what the model allocates)
+// add up to model_params' count, the MTP layers' names under mtp.layers.{k}.
+TEST(ModelConfig, MtpParametersInTheRegistry) {
+  ModelConfig c;
+  c.num_layers = 3, c.hidden_size = 32, c.num_attention_heads = 4, c.vocab_size = 100;
+  c.position_embedding = PositionEmbedding::kRope, c.mtp_num_layers = 2;
+  const int64_t V = c.padded_vocab(2);
+  int64_t n = 0, mtp = 0;
+  for (const ParamSpec& s : gpt_param_specs(c, 2)) {
+    n += s.global_shape.numel();
+    if (s.name.rfind("mtp.layers.", 0) == 0) {
+      mtp += s.global_shape.numel();
+      EXPECT_EQ(s.layer, 3 + (s.name[11] - '0')) << s.name;
+    }
+  }
+  const ModelParams mp = model_params(c, V);
+  EXPECT_EQ(n, mp.total());
+  EXPECT_EQ(mtp, mp.mtp);
+  EXPECT_EQ(mp.mtp, 2 * (layer_params(c, false).total() + 3 * 2 * 32 + 2 * 32 * 32));
+  bool eh = false;
+  for (const ParamSpec& s : gpt_param_specs(c, 2))
+    if (s.name == "mtp.layers.1.eh_proj.weight")
+      eh = s.global_shape == Shape{32, 64} && s.shard == ShardKind::kColumn && s.local_shape(2) == Shape{16, 64};
+  EXPECT_TRUE(eh) << "eh_proj [h, 2h], column-parallel";
+  EXPECT_EQ(c.layer_prefix(4), "mtp.layers.1.mtp_model_layer.");
 }
 
 TEST(ModelConfig, Gpt2SmallParameterCount) {

@@ -160,6 +160,50 @@ TEST(Flops, MultiLatentAttentionTerms) {
   EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4), T * (mlp + 2 * attn_q + logits) + 4 * 16 * 16 * 2 * core);
 }
 
+// --mtp-num-layers, Megatron's terms: the MTP layers counted with the
+// decoder's (attention, and the MLP of the last layer's kind), each depth's
+// norms (3h) and eh_proj (2h^2), and one more logit computation per depth.
+TEST(Flops, MultiTokenPredictionTerms) {
+  model::ModelConfig m;
+  m.num_layers = 2, m.hidden_size = 64, m.num_attention_heads = 4, m.seq_length = 16, m.ffn_hidden_size = 128;
+  const double T = 4 * 16, V = 256, h = 64, F = 128;
+  const double attn = 6 * (h * 3 * h + h * h), core = 6 * h, mlp = 6 * h * 2 * F, logits = 6 * h * V;
+  const double base = T * (2 * (mlp + attn) + logits) + 4 * 16 * 16 * 2 * core;
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4), base);
+  m.mtp_num_layers = 2;
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4),
+                   T * (4 * (mlp + attn) + 6 * 2 * (3 * h + 2 * h * h) + 3 * logits) + 4 * 16 * 16 * 4 * core);
+  // MoE as the last layer: the MTP layers' MLP is the top-k experts'.
+  m.num_experts = 4, m.moe_router_topk = 2, m.moe_ffn_hidden_size = 32, m.moe_layer_freq = "[0]+[1]";
+  const double moe = 6 * h * 2 * (2 * 32);
+  EXPECT_DOUBLE_EQ(megatron_flops_per_iteration(m, 256, 4),
+                   T * (mlp + 3 * moe + 4 * attn + 6 * 2 * (3 * h + 2 * h * h) + 3 * logits) + 4 * 16 * 16 * 4 * core);
+}
+
+// The plan's text and JSON name the MTP layers; the last stage holds them
+// (its buffers larger than without), and the embedding group's traffic
+// appears with untied embeddings.
+TEST(Render, MultiTokenPrediction) {
+  const std::string flags =
+      "--world-size 2 --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 64 --num-attention-heads 4 "
+      "--seq-length 32 --max-position-embeddings 32 --vocab-size 128 --micro-batch-size 2 --global-batch-size 8 "
+      "--device cpu --position-embedding-type rope --untie-embeddings-and-output-weights";
+  PlanReport a = testing::plan_from(flags), b = testing::plan_from(flags + " --mtp-num-layers 2");
+  ASSERT_TRUE(a.valid() && b.valid()) << testing::rules_of(b);
+  const std::string text = render_text(b);
+  EXPECT_NE(text.find("multi-token pred.   2 MTP layers on the last stage (like layer 3), loss weight 0.1"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(to_json(b)["model"]["multi_token_prediction"]["mtp_num_layers"], 2);
+  EXPECT_EQ(b.memory.trainer_stages[0].params, a.memory.trainer_stages[0].params) << "the first stage holds none";
+  EXPECT_GT(b.memory.trainer_stages[1].params, a.memory.trainer_stages[1].params);
+  EXPECT_GT(b.memory.trainer_stages[1].activations, a.memory.trainer_stages[1].activations);
+  EXPECT_GT(b.comm_stages[0].pp_bytes, a.comm_stages[0].pp_bytes) << "the embedding group's all-reduce";
+  PlanReport bad = testing::plan_from(flags + " --mtp-num-layers 1 --position-embedding-type learned_absolute");
+  EXPECT_FALSE(bad.valid());
+  EXPECT_NE(testing::rules_of(bad).find("mtp-position-embedding"), std::string::npos) << testing::rules_of(bad);
+}
+
 // The trainer's buffers and traffic for every pipeline rank: with
 // DeepSeek-style dense first layers (--moe-layer-freq [0,0,1,1], PP 2, EP 2)
 // pipeline rank 0 holds no experts and sends no tokens over EP, rank 1 holds

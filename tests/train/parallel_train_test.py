@@ -75,7 +75,8 @@ def metrics(path):
         if "lm_loss" in j and "kind" not in j:
             # (a step skipped by the loss scaler logs no norms and no zeros)
             rows[j["iteration"]] = (j["lm_loss"], j.get("grad_norm"), j.get("params_norm"), j.get("num_zeros"),
-                                    j.get("load_balancing_loss", j.get("seq_load_balancing_loss")), j.get("z_loss"))
+                                    j.get("load_balancing_loss", j.get("seq_load_balancing_loss")), j.get("z_loss"),
+                                    j.get("mtp_1_loss"), j.get("mtp_2_loss"))
         if "valid_lm_loss" in j:  # evaluation (through the pipeline when PP > 1)
             rows[("valid", j["iteration"])] = j["valid_lm_loss"]
     return rows
@@ -144,7 +145,7 @@ MODELS = {
               "--untie-embeddings-and-output-weights"],
 }
 # (attention heads, query groups, head dim) of the models with a QKV bias.
-QKV_SHAPES = {"gpt": (4, 4, 16), "llama": (8, 4, 8)}
+QKV_SHAPES = {"gpt": (4, 4, 16), "llama": (8, 4, 8), "mtpgpt": (4, 4, 16), "mtpllama": (8, 4, 8)}
 # (name, TP, PP, DP, extra flags)
 LAYOUTS = [
     ("tp2", 2, 1, 1, []),
@@ -204,7 +205,8 @@ def compare(label, ref_name, name, iterations, params=True, tol=1e-5, param_tol=
         if it not in a or it not in b:
             fail(f"{label}: iteration {it} missing")
             return
-        for k, what in ((0, "loss"), (1, "grad norm"), (2, "params norm"), (4, "load-balancing loss"), (5, "z-loss")):
+        for k, what in ((0, "loss"), (1, "grad norm"), (2, "params norm"), (4, "load-balancing loss"), (5, "z-loss"),
+                        (6, "mtp_1 loss"), (7, "mtp_2 loss")):
             if a[it][k] is None and b[it][k] is None:
                 continue
             if a[it][k] is None or b[it][k] is None:
@@ -774,6 +776,7 @@ MODELS["mla"] = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-he
                  "--v-head-dim", "12", "--qk-layernorm", "--normalization", "RMSNorm", "--swiglu", "--ffn-hidden-size",
                  "128", "--position-embedding-type", "rope", "--no-rope-fusion", "--disable-bias-linear",
                  "--untie-embeddings-and-output-weights", "--rotary-scaling-factor", "40", "--mscale-all-dim", "0.707"]
+SAVED_MLA = list(MODELS["mla"])
 MODELS["mlagpt"] = SAVED_MODELS["gpt"] + ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "12",
                                           "--qk-pos-emb-head-dim", "4", "--v-head-dim", "16"]
 MLA_LAYOUTS = [
@@ -797,6 +800,40 @@ against_reference("mlamoe", MOE_FLAGS + ["--moe-shared-expert-intermediate-size"
     ("tp2spdp2ep2do", 2, 1, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
                                 "--use-distributed-optimizer"]),
 ], plan=True, zeros_slack=CP_ZEROS)
+MODELS.clear()
+MODELS.update(SAVED_MODELS)
+
+# ---------------------------------------------------------------- multi-token prediction
+# --mtp-num-layers: two depths on the LLaMA (untied: with PP the last stage
+# holds a copy of the word embedding beside the output layer, kept equal
+# over the embedding group), one on the GPT with RoPE (tied: the last
+# stage's copy serves the output layer and the MTP embedding alike), one on
+# the DeepSeek-style MLA model with experts. Every layout's losses, the
+# mtp_k losses included, gradient norms and parameters follow one rank.
+# (Context parallelism is left out: each CP rank's MTP loss is a mean over
+# its own labels, Megatron's, and CP rank 0 holds the sequence's end, where
+# each depth has fewer; tp_model_test checks CP on balanced counts.)
+MODELS.clear()
+MODELS["mtpllama"] = SAVED_MODELS["llama"] + ["--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3"]
+MODELS["mtpgpt"] = SAVED_MODELS["gpt"] + ["--position-embedding-type", "rope", "--mtp-num-layers", "1"]
+MTP_LAYOUTS = [
+    ("tp2spdp2do", 2, 1, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("tp2dp2_selective", 2, 1, 2, ["--recompute-granularity", "selective"]),
+    ("pp2dp2overlap", 1, 2, 2, ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                                "--ddp-bucket-size", "20000"]),
+    ("tp2pp2dp2", 2, 2, 2, ["--sequence-parallel", "--use-distributed-optimizer"]),
+    ("pp2vpp2_recompute", 1, 2, 1, ["--num-layers-per-virtual-pipeline-stage", "1", "--recompute-granularity", "full",
+                                    "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
+]
+if QUICK:
+    MTP_LAYOUTS = [l for l in MTP_LAYOUTS if l[0] in ("tp2spdp2do", "tp2pp2dp2")]
+against_reference("mtp", [], MTP_LAYOUTS, plan=True)
+MODELS.clear()
+MODELS["mtpmla"] = SAVED_MLA + ["--mtp-num-layers", "1"]
+against_reference("mtpmoe", MOE_FLAGS + ["--moe-shared-expert-intermediate-size", "64"], [
+    ("tp2sppp2ep2do", 2, 2, 2, ["--sequence-parallel", "--expert-model-parallel-size", "2",
+                                "--use-distributed-optimizer"]),
+], plan=True)
 MODELS.clear()
 MODELS.update(SAVED_MODELS)
 

@@ -89,6 +89,22 @@ grep -q "setting --multi-latent-attention from checkpoint" "$TMP/mla-args.log" \
   --group-query-attention --num-query-groups 2 --rotary-interleaved --qk-pos-emb-head-dim 5 >"$TMP/mla-bad.log" 2>&1
 [ $? = 2 ] && grep -q "\-\-group-query-attention" "$TMP/mla-bad.log" && grep -q "\-\-rotary-interleaved" "$TMP/mla-bad.log" \
   && grep -q "\-\-qk-pos-emb-head-dim 5 is odd" "$TMP/mla-bad.log" || { fail "mla: refusals"; cat "$TMP/mla-bad.log"; }
+# --mtp-num-layers: two multi-token prediction depths under --bf16 resume
+# exactly (their parameters in the checkpoint), the log line has each
+# depth's loss, and --use-checkpoint-args takes the depth count (Megatron
+# forces it); learned absolute positions are refused, as Megatron does.
+check_resume mtp --micro-batch-size 2 --global-batch-size 4 --bf16 --position-embedding-type rope --mtp-num-layers 2
+grep -q "predicting 2 more tokens ahead (2 MTP layers, loss weight 0.1)" "$TMP/mtp-full.log" \
+  && grep -q "| lm loss: [0-9.E+-]* | mtp_1 loss: [0-9.E+-]* | mtp_2 loss: [0-9.E+-]* |" "$TMP/mtp-full.log" \
+  || { fail "mtp: the log lines"; head -5 "$TMP/mtp-full.log"; }
+run mtp-args --micro-batch-size 2 --global-batch-size 4 --bf16 --train-iters 41 --save-interval 41 \
+  --override-opt-param-scheduler --use-checkpoint-args --load "$TMP/mtp-part" \
+  || { fail "mtp: --use-checkpoint-args resume"; cat "$TMP/mtp-args.log"; }
+grep -q "setting --mtp-num-layers to 2 from checkpoint" "$TMP/mtp-args.log" \
+  && grep -q "iteration       41/      41 .* mtp_2 loss" "$TMP/mtp-args.log" || { fail "mtp: checkpoint args"; cat "$TMP/mtp-args.log"; }
+"$BIN" train "${COMMON[@]}" --micro-batch-size 2 --global-batch-size 4 --train-iters 1 --mtp-num-layers 1 \
+  >"$TMP/mtp-bad.log" 2>&1
+[ $? = 2 ] && grep -q "supports MTP with rope and none only" "$TMP/mtp-bad.log" || { fail "mtp: refusal"; cat "$TMP/mtp-bad.log"; }
 # fp16 with a dynamic loss scale that grows every 3 clean iterations from
 # 2^16 until an overflow halves it: the scaler's state (scale, growth and
 # hysteresis trackers) must come back from the checkpoint for the resumed
