@@ -79,9 +79,27 @@ int import_main(const std::vector<std::string>& args) {
   auto model_flags = checkpoint::hf_import_flags(cfg, cfg_path.string());
   if (!model_flags) return error(model_flags.status().message());
   std::vector<std::string> argv = model_flags->flags;
+  // DeepSeek-V3's num_nextn_predict_layers without the MTP layers' tensors
+  // (files published without them): the model without them, noted.
+  std::vector<std::string> notes;
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] != "--mtp-num-layers") continue;
+    int64_t layers = 0;
+    for (size_t k = 0; k + 1 < argv.size(); ++k)
+      if (argv[k] == "--num-layers") layers = std::stoll(argv[k + 1]);
+    auto names = checkpoint::hf_tensor_names(dir.string());
+    if (!names) return error(names.status().message(), names.status().code() == StatusCode::kIoError ? 1 : 2);
+    const std::string first = fmt::format("model.layers.{}.eh_proj.weight", layers);
+    if (!names->count(first)) {
+      notes.push_back(fmt::format("config.json has num_nextn_predict_layers {} but the files have no {}: imported "
+                                  "without the multi-token prediction layers",
+                                  argv[i + 1], first));
+      argv.erase(argv.begin() + static_cast<std::ptrdiff_t>(i), argv.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+    }
+    break;
+  }
 
   // The tokenizer.
-  std::vector<std::string> notes;
   auto here = [&](const char* f) { return fs::exists(dir / f, ec); };
   auto abs = [&](const std::string& p) { return fs::absolute(p, ec).string(); };
   if (tokenizer_type.empty() && (!vocab_file.empty() || !merge_file.empty() || !tokenizer_model.empty()))

@@ -266,6 +266,9 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
     }
     int64_t dense = 0;
     while (dense < c.num_layers && !c.is_moe_layer(dense)) ++dense;
+    // An all-dense decoder: its MTP layers dense too (DeepSeek's code makes
+    // layer i MoE from first_k_dense_replace on, the MTP layers included).
+    if (dense == c.num_layers) dense += c.mtp_layers();
     const bool moe = c.is_moe();
     json j{{"architectures", {hf_arch_name(arch)}},
            {"model_type", "deepseek_v3"},
@@ -298,6 +301,8 @@ nlohmann::json hf_config(HfArch arch, const model::ModelConfig& c, const HfToken
            {"rope_theta", c.rotary_base},
            {"rope_scaling", rope_scaling},
            {"rope_interleave", true},
+           // --mtp-num-layers: the MTP layers after the decoder's (DeepSeek's key; transformers skips them).
+           {"num_nextn_predict_layers", c.mtp_layers()},
            {"attention_bias", false},
            {"attention_dropout", c.attention_dropout},
            {"pretraining_tp", 1}};
@@ -468,8 +473,9 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     auto mlp = [&](const std::string& x, const std::string& m, int64_t W) {
       glu(x, "gate_proj", "up_proj", "down_proj", m, W);
     };
-    for (int64_t l = 0; l < L; ++l) {
-      const std::string p = fmt::format("decoder.layers.{}.", l), o = fmt::format("model.layers.{}.", l);
+    // Layer l (a decoder layer, or an MTP depth's under
+    // model.layers.{L + k}) under Megatron prefix p and HF prefix o.
+    auto layer = [&](int64_t l, const std::string& p, const std::string& o) {
       const std::string sa = p + "self_attention.", at = o + "self_attn.";
       rows(o + "input_layernorm.weight", p + "input_layernorm.weight", 0, h, 1, one_p);
       MT_CHECK(c.q_lora_rank.has_value(), "hf_maps: DeepseekV3 needs --q-lora-rank");
@@ -484,7 +490,7 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
       rows(o + "post_attention_layernorm.weight", p + "pre_mlp_layernorm.weight", 0, h, 1, one_p);
       if (!c.is_moe_layer(l)) {
         mlp(o + "mlp.", p + "mlp.", F);
-        continue;
+        return;
       }
       rows(o + "mlp.gate.weight", p + "mlp.router.weight", 0, c.num_experts, h);
       // The aux-loss-free bias (state here, a buffer there; zeros without it).
@@ -493,9 +499,29 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
       for (int64_t e = 0; e < c.num_experts; ++e)
         mlp(fmt::format("{}mlp.experts.{}.", o, e), fmt::format("{}mlp.experts.local_experts.{}.", p, e), c.moe_ffn());
       mlp(o + "mlp.shared_experts.", p + "mlp.shared_experts.", c.moe_shared_expert_intermediate_size);
-    }
+    };
+    for (int64_t l = 0; l < L; ++l) layer(l, c.layer_prefix(l), fmt::format("model.layers.{}.", l));
     rows("model.norm.weight", "decoder.final_layernorm.weight", 0, h, 1, one_p);
-    if (c.untie_embeddings_and_output_weights) rows("lm_head.weight", "output_layer.weight", 0, vocab_rows, h);
+    const std::string head = c.untie_embeddings_and_output_weights ? "output_layer.weight" : "embedding.word_embeddings.weight";
+    if (c.untie_embeddings_and_output_weights) rows("lm_head.weight", head, 0, vocab_rows, h);
+    // --mtp-num-layers: DeepSeek-V3's multi-token prediction layers after
+    // the decoder's (num_nextn_predict_layers; model.layers.61 there): the
+    // layer's own tensors, enorm, hnorm, eh_proj ([h, 2h], the embedding's
+    // half first, as Megatron's and DeepSeek's inference), shared_head.norm
+    // (Megatron's final_layernorm of the depth), and copies of the
+    // embedding and the output layer as DeepSeek's files carry them.
+    for (int64_t k = 0; k < c.mtp_layers(); ++k) {
+      const std::string o = fmt::format("model.layers.{}.", L + k), m = fmt::format("mtp.layers.{}.", k);
+      layer(L + k, c.layer_prefix(L + k), o);
+      rows(o + "enorm.weight", m + "enorm.weight", 0, h, 1, one_p);
+      rows(o + "hnorm.weight", m + "hnorm.weight", 0, h, 1, one_p);
+      rows(o + "eh_proj.weight", m + "eh_proj.weight", 0, h, 2 * h);
+      rows(o + "shared_head.norm.weight", m + "final_layernorm.weight", 0, h, 1, one_p);
+      rows(o + "embed_tokens.weight", "embedding.word_embeddings.weight", 0, vocab_rows, h);
+      v.back().copy = true;
+      rows(o + "shared_head.head.weight", head, 0, vocab_rows, h);
+      v.back().copy = true;
+    }
     return v;
   }
 
@@ -581,10 +607,14 @@ Status check_whole_fp32(const model::GPTModel& m, const char* what) {
 // ("decoder.layers.{l}.mlp.router.expert_bias", --moe-router-enable-expert-bias:
 // state beside the parameters, DeepSeek-V3's e_score_correction_bias).
 float* param_data(const model::GPTModel& m, const std::string& name) {
-  static constexpr std::string_view kBias = ".mlp.router.expert_bias", kLayers = "decoder.layers.";
-  if (name.size() > kBias.size() + kLayers.size() && name.compare(0, kLayers.size(), kLayers) == 0 &&
-      name.compare(name.size() - kBias.size(), kBias.size(), kBias) == 0) {
-    const Tensor& b = m.expert_bias(std::stoi(name.substr(kLayers.size())));
+  static constexpr std::string_view kBias = ".mlp.router.expert_bias", kLayers = "decoder.layers.", kMtp = "mtp.layers.";
+  if (name.size() > kBias.size() && name.compare(name.size() - kBias.size(), kBias.size(), kBias) == 0) {
+    // decoder.layers.{l}.mlp..., or an MTP depth's mtp.layers.{k}.mtp_model_layer.mlp... (global layer L + k).
+    const bool mtp = name.compare(0, kMtp.size(), kMtp) == 0;
+    MT_CHECK(mtp || name.compare(0, kLayers.size(), kLayers) == 0, "hf: no expert bias " + name);
+    const int l = std::stoi(name.substr(mtp ? kMtp.size() : kLayers.size())) +
+                  (mtp ? static_cast<int>(m.config().num_layers) : 0);
+    const Tensor& b = m.expert_bias(l);
     MT_CHECK(b.defined(), "hf: no expert bias " + name);
     return b.ptr<float>();
   }
@@ -727,6 +757,17 @@ Result<HfExportSummary> export_hf(const model::GPTModel& m, const HfTokenizerInf
         "where a token's biased scores (sigmoid + e_score_correction_bias) in the kept groups fall below 0 it may choose "
         "an expert of another group, and the logits then differ from this model's; where those scores are positive "
         "they are the same");
+  if (mc.mtp_layers() && *arch == HfArch::kDeepseekV3)
+    sum.notes.push_back(fmt::format(
+        "the {} multi-token prediction layer{} follow{} the decoder's as model.layers.{}... (num_nextn_predict_layers, "
+        "DeepSeek's layout, each with copies of the embedding and the head); transformers' DeepseekV3ForCausalLM "
+        "skips them, inference engines with MTP speculative decoding read them",
+        mc.mtp_layers(), mc.mtp_layers() > 1 ? "s" : "", mc.mtp_layers() > 1 ? "" : "s", mc.num_layers));
+  else if (mc.mtp_layers())
+    sum.notes.push_back(fmt::format("the {} multi-token prediction layer{} {} not exported: {} has no place for them "
+                                    "(the model without them predicts the next token as trained)",
+                                    mc.mtp_layers(), mc.mtp_layers() > 1 ? "s" : "", mc.mtp_layers() > 1 ? "are" : "is",
+                                    hf_arch_name(*arch)));
   sum.vocab_rows = vocab_rows;
   // Shards in order, each closed before it passes max_shard_bytes (a single
   // tensor larger than that gets a shard of its own); each shard's tensors
@@ -1086,6 +1127,14 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     // defaults where a key is missing).
     out.arch = HfArch::kDeepseekV3;
     const int64_t h = integer("hidden_size", 7168), L = integer("num_hidden_layers", 61);
+    int64_t mtp_layers = 0;  // num_nextn_predict_layers (0 or absent: none)
+    if (j.contains("num_nextn_predict_layers")) {
+      const auto& n = j["num_nextn_predict_layers"];
+      if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > 64)
+        why.push_back(fmt::format("\"num_nextn_predict_layers\" is {}, expected an integer in [0, 64]", json_brief(n)));
+      else
+        mtp_layers = n.get<int64_t>();
+    }
     const int64_t a = integer("num_attention_heads", 128), g = integer("num_key_value_heads", a);
     const int64_t F = integer("intermediate_size", 18432), P = integer("max_position_embeddings", 4096);
     out.vocab_size = integer("vocab_size", 129280);
@@ -1118,6 +1167,8 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     add("--hidden-dropout", "0"), add("--attention-dropout", fmt_num(num("attention_dropout", 0.0).value_or(0.0)));
     add("--disable-bias-linear");
     if (!flag_b("tie_word_embeddings", false)) add("--untie-embeddings-and-output-weights");
+    // DeepSeek's multi-token prediction layers (model.layers.{L}...): Megatron's --mtp-num-layers.
+    if (mtp_layers > 0) add("--mtp-num-layers", std::to_string(mtp_layers));
     // RoPE: plain, or YaRN with Megatron's MLA constants (original 4096,
     // betas 32 and 1); transformers' factor is max_position_embeddings /
     // original_max_position_embeddings when the latter is given.
@@ -1163,6 +1214,11 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
     const int64_t k_dense = j.contains("first_k_dense_replace") ? static_cast<int64_t>(num("first_k_dense_replace", 3.0).value_or(3))
                                                                  : 3;
     if (k_dense < 0) why.push_back(fmt::format("first_k_dense_replace {} is negative", k_dense));
+    if (mtp_layers > 0 && k_dense >= L && k_dense < L + mtp_layers)
+      why.push_back(fmt::format("first_k_dense_replace {} with {} layers and num_nextn_predict_layers {}: a dense decoder "
+                                "with MoE multi-token prediction layers (Megatron builds them like the last decoder "
+                                "layer)",
+                                k_dense, L, mtp_layers));
     if (k_dense < L) {
       const int64_t E = integer("n_routed_experts", 256), k = integer("num_experts_per_tok", 8);
       const int64_t Fe = integer("moe_intermediate_size", 2048), S = integer("n_shared_experts", 1);
@@ -1207,10 +1263,11 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& j, const std::string
   return out;
 }
 
-Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m, std::vector<std::string>* notes) {
-  MT_RETURN_IF_ERROR(check_whole_fp32(m, "import"));
-  const fs::path root(dir);
-  // The files: the index's shards, or model.safetensors.
+namespace {
+
+// A model directory's weight files: the index's shards, or model.safetensors.
+Result<std::vector<std::string>> weight_files(const fs::path& root) {
+  const std::string dir = root.string();
   std::vector<std::string> files;
   std::error_code ec;
   if (fs::exists(root / "model.safetensors.index.json", ec)) {
@@ -1235,6 +1292,29 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
                                          "safetensors weights are read; a pytorch_model.bin is a pickle)",
                                          dir));
   }
+  return files;
+}
+
+}  // namespace
+
+Result<std::set<std::string>> hf_tensor_names(const std::string& dir) {
+  auto files = weight_files(fs::path(dir));
+  if (!files) return files.status();
+  std::set<std::string> names;
+  for (const auto& fn : *files) {
+    auto f = MappedSafetensors::open((fs::path(dir) / fn).string());
+    if (!f) return f.status();
+    for (const auto& [key, t] : f->tensors()) names.insert(key);
+  }
+  return names;
+}
+
+Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m, std::vector<std::string>* notes) {
+  MT_RETURN_IF_ERROR(check_whole_fp32(m, "import"));
+  const fs::path root(dir);
+  auto listed = weight_files(root);
+  if (!listed) return listed.status();
+  const std::vector<std::string>& files = *listed;
   std::vector<MappedSafetensors> mapped;
   std::map<std::string, std::pair<size_t, std::string>> where;  // hf name -> (file index, key in the file)
   for (const auto& fn : files) {
@@ -1277,12 +1357,18 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
   std::map<std::string, int64_t> written;
   std::set<std::string> used;
   std::vector<float> vals;
-  for (const HfMap& map : hf_maps(c, arch, rows)) {
+  std::vector<const HfMap*> copies;
+  const std::vector<HfMap> maps = hf_maps(c, arch, rows);
+  for (const HfMap& map : maps) {
     if (map.meg.empty()) continue;
     auto it = where.find(map.hf);
     if (it == where.end())
       return Status::not_found(fmt::format("'{}': no tensor {} (needed for {})", dir, map.hf, map.meg));
     used.insert(map.hf);
+    if (map.copy) {  // checked once every map has been read (below)
+      copies.push_back(&map);
+      continue;
+    }
     const MappedSafetensors& file = mapped[it->second.first];
     const MappedTensor& t = file.tensors().at(it->second.second);
     const bool vocab = map.meg == "embedding.word_embeddings.weight" || map.meg == "output_layer.weight";
@@ -1305,6 +1391,32 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
         dst[map.src[static_cast<size_t>(jj)] * C + k] = v - map.add;
       }
     written[map.meg] += n * C;
+  }
+  // The copies (DeepSeek-V3's MTP embed_tokens and shared_head.head): the
+  // model shares the main embedding and output layer, as Megatron does; a
+  // copy that differs is named (largest difference), the shared one kept.
+  for (const HfMap* map : copies) {
+    const auto it = where.find(map->hf);
+    const MappedSafetensors& file = mapped[it->second.first];
+    const MappedTensor& t = file.tensors().at(it->second.second);
+    Shape want = map->hf_shape;
+    want.d[0] = file_rows;
+    if (!(t.shape == want))
+      return Status::invalid(fmt::format("'{}': tensor '{}' has shape {}, expected {} (a copy of {})", file.path(),
+                                         it->second.second, t.shape.str(), want.str(), map->meg));
+    vals.resize(static_cast<size_t>(t.shape.numel()));
+    if (Status st = mapped_to_floats(t, vals.data()); !st)
+      return Status::invalid(fmt::format("'{}': tensor '{}': {}", file.path(), it->second.second, st.message()));
+    const float* kept = param_data(m, map->meg);
+    double worst = 0;
+    for (int64_t jj = 0; jj < static_cast<int64_t>(map->src.size()); ++jj)
+      for (int64_t k = 0; k < map->cols; ++k)
+        worst = std::max(worst, std::abs(static_cast<double>(vals[static_cast<size_t>(jj * map->cols + k)]) -
+                                         kept[map->src[static_cast<size_t>(jj)] * map->cols + k]));
+    if (worst > 0 && notes)
+      notes->push_back(fmt::format("{} differs from the model's {} by up to {:.3g}: the model shares one (as Megatron's "
+                                   "MTP layers do), the decoder's is kept",
+                                   map->hf, map->meg, worst));
   }
   // Megatron's padding rows: copies of the last row (Megatron's converter's choice).
   for (const char* name : {"embedding.word_embeddings.weight", "output_layer.weight"}) {
@@ -1334,7 +1446,7 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
     // (model.layers.{L}..., num_nextn_predict_layers): transformers skips them too.
     int64_t layer = -1;
     if (arch == HfArch::kDeepseekV3 && std::sscanf(name.c_str(), "model.layers.%" SCNd64 ".", &layer) == 1 &&
-        layer >= c.num_layers) {
+        layer >= c.total_layers()) {
       mtp.insert(layer);
       continue;
     }
@@ -1349,10 +1461,10 @@ Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m
                                        dir, list));
   }
   if (!mtp.empty() && notes)
-    notes->push_back(fmt::format("the multi-token prediction layer{} {} (model.layers.{}...) {} not imported: this build "
-                                 "trains no MTP module",
+    notes->push_back(fmt::format("the multi-token prediction layer{} {} (model.layers.{}...) {} not imported: the model "
+                                 "has {} MTP layer{} (--mtp-num-layers)",
                                  mtp.size() > 1 ? "s" : "", fmt::join(mtp, ", "), *mtp.begin(),
-                                 mtp.size() > 1 ? "are" : "is"));
+                                 mtp.size() > 1 ? "are" : "is", c.mtp_layers(), c.mtp_layers() == 1 ? "" : "s"));
   return Status::ok();
 }
 

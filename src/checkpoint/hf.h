@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,10 @@ struct HfMap {
   std::vector<int64_t> src;      // the Megatron row of each HF row (transposed: of each HF column)
   bool transposed = false;       // HF [cols, src.size()]: Conv1D's [in, out] (GPT-2)
   float add = 0;                 // HF = Megatron + add (1 for --apply-layernorm-1p weights)
+  // A copy of values another map carries too (DeepSeek-V3's MTP layers'
+  // embed_tokens and shared_head.head): exported, and on import read only
+  // to check they equal what the other map set.
+  bool copy = false;
 };
 
 // The whole mapping for `arch` with `vocab_rows` vocabulary rows.
@@ -165,6 +170,9 @@ Result<HfImportFlags> hf_import_flags(const nlohmann::json& config, const std::s
 // file and tensor: a missing tensor, a shape that differs, a tensor the
 // model has no place for (other than transformers' non-parameter buffers).
 Status hf_import_weights(const std::string& dir, HfArch arch, model::GPTModel& m, std::vector<std::string>* notes);
+
+// The tensor names (keys) of a model directory's safetensors files.
+Result<std::set<std::string>> hf_tensor_names(const std::string& dir);
 
 }  // namespace mt::checkpoint
 

@@ -2592,6 +2592,9 @@ double GPTModel::loss_total(int slot) const { return slots_.at(static_cast<size_
 double GPTModel::mtp_label_count(int slot, int k) const {
   return slots_.at(static_cast<size_t>(slot)).mtp_count.at(static_cast<size_t>(k));
 }
+Tensor GPTModel::mtp_logits(int slot, int k) const {
+  return slots_.at(static_cast<size_t>(slot)).mtp.at(static_cast<size_t>(k)).logits;
+}
 double GPTModel::mtp_loss_total(int slot, int k) const {
   return slots_.at(static_cast<size_t>(slot)).mtp_loss.at(static_cast<size_t>(k));
 }

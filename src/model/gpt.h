@@ -487,6 +487,8 @@ class GPTModel {
   // --mtp-num-layers (the last pipeline stage): the last forward of `slot`,
   // depth k's (0-based) counted labels and the sum of their losses.
   double mtp_label_count(int slot, int k) const;
+  // Depth k's logits [T*B, local_vocab()] ([s, b] rows), as logits().
+  Tensor mtp_logits(int slot, int k) const;
   double mtp_loss_total(int slot, int k) const;
   // The training forwards' MTP losses since the last take (the trainer's
   // log): per depth the sum over micro-batches of each one's mean over its

@@ -308,8 +308,10 @@ assert c['shared_expert_intermediate_size']==32 and c['norm_topk_prob'] is True 
   "--moe-shared-expert-gate" "${MIXTRAL[@]}" --add-qkv-bias --moe-shared-expert-intermediate-size 32 --moe-shared-expert-gate
 # DeepSeek-V3 style (--multi-latent-attention with low-rank q and kv, their
 # norms, YaRN x40; a dense first layer, then sigmoid-scored experts in 2
-# groups with the expert bias and a shared expert): exported as
-# DeepseekV3ForCausalLM, imported back with the same flags.
+# groups with the expert bias and a shared expert; one multi-token
+# prediction layer): exported as DeepseekV3ForCausalLM (the MTP layer as
+# model.layers.2, num_nextn_predict_layers 1), imported back with the same
+# flags.
 DSV3=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 96 --normalization RMSNorm --swiglu
   --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights --norm-epsilon 1e-6
   --multi-latent-attention --q-lora-rank 32 --kv-lora-rank 24 --qk-head-dim 16 --qk-pos-emb-head-dim 8
@@ -318,14 +320,17 @@ hf_family deepseekv3 300 "
 assert c['architectures']==['DeepseekV3ForCausalLM'] and c['model_type']=='deepseek_v3', c
 assert c['q_lora_rank']==32 and c['kv_lora_rank']==24 and c['qk_nope_head_dim']==16 and c['qk_rope_head_dim']==8, c
 assert c['v_head_dim']==12 and c['rope_interleave'] is True and c['rope_scaling']['factor']==40, c
-assert c['first_k_dense_replace']==1 and c['n_routed_experts']==4 and c['n_shared_experts']==1 and c['n_group']==2, c" \
+assert c['first_k_dense_replace']==1 and c['n_routed_experts']==4 and c['n_shared_experts']==1 and c['n_group']==2, c
+assert c['num_nextn_predict_layers']==1, c" \
   "--multi-latent-attention
+--mtp-num-layers 1
 --q-lora-rank 32
 --rotary-scaling-factor 40
 --moe-router-enable-expert-bias
 --moe-router-num-groups 2" "${DSV3[@]}" --num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 \
   --moe-shared-expert-intermediate-size 48 --moe-layer-freq "[0]+[1]" --moe-router-score-function sigmoid \
-  --moe-router-enable-expert-bias --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-aux-loss-coeff 1e-2
+  --moe-router-enable-expert-bias --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-aux-loss-coeff 1e-2 \
+  --mtp-num-layers 1
 # MLA on the GPT base (LayerNorm, learned positions, biases, no q/kv norms):
 # every reason DeepseekV3ForCausalLM cannot take it, nothing written.
 "$BIN" train "${COMMON[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --multi-latent-attention \

@@ -9,7 +9,8 @@ export tests; transformers itself is not packaged in Debian).
 usage:
   hf_reference.py DIR logits IN.safetensors OUT.safetensors
       IN holds "tokens" [B, T] int32; OUT gets "logits" [T*B, vocab] float32
-      in Megatron's [s, b] row order (row t*B + b).
+      in Megatron's [s, b] row order (row t*B + b), and with DeepSeek-V3's
+      multi-token prediction layers "mtp_logits.{k}" the same way.
   hf_reference.py DIR greedy "ID ID ..." N
       prints the prompt's greedy continuation: up to N ids, stopping before
       eos_token_id (as megatron generate does), on one line.
@@ -210,6 +211,9 @@ def yarn_get_mscale(scale, mscale=1.0):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
+MTP_LOGITS = []  # DeepseekV3ForCausalLM's multi-token prediction logits of the last forward, per depth
+
+
 def deepseek_v3(cfg, W, ids):
     """DeepseekV3ForCausalLM as transformers defines it: multi-latent attention
     (q through q_a_proj, q_a_layernorm (eps 1e-6), q_b_proj, or q_proj; the
@@ -266,8 +270,8 @@ def deepseek_v3(cfg, W, ids):
         return t * cos + torch.cat((-b2, a), dim=-1) * sin
 
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
-    x = W["model.embed_tokens.weight"][ids]
-    for i in range(cfg["num_hidden_layers"]):
+
+    def layer(x, i):
         p = f"model.layers.{i}."
         a = p + "self_attn."
         h = rms(x, W[p + "input_layernorm.weight"])
@@ -292,8 +296,7 @@ def deepseek_v3(cfg, W, ids):
         def mlp(t, q):
             return lin(F.silu(lin(t, q + "gate_proj")) * lin(t, q + "up_proj"), q + "down_proj")
         if i < cfg["first_k_dense_replace"]:
-            x = x + mlp(h, p + "mlp.")
-            continue
+            return x + mlp(h, p + "mlp.")
         # DeepseekV3MoE: sigmoid scores; the choice adds e_score_correction_bias
         # and keeps topk_group of n_group groups ranked by their top-2 sums.
         hs = h.reshape(B * T, E)
@@ -314,10 +317,32 @@ def deepseek_v3(cfg, W, ids):
             rows, slot = (idx == e).nonzero(as_tuple=True)
             if rows.numel():
                 out = out.index_add(0, rows, wts[rows, slot].unsqueeze(1) * mlp(hs[rows], f"{p}mlp.experts.{e}."))
-        x = x + out.reshape(B, T, E) + mlp(h, p + "mlp.shared_experts.")
+        return x + out.reshape(B, T, E) + mlp(h, p + "mlp.shared_experts.")
+
+    x = W["model.embed_tokens.weight"][ids]
+    for i in range(cfg["num_hidden_layers"]):
+        x = layer(x, i)
     x = rms(x, W["model.norm.weight"])
     head = W["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
-    return x @ head.t()
+    logits = x @ head.t()
+    # DeepSeek's multi-token prediction layers (num_nextn_predict_layers,
+    # model.layers.{L + k}, as DeepSeek's and the inference engines' MTP
+    # modules compute them): depth k embeds the tokens k ahead (the window
+    # shifted left, 0 after its end) with its own embed_tokens, joins
+    # [enorm(embedding), hnorm(previous hidden)] through eh_proj, runs its
+    # layer, shared_head.norm and shared_head.head. The previous hidden is
+    # the decoder's normed output, then each depth's normed one.
+    MTP_LOGITS.clear()
+    hk, tok = x, ids
+    for k in range(cfg.get("num_nextn_predict_layers", 0)):
+        i = cfg["num_hidden_layers"] + k
+        p = f"model.layers.{i}."
+        tok = torch.cat((tok[:, 1:], torch.zeros_like(tok[:, :1])), 1)
+        e = W[p + "embed_tokens.weight"][tok]
+        y = lin(torch.cat((rms(e, W[p + "enorm.weight"]), rms(hk, W[p + "hnorm.weight"])), -1), p + "eh_proj")
+        hk = rms(layer(y, i), W[p + "shared_head.norm.weight"])
+        MTP_LOGITS.append(hk @ W[p + "shared_head.head.weight"].t())
+    return logits
 
 
 def forward(cfg, W, ids):
@@ -332,15 +357,21 @@ def forward(cfg, W, ids):
     raise SystemExit(f"hf_reference.py: unknown architecture {arch}")
 
 
-def write_logits(path, logits):
-    a = logits.float().contiguous().numpy()
-    b = a.tobytes()
-    h = json.dumps({"logits": {"dtype": "F32", "shape": list(a.shape), "data_offsets": [0, len(b)]}}).encode()
+def write_logits(path, tensors):
+    """tensors: {name: [rows, vocab]} written as F32."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        b = t.float().contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
-        f.write(b)
+        for b in blobs:
+            f.write(b)
 
 
 def main():
@@ -350,7 +381,10 @@ def main():
     if mode == "logits":
         ids = read_safetensors(sys.argv[3])["tokens"].long()
         logits = forward(cfg, W, ids)  # [B, T, V]
-        write_logits(sys.argv[4], logits.transpose(0, 1).reshape(-1, logits.shape[-1]))
+        out = {"logits": logits.transpose(0, 1).reshape(-1, logits.shape[-1])}
+        for k, lg in enumerate(MTP_LOGITS):  # "mtp_logits.{k}", the same [s, b] rows
+            out[f"mtp_logits.{k}"] = lg.transpose(0, 1).reshape(-1, lg.shape[-1])
+        write_logits(sys.argv[4], out)
     elif mode == "greedy":
         ids = [int(t) for t in sys.argv[3].split()]
         out = []

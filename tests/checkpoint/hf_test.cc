@@ -154,6 +154,20 @@ std::vector<Case> cases() {
     c.untie_embeddings_and_output_weights = false, c.apply_layernorm_1p = true;
     v.push_back({"deepseek_v3_dense_rope_tied_1p", c, "DeepseekV3ForCausalLM"});
   }
+  {
+    // DeepSeek-V3's multi-token prediction layer (--mtp-num-layers 1): an
+    // MoE layer like the last, as model.layers.2 with enorm, hnorm, eh_proj,
+    // shared_head and copies of the embedding and the head; its logits too.
+    ModelConfig c = v[14].cfg;
+    c.mtp_num_layers = 1;
+    v.push_back({"deepseek_v3_mtp", c, "DeepseekV3ForCausalLM"});
+  }
+  {
+    // Two dense depths on the tied, all-dense MLA model.
+    ModelConfig c = v[15].cfg;
+    c.mtp_num_layers = 2;
+    v.push_back({"deepseek_v3_dense_mtp2", c, "DeepseekV3ForCausalLM"});
+  }
   return v;
 }
 
@@ -268,7 +282,10 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
     model_elems += c.cfg.num_layers * (3 * h + h + c.cfg.ffn() + h);  // c_attn, attn.c_proj, c_fc, mlp.c_proj biases
   }
   if (std::string(c.arch) == "DeepseekV3ForCausalLM" && c.cfg.is_moe())  // e_score_correction_bias
-    model_elems += c.cfg.num_moe_layers() * c.cfg.num_experts;
+    model_elems += (c.cfg.num_moe_layers() + (c.cfg.is_moe_layer(c.cfg.num_layers) ? c.cfg.mtp_layers() : 0)) *
+                   c.cfg.num_experts;
+  // Each MTP layer's copies of the embedding and the head.
+  model_elems += c.cfg.mtp_layers() * 2 * 91 * c.cfg.hidden_size;
   if (std::string(c.arch) == "Qwen2MoeForCausalLM" && !c.cfg.add_qkv_bias)  // zero q/k/v biases
     model_elems += c.cfg.num_layers * (c.cfg.num_attention_heads + 2 * c.cfg.query_groups()) * c.cfg.head_dim();
   EXPECT_EQ(sum->parameters, model_elems);
@@ -284,9 +301,18 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
   ASSERT_EQ(rl.dim(0), B * T);
   ASSERT_EQ(rl.dim(1), 91);
   EXPECT_LT(logits_error(ours, m->vocab(), rl), 2e-5);
+  if (std::string(c.arch) == "DeepseekV3ForCausalLM") EXPECT_EQ(cfg["num_nextn_predict_layers"], c.cfg.mtp_layers());
+  for (int64_t k = 0; k < c.cfg.mtp_layers(); ++k) {
+    const Tensor ml = m->mtp_logits(0, static_cast<int>(k));
+    const std::vector<float> mine(ml.ptr<float>(), ml.ptr<float>() + ml.numel());
+    auto theirs = ref->get(fmt::format("mtp_logits.{}", k));
+    ASSERT_TRUE(theirs.is_ok()) << theirs.status().message();
+    EXPECT_LT(logits_error(mine, m->vocab(), *theirs), 2e-5) << "MTP depth " << k + 1;
+    EXPECT_GT(logits_error(mine, m->vocab(), rl), 1e-2) << "MTP depth " << k + 1 << "'s logits are its own";
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 16), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfExport, ::testing::Range(0, 18), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -619,9 +645,20 @@ TEST_P(HfRoundTrip, ImportGivesBackTheExportedModel) {
     EXPECT_EQ(diff, 0) << "same parameters, same logits";
   }
   EXPECT_LT(diff / mag, 1e-5);
+  // The MTP layers come back (--mtp-num-layers from num_nextn_predict_layers), with no note.
+  EXPECT_EQ(mc.mtp_layers(), c.cfg.mtp_layers()) << joined;
+  EXPECT_TRUE(notes.empty()) << notes[0];
+  for (int64_t k = 0; k < c.cfg.mtp_layers(); ++k) {
+    const Tensor a = m->mtp_logits(0, static_cast<int>(k)), b = (*m2)->mtp_logits(0, static_cast<int>(k));
+    double d = 0;
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t v = 0; v < 91; ++v)
+        d = std::max(d, static_cast<double>(std::abs(a.ptr<float>()[r * a.dim(1) + v] - b.ptr<float>()[r * b.dim(1) + v])));
+    EXPECT_LT(d / mag, same_form ? 0.0 + 1e-30 : 1e-5) << "MTP depth " << k + 1;
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 16), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Range(0, 18), [](const auto& p) {
   return std::string(cases()[static_cast<size_t>(p.param)].name);
 });
 
@@ -776,8 +813,9 @@ TEST(HfImport, DeepSeekV3ConfigGivesItsMegatronFlags) {
             "--multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 "
             "--v-head-dim 128 --qk-layernorm --normalization RMSNorm --swiglu --position-embedding-type rope "
             "--norm-epsilon 1e-06 --max-position-embeddings 163840 --hidden-dropout 0 --attention-dropout 0 "
-            "--disable-bias-linear --untie-embeddings-and-output-weights --rotary-base 10000 --rotary-scaling-factor 40 "
-            "--mscale 1 --mscale-all-dim 1 --num-experts 256 --moe-router-topk 8 --moe-ffn-hidden-size 2048 "
+            "--disable-bias-linear --untie-embeddings-and-output-weights --mtp-num-layers 1 --rotary-base 10000 "
+            "--rotary-scaling-factor 40 --mscale 1 --mscale-all-dim 1 --num-experts 256 --moe-router-topk 8 "
+            "--moe-ffn-hidden-size 2048 "
             "--moe-shared-expert-intermediate-size 2048 --moe-router-score-function sigmoid "
             "--moe-router-enable-expert-bias --moe-layer-freq [0]*3+[1]*58 --moe-router-num-groups 8 "
             "--moe-router-group-topk 4 --moe-router-topk-scaling-factor 2.5");
@@ -785,7 +823,9 @@ TEST(HfImport, DeepSeekV3ConfigGivesItsMegatronFlags) {
   ModelConfig mc = model_from_flags(r->flags, &parsed);
   ASSERT_TRUE(parsed);
   mc.vocab_size = r->vocab_size;
-  EXPECT_EQ(model::model_params(mc, mc.padded_vocab(1)).total(), int64_t{671026404352});
+  // 671,026,404,352 in the decoder and its embeddings, and 11,610,067,968
+  // in the MTP layer (num_nextn_predict_layers 1: --mtp-num-layers 1).
+  EXPECT_EQ(model::model_params(mc, mc.padded_vocab(1)).total(), int64_t{671026404352} + int64_t{11610067968});
   // The Hub's own file: fp8 weights with scales.
   auto q = hf_import_flags(nlohmann::json::parse(v3 + R"(, "quantization_config": {"activation_scheme": "dynamic",
       "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}})"), "config.json");
