@@ -42,12 +42,14 @@
                         "max-position-embeddings", "vocab-size", "micro-batch-size"]) {
       if (num(name) !== "") args.push("--" + name, num(name));
     }
-    for (const name of ["ffn-hidden-size", "global-batch-size", "num-experts"]) {
+    for (const name of ["ffn-hidden-size", "global-batch-size", "num-experts", "mtp-num-layers"]) {
       if (num(name) !== "" && Number(num(name)) > 0) args.push("--" + name, num(name));
     }
     const sched = num("step-batch-size-schedule");
     if (sched !== "") args.push("--step-batch-size-schedule", sched);
     if (f.elements["optimizer"].value !== "adam") args.push("--optimizer", f.elements["optimizer"].value);
+    const pos = f.elements["position-embedding-type"].value;
+    if (pos !== "learned_absolute") args.push("--position-embedding-type", pos);
     const v = num("num-virtual-stages-per-pipeline-rank");
     if (v !== "" && Number(v) > 1) args.push("--num-virtual-stages-per-pipeline-rank", v);
     const g = num("num-query-groups");

@@ -609,7 +609,7 @@ Status check_whole_fp32(const model::GPTModel& m, const char* what) {
 float* param_data(const model::GPTModel& m, const std::string& name) {
   static constexpr std::string_view kBias = ".mlp.router.expert_bias", kLayers = "decoder.layers.", kMtp = "mtp.layers.";
   if (name.size() > kBias.size() && name.compare(name.size() - kBias.size(), kBias.size(), kBias) == 0) {
-    // decoder.layers.{l}.mlp..., or an MTP depth's mtp.layers.{k}.mtp_model_layer.mlp... (global layer L + k).
+    // decoder.layers.{l}.mlp..., or an MTP depth's mtp.layers.{k}.transformer_layer.mlp... (global layer L + k).
     const bool mtp = name.compare(0, kMtp.size(), kMtp) == 0;
     MT_CHECK(mtp || name.compare(0, kLayers.size(), kLayers) == 0, "hf: no expert bias " + name);
     const int l = std::stoi(name.substr(mtp ? kMtp.size() : kLayers.size())) +

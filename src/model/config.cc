@@ -163,7 +163,7 @@ Result<std::vector<int>> moe_layer_pattern(const std::string& freq, int64_t num_
 
 std::string ModelConfig::layer_prefix(int64_t l) const {
   return l < num_layers ? fmt::format("decoder.layers.{}.", l)
-                        : fmt::format("mtp.layers.{}.mtp_model_layer.", l - num_layers);
+                        : fmt::format("mtp.layers.{}.transformer_layer.", l - num_layers);
 }
 
 bool ModelConfig::is_moe_layer(int64_t l) const {

@@ -197,8 +197,10 @@ struct ModelConfig {
   double mtp_loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
   int64_t mtp_layers() const { return mtp_num_layers.value_or(0); }
   int64_t total_layers() const { return num_layers + mtp_layers(); }  // decoder + MTP layers
-  // The parameter-name prefix of global layer l ("decoder.layers.{l}." or,
-  // for an MTP depth's transformer layer, "mtp.layers.{l-L}.mtp_model_layer.").
+  // The parameter-name prefix of global layer l: "decoder.layers.{l}.", or
+  // for an MTP depth's transformer layer "mtp.layers.{l-L}.transformer_layer."
+  // (Megatron's checkpoint name; its module is mtp_model_layer, saved under
+  // the older name).
   std::string layer_prefix(int64_t l) const;
   int64_t ffn() const;
   int64_t head_dim() const;            // d (MLA: qk_head_dim + qk_pos_emb_head_dim, the q/k head width)

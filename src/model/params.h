@@ -28,6 +28,11 @@
 //                                                                 (--moe-shared-expert-intermediate-size S)
 //   decoder.layers.{i}.mlp.shared_experts.gate_weight            [1, h]  replicated (--moe-shared-expert-gate)
 //   decoder.final_layernorm.{weight,bias}                 [h]           replicated
+//   with --mtp-num-layers D, for each depth k < D (after decoder.final_layernorm):
+//   mtp.layers.{k}.{enorm,hnorm}.{weight,bias}            [h]           replicated
+//   mtp.layers.{k}.eh_proj.weight                         [h, 2h]       column (dim 0); input [embedding | hidden]
+//   mtp.layers.{k}.transformer_layer.*                    a layer's parameters, as the last decoder layer's
+//   mtp.layers.{k}.final_layernorm.{weight,bias}          [h]           replicated
 //   output_layer.weight                                   [V, h]        vocab (dim 0), untied only
 // With Transformer Engine Megatron names the first norm of each block
 // self_attention.linear_qkv.layer_norm_{weight,bias} and the second

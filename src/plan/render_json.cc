@@ -35,6 +35,7 @@ json form_values(const PlanReport& r) {
   f["q-lora-rank"] = m.q_lora_rank.value_or(0);
   f["kv-lora-rank"] = m.kv_lora_rank;
   f["mtp-num-layers"] = m.mtp_layers();
+  f["position-embedding-type"] = model::position_embedding_name(m.position_embedding);
   f["micro-batch-size"] = r.job.batch.micro_batch_size;
   f["global-batch-size"] = r.job.batch.global_batch_size.value_or(0);
   f["step-batch-size-schedule"] = r.job.batch.step_batch_size_schedule.value_or("");

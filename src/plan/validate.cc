@@ -611,6 +611,17 @@ void validate(PlanReport& r) {
     } else {
       r.chunks.clear();
       for (const auto& cs : *split) r.chunks.push_back({cs.pp_rank, cs.chunk, cs.first_layer, cs.num_layers});
+      // The MTP layers' kind: Megatron builds them from the last decoder
+      // layer's spec, or, where the last (virtual) stage holds no decoder
+      // layer, from the default spec, an MoE layer whenever --num-experts is
+      // set. Here they are always like the last layer: refuse the case where
+      // the two differ.
+      if (m.mtp_layers() && m.is_moe() && !m.is_moe_layer(m.num_layers - 1) && !r.chunks.empty() &&
+          r.chunks.back().num_layers == 0)
+        c.error("mtp-layer-kind", {"--mtp-num-layers", "--moe-layer-freq", "--account-for-loss-in-pipeline-split"},
+                "the last pipeline stage holds no decoder layer, so Megatron builds its MTP layers as MoE layers "
+                "while the last decoder layer (which the MTP layers follow here) is dense",
+                "give the last stage a layer, or make the last layer MoE in --moe-layer-freq");
     }
   }
   if (r.quick && vpp_given) r.vpp = par.num_virtual_stages_per_pipeline_rank.value_or(1);
@@ -682,6 +693,15 @@ void validate(PlanReport& r) {
     c.error("recompute-num-layers-range", {"--recompute-num-layers"},
             fmt::format("--recompute-num-layers {} must be between 1 and the layers per pipeline rank ({})", *rc.num_layers, Lp / PP),
             fmt::format("use --recompute-num-layers {}", std::max<int64_t>(1, Lp / PP)));
+  // Megatron recomputes each MTP layer on its own under full uniform
+  // recomputation and asserts a group of one (MultiTokenPredictionLayer's
+  // _checkpointed_forward); here the MTP layers keep their activations.
+  if (m.mtp_layers() && rc.full() && rc.method == "uniform" && rc.num_layers && *rc.num_layers != 1)
+    c.error("mtp-recompute-num-layers", {"--mtp-num-layers", "--recompute-method", "--recompute-num-layers"},
+            fmt::format("full uniform recomputation of {} layers with multi-token prediction: Megatron asserts "
+                        "\"recompute_num_layers must be 1 for MTP recompute\"",
+                        *rc.num_layers),
+            "use --recompute-num-layers 1, or --recompute-method block");
   if (rc.distribute_saved_activations && (TP == 1 || !rc.full() || !rc.method || par.sequence_parallel))
     c.error("distribute-saved-activations", {"--distribute-saved-activations"},
             "--distribute-saved-activations needs TP > 1, full recomputation with a method, and no --sequence-parallel",

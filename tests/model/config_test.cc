@@ -111,7 +111,7 @@ TEST(ModelConfig, MtpParametersInTheRegistry) {
     if (s.name == "mtp.layers.1.eh_proj.weight")
       eh = s.global_shape == Shape{32, 64} && s.shard == ShardKind::kColumn && s.local_shape(2) == Shape{16, 64};
   EXPECT_TRUE(eh) << "eh_proj [h, 2h], column-parallel";
-  EXPECT_EQ(c.layer_prefix(4), "mtp.layers.1.mtp_model_layer.");
+  EXPECT_EQ(c.layer_prefix(4), "mtp.layers.1.transformer_layer.");
 }
 
 TEST(ModelConfig, Gpt2SmallParameterCount) {

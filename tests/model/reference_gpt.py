@@ -181,7 +181,7 @@ def forward(P, tokens, labels, cfg):
         e = P["embedding.word_embeddings.weight"][tok_k]
         cat = torch.cat((norm(e, P[m + "enorm.weight"], bias(m + "enorm.bias"), cfg),
                          norm(hk, P[m + "hnorm.weight"], bias(m + "hnorm.bias"), cfg)), -1)
-        xk, aux, z = layer(cat @ P[m + "eh_proj.weight"].t(), m + "mtp_model_layer.", pattern[-1])
+        xk, aux, z = layer(cat @ P[m + "eh_proj.weight"].t(), m + "transformer_layer.", pattern[-1])
         aux_total = aux_total + aux
         z_total = z_total + z
         hk = norm(xk, P[m + "final_layernorm.weight"], bias(m + "final_layernorm.bias"), cfg)

@@ -157,7 +157,18 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"--recompute-granularity selective --recompute-modules mla_up_proj", "recompute-mla-up-proj", "--multi-latent-attention"},
         RuleCase{"--overlap-param-gather", "overlap-param-gather", "--use-distributed-optimizer"},
         RuleCase{"--distribute-saved-activations", "distribute-saved-activations", "--distribute-saved-activations"},
-        RuleCase{"--num-parameters 13e9", "num-parameters-with-architecture", "--num-parameters"}),
+        RuleCase{"--num-parameters 13e9", "num-parameters-with-architecture", "--num-parameters"},
+        RuleCase{"--mtp-num-layers 1", "mtp-position-embedding", "--position-embedding-type"},
+        RuleCase{"--mtp-num-layers 1 --position-embedding-type rope --hidden-size 255 --kv-channels 32",
+                 "mtp-hidden-divisible", "--hidden-size"},
+        RuleCase{"--mtp-num-layers 1 --position-embedding-type rope --recompute-granularity full --recompute-method "
+                 "uniform --recompute-num-layers 2",
+                 "mtp-recompute-num-layers", "--recompute-num-layers"},
+        // The last virtual stage holds only the loss: Megatron's MTP layer is MoE there, the last layer dense.
+        RuleCase{"--mtp-num-layers 1 --position-embedding-type rope --num-layers 2 --num-experts 4 --disable-bias-linear "
+                 "--moe-layer-freq [1]+[0] --num-virtual-stages-per-pipeline-rank 2 "
+                 "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split",
+                 "mtp-layer-kind", "--moe-layer-freq"}),
     [](const ::testing::TestParamInfo<RuleCase>& info) {
       std::string n = info.param.rule;
       std::replace(n.begin(), n.end(), '-', '_');

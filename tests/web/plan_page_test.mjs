@@ -355,6 +355,25 @@ async function servedPage(browser, server) {
   await setInput(page, "q-lora-rank", 64);
   await page.waitForFunction(() => document.body.dataset.valid === "1", null, { timeout: STEP_MS });
 
+  // Multi-token prediction: one MTP layer with learned positions is refused
+  // (Megatron's rule, named on the page); with RoPE the plan is valid again
+  // and counts the MTP layer's parameters.
+  await setInput(page, "mtp-num-layers", 1);
+  await page.waitForFunction(() => document.body.dataset.valid === "0", null, { timeout: STEP_MS })
+    .catch(() => { throw new TestFailure("served page, MTP: learned positions with --mtp-num-layers not refused"); });
+  const mtpErrors = (await page.locator("#errors li").allTextContents()).join("\n");
+  check(mtpErrors.includes("--mtp-num-layers") && mtpErrors.includes("rope"),
+        `served page, MTP: the error does not name --mtp-num-layers and the fix: ${mtpErrors}`);
+  const withRope = page.waitForResponse((r) => r.url().endsWith("/api/plan"));
+  await page.locator('#plan-form [name="position-embedding-type"]').selectOption("rope");
+  const ropeBody = (await withRope.then((r) => r.request())).postDataJSON();
+  check(ropeBody.args.join(" ").includes("--mtp-num-layers 1") &&
+        ropeBody.args.join(" ").includes("--position-embedding-type rope"),
+        `served page, MTP: posted args ${JSON.stringify(ropeBody.args)}`);
+  await page.waitForFunction(() => document.body.dataset.valid === "1", null, { timeout: STEP_MS })
+    .catch(async () => { throw new TestFailure("served page, MTP with RoPE: no valid plan:\n  " +
+                                               (await page.locator("#errors li").allTextContents()).join("\n  ")); });
+
   const foreign = w.requests.filter((u) => !u.startsWith(server.url));
   checkEq(foreign, [], "served page: requests to anything but the server");
   checkNoProblems(w);
