@@ -367,7 +367,7 @@ struct GPTModel::Slot {
   mutable std::vector<std::vector<double>> moe_routed;
   // --mtp-num-layers: each depth's activations, counted labels and loss sum.
   std::vector<MtpActs> mtp;
-  std::vector<double> mtp_count, mtp_loss;
+  std::vector<double> mtp_count, mtp_loss, mtp_correct;  // (correct: greedy guesses equal to the label; training)
 };
 
 // One recomputed group's activations, carved from scratch.
@@ -1374,6 +1374,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
         sl.mtp.push_back(x);
       }
       sl.mtp_count.assign(ai.mtp.size(), 0.0), sl.mtp_loss.assign(ai.mtp.size(), 0.0);
+      sl.mtp_correct.assign(ai.mtp.size(), 0.0);
       if (cfg.is_moe()) {
         const size_t L = static_cast<size_t>(cfg.total_layers());
         sl.moe_counts.assign(L, {}), sl.moe_aux.assign(L, 0.0), sl.moe_z.assign(L, 0.0);
@@ -2907,11 +2908,29 @@ void GPTModel::mtp_forward(Slot& s, const int32_t* tk, const int32_t* lb) {
     norm_fwd(a.y, m.final_w, m.final_b, own_rows(a.lnf), a.f_mean, a.f_rstd);
     column_fwd_input(own_rows(a.lnf), a.lnf);
     s.mtp_loss[j] = output_loss_fwd(a.lnf, a.labels, a.logits, a.mx, a.se, a.tl, a.loss);
+    if (!s.training) continue;
+    // Megatron's acceptance counts: counted labels whose logit is the row's
+    // largest (the vocabulary-parallel max and target logit above are the
+    // whole vocabulary's), i.e. the depth's greedy guess is the label.
+    std::vector<char> host(2 * a.mx.nbytes());
+    const Tensor hm(host.data(), a.mx.shape(), a.mx.dtype()), ht(host.data() + a.mx.nbytes(), a.tl.shape(), a.tl.dtype());
+    copy_tensor(a.mx, hm);
+    copy_tensor(a.tl, ht);
+    double correct = 0;
+    for (int64_t i = 0; i < N_; ++i) {
+      const bool top = opt_.dtype == DType::kF32 ? ht.ptr<float>()[i] >= hm.ptr<float>()[i]
+                                                 : ht.ptr<double>()[i] >= hm.ptr<double>()[i];
+      correct += rl[static_cast<size_t>(i)] >= 0 && top ? 1 : 0;
+    }
+    s.mtp_correct[j] = correct;
   }
   if (s.training) {
     mtp_stats_.loss.resize(mtp_.size(), 0.0);
-    for (size_t j = 0; j < mtp_.size(); ++j)
+    mtp_stats_.correct.resize(mtp_.size(), 0.0), mtp_stats_.total.resize(mtp_.size(), 0.0);
+    for (size_t j = 0; j < mtp_.size(); ++j) {
       mtp_stats_.loss[j] += s.mtp_count[j] > 0 ? s.mtp_loss[j] / s.mtp_count[j] : 0.0;
+      mtp_stats_.correct[j] += s.mtp_correct[j], mtp_stats_.total[j] += s.mtp_count[j];
+    }
     mtp_stats_.micro_batches += 1;
   }
 }

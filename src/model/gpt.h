@@ -494,8 +494,10 @@ class GPTModel {
   // log): per depth the sum over micro-batches of each one's mean over its
   // counted labels (0 where none; Megatron's mtp_loss_for_log), and the
   // micro-batches. Empty on a stage without the MTP layers.
+  // And Megatron's acceptance counts per depth: counted labels that are the
+  // depth's greedy guess (correct) out of the counted labels (total).
   struct MtpStats {
-    std::vector<double> loss;
+    std::vector<double> loss, correct, total;
     double micro_batches = 0;
   };
   MtpStats take_mtp_stats() { return std::exchange(mtp_stats_, MtpStats{}); }

@@ -1069,6 +1069,7 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
   auto interval_start = Clock::now();
   double interval_loss = 0, interval_wait = 0, interval_lb = 0, interval_z = 0, interval_flops = 0;
   std::vector<double> interval_mtp(static_cast<size_t>(mc.mtp_layers()), 0.0);
+  std::vector<double> mtp_correct_so_far, mtp_total_so_far;  // the acceptance counts since this process started
   int64_t interval_samples = 0;
   int64_t last_saved = -1;  // the iteration last saved (a batch change saves, as Megatron does)
   double bubble_simulated = plan.bubble_simulated, bubble_formula = plan.bubble_formula;  // of the schedule in force
@@ -1347,20 +1348,27 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
         }
       }
     }
-    std::vector<double> mtp_losses;  // --mtp-num-layers: this iteration's, per depth
+    std::vector<double> mtp_losses, mtp_accept, mtp_accept_cum;  // --mtp-num-layers: this iteration's, per depth
     if (mc.mtp_layers()) {
       // Megatron's MTPLossLoggingHelper: each depth's per-micro-batch means
       // over the micro-batches, averaged over DP x CP. The last stage's
       // ranks hold them (TP ranks alike): sums over the world, divided by
       // their micro-batches.
+      // And the acceptance counts (Megatron's mtp_k_acceptance_rate, and
+      // the cumulative rate since this process started, as its tracker).
       model::GPTModel::MtpStats st = model.take_mtp_stats();
-      std::vector<double> v(static_cast<size_t>(mc.mtp_layers()) + 1, 0.0);
-      for (size_t k = 0; k < st.loss.size(); ++k) v[k] = st.loss[k];
+      const size_t D = static_cast<size_t>(mc.mtp_layers());
+      std::vector<double> v(3 * D + 1, 0.0);
+      for (size_t k = 0; k < st.loss.size(); ++k) v[k] = st.loss[k], v[D + k] = st.correct[k], v[2 * D + k] = st.total[k];
       v.back() = st.micro_batches;
       world_comm->all_reduce(Tensor(v.data(), {static_cast<int64_t>(v.size())}, DType::kF64));
-      for (size_t k = 0; k + 1 < v.size(); ++k) {
+      mtp_correct_so_far.resize(D, 0.0), mtp_total_so_far.resize(D, 0.0);
+      for (size_t k = 0; k < D; ++k) {
         mtp_losses.push_back(v[k] / std::max(1.0, v.back()));
         interval_mtp[k] += mtp_losses.back();
+        mtp_correct_so_far[k] += v[D + k], mtp_total_so_far[k] += v[2 * D + k];
+        mtp_accept.push_back(100 * v[D + k] / std::max(1.0, v[2 * D + k]));
+        mtp_accept_cum.push_back(100 * mtp_correct_so_far[k] / std::max(1.0, mtp_total_so_far[k]));
       }
     }
     interval_wait += executor.last_wait_seconds();
@@ -1382,7 +1390,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (ep > 1) row["ep_bytes"] = ep_bytes;
     if (lb_loss) row[lb_name] = *lb_loss;
     if (z_loss) row["z_loss"] = *z_loss;
-    for (size_t k = 0; k < mtp_losses.size(); ++k) row[fmt::format("mtp_{}_loss", k + 1)] = mtp_losses[k];
+    for (size_t k = 0; k < mtp_losses.size(); ++k) {
+      row[fmt::format("mtp_{}_loss", k + 1)] = mtp_losses[k];
+      row[fmt::format("mtp_{}_acceptance_rate", k + 1)] = mtp_accept[k];
+      row[fmt::format("mtp_{}_cumulative_acceptance_rate", k + 1)] = mtp_accept_cum[k];
+    }
     for (const LayerLosses& x : moe_layer_losses) {
       if (lb_loss) row[fmt::format("{}_layer_{}", lb_name, x.layer)] = x.load_balancing;
       if (z_loss) row[fmt::format("z_loss_layer_{}", x.layer)] = x.z;
@@ -1390,7 +1402,11 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
     if (tb.is_open()) {  // Megatron's MoE tracker writes every iteration: the means, and per layer under moe/
       if (lb_loss) tb.add_scalar(lb_name, *lb_loss, it);
       if (z_loss) tb.add_scalar("z_loss", *z_loss, it);
-      for (size_t k = 0; k < mtp_losses.size(); ++k) tb.add_scalar(fmt::format("mtp_{} loss", k + 1), mtp_losses[k], it);
+      for (size_t k = 0; k < mtp_losses.size(); ++k) {
+        tb.add_scalar(fmt::format("mtp_{} loss", k + 1), mtp_losses[k], it);
+        tb.add_scalar(fmt::format("mtp_{}_acceptance_rate", k + 1), mtp_accept[k], it);
+        tb.add_scalar(fmt::format("mtp_{}_cumulative_acceptance_rate", k + 1), mtp_accept_cum[k], it);
+      }
       for (const LayerLosses& x : moe_layer_losses) {
         if (lb_loss) tb.add_scalar(fmt::format("moe/{}_layer_{}", lb_name, x.layer), x.load_balancing, it);
         if (z_loss) tb.add_scalar(fmt::format("moe/z_loss_layer_{}", x.layer), x.z, it);

@@ -445,6 +445,48 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
   EXPECT_LT(rel_err<float>(ours, *ref->get("logits")), 1e-5) << "logits";
   const double ref_loss = ref->get("loss")->ptr<float>()[0];
   EXPECT_NEAR(loss, ref_loss, 1e-5 * std::abs(ref_loss)) << "loss";
+  if (cfg.mtp_layers()) {
+    // Megatron's acceptance counts from a training forward (no dropout in
+    // these models): the greedy guesses equal to the labels, as PyTorch's
+    // argmax finds them, out of the counted labels.
+    m.take_mtp_stats();
+    m.forward(0, tt, lt, 0, true);
+    const GPTModel::MtpStats st = m.take_mtp_stats();
+    ASSERT_EQ(st.correct.size(), static_cast<size_t>(cfg.mtp_layers()));
+    EXPECT_EQ(st.micro_batches, 1);
+    for (int k = 0; k < cfg.mtp_layers(); ++k) {
+      EXPECT_EQ(st.correct[static_cast<size_t>(k)], ref->get("mtp_correct")->ptr<float>()[k]) << "MTP depth " << k + 1;
+      EXPECT_EQ(st.total[static_cast<size_t>(k)], m.mtp_label_count(0, k));
+    }
+    // Labels made guessable: depth 1's argmax as the label one ahead at
+    // every other position (the logits depend on the tokens only), then
+    // the counts against the argmax of our own logits, row by row.
+    std::vector<int32_t> lab2 = lab;
+    const int64_t B = opt.micro_batch, T = cfg.seq_length, Vl = m.local_vocab();
+    {
+      const Tensor lg = m.mtp_logits(0, 0);
+      for (int64_t t = 0; t + 1 < T; t += 2)
+        for (int64_t b = 0; b < B; ++b) {
+          const float* row = lg.ptr<float>() + (t * B + b) * Vl;
+          lab2[static_cast<size_t>(b * T + t + 1)] = static_cast<int32_t>(std::max_element(row, row + Vl) - row);
+        }
+    }
+    Tensor lt2(lab2.data(), {B, T}, DType::kI32);
+    m.forward(0, tt, lt2, 0, true);
+    const GPTModel::MtpStats st2 = m.take_mtp_stats();
+    for (int k = 0; k < cfg.mtp_layers(); ++k) {
+      const Tensor lg = m.mtp_logits(0, k);
+      double want = 0;
+      for (int64_t t = 0; t + k + 1 < T; ++t)
+        for (int64_t b = 0; b < B; ++b) {
+          const int32_t label = lab2[static_cast<size_t>(b * T + t + k + 1)];
+          const float* row = lg.ptr<float>() + (t * B + b) * Vl;
+          want += label >= 0 && std::max_element(row, row + Vl) - row == label ? 1 : 0;
+        }
+      EXPECT_EQ(st2.correct[static_cast<size_t>(k)], want) << "MTP depth " << k + 1;
+      if (k == 0) EXPECT_GE(want, static_cast<double>(B * (T / 2))) << "the guessable labels";
+    }
+  }
   for (int k = 0; k < cfg.mtp_layers(); ++k) {
     const double r = ref->get("mtp_loss")->ptr<float>()[k];
     EXPECT_NEAR(mtp_loss[static_cast<size_t>(k)], r, 1e-5 * r) << "MTP depth " << k + 1 << "'s loss";

@@ -187,6 +187,9 @@ def forward(P, tokens, labels, cfg):
         hk = norm(xk, P[m + "final_layernorm.weight"], bias(m + "final_layernorm.bias"), cfg)
         mtp_logits = (hk @ out_w.t()).reshape(T * B, -1)
         mtp_losses.append(F.cross_entropy(mtp_logits, lab_k.reshape(-1), ignore_index=-1))
+        # Megatron's acceptance count: counted labels the depth's argmax guesses.
+        lab_flat = lab_k.reshape(-1)
+        MTP_CORRECT.append(float(((mtp_logits.argmax(-1) == lab_flat) & (lab_flat >= 0)).sum()))
     return logits, loss, aux_total, z_total, mtp_losses
 
 
@@ -387,6 +390,9 @@ def capacity_mask(idx, probs, E, k, cf, cfg):
     return keep.to(probs.dtype)
 
 
+MTP_CORRECT = []  # per MTP depth: counted labels equal to the depth's argmax
+
+
 def main():
     tensors, meta = read_safetensors(sys.argv[1])
     cfg = json.loads(meta["config"])
@@ -407,6 +413,7 @@ def main():
     out = {"logits": logits, "loss": loss.reshape(1), "moe_aux": aux.reshape(1), "moe_z": z.reshape(1)}
     if mtp:
         out["mtp_loss"] = torch.stack(mtp)
+        out["mtp_correct"] = torch.tensor(MTP_CORRECT)
     for n, t in P.items():
         out["grad." + n] = t.grad if t.grad is not None else torch.zeros_like(t)
     write_safetensors(sys.argv[2], out)

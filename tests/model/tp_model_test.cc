@@ -224,6 +224,11 @@ void run_case(const Case& c) {
   }
   P.reduce_tp_replicated_grads();
   EXPECT_EQ(P.scratch_arena().high_water(), P.memory_plan().scratch) << c.name << ": scratch plan";
+  if (cfg.mtp_layers()) {  // the acceptance counts from the vocabulary-parallel max and target logit
+    const GPTModel::MtpStats a = S.take_mtp_stats(), b = P.take_mtp_stats();
+    EXPECT_EQ(a.correct, b.correct) << c.name << ": MTP acceptance";
+    EXPECT_EQ(a.total, b.total) << c.name;
+  }
   double largest = 0;  // the largest serial gradient element
   for (const Tensor& gr : S.grads())
     for (int64_t i = 0; i < gr.numel(); ++i)

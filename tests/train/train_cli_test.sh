@@ -97,6 +97,13 @@ check_resume mtp --micro-batch-size 2 --global-batch-size 4 --bf16 --position-em
 grep -q "predicting 2 more tokens ahead (2 MTP layers, loss weight 0.1)" "$TMP/mtp-full.log" \
   && grep -q "| lm loss: [0-9.E+-]* | mtp_1 loss: [0-9.E+-]* | mtp_2 loss: [0-9.E+-]* |" "$TMP/mtp-full.log" \
   || { fail "mtp: the log lines"; head -5 "$TMP/mtp-full.log"; }
+python3 -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '\"kind\"' not in l]
+r = rows[-1]
+assert all(0 <= r[f'mtp_{k}_{n}'] <= 100 for k in (1, 2) for n in ('acceptance_rate', 'cumulative_acceptance_rate')), r
+" "$TMP/mtp-full.jsonl" || fail "mtp: acceptance rates in the metrics"
+
 run mtp-args --micro-batch-size 2 --global-batch-size 4 --bf16 --train-iters 41 --save-interval 41 \
   --override-opt-param-scheduler --use-checkpoint-args --load "$TMP/mtp-part" \
   || { fail "mtp: --use-checkpoint-args resume"; cat "$TMP/mtp-args.log"; }
