@@ -331,6 +331,42 @@ assert c['num_nextn_predict_layers']==1, c" \
   --moe-shared-expert-intermediate-size 48 --moe-layer-freq "[0]+[1]" --moe-router-score-function sigmoid \
   --moe-router-enable-expert-bias --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-aux-loss-coeff 1e-2 \
   --mtp-num-layers 1
+# The same files without the MTP layer's tensors (config.json still saying
+# num_nextn_predict_layers 1): imported without the MTP layer, noted, the
+# model continuing the prompt as before.
+if [ -d "$TMP/hf-deepseekv3" ]; then
+  cp -r "$TMP/hf-deepseekv3" "$TMP/hf-deepseekv3-nomtp"
+  python3 - "$TMP/hf-deepseekv3-nomtp/model.safetensors" <<'PY'
+import json, struct, sys
+path = sys.argv[1]
+raw = open(path, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+keep = {k: v for k, v in head.items() if k == "__metadata__" or not k.startswith("model.layers.2.")}
+assert len(keep) < len(head), "the export has an MTP layer"
+out, blobs, off = {}, [], 0
+for k, v in keep.items():
+    if k == "__metadata__":
+        out[k] = v
+        continue
+    b = data[v["data_offsets"][0]:v["data_offsets"][1]]
+    out[k] = dict(v, data_offsets=[off, off + len(b)])
+    blobs.append(b)
+    off += len(b)
+h = json.dumps(out).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PY
+  "$BIN" import --hf "$TMP/hf-deepseekv3-nomtp" --save "$TMP/deepseekv3-nomtp" >"$TMP/nomtp.log" 2>&1 \
+    && grep -q "num_nextn_predict_layers 1 but the files have no model.layers.2.eh_proj.weight: imported without" \
+      "$TMP/nomtp.log" && ! grep -q -- "--mtp-num-layers" "$TMP/nomtp.log" \
+    || { fail "deepseekv3 without its MTP tensors"; cat "$TMP/nomtp.log"; }
+  a=$("$BIN" generate --load "$TMP/deepseekv3" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+  b=$("$BIN" generate --load "$TMP/deepseekv3-nomtp" --prompt "$P2" --temperature 0 --max-new-tokens 8 2>/dev/null)
+  [ -n "$a" ] && [ "$a" = "$b" ] || fail "deepseekv3 without MTP: continues '$b', the original '$a'"
+fi
 # MLA on the GPT base (LayerNorm, learned positions, biases, no q/kv norms):
 # every reason DeepseekV3ForCausalLM cannot take it, nothing written.
 "$BIN" train "${COMMON[@]}" --num-layers 1 --hidden-size 32 --num-attention-heads 2 --multi-latent-attention \
