@@ -2721,10 +2721,8 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
     }
   }
   s.ready = true;
-  std::vector<int64_t> ran;
+  std::vector<int64_t> ran;  // the layers this forward ran (the MTP layers' added below)
   for (int64_t l = R.first; l < R.first + R.count; ++l) ran.push_back(l);
-  if (last_stage(chunk))
-    for (int64_t l = cfg_.num_layers; l < cfg_.num_layers + static_cast<int64_t>(mtp_.size()); ++l) ran.push_back(l);
   if (!last_stage(chunk)) {
     record_moe_stats(s, ran);
     return 0.0;
@@ -2741,6 +2739,7 @@ double GPTModel::forward_chunk(int chunk, int slot, const Tensor& tokens, const 
   column_fwd_input(own_rows(s.lnf), s.lnf);
   s.loss_total = output_loss_fwd(s.lnf, s.labels, s.logits, s.mx, s.se, s.tl, s.loss);
   if (!mtp_.empty()) mtp_forward(s, tk, lb);
+  for (int64_t l = cfg_.num_layers; l < cfg_.total_layers() && !mtp_.empty(); ++l) ran.push_back(l);
   record_moe_stats(s, ran);
   return s.count > 0 ? s.loss_total / s.count : 0.0;
 }
