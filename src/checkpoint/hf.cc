@@ -113,6 +113,10 @@ Result<HfArch> hf_architecture(const model::ModelConfig& c) {
                                   c.moe_router_topk, c.moe_router_group_topk));
       if (c.drops_tokens()) why.push_back("--moe-expert-capacity-factor (DeepseekV3ForCausalLM drops no tokens)");
     }
+    if (c.mtp_use_repeated_layer && c.mtp_layers() > 1)
+      why.push_back(fmt::format("--mtp-use-repeated-layer (DeepSeek's files hold one multi-token prediction layer per "
+                                "depth: the shared layer would be written {} times and read back as {} layers)",
+                                c.mtp_layers(), c.mtp_layers()));
     if (why.empty()) return HfArch::kDeepseekV3;
     std::string msg = "no Hugging Face transformers architecture computes this model:";
     for (const auto& w : why) msg += "\n  - " + w;
@@ -511,7 +515,8 @@ std::vector<HfMap> hf_maps(const model::ModelConfig& c, HfArch arch, int64_t voc
     // (Megatron's final_layernorm of the depth), and copies of the
     // embedding and the output layer as DeepSeek's files carry them.
     for (int64_t k = 0; k < c.mtp_layers(); ++k) {
-      const std::string o = fmt::format("model.layers.{}.", L + k), m = fmt::format("mtp.layers.{}.", k);
+      // (--mtp-use-repeated-layer: the one layer written at every depth.)
+      const std::string o = fmt::format("model.layers.{}.", L + k), m = c.mtp_prefix(k);
       layer(L + k, c.layer_prefix(L + k), o);
       rows(o + "enorm.weight", m + "enorm.weight", 0, h, 1, one_p);
       rows(o + "hnorm.weight", m + "hnorm.weight", 0, h, 1, one_p);

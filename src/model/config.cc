@@ -161,9 +161,12 @@ Result<std::vector<int>> moe_layer_pattern(const std::string& freq, int64_t num_
   return v;
 }
 
+std::string ModelConfig::mtp_prefix(int64_t k) const {
+  return fmt::format("mtp.layers.{}.", mtp_use_repeated_layer ? 0 : k);
+}
+
 std::string ModelConfig::layer_prefix(int64_t l) const {
-  return l < num_layers ? fmt::format("decoder.layers.{}.", l)
-                        : fmt::format("mtp.layers.{}.transformer_layer.", l - num_layers);
+  return l < num_layers ? fmt::format("decoder.layers.{}.", l) : mtp_prefix(l - num_layers) + "transformer_layer.";
 }
 
 bool ModelConfig::is_moe_layer(int64_t l) const {
@@ -345,6 +348,8 @@ void register_model_flags(FlagSet& f, ModelConfig& c) {
                "weight of the MTP loss: this times the mean over the depths of their losses joins the language-model "
                "loss's gradient",
                0, 1e6);
+  f.add_switch("mtp-use-repeated-layer", &c.mtp_use_repeated_layer,
+               "one MTP layer (norms, eh_proj, transformer layer) applied at every depth of --mtp-num-layers");
   f.add_int("num-experts", &c.num_experts, "MoE experts per layer (0: dense)", 0, 1 << 20);
   f.add_int("moe-router-topk", &c.moe_router_topk, "experts each token is routed to", 1, 1 << 20);
   f.add_int("moe-ffn-hidden-size", &c.moe_ffn_hidden_size, "expert MLP hidden size; default --ffn-hidden-size", 1, kMaxDim);
@@ -471,7 +476,7 @@ ModelParams model_params(const ModelConfig& c, int64_t V) {
   m.final_norm = c.norm_params_per_norm();
   m.output_layer = c.untie_embeddings_and_output_weights ? V * c.hidden_size : 0;
   const int64_t last = c.is_moe_layer(c.num_layers - 1) ? m.per_layer : m.dense_per_layer;
-  m.mtp = c.mtp_layers() * (last + 3 * c.norm_params_per_norm() + 2 * c.hidden_size * c.hidden_size);
+  m.mtp = c.mtp_built_layers() * (last + 3 * c.norm_params_per_norm() + 2 * c.hidden_size * c.hidden_size);
   return m;
 }
 

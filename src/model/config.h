@@ -195,7 +195,18 @@ struct ModelConfig {
   // (Megatron's MoE tracker numbers them so too).
   std::optional<int64_t> mtp_num_layers;
   double mtp_loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
+  // --mtp-use-repeated-layer: one MTP layer (its norms, eh_proj and
+  // transformer layer) applied at every depth; its router losses count 1/D
+  // per depth, as Megatron's.
+  bool mtp_use_repeated_layer = false;
   int64_t mtp_layers() const { return mtp_num_layers.value_or(0); }
+  // The MTP layers with parameters of their own: D, or 1 when repeated.
+  int64_t mtp_built_layers() const { return mtp_use_repeated_layer && mtp_layers() ? 1 : mtp_layers(); }
+  // The global layer whose parameters (and expert bias) layer l uses:
+  // itself, or for a repeated MTP layer the first one (L).
+  int64_t param_layer(int64_t l) const { return mtp_use_repeated_layer && l > num_layers ? num_layers : l; }
+  // "mtp.layers.{k}." of depth k's own parameters (k = 0 when repeated).
+  std::string mtp_prefix(int64_t k) const;
   int64_t total_layers() const { return num_layers + mtp_layers(); }  // decoder + MTP layers
   // The parameter-name prefix of global layer l: "decoder.layers.{l}.", or
   // for an MTP depth's transformer layer "mtp.layers.{l-L}.transformer_layer."

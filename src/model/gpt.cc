@@ -275,14 +275,20 @@ bool tp_partial_grad(const ParamSpec& s, bool sequence_parallel, bool mla) {
   return sequence_parallel || (is_qk_norm(s.name) && !mla);
 }
 
-// The global layers a rank holds: its chunks' and, on the last stage, the
-// MTP layers (--mtp-num-layers).
+// The global layers whose parameters a rank holds: its chunks' and, on the
+// last stage, the MTP layers (--mtp-num-layers; one when repeated).
 std::vector<int64_t> held_layers(const ModelConfig& cfg, const std::vector<LayerRange>& chunks, bool post_process) {
   std::vector<int64_t> v;
   for (const LayerRange& c : chunks)
     for (int64_t l = c.first; l < c.first + c.count; ++l) v.push_back(l);
-  for (int64_t l = cfg.num_layers; post_process && l < cfg.total_layers(); ++l) v.push_back(l);
+  for (int64_t l = cfg.num_layers; post_process && l < cfg.num_layers + cfg.mtp_built_layers(); ++l) v.push_back(l);
   return v;
+}
+
+// The weight of layer l's router losses: 1/D per depth for a repeated MTP
+// layer (Megatron's, so that the D calls count as one layer), else 1.
+double router_loss_weight(const ModelConfig& cfg, int64_t l) {
+  return cfg.mtp_use_repeated_layer && l >= cfg.num_layers ? 1.0 / static_cast<double>(cfg.mtp_layers()) : 1.0;
 }
 
 // Aligned bytes of one scratch allocation (Arena::alloc rounds each up).
@@ -1336,7 +1342,7 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     layers_.push_back(x);
   }
   for (int64_t k = 0; k < cfg.mtp_layers() && opt.post_process; ++k) {
-    const std::string p = fmt::format("mtp.layers.{}.", k);
+    const std::string p = cfg.mtp_prefix(k);  // (depth 0's when repeated)
     MtpIdx m;
     m.enorm_w = find(p + "enorm.weight"), m.enorm_b = find(p + "enorm.bias");
     m.hnorm_w = find(p + "hnorm.weight"), m.hnorm_b = find(p + "hnorm.bias");
@@ -1422,6 +1428,9 @@ GPTModel::GPTModel(const ModelConfig& cfg, const GPTOptions& opt, Tables&& t) : 
     if (cfg.has_expert_bias()) {  // zeros (the arena is zero-filled)
       for (int64_t l : held_layers(cfg, chunks_, opt.post_process))
         if (cfg.is_moe_layer(l)) expert_bias_[static_cast<size_t>(l)] = v[next++];
+      // A repeated MTP layer's depths route with its one bias.
+      for (int64_t l = cfg.num_layers + 1; opt.post_process && l < cfg.total_layers(); ++l)
+        expert_bias_[static_cast<size_t>(l)] = expert_bias_[static_cast<size_t>(cfg.param_layer(l))];
       expert_bias_counts_ = v[next++];
     }
     if (t.dims.gate) {
@@ -2132,7 +2141,7 @@ std::vector<double> tensor_to_host(const Tensor& t) {
 std::vector<std::pair<std::string, Tensor>> GPTModel::expert_bias_tensors() const {
   std::vector<std::pair<std::string, Tensor>> v;
   for (size_t l = 0; l < expert_bias_.size(); ++l)
-    if (expert_bias_[l].defined())
+    if (expert_bias_[l].defined() && cfg_.param_layer(static_cast<int64_t>(l)) == static_cast<int64_t>(l))
       v.emplace_back(cfg_.layer_prefix(static_cast<int64_t>(l)) + "mlp.router.expert_bias", expert_bias_[l]);
   return v;
 }
@@ -2140,9 +2149,10 @@ std::vector<std::pair<std::string, Tensor>> GPTModel::expert_bias_tensors() cons
 void GPTModel::update_expert_bias(comm::Communicator* group) {
   if (!cfg_.has_expert_bias() || !expert_bias_counts_.defined()) return;
   const int64_t E = cfg_.num_experts;
-  std::vector<size_t> held;
+  std::vector<size_t> held;  // (a repeated MTP layer's depths share layer L's bias and counts)
   for (size_t l = 0; l < expert_bias_.size(); ++l)
-    if (expert_bias_[l].defined()) held.push_back(l);
+    if (expert_bias_[l].defined() && cfg_.param_layer(static_cast<int64_t>(l)) == static_cast<int64_t>(l))
+      held.push_back(l);
   std::vector<double> counts(held.size() * static_cast<size_t>(E), 0.0);
   for (size_t i = 0; i < held.size(); ++i) {
     const std::vector<double>& c = bias_counts_[held[i]];
@@ -2259,9 +2269,10 @@ void GPTModel::moe_record_losses(int l, const LayerActs& a, const std::vector<in
   }
   double aux = 0;
   for (int64_t i = 0; i < GE; ++i) aux += colsum[static_cast<size_t>(i)] * counts[static_cast<size_t>(i)];
+  const double lw = router_loss_weight(cfg_, l);
   s.moe_aux[static_cast<size_t>(l)] =
-      aux * static_cast<double>(E) / (static_cast<double>(k) * total * total) / static_cast<double>(G);
-  if (cfg_.moe_z_loss_coeff) s.moe_z[static_cast<size_t>(l)] = z / static_cast<double>(N_ * opt_.cp);
+      lw * aux * static_cast<double>(E) / (static_cast<double>(k) * total * total) / static_cast<double>(G);
+  if (cfg_.moe_z_loss_coeff) s.moe_z[static_cast<size_t>(l)] = lw * z / static_cast<double>(N_ * opt_.cp);
   s.moe_counts[static_cast<size_t>(l)] = std::move(counts);
   if (cfg_.has_expert_bias()) s.moe_routed[static_cast<size_t>(l)] = std::move(routed_kept);
 }
@@ -2389,13 +2400,14 @@ void GPTModel::moe_backward(int l, const LayerIdx& p, const LayerActs& a, const 
     MT_CHECK(counts.size() == static_cast<size_t>(GE), "GPTModel::backward: an MoE layer's forward did not train");
     const double gt = total / static_cast<double>(G);  // a group's tokens
     const double w = lb ? cfg_.moe_aux_loss_coeff * static_cast<double>(E) /
-                              (static_cast<double>(k) * gt * gt * static_cast<double>(G)) * moe_loss_scale_
+                              (static_cast<double>(k) * gt * gt * static_cast<double>(G)) * moe_loss_scale_ *
+                              router_loss_weight(cfg_, l)
                         : 0.0;
     std::vector<double> av(static_cast<size_t>(GE));
     for (int64_t i = 0; i < GE; ++i) av[static_cast<size_t>(i)] = w * counts[static_cast<size_t>(i)];
     host_to_tensor(av, aux);
   }
-  const double z = cfg_.moe_z_loss_coeff.value_or(0.0) / total * moe_loss_scale_;
+  const double z = cfg_.moe_z_loss_coeff.value_or(0.0) / total * moe_loss_scale_ * router_loss_weight(cfg_, l);
   // This rank's rows of the routing tensors (already all they hold with ETP 1).
   auto rows = [&](const Tensor& t) { return t.dim(0) == Ns_ ? t : t.slice(r0, r0 + Ns_); };
   k::moe_route_backward(rows(dprobs), rows(a.r_idx), rows(a.r_probs), rows(a.r_scores), rows(a.r_lse), aux, z,
@@ -2757,14 +2769,16 @@ void GPTModel::record_moe_stats(const Slot& s, const std::vector<int64_t>& ran) 
     st.layer_load_balancing.assign(L, 0.0), st.layer_z.assign(L, 0.0), st.layer_micro_batches.assign(L, 0.0);
   for (int64_t l : ran) {  // the MoE layers (--moe-layer-freq: not all)
     if (layers_[static_cast<size_t>(l)].router_w < 0) continue;
-    const size_t i = static_cast<size_t>(l);
-    st.layer_forwards += 1, st.layer_micro_batches[i] += 1;
-    st.layer_load_balancing[i] += s.moe_aux[i], st.layer_z[i] += s.moe_z[i];
+    // A repeated MTP layer's D depths log as one layer, each 1/D of a forward.
+    const size_t i = static_cast<size_t>(cfg_.param_layer(l));
+    const double w = router_loss_weight(cfg_, l);
+    st.layer_forwards += w, st.layer_micro_batches[i] += w;
+    st.layer_load_balancing[i] += s.moe_aux[static_cast<size_t>(l)], st.layer_z[i] += s.moe_z[static_cast<size_t>(l)];
   }
   for (int64_t l : ran) {
     if (!cfg_.has_expert_bias()) break;
     const std::vector<double>& c = s.moe_routed[static_cast<size_t>(l)];
-    std::vector<double>& acc = bias_counts_[static_cast<size_t>(l)];
+    std::vector<double>& acc = bias_counts_[static_cast<size_t>(cfg_.param_layer(l))];
     acc.resize(c.size(), 0.0);
     for (size_t e = 0; e < c.size(); ++e) acc[e] += c[e];
   }

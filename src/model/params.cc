@@ -210,7 +210,7 @@ std::vector<ParamSpec> gpt_param_specs(const ModelConfig& c, int64_t tp) {
   // eh_proj belong to the MTP layer's global index L + k as its transformer
   // layer does. eh_proj [h, 2h] is column-parallel, its input
   // [enorm(embedding) | hnorm(hidden)].
-  for (int k = 0; k < static_cast<int>(c.mtp_layers()); ++k) {
+  for (int k = 0; k < static_cast<int>(c.mtp_built_layers()); ++k) {  // (one when repeated)
     const int i = static_cast<int>(c.num_layers) + k;
     const std::string m = fmt::format("mtp.layers.{}.", k);
     norm(m + "enorm", i);

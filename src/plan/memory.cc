@@ -196,14 +196,15 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
   // --mtp-num-layers: the last stage also holds the MTP layers (the last
   // decoder layer's kind), each with enorm, hnorm, final norm and eh_proj
   // (2h x h over TP).
-  const int64_t D = in.last_stage ? m.mtp_layers() : 0;
+  // (--mtp-use-repeated-layer: one layer's parameters, D depths' activations.)
+  const int64_t D = in.last_stage ? m.mtp_layers() : 0, Dp = in.last_stage ? m.mtp_built_layers() : 0;
   const bool mtp_moe = m.is_moe_layer(m.num_layers - 1);
-  layers += D, moe_layers += mtp_moe ? D : 0;
+  layers += Dp, moe_layers += mtp_moe ? Dp : 0;
   const int64_t dense_layers = layers - moe_layers;
   out.dense_params = layers * dense_layer + static_cast<double>(dense_layers) * mlp + static_cast<double>(moe_layers) * moe_dense;
   out.expert_params = static_cast<double>(moe_layers) * expert_layer;
   const double vocab_shard = s.V * h / t;
-  const double mtp_extra = static_cast<double>(D) * (3.0 * m.norm_params_per_norm() + 2 * h * h / t);
+  const double mtp_extra = static_cast<double>(Dp) * (3.0 * m.norm_params_per_norm() + 2 * h * h / t);
   out.dense_params += mtp_extra;
   {
     out.stage_params = static_cast<double>(moe_layers) * static_cast<double>(model::layer_params(m, true).total()) +
@@ -213,7 +214,7 @@ StageMemory stage_memory(const JobConfig& job, const MemoryLayout& l, const Stag
                                          ? static_cast<double>(m.max_position_embeddings) * h : 0);
     if (in.last_stage)
       out.stage_params += m.norm_params_per_norm() + (m.untie_embeddings_and_output_weights || par.pp > 1 ? s.V * h : 0) +
-                          static_cast<double>(D) * (3.0 * m.norm_params_per_norm() + 2 * h * h) +
+                          static_cast<double>(Dp) * (3.0 * m.norm_params_per_norm() + 2 * h * h) +
                           (D && m.untie_embeddings_and_output_weights && par.pp > 1 ? s.V * h : 0);
   }
   if (in.first_stage) {

@@ -126,7 +126,8 @@ json to_json(const PlanReport& r) {
           {"softmax_scale", m.softmax_scale()}};
     if (m.mtp_layers())
       model["multi_token_prediction"] = {{"mtp_num_layers", m.mtp_layers()},
-                                         {"mtp_loss_scaling_factor", m.mtp_loss_scaling_factor}};
+                                         {"mtp_loss_scaling_factor", m.mtp_loss_scaling_factor},
+                                         {"mtp_use_repeated_layer", m.mtp_use_repeated_layer}};
   }
   j["model"] = model;
   j["chunks"] = json::array();

@@ -98,8 +98,9 @@ std::string render_text(const PlanReport& r) {
                        m.mla_yarn() ? fmt::format("YaRN x{}", m.rotary_scaling_factor) : std::string("RoPE"),
                        m.v_head_dim));
     if (m.mtp_layers())
-      line(fmt::format("  multi-token pred.   {} MTP layer{} on the last stage (like layer {}), loss weight {}; {} parameters",
-                       m.mtp_layers(), m.mtp_layers() > 1 ? "s" : "", m.num_layers - 1, m.mtp_loss_scaling_factor,
+      line(fmt::format("  multi-token pred.   {} MTP layer{} on the last stage (like layer {}{}), loss weight {}; {} parameters",
+                       m.mtp_layers(), m.mtp_layers() > 1 ? "s" : "", m.num_layers - 1,
+                       m.mtp_use_repeated_layer ? "; one layer repeated" : "", m.mtp_loss_scaling_factor,
                        group_digits(static_cast<double>(r.params.mtp))));
     line(fmt::format("  vocabulary          {} padded to {} (multiple of {} x TP {})", *m.vocab_size, r.padded_vocab,
                      m.make_vocab_size_divisible_by, par.tp));

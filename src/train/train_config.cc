@@ -299,7 +299,7 @@ constexpr CkptArg kModelArgs[] = {
     {"attention-dropout", true}, {"hidden-dropout", true}, {"num-experts", true}, {"moe-ffn-hidden-size", true},
     {"moe-router-topk", true}, {"moe-router-pre-softmax", true}, {"moe-router-topk-scaling-factor", true},
     {"moe-shared-expert-intermediate-size", true}, {"moe-router-score-function", true},
-    {"moe-router-enable-expert-bias", true}, {"moe-layer-freq", true}, {"mtp-num-layers", true},
+    {"moe-router-enable-expert-bias", true}, {"moe-layer-freq", true}, {"mtp-num-layers", true}, {"mtp-use-repeated-layer", true},
     // Not in Megatron's list: without it a checkpoint's shared-expert gates
     // would be left out of the model.
     {"moe-shared-expert-gate", true},

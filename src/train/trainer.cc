@@ -809,9 +809,13 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
                                                              mc.num_moe_layers(), mc.num_layers)
                                                : std::string())
                              : std::string()) +
-                (mc.mtp_layers() ? fmt::format(", predicting {} more token{} ahead ({} MTP layer{}, loss weight {})",
-                                               mc.mtp_layers(), mc.mtp_layers() > 1 ? "s" : "", mc.mtp_layers(),
-                                               mc.mtp_layers() > 1 ? "s" : "", mc.mtp_loss_scaling_factor)
+                (mc.mtp_layers() ? fmt::format(", predicting {} more token{} ahead ({}, loss weight {})",
+                                               mc.mtp_layers(), mc.mtp_layers() > 1 ? "s" : "",
+                                               mc.mtp_use_repeated_layer
+                                                   ? std::string("one MTP layer repeated")
+                                                   : fmt::format("{} MTP layer{}", mc.mtp_layers(),
+                                                                 mc.mtp_layers() > 1 ? "s" : ""),
+                                               mc.mtp_loss_scaling_factor)
                                  : std::string()))
                    .c_str(),
                static_cast<long long>(plan.total_params), layout.c_str(),
@@ -1457,12 +1461,15 @@ Result<TrainResult> train_validated(TrainConfig& cfg, plan::PlanReport& plan, st
       s.loss = interval_loss / static_cast<double>(std::max<int64_t>(1, interval_advanced));
       s.loss_scale = scaler ? static_cast<double>(scaler->scale()) : 1.0;
       s.advanced_iterations = interval_advanced;
-      if (moe_lb_active) s.load_balancing_loss = interval_lb / static_cast<double>(interval_iters);
+      // (Megatron divides every tracked loss, the router's and the MTP
+      // depths' too, by the interval's advanced iterations: skipped ones add
+      // their values all the same.)
+      const double advanced = static_cast<double>(std::max<int64_t>(1, interval_advanced));
+      if (moe_lb_active) s.load_balancing_loss = interval_lb / advanced;
       s.load_balancing_name = lb_name;
-      if (mc.moe_z_loss_coeff) s.z_loss = interval_z / static_cast<double>(interval_iters);
-      // (Megatron divides every tracked loss by the interval's advanced iterations.)
+      if (mc.moe_z_loss_coeff) s.z_loss = interval_z / advanced;
       for (double& x : interval_mtp) {
-        s.mtp_losses.push_back(x / static_cast<double>(std::max<int64_t>(1, interval_advanced)));
+        s.mtp_losses.push_back(x / advanced);
         x = 0;
       }
       s.grad_norm = last_norm, s.params_norm = params_norm, s.num_zeros = num_zeros, s.skipped_iterations = skipped, s.nan_iterations = nan_iters;

@@ -301,7 +301,9 @@ TEST_P(HfExport, TransformersSemanticsGiveOurLogits) {
   ASSERT_EQ(rl.dim(0), B * T);
   ASSERT_EQ(rl.dim(1), 91);
   EXPECT_LT(logits_error(ours, m->vocab(), rl), 2e-5);
-  if (std::string(c.arch) == "DeepseekV3ForCausalLM") EXPECT_EQ(cfg["num_nextn_predict_layers"], c.cfg.mtp_layers());
+  if (std::string(c.arch) == "DeepseekV3ForCausalLM") {
+    EXPECT_EQ(cfg["num_nextn_predict_layers"], c.cfg.mtp_layers());
+  }
   for (int64_t k = 0; k < c.cfg.mtp_layers(); ++k) {
     const Tensor ml = m->mtp_logits(0, static_cast<int>(k));
     const std::vector<float> mine(ml.ptr<float>(), ml.ptr<float>() + ml.numel());
@@ -888,6 +890,16 @@ TEST(HfImport, DeepSeekV3SkipsTheMtpLayers) {
   st = hf_import_weights(dir, flags->arch, **m2, &notes);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("model.layers.1.mlp.extra.weight"), std::string::npos) << st.message();
+}
+
+// --mtp-use-repeated-layer has no DeepSeek form (one MTP layer per depth there).
+TEST(HfExport, RefusesARepeatedMtpLayer) {
+  ModelConfig c = cases()[16].cfg;
+  ASSERT_EQ(c.mtp_layers(), 1);
+  c.mtp_num_layers = 2, c.mtp_use_repeated_layer = true;
+  auto arch = hf_architecture(c);
+  ASSERT_FALSE(arch.is_ok());
+  EXPECT_NE(arch.status().message().find("--mtp-use-repeated-layer"), std::string::npos) << arch.status().message();
 }
 
 TEST(HfImport, HubConfigsGiveTheirMegatronFlags) {

@@ -112,6 +112,18 @@ TEST(ModelConfig, MtpParametersInTheRegistry) {
       eh = s.global_shape == Shape{32, 64} && s.shard == ShardKind::kColumn && s.local_shape(2) == Shape{16, 64};
   EXPECT_TRUE(eh) << "eh_proj [h, 2h], column-parallel";
   EXPECT_EQ(c.layer_prefix(4), "mtp.layers.1.transformer_layer.");
+  // --mtp-use-repeated-layer: one MTP layer's parameters serve both depths.
+  c.mtp_use_repeated_layer = true;
+  EXPECT_EQ(c.layer_prefix(4), "mtp.layers.0.transformer_layer.");
+  EXPECT_EQ(c.param_layer(4), 3);
+  int64_t rep = 0;
+  for (const ParamSpec& s : gpt_param_specs(c, 2))
+    if (s.name.rfind("mtp.layers.", 0) == 0) {
+      rep += s.global_shape.numel();
+      EXPECT_EQ(s.name.rfind("mtp.layers.0.", 0), 0u) << s.name;
+    }
+  EXPECT_EQ(rep, model_params(c, V).mtp);
+  EXPECT_EQ(2 * rep, mtp) << "half the parameters of two layers";
 }
 
 TEST(ModelConfig, Gpt2SmallParameterCount) {

@@ -224,6 +224,15 @@ ModelConfig mtp_deepseek_style() {
   return c;
 }
 
+// --mtp-use-repeated-layer: the DeepSeek shape's MoE MTP layer applied at
+// two depths (one set of parameters and one expert bias; its router losses
+// 1/2 per depth).
+ModelConfig mtp_repeated_style() {
+  ModelConfig c = mtp_deepseek_style();
+  c.mtp_num_layers = 2, c.mtp_use_repeated_layer = true;
+  return c;
+}
+
 // --moe-layer-freq: the mixtral with 3 layers, the first dense (its MLP
 // 80 wide, the experts 24: DeepSeek's first dense layers); and the sigmoid
 // router with its bias and a shared expert on layers 0 and 2 (freq 2), layer
@@ -293,7 +302,8 @@ nlohmann::json config_json(const ModelConfig& c, int64_t capacity_segments = 1) 
           {"kv_lora_rank", c.kv_lora_rank}, {"qk_head_dim", c.qk_head_dim},
           {"qk_pos_emb_head_dim", c.qk_pos_emb_head_dim}, {"v_head_dim", c.v_head_dim}, {"rope_type", c.rope_type},
           {"rotary_scaling_factor", c.rotary_scaling_factor}, {"mscale", c.mscale}, {"mscale_all_dim", c.mscale_all_dim},
-          {"mtp_num_layers", c.mtp_layers()}, {"mtp_loss_scaling_factor", c.mtp_loss_scaling_factor}};
+          {"mtp_num_layers", c.mtp_layers()}, {"mtp_loss_scaling_factor", c.mtp_loss_scaling_factor},
+          {"mtp_use_repeated_layer", c.mtp_use_repeated_layer}};
 }
 
 void random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed, std::vector<int32_t>& tok, std::vector<int32_t>& lab) {
@@ -346,6 +356,7 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
                     : which == "mtp_llama" ? mtp_llama_style()
                     : which == "mtp_gpt" ? mtp_gpt_style()
                     : which == "mtp_deepseek" ? mtp_deepseek_style()
+                    : which == "mtp_repeated" ? mtp_repeated_style()
                                          : post_ln_style();
   GPTOptions opt;
   opt.micro_batch = 3;
@@ -391,8 +402,9 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
     for (int64_t j = 0; j < b.numel(); ++j) b.ptr<float>()[j] = nd(gen);
     ++biased;
   }
-  EXPECT_EQ(biased, cfg.has_expert_bias() ? cfg.num_moe_layers() + (cfg.is_moe_layer(cfg.num_layers) ? cfg.mtp_layers() : 0)
-                                          : 0);
+  EXPECT_EQ(biased, cfg.has_expert_bias()
+                        ? cfg.num_moe_layers() + (cfg.is_moe_layer(cfg.num_layers) ? cfg.mtp_built_layers() : 0)
+                        : 0);
   std::vector<int32_t> tok, lab;
   random_batch(opt.micro_batch, cfg.seq_length, *cfg.vocab_size, 7, tok, lab);
   Tensor tt(tok.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32), lt(lab.data(), {opt.micro_batch, cfg.seq_length}, DType::kI32);
@@ -484,7 +496,9 @@ TEST_P(VsPyTorch, LogitsLossAndEveryGradientMatch) {
           want += label >= 0 && std::max_element(row, row + Vl) - row == label ? 1 : 0;
         }
       EXPECT_EQ(st2.correct[static_cast<size_t>(k)], want) << "MTP depth " << k + 1;
-      if (k == 0) EXPECT_GE(want, static_cast<double>(B * (T / 2))) << "the guessable labels";
+      if (k == 0) {
+        EXPECT_GE(want, static_cast<double>(B * (T / 2))) << "the guessable labels";
+      }
     }
   }
   for (int k = 0; k < cfg.mtp_layers(); ++k) {
@@ -521,7 +535,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, VsPyTorch,
                                            "gptqk", "mixtral", "moegpt", "moeshared", "moesharedgate", "sigmoid", "grouped",
                                            "grouped_sigmoid", "capacity", "capacity_position", "capacity_sigmoid",
                                            "seq_aux", "seq_aux_sigmoid", "moefreq", "moefreq_sigmoid", "jitter",
-                                           "jitter_sigmoid", "mla", "mla_gpt", "mtp_llama", "mtp_gpt", "mtp_deepseek"));
+                                           "jitter_sigmoid", "mla", "mla_gpt", "mtp_llama", "mtp_gpt", "mtp_deepseek",
+                                           "mtp_repeated"));
 
 // --squared-relu is refused where Megatron refuses it: with its default fused
 // bias-activation (GELU/SwiGLU only), and beside --swiglu.

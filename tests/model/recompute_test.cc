@@ -130,6 +130,11 @@ ModelConfig mtp_moe_style() {
   c.mtp_num_layers = 1;
   return c;
 }
+ModelConfig mtp_repeated_style() {  // --mtp-use-repeated-layer: the MoE MTP layer at three depths
+  ModelConfig c = moe_freq_sigmoid_style();
+  c.mtp_num_layers = 3, c.mtp_use_repeated_layer = true;
+  return c;
+}
 ModelConfig mtp_mla_style() {
   ModelConfig c = mla_style();
   c.mtp_num_layers = 1;
@@ -266,7 +271,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, RecomputeNumerics,
                                            Case{"mtp_bf16_fp32res", mtp_style, true, true},
                                            Case{"mtp_moe", mtp_moe_style, false},
                                            Case{"mtp_moe_bf16", mtp_moe_style, true},
-                                           Case{"mtp_mla", mtp_mla_style, false}),
+                                           Case{"mtp_mla", mtp_mla_style, false},
+                                           Case{"mtp_repeated", mtp_repeated_style, false}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // The size arithmetic, written out: every tensor rounded up to 64 bytes.

@@ -174,16 +174,18 @@ def forward(P, tokens, labels, cfg):
     # and the shared output layer on the labels rolled as far.
     mtp_losses = []
     hk, tok_k, lab_k = x, tok, labels.t().long()
+    repeated = cfg.get("mtp_use_repeated_layer", False)  # one MTP layer at every depth
     for k in range(cfg.get("mtp_num_layers", 0)):
-        m = f"mtp.layers.{k}."
+        m = f"mtp.layers.{0 if repeated else k}."
         tok_k = torch.cat((tok_k[1:], torch.zeros_like(tok_k[:1])), 0)
         lab_k = torch.cat((lab_k[1:], torch.full_like(lab_k[:1], -1)), 0)
         e = P["embedding.word_embeddings.weight"][tok_k]
         cat = torch.cat((norm(e, P[m + "enorm.weight"], bias(m + "enorm.bias"), cfg),
                          norm(hk, P[m + "hnorm.weight"], bias(m + "hnorm.bias"), cfg)), -1)
         xk, aux, z = layer(cat @ P[m + "eh_proj.weight"].t(), m + "transformer_layer.", pattern[-1])
-        aux_total = aux_total + aux
-        z_total = z_total + z
+        w = 1.0 / cfg["mtp_num_layers"] if repeated else 1.0  # Megatron's router losses of a repeated layer, 1/D each
+        aux_total = aux_total + w * aux
+        z_total = z_total + w * z
         hk = norm(xk, P[m + "final_layernorm.weight"], bias(m + "final_layernorm.bias"), cfg)
         mtp_logits = (hk @ out_w.t()).reshape(T * B, -1)
         mtp_losses.append(F.cross_entropy(mtp_logits, lab_k.reshape(-1), ignore_index=-1))

@@ -259,6 +259,8 @@ TEST(TensorParallelModel, EqualsSerialModel) {
         ModelConfig sig_mtp = sigmoid_cfg();
         sig_mtp.mtp_num_layers = 1;
         run_case({"sigmoid router mtp", sig_mtp, sp, dt, tol});
+        sig_mtp.mtp_num_layers = 2, sig_mtp.mtp_use_repeated_layer = true;  // one MTP layer at both depths
+        run_case({"sigmoid router mtp repeated", sig_mtp, sp, dt, tol});
         run_case({"mixtral", mixtral_cfg(), sp, dt, tol});
         run_case({"moe_gpt", moe_gpt_cfg(), sp, dt, tol});
         run_case({"shared expert", shared_cfg(), sp, dt, tol});

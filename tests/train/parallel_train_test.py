@@ -813,6 +813,11 @@ MODELS.update(SAVED_MODELS)
 # (Context parallelism is left out: each CP rank's MTP loss is a mean over
 # its own labels, Megatron's, and CP rank 0 holds the sequence's end, where
 # each depth has fewer; tp_model_test checks CP on balanced counts.)
+# The final parameters are compared at 1e-4: the LLaMA's grad norms agree to
+# ~5e-9 on the first iterations, but from the third on Adam turns the
+# last-bit differences of near-zero gradient elements (the rolled-in
+# positions' token-0 embedding row among them) into updates of lr size;
+# seen: 3.2e-5 on the final tensors under TP 2, losses within 2.3e-6.
 MODELS.clear()
 MODELS["mtpllama"] = SAVED_MODELS["llama"] + ["--mtp-num-layers", "2", "--mtp-loss-scaling-factor", "0.3"]
 MODELS["mtpgpt"] = SAVED_MODELS["gpt"] + ["--position-embedding-type", "rope", "--mtp-num-layers", "1"]
@@ -827,7 +832,7 @@ MTP_LAYOUTS = [
 ]
 if QUICK:
     MTP_LAYOUTS = [l for l in MTP_LAYOUTS if l[0] in ("tp2spdp2do", "tp2pp2dp2")]
-against_reference("mtp", [], MTP_LAYOUTS, plan=True)
+against_reference("mtp", [], MTP_LAYOUTS, plan=True, param_tol=1e-4)
 MODELS.clear()
 MODELS["mtpmla"] = SAVED_MLA + ["--mtp-num-layers", "1"]
 against_reference("mtpmoe", MOE_FLAGS + ["--moe-shared-expert-intermediate-size", "64"], [

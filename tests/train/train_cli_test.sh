@@ -109,6 +109,17 @@ run mtp-args --micro-batch-size 2 --global-batch-size 4 --bf16 --train-iters 41 
   || { fail "mtp: --use-checkpoint-args resume"; cat "$TMP/mtp-args.log"; }
 grep -q "setting --mtp-num-layers to 2 from checkpoint" "$TMP/mtp-args.log" \
   && grep -q "iteration       41/      41 .* mtp_2 loss" "$TMP/mtp-args.log" || { fail "mtp: checkpoint args"; cat "$TMP/mtp-args.log"; }
+# --mtp-use-repeated-layer: one MTP layer's parameters at both depths.
+run mtp-rep --micro-batch-size 2 --global-batch-size 4 --train-iters 6 --save-interval 6 --lr-warmup-iters 1 --position-embedding-type rope \
+  --mtp-num-layers 2 --mtp-use-repeated-layer || { fail "mtp: repeated layer"; cat "$TMP/mtp-rep.log"; }
+grep -q "predicting 2 more tokens ahead (one MTP layer repeated, loss weight 0.1)" "$TMP/mtp-rep.log" \
+  && grep -q "mtp_2 loss" "$TMP/mtp-rep.log" || { fail "mtp: repeated layer's log"; cat "$TMP/mtp-rep.log"; }
+python3 -c "
+import json, struct, sys
+f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; names = json.loads(f.read(n))
+mtp = {k.split('.')[2] for k in names if k.startswith('mtp.layers.')}
+assert mtp == {'0'}, mtp
+" "$TMP/mtp-rep/iter_0000006/model_rank00000.safetensors" || fail "mtp: the repeated layer saved once"
 "$BIN" train "${COMMON[@]}" --micro-batch-size 2 --global-batch-size 4 --train-iters 1 --mtp-num-layers 1 \
   >"$TMP/mtp-bad.log" 2>&1
 [ $? = 2 ] && grep -q "supports MTP with rope and none only" "$TMP/mtp-bad.log" || { fail "mtp: refusal"; cat "$TMP/mtp-bad.log"; }
